@@ -1,0 +1,100 @@
+package sequencer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code classifies an error for the client. Only the API edge (package api) maps
+// a Code to a transport status; everything below speaks Codes and sentinels.
+type Code int
+
+const (
+	CodeInternal          Code = iota // a bug or an unexpected store answer
+	CodeInvalidArgument               // the request breaks a validation rule; consumes no seq
+	CodeNotFound                      // no such message
+	CodeAlreadyExists                 // the resend key is used in another conversation
+	CodeUnavailable                   // retryable: store down, clock moved back, ownership moving, lease lost
+	CodeResourceExhausted             // retryable: overload, queues full
+	CodeCanceled                      // the caller gave up
+	CodeDeadlineExceeded              // the caller's deadline passed; outcome reported only after resolution
+)
+
+func (c Code) String() string {
+	switch c {
+	case CodeInvalidArgument:
+		return "invalid_argument"
+	case CodeNotFound:
+		return "not_found"
+	case CodeAlreadyExists:
+		return "already_exists"
+	case CodeUnavailable:
+		return "unavailable"
+	case CodeResourceExhausted:
+		return "resource_exhausted"
+	case CodeCanceled:
+		return "canceled"
+	case CodeDeadlineExceeded:
+		return "deadline_exceeded"
+	default:
+		return "internal"
+	}
+}
+
+// Retryable reports whether a client should resend (with the same client_msg_id).
+func (c Code) Retryable() bool {
+	return c == CodeUnavailable || c == CodeResourceExhausted
+}
+
+// Error is an error with a domain code. Sentinels below are *Error values, so
+// errors.Is works on them, and wrapping keeps the code.
+type Error struct {
+	Code Code
+	Msg  string
+	Err  error // optional cause
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with code c.
+func Errorf(c Code, format string, args ...any) error {
+	return &Error{Code: c, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns an *Error with code c and msg that wraps err (err may be a sentinel).
+func Wrap(c Code, err error, msg string) error {
+	return &Error{Code: c, Msg: msg, Err: err}
+}
+
+// Sentinel errors of the domain. Test with errors.Is; read the code with ErrorCode.
+var (
+	ErrNotFound            = &Error{Code: CodeNotFound, Msg: "not found"}
+	ErrAlreadyExists       = &Error{Code: CodeAlreadyExists, Msg: "client_msg_id already used in another conversation"}
+	ErrStoreUnavailable    = &Error{Code: CodeUnavailable, Msg: "store unavailable"}
+	ErrUnknownOutcome      = &Error{Code: CodeUnavailable, Msg: "commit outcome unknown"}
+	ErrClockMovedBackwards = &Error{Code: CodeUnavailable, Msg: "clock moved backwards"}
+	ErrWorkerLeaseLost     = &Error{Code: CodeUnavailable, Msg: "worker id lease not held"}
+	ErrStaleEpoch          = &Error{Code: CodeUnavailable, Msg: "partition epoch is stale (fenced)"}
+	ErrNotOwner            = &Error{Code: CodeUnavailable, Msg: "this node does not own the conversation"}
+	ErrOwnershipMoving     = &Error{Code: CodeUnavailable, Msg: "conversation ownership is moving"}
+	ErrHeadMismatch        = &Error{Code: CodeUnavailable, Msg: "conversation head changed under the writer"}
+	ErrOverloaded          = &Error{Code: CodeResourceExhausted, Msg: "overloaded"}
+	ErrShuttingDown        = &Error{Code: CodeUnavailable, Msg: "node is shutting down"}
+)
+
+// ErrorCode returns the Code of the first *Error in err's chain, CodeInternal
+// for other non-nil errors, and CodeInternal for nil (callers check nil first).
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}

@@ -1,0 +1,72 @@
+// Package metrics defines the sequencer's Prometheus collectors in one place,
+// so names and labels stay consistent across packages. Every collector is
+// registered on the Registry a Set is built with; a nil *Set is valid and
+// records nothing, so packages take an optional *Set.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Set is the sequencer's collectors.
+type Set struct {
+	Registry *prometheus.Registry
+
+	Sends          *prometheus.CounterVec   // sequencer_sends_total{code}
+	DedupHits      prometheus.Counter       // sequencer_dedup_hits_total
+	BatchMessages  prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
+	BatchConvs     prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
+	CommitSeconds  *prometheus.HistogramVec // sequencer_commit_seconds{result}
+	LiveConvs      prometheus.Gauge         // sequencer_conversation_actors
+	Passivations   prometheus.Counter       // sequencer_passivations_total
+	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
+	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
+	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+}
+
+// New builds a Set on a fresh registry (with Go and process collectors).
+func New() *Set {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	s := &Set{Registry: r}
+	s.Sends = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sequencer_sends_total", Help: "Send results by code (ok, duplicate, invalid_argument, unavailable, ...).",
+	}, []string{"code"})
+	s.DedupHits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_dedup_hits_total", Help: "Sends answered with the first send's ids (duplicate: true).",
+	})
+	s.BatchMessages = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sequencer_commit_batch_messages", Help: "Messages per store transaction.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+	s.BatchConvs = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sequencer_commit_batch_conversations", Help: "Conversations per store transaction.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+	s.CommitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sequencer_commit_seconds", Help: "Store commit latency by result.",
+		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+	}, []string{"result"})
+	s.LiveConvs = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sequencer_conversation_actors", Help: "Live (not passivated) conversation actors.",
+	})
+	s.Passivations = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_passivations_total", Help: "Conversation actors stopped after idling.",
+	})
+	s.ClockRollbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sequencer_clock_rollbacks_total", Help: "Clock moved backwards while issuing msg_ids (waited: <= 5 ms, refused: more).",
+	}, []string{"outcome"})
+	s.WorkerLease = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sequencer_worker_lease_held", Help: "1 while this node holds its snowflake worker-id lease.",
+	})
+	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
+	}, []string{"method", "code"})
+	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		f(c)
+	}
+	return s
+}

@@ -1,0 +1,196 @@
+// Package persist defines what the sequencer needs from durable storage, and
+// nothing more: load a conversation's head, commit one atomic batch spanning
+// many conversations (fenced), find a message by its resend key, read a seq
+// range, get a message by msg_id, and lease worker ids and partitions.
+//
+// Implementations: persist/postgres (pgx) and persist/sqlite (embedded,
+// modernc.org/sqlite). ONE conformance suite (persist/storetest) runs against
+// both. persist/faulty wraps any Store to inject failures.
+//
+// A Store never assigns seqs or msg_ids and never decides ownership: it only
+// refuses a commit that would break contiguity (head compare-and-set, unique
+// keys) or that carries a stale fence.
+package persist
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+// Fence is the ownership token a commit carries for one partition: the commit
+// lands only if, inside its transaction, the partition is still held by Owner
+// at Epoch. The zero Fence means "unfenced" (single node, no cluster tables).
+type Fence struct {
+	Partition uint32
+	Owner     string
+	Epoch     uint64
+}
+
+// IsZero reports whether f is the unfenced zero value.
+func (f Fence) IsZero() bool { return f.Owner == "" && f.Epoch == 0 && f.Partition == 0 }
+
+// ConvBatch is one conversation's share of a commit: Messages carry seqs
+// PrevHead+1 .. PrevHead+len(Messages), in order. The commit moves the
+// conversation's head from PrevHead to the last seq, and fails with
+// sequencer.ErrHeadMismatch if the stored head is not PrevHead.
+type ConvBatch struct {
+	ConvID   string
+	PrevHead uint64
+	Fence    Fence
+	Messages []sequencer.Message
+}
+
+// LastSeq returns the seq the head moves to.
+func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages)) }
+
+// Store is the durable storage of messages, heads and leases.
+//
+// Commit is all-or-nothing over every ConvBatch passed. Its error is one of:
+//   - nil: everything is durably stored (fsync'd / committed);
+//   - *ConflictError: a unique key (uk_conv_seq, uk_from_client, msg_id) is
+//     already taken; nothing was written;
+//   - an error wrapping sequencer.ErrHeadMismatch (*HeadMismatchError) or
+//     sequencer.ErrStaleEpoch (*StaleFenceError): nothing was written;
+//   - an error wrapping sequencer.ErrUnknownOutcome: the commit may or may
+//     not have landed (connection lost during COMMIT, timeout); the caller must
+//     re-read the truth before assigning another seq;
+//   - an error wrapping sequencer.ErrStoreUnavailable: nothing was written
+//     (failed before the commit was sent).
+type Store interface {
+	// LoadHead returns the highest seq ever committed in conv, 0 if none. It
+	// never goes backwards, even after Trim deleted rows.
+	LoadHead(ctx context.Context, convID string) (uint64, error)
+	// Commit writes all batches in one transaction (see the type comment).
+	Commit(ctx context.Context, batches []ConvBatch) error
+	// FindByClientKey returns the stored message with this resend key, or
+	// sequencer.ErrNotFound.
+	FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error)
+	// ReadRange returns up to limit messages of conv with seq > afterSeq,
+	// ascending.
+	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
+	// GetMessage returns the message with msgID, or sequencer.ErrNotFound.
+	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
+	// Trim deletes conv's messages with seq <= throughSeq (retention). The
+	// head is kept.
+	Trim(ctx context.Context, convID string, throughSeq uint64) error
+
+	WorkerLeases
+
+	// Ping checks the store answers.
+	Ping(ctx context.Context) error
+	// Close releases connections.
+	Close() error
+}
+
+// WorkerLeases hands out snowflake worker ids (0..1023) so that no two live
+// processes share one. Every call takes `now` from the caller's clock so the
+// rules are testable without sleeping.
+type WorkerLeases interface {
+	// AcquireWorker leases a worker id for holder until now+ttl: a free id, or
+	// one whose lease expired before now. It never takes an id whose lease is
+	// live. The returned lease carries LastMs, the highest unix-ms any earlier
+	// holder may have issued ids for under that id; the new holder must not
+	// issue ids while its clock is at or below LastMs. Returns
+	// sequencer.ErrWorkerLeaseLost (wrapped) when all 1024 ids are live.
+	AcquireWorker(ctx context.Context, holder string, now time.Time, ttl time.Duration) (WorkerLease, error)
+	// RenewWorker extends a lease to now+ttl and records lastMs (the highest
+	// unix-ms the holder may issue ids for until the next renew; it never
+	// lowers the stored value). It fails with sequencer.ErrWorkerLeaseLost if
+	// the lease was taken over or expired before now.
+	RenewWorker(ctx context.Context, lease WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (WorkerLease, error)
+	// ReleaseWorker ends the lease (if still held) and records lastMs.
+	ReleaseWorker(ctx context.Context, lease WorkerLease, lastMs int64) error
+}
+
+// WorkerLease is a held worker id.
+type WorkerLease struct {
+	WorkerID int
+	Holder   string
+	Token    uint64    // bumped on every acquire; renew/release must match it
+	Expires  time.Time // lease end
+	LastMs   int64     // see AcquireWorker / RenewWorker
+}
+
+// ConflictKey names the unique key a conflicting row hit.
+type ConflictKey int
+
+const (
+	KeyConvSeq     ConflictKey = iota + 1 // uk_conv_seq (conv_id, seq)
+	KeyClientMsgID                        // uk_from_client (from_uid, client_msg_id)
+	KeyMsgID                              // primary key msg_id
+)
+
+func (k ConflictKey) String() string {
+	switch k {
+	case KeyConvSeq:
+		return "uk_conv_seq"
+	case KeyClientMsgID:
+		return "uk_from_client"
+	case KeyMsgID:
+		return "msg_id"
+	}
+	return "unknown"
+}
+
+// Conflict is one row of a batch that hit a unique key.
+type Conflict struct {
+	Key         ConflictKey
+	ConvID      string
+	Seq         uint64
+	MsgID       uint64
+	FromUID     uint64
+	ClientMsgID string
+}
+
+// ConflictError reports every row of a Commit that hit a unique key (taken
+// by a stored row or by another row of the same batch). Nothing was written.
+type ConflictError struct {
+	Conflicts []Conflict
+}
+
+func (e *ConflictError) Error() string {
+	var b strings.Builder
+	b.WriteString("unique key conflict:")
+	for i, c := range e.Conflicts {
+		if i == 8 {
+			fmt.Fprintf(&b, " (+%d more)", len(e.Conflicts)-8)
+			break
+		}
+		fmt.Fprintf(&b, " %s(conv=%q seq=%d from=%d client=%q msg_id=%d)", c.Key, c.ConvID, c.Seq, c.FromUID, c.ClientMsgID, c.MsgID)
+	}
+	return b.String()
+}
+
+// HeadMismatchError reports conversations whose stored head was not the
+// batch's PrevHead. Nothing was written. It wraps sequencer.ErrHeadMismatch.
+type HeadMismatchError struct {
+	ConvIDs []string
+}
+
+func (e *HeadMismatchError) Error() string {
+	return fmt.Sprintf("%v: %s", sequencer.ErrHeadMismatch, strings.Join(e.ConvIDs, ","))
+}
+func (e *HeadMismatchError) Unwrap() error { return sequencer.ErrHeadMismatch }
+
+// StaleFenceError reports fences that no longer hold. Nothing was written.
+// It wraps sequencer.ErrStaleEpoch.
+type StaleFenceError struct {
+	Fences []Fence
+}
+
+func (e *StaleFenceError) Error() string {
+	return fmt.Sprintf("%v: %v", sequencer.ErrStaleEpoch, e.Fences)
+}
+func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
+
+// AsConflict returns the *ConflictError in err's chain, if any.
+func AsConflict(err error) (*ConflictError, bool) {
+	var c *ConflictError
+	ok := errors.As(err, &c)
+	return c, ok
+}

@@ -1,0 +1,61 @@
+// Package sequencer holds the domain of the message sequencer: the message, its
+// two numbers (a global msg_id and a per-conversation seq) and the error codes
+// every layer speaks. It imports no storage, transport or actor code; those
+// live in their own packages (persist, actor, ring, cluster, api) and are wired
+// together only in cmd/sequencer.
+package sequencer
+
+import "time"
+
+// Message is one stored message, exactly the row of CONTRACT.md's im_message.
+type Message struct {
+	MsgID       uint64    // snowflake, global, never reused; always < 2^63
+	ConvID      string    // conversation id, also the shard key
+	Seq         uint64    // per conversation, 1, 2, 3, ... no gaps
+	FromUID     uint64    // sender, > 0 and < 2^63
+	MsgType     int16     // 1..32767
+	Body        []byte    // opaque payload
+	ClientMsgID string    // the client's resend key, never empty
+	ServerAt    time.Time // display only, millisecond precision, never used to order
+}
+
+// ClientKey is the resend key of a message: a resend with the same key returns
+// the first send's ids.
+type ClientKey struct {
+	FromUID     uint64
+	ClientMsgID string
+}
+
+// Key returns the message's resend key.
+func (m *Message) Key() ClientKey { return ClientKey{m.FromUID, m.ClientMsgID} }
+
+// Limits of the API (CONTRACT.md section 2).
+const (
+	MaxConvIDLen      = 64
+	MaxClientMsgIDLen = 64
+	DefaultMaxBody    = 65536
+	DefaultMsgType    = 1
+	DefaultPullLimit  = 100
+	MaxPullLimit      = 1000
+)
+
+// SendRequest is a validated Send: ids are not assigned yet.
+type SendRequest struct {
+	ConvID      string
+	FromUID     uint64
+	ClientMsgID string
+	MsgType     int16 // already defaulted: 1..32767
+	Body        []byte
+}
+
+// Key returns the request's resend key.
+func (r *SendRequest) Key() ClientKey { return ClientKey{r.FromUID, r.ClientMsgID} }
+
+// SendResult answers a Send: the ids of the stored message. Duplicate is true
+// when this was a resend and the ids are the first send's.
+type SendResult struct {
+	MsgID     uint64
+	Seq       uint64
+	ServerAt  time.Time
+	Duplicate bool
+}
