@@ -1,0 +1,348 @@
+// Package api is the sequencer's RPC edge: it owns request validation
+// (CONTRACT.md section 2), the mapping of domain error codes to Connect
+// statuses (status.go, the only such place), the Connect handler of
+// sequencer.v1.SequencerService, and the single HTTP port that also serves
+// /healthz, /readyz and /metrics.
+//
+// It must never assign seqs or msg_ids, decide ownership, or talk to a store
+// or the actor system directly: it validates, calls the small interfaces
+// below (Sender, Reader, Router), and translates their answers. A request
+// that fails validation never reaches the Sender, so it consumes no seq.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
+)
+
+// Sender stores a validated message and answers only after the durable
+// commit (the engine: actor.Node). Its errors carry sequencer Codes.
+type Sender interface {
+	Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error)
+}
+
+// Reader answers the read RPCs. persist.Store satisfies it.
+type Reader interface {
+	LoadHead(ctx context.Context, convID string) (uint64, error)
+	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
+	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
+}
+
+// Router tells which node owns a conversation now.
+type Router interface {
+	Route(ctx context.Context, convID string) (Route, error)
+}
+
+// RouterFunc adapts a function to Router.
+type RouterFunc func(ctx context.Context, convID string) (Route, error)
+
+// Route calls f.
+func (f RouterFunc) Route(ctx context.Context, convID string) (Route, error) { return f(ctx, convID) }
+
+// Route is the owner of a conversation as the answering node sees it.
+type Route struct {
+	NodeID            string
+	Address           string // API address of the owner (host:port)
+	Partition         uint32
+	Epoch             uint64 // the owner's lease epoch of Partition
+	MembershipVersion uint64 // the membership view the ring was built from
+}
+
+// Config wires a Service.
+type Config struct {
+	// Sender handles Send. Required.
+	Sender Sender
+	// Reader handles Pull, GetHead and GetMessage. Required.
+	Reader Reader
+	// Router handles Route. Optional: nil answers Route with unimplemented.
+	Router Router
+	// MaxBody is the largest Send body in bytes. Default (<= 0):
+	// sequencer.DefaultMaxBody (65,536).
+	MaxBody int
+	// Metrics records sequencer_rpc_requests_total{method,code},
+	// sequencer_sends_total{code} and sequencer_dedup_hits_total. Optional.
+	Metrics *metrics.Set
+	// Logger logs internal errors (and retryable ones at debug level).
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Service implements sequencerv1connect.SequencerServiceHandler.
+type Service struct {
+	sender  Sender
+	reader  Reader
+	router  Router
+	maxBody int
+	metrics *metrics.Set
+	log     *slog.Logger
+}
+
+var (
+	_ sequencerv1connect.SequencerServiceHandler = (*Service)(nil)
+	_ Reader                                     = persist.Store(nil)
+)
+
+// Method names as they appear in the metric label "method".
+const (
+	methodSend       = "Send"
+	methodPull       = "Pull"
+	methodGetHead    = "GetHead"
+	methodGetMessage = "GetMessage"
+	methodRoute      = "Route"
+)
+
+// NewService builds the service. It panics if cfg.Sender or cfg.Reader is
+// nil (a wiring bug, not a runtime condition).
+func NewService(cfg Config) *Service {
+	if cfg.Sender == nil {
+		panic("api: Config.Sender is required")
+	}
+	if cfg.Reader == nil {
+		panic("api: Config.Reader is required")
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = sequencer.DefaultMaxBody
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Service{
+		sender:  cfg.Sender,
+		reader:  cfg.Reader,
+		router:  cfg.Router,
+		maxBody: cfg.MaxBody,
+		metrics: cfg.Metrics,
+		log:     cfg.Logger,
+	}
+}
+
+// ReadMaxBytes is the largest request message the handler reads by default:
+// room for a maximal body in base64 JSON (4/3) with a wide margin, so an
+// oversized body is answered invalid_argument by validation. Only requests
+// beyond this are refused by Connect itself (resource_exhausted) before
+// anything is decoded.
+func (s *Service) ReadMaxBytes() int { return 4*s.maxBody + 64<<10 }
+
+// Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
+// and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes())
+// and a recover that answers internal and logs the panic; opts come after
+// and may override them.
+func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Handler) {
+	base := []connect.HandlerOption{
+		connect.WithReadMaxBytes(s.ReadMaxBytes()),
+		connect.WithRecover(s.recovered),
+	}
+	return sequencerv1connect.NewSequencerServiceHandler(s, append(base, opts...)...)
+}
+
+// Send validates the request and hands it to the Sender; the answer carries
+// the stored message's ids (the first send's on a resend, duplicate: true).
+func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
+	in, err := ValidateSend(req.Msg, s.maxBody)
+	if err != nil {
+		return nil, s.fail(ctx, methodSend, err)
+	}
+	res, err := s.sender.Send(ctx, in)
+	if err != nil {
+		return nil, s.fail(ctx, methodSend, err, "conv_id", in.ConvID, "from_uid", in.FromUID, "client_msg_id", in.ClientMsgID)
+	}
+	s.ok(methodSend)
+	if s.metrics != nil {
+		if res.Duplicate {
+			s.metrics.Sends.WithLabelValues("duplicate").Inc()
+			s.metrics.DedupHits.Inc()
+		} else {
+			s.metrics.Sends.WithLabelValues("ok").Inc()
+		}
+	}
+	return connect.NewResponse(&sequencerv1.SendResponse{
+		MsgId:     res.MsgID,
+		Seq:       res.Seq,
+		ServerAt:  timestamp(res),
+		Duplicate: res.Duplicate,
+	}), nil
+}
+
+func timestamp(res sequencer.SendResult) *timestamppb.Timestamp {
+	if res.ServerAt.IsZero() {
+		return nil
+	}
+	return timestamppb.New(res.ServerAt)
+}
+
+// Pull answers the messages with seq > after_seq, ascending, at most limit.
+//
+// head_seq is the conversation's head (raised to the last returned seq if a
+// commit landed between reading the head and the rows). has_more is true
+// only when the page is full and its last seq is below head_seq: rows are
+// contiguous and retention only deletes a prefix, so every seq after a
+// returned row up to the head is still stored and another Pull will return
+// it. When retention deleted everything after after_seq, the answer is no
+// messages, head_seq > after_seq and has_more false: the client sees the
+// gap (seqs it cannot get) instead of looping on a promise of more rows.
+func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.PullRequest]) (*connect.Response[sequencerv1.PullResponse], error) {
+	q, err := ValidatePull(req.Msg)
+	if err != nil {
+		return nil, s.fail(ctx, methodPull, err)
+	}
+	head, err := s.reader.LoadHead(ctx, q.ConvID)
+	if err != nil {
+		return nil, s.fail(ctx, methodPull, fmt.Errorf("load head of %q: %w", q.ConvID, err), "conv_id", q.ConvID)
+	}
+	resp := &sequencerv1.PullResponse{HeadSeq: head}
+	// after_seq at or past the head has nothing to read (this also keeps
+	// after_seq >= 2^63 away from BIGINT stores).
+	if q.AfterSeq < head {
+		rows, err := s.reader.ReadRange(ctx, q.ConvID, q.AfterSeq, q.Limit)
+		if err != nil {
+			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q after seq %d: %w", q.ConvID, q.AfterSeq, err), "conv_id", q.ConvID)
+		}
+		if len(rows) > q.Limit {
+			rows = rows[:q.Limit]
+		}
+		resp.Messages = make([]*sequencerv1.Message, len(rows))
+		for i := range rows {
+			resp.Messages[i] = messageProto(&rows[i])
+		}
+		if n := len(rows); n > 0 {
+			last := rows[n-1].Seq
+			if last > resp.HeadSeq {
+				resp.HeadSeq = last
+			}
+			resp.HasMore = n == q.Limit && last < resp.HeadSeq
+		}
+	}
+	s.ok(methodPull)
+	return connect.NewResponse(resp), nil
+}
+
+// GetHead answers the highest committed seq of a conversation (0 if none).
+func (s *Service) GetHead(ctx context.Context, req *connect.Request[sequencerv1.GetHeadRequest]) (*connect.Response[sequencerv1.GetHeadResponse], error) {
+	convID := req.Msg.GetConvId()
+	if err := ValidateConvID(convID); err != nil {
+		return nil, s.fail(ctx, methodGetHead, err)
+	}
+	head, err := s.reader.LoadHead(ctx, convID)
+	if err != nil {
+		return nil, s.fail(ctx, methodGetHead, fmt.Errorf("load head of %q: %w", convID, err), "conv_id", convID)
+	}
+	s.ok(methodGetHead)
+	return connect.NewResponse(&sequencerv1.GetHeadResponse{HeadSeq: head}), nil
+}
+
+// GetMessage answers one message by msg_id, or not_found.
+func (s *Service) GetMessage(ctx context.Context, req *connect.Request[sequencerv1.GetMessageRequest]) (*connect.Response[sequencerv1.GetMessageResponse], error) {
+	msgID := req.Msg.GetMsgId()
+	if err := ValidateMsgID(msgID); err != nil {
+		return nil, s.fail(ctx, methodGetMessage, err)
+	}
+	m, err := s.reader.GetMessage(ctx, msgID)
+	if err != nil {
+		if CodeOf(ctx, err) == sequencer.CodeNotFound {
+			err = sequencer.Errorf(sequencer.CodeNotFound, "msg_id %d: not found", msgID)
+		} else {
+			err = fmt.Errorf("get msg_id %d: %w", msgID, err)
+		}
+		return nil, s.fail(ctx, methodGetMessage, err, "msg_id", msgID)
+	}
+	s.ok(methodGetMessage)
+	return connect.NewResponse(&sequencerv1.GetMessageResponse{Message: messageProto(&m)}), nil
+}
+
+// errNoRouter answers Route on a node built without a Router.
+var errNoRouter = connect.NewError(connect.CodeUnimplemented, errors.New("routing is not configured on this node"))
+
+// Route answers which node owns a conversation now.
+func (s *Service) Route(ctx context.Context, req *connect.Request[sequencerv1.RouteRequest]) (*connect.Response[sequencerv1.RouteResponse], error) {
+	convID := req.Msg.GetConvId()
+	if err := ValidateConvID(convID); err != nil {
+		return nil, s.fail(ctx, methodRoute, err)
+	}
+	if s.router == nil {
+		s.count(methodRoute, "unimplemented")
+		return nil, errNoRouter
+	}
+	r, err := s.router.Route(ctx, convID)
+	if err != nil {
+		return nil, s.fail(ctx, methodRoute, fmt.Errorf("route %q: %w", convID, err), "conv_id", convID)
+	}
+	s.ok(methodRoute)
+	return connect.NewResponse(&sequencerv1.RouteResponse{
+		NodeId:            r.NodeID,
+		Address:           r.Address,
+		Partition:         r.Partition,
+		Epoch:             r.Epoch,
+		MembershipVersion: r.MembershipVersion,
+	}), nil
+}
+
+func messageProto(m *sequencer.Message) *sequencerv1.Message {
+	pm := &sequencerv1.Message{
+		MsgId:       m.MsgID,
+		ConvId:      m.ConvID,
+		Seq:         m.Seq,
+		FromUid:     m.FromUID,
+		MsgType:     int32(m.MsgType),
+		Body:        m.Body,
+		ClientMsgId: m.ClientMsgID,
+	}
+	if !m.ServerAt.IsZero() {
+		pm.ServerAt = timestamppb.New(m.ServerAt)
+	}
+	return pm
+}
+
+// fail records and logs a failed RPC and returns the error for the client
+// (see ToConnectError). attrs are slog key/value pairs for the log line.
+func (s *Service) fail(ctx context.Context, method string, err error, attrs ...any) error {
+	code := CodeOf(ctx, err)
+	s.count(method, code.String())
+	if method == methodSend && s.metrics != nil {
+		s.metrics.Sends.WithLabelValues(code.String()).Inc()
+	}
+	switch {
+	case code == sequencer.CodeInternal:
+		s.log.ErrorContext(ctx, "rpc failed", append([]any{"method", method, "code", code.String(), "err", err}, attrs...)...)
+	case code.Retryable():
+		s.log.DebugContext(ctx, "rpc failed, retryable", append([]any{"method", method, "code", code.String(), "err", err}, attrs...)...)
+	}
+	return ToConnectError(ctx, err)
+}
+
+func (s *Service) ok(method string) { s.count(method, "ok") }
+
+func (s *Service) count(method, code string) {
+	if s.metrics != nil {
+		s.metrics.Requests.WithLabelValues(method, code).Inc()
+	}
+}
+
+// recovered answers a panicking handler with internal and logs the panic.
+func (s *Service) recovered(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
+	s.count(procedureMethod(spec.Procedure), sequencer.CodeInternal.String())
+	s.log.ErrorContext(ctx, "rpc panicked", "procedure", spec.Procedure, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	return connect.NewError(connect.CodeInternal, errors.New("internal error"))
+}
+
+// procedureMethod returns "Send" for "/sequencer.v1.SequencerService/Send".
+func procedureMethod(procedure string) string {
+	for i := len(procedure) - 1; i >= 0; i-- {
+		if procedure[i] == '/' {
+			return procedure[i+1:]
+		}
+	}
+	return procedure
+}

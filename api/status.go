@@ -1,0 +1,134 @@
+package api
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+// This file is the ONE place where a domain error becomes a transport status.
+
+// ConnectCode maps a domain code to the Connect code the client sees.
+func ConnectCode(c sequencer.Code) connect.Code {
+	switch c {
+	case sequencer.CodeInvalidArgument:
+		return connect.CodeInvalidArgument
+	case sequencer.CodeNotFound:
+		return connect.CodeNotFound
+	case sequencer.CodeAlreadyExists:
+		return connect.CodeAlreadyExists
+	case sequencer.CodeUnavailable:
+		return connect.CodeUnavailable
+	case sequencer.CodeResourceExhausted:
+		return connect.CodeResourceExhausted
+	case sequencer.CodeCanceled:
+		return connect.CodeCanceled
+	case sequencer.CodeDeadlineExceeded:
+		return connect.CodeDeadlineExceeded
+	default:
+		return connect.CodeInternal
+	}
+}
+
+// DomainCode is the inverse of ConnectCode, for clients that read a Connect
+// error (codes the server never sends map to CodeInternal).
+func DomainCode(c connect.Code) sequencer.Code {
+	switch c {
+	case connect.CodeInvalidArgument:
+		return sequencer.CodeInvalidArgument
+	case connect.CodeNotFound:
+		return sequencer.CodeNotFound
+	case connect.CodeAlreadyExists:
+		return sequencer.CodeAlreadyExists
+	case connect.CodeUnavailable:
+		return sequencer.CodeUnavailable
+	case connect.CodeResourceExhausted:
+		return sequencer.CodeResourceExhausted
+	case connect.CodeCanceled:
+		return sequencer.CodeCanceled
+	case connect.CodeDeadlineExceeded:
+		return sequencer.CodeDeadlineExceeded
+	default:
+		return sequencer.CodeInternal
+	}
+}
+
+// CodeOf classifies err (non-nil) for the client: the code of the first
+// *sequencer.Error in its chain; otherwise context.Canceled and
+// context.DeadlineExceeded in the chain, or a done ctx (the caller gave up
+// and the error is a side effect of that), give CodeCanceled /
+// CodeDeadlineExceeded; a *connect.Error (from a forwarded call) keeps its
+// code; anything else is CodeInternal.
+func CodeOf(ctx context.Context, err error) sequencer.Code {
+	var se *sequencer.Error
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	if c, ok := contextCode(err); ok {
+		return c
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return DomainCode(ce.Code())
+	}
+	if ctx != nil {
+		if c, ok := contextCode(ctx.Err()); ok {
+			return c
+		}
+	}
+	return sequencer.CodeInternal
+}
+
+func contextCode(err error) (sequencer.Code, bool) {
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, context.DeadlineExceeded):
+		return sequencer.CodeDeadlineExceeded, true
+	case errors.Is(err, context.Canceled):
+		return sequencer.CodeCanceled, true
+	}
+	return 0, false
+}
+
+// ToConnectError turns err (non-nil) into the error a handler returns. The
+// message the client reads is:
+//   - invalid_argument, not_found, already_exists: err's text (built from the
+//     request: field, rule, id);
+//   - unavailable, resource_exhausted: the short domain reason only (e.g.
+//     "store unavailable"), never the cause below it (addresses, SQL);
+//   - canceled, deadline_exceeded: a fixed text;
+//   - internal: "internal error" only; the caller logs the detail.
+func ToConnectError(ctx context.Context, err error) *connect.Error {
+	code := CodeOf(ctx, err)
+	var se *sequencer.Error
+	var ce *connect.Error
+	if code != sequencer.CodeInternal && !errors.As(err, &se) && errors.As(err, &ce) {
+		// A forwarded call's error: its code and message were already shaped
+		// by a sequencer edge.
+		return connect.NewError(ConnectCode(code), errors.New(ce.Message()))
+	}
+	return connect.NewError(ConnectCode(code), errors.New(clientMessage(code, err)))
+}
+
+func clientMessage(code sequencer.Code, err error) string {
+	switch code {
+	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists:
+		return err.Error()
+	case sequencer.CodeUnavailable, sequencer.CodeResourceExhausted:
+		var se *sequencer.Error
+		if errors.As(err, &se) {
+			return se.Msg
+		}
+		return code.String()
+	case sequencer.CodeCanceled:
+		return "request canceled"
+	case sequencer.CodeDeadlineExceeded:
+		return "deadline exceeded"
+	default:
+		return "internal error"
+	}
+}
