@@ -1,0 +1,660 @@
+// Package conv is the single writer of one conversation: it queues sends,
+// assigns seqs head+1.. to a batch, keeps at most one batch in flight, and
+// decides what each store answer means for the senders (ack, duplicate,
+// retryable failure) and for the head.
+//
+// It is a pure state machine in the style of etcd raft's RawNode: it performs
+// no I/O, starts no goroutines and reads no timers. The caller feeds it inputs
+// (Send, HeadLoaded, Committed, Resolved, LookedUp), then takes a Ready and
+// executes its effects: at most one store operation is outstanding at any
+// time, and its answer comes back as the matching input.
+//
+// The core must never: assign a seq before the head is known from the store;
+// assign a seq while a commit's outcome is unknown; answer a send with a seq
+// before its commit succeeded or a re-read proved it landed; let a failed,
+// rejected, cancelled or duplicate send consume a seq.
+package conv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// IDSource issues msg_ids (idgen.Generator implements it). An error (clock
+// moved back, worker lease lost) fails the sends that needed an id.
+type IDSource interface {
+	NextID() (uint64, error)
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxQueue = 4096
+	DefaultMaxBatch = 4000
+	DefaultMemoSize = 256
+)
+
+// Config configures one conversation's core.
+type Config struct {
+	ConvID string
+	IDs    IDSource    // required
+	Clock  clock.Clock // server_at source; default the real clock
+	// Fence is asked for the ownership token each time a batch is formed;
+	// an error fails every queued send with that error. nil: the zero
+	// (unfenced) Fence.
+	Fence func() (persist.Fence, error)
+	// MaxQueue is the most sends the conversation holds at once (queued, in
+	// flight, and resends waiting on them); more are refused with
+	// sequencer.ErrOverloaded. Default 4096.
+	MaxQueue int
+	// MaxBatch is the most messages in one commit. Default 4000.
+	MaxBatch int
+	// MemoSize is how many recently committed resend keys are remembered to
+	// answer resends without a store round trip. Default 256.
+	MemoSize int
+}
+
+// Reply answers one Send. Exactly one Reply is produced for every Send.
+type Reply struct {
+	Token  any // the token given to Send
+	Result sequencer.SendResult
+	Err    error
+}
+
+// Resolve asks the caller to read the truth after a commit whose outcome is
+// unknown: the conversation's head (LoadHead) and up to Count messages with
+// seq > AfterSeq (ReadRange), answered with Resolved.
+type Resolve struct {
+	AfterSeq uint64
+	Count    int
+}
+
+// Ready holds the effects the caller must execute. Replies may be delivered
+// at once: every ack in them follows a durable commit. At most one of
+// LoadHead, Commit, Resolve and Lookup is set; its answer is the matching
+// input (HeadLoaded, Committed, Resolved, LookedUp).
+type Ready struct {
+	LoadHead bool                  // read the head, answer HeadLoaded
+	Commit   *persist.ConvBatch    // commit this batch, answer Committed
+	Resolve  *Resolve              // re-read after an unknown outcome, answer Resolved
+	Lookup   []sequencer.ClientKey // FindByClientKey each key, answer LookedUp in the same order
+	Replies  []Reply
+}
+
+// Empty reports whether r has nothing to do.
+func (r *Ready) Empty() bool {
+	return !r.LoadHead && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0
+}
+
+// LookupResult is the answer to one key of Ready.Lookup: the stored message
+// or an error (sequencer.ErrNotFound when the key is free).
+type LookupResult struct {
+	Msg sequencer.Message
+	Err error
+}
+
+type op int
+
+const (
+	opNone op = iota
+	opLoad
+	opCommit
+	opResolve
+	opLookup
+)
+
+// waiter is one caller waiting for an entry's outcome.
+type waiter struct {
+	token  any
+	ctx    context.Context
+	resend bool // attached to an entry another send created
+}
+
+// entry is one row to write: the first send of a resend key and every
+// resend of it that arrived while it was queued or in flight.
+type entry struct {
+	req     sequencer.SendRequest
+	waiters []waiter
+	msg     sequencer.Message // assigned ids while in flight
+	lookup  bool              // in flight: its key hit uk_from_client
+}
+
+// Core is one conversation's single writer. It is not safe for concurrent
+// use: one goroutine (the conversation's actor) drives it.
+type Core struct {
+	cfg   Config
+	clock clock.Clock
+
+	head      uint64 // last committed seq, valid when headKnown
+	headKnown bool
+
+	op        op
+	queue     []*entry           // not yet assigned a seq, in arrival order
+	batch     []*entry           // the batch in flight (op commit/resolve/lookup)
+	inflight  *persist.ConvBatch // its rows
+	commitErr error              // the unknown-outcome error being resolved
+
+	pending map[sequencer.ClientKey]*entry // queued and in-flight entries by key
+	held    int                            // waiters held (all states)
+	memo    memo
+
+	ready Ready
+}
+
+// New returns a core for cfg.ConvID; its head is loaded from the store on
+// the first send.
+func New(cfg Config) (*Core, error) {
+	if cfg.ConvID == "" {
+		return nil, errors.New("conv: ConvID is required")
+	}
+	if cfg.IDs == nil {
+		return nil, errors.New("conv: IDs is required")
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = DefaultMaxQueue
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.MemoSize <= 0 {
+		cfg.MemoSize = DefaultMemoSize
+	}
+	return &Core{
+		cfg:     cfg,
+		clock:   clock.Or(cfg.Clock),
+		pending: make(map[sequencer.ClientKey]*entry),
+		memo:    newMemo(cfg.MemoSize),
+	}, nil
+}
+
+// ConvID returns the conversation this core writes.
+func (c *Core) ConvID() string { return c.cfg.ConvID }
+
+// Head returns the last committed seq and whether it is known (loaded and
+// not in doubt).
+func (c *Core) Head() (uint64, bool) { return c.head, c.headKnown }
+
+// Held returns the number of sends the core holds (queued or in flight).
+func (c *Core) Held() int { return c.held }
+
+// Idle reports whether the core holds nothing: no send queued or in flight,
+// no store operation outstanding and no reply undelivered. Only an idle core
+// may be passivated; its state is rebuilt from the store on the next send.
+func (c *Core) Idle() bool {
+	return c.op == opNone && c.held == 0 && len(c.queue) == 0 && c.ready.Empty()
+}
+
+// Ready returns the effects accumulated since the last call and clears
+// them. The caller must execute all of them.
+func (c *Core) Ready() Ready {
+	rd := c.ready
+	c.ready = Ready{}
+	return rd
+}
+
+// Send queues req (already validated, req.ConvID == the core's). token is
+// handed back in the Reply. A send whose ctx is done before its seq is
+// assigned is dropped (answered with the ctx's error) without consuming a seq.
+func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
+	if req.ConvID != c.cfg.ConvID {
+		c.reply(token, sequencer.SendResult{}, sequencer.Errorf(sequencer.CodeInternal,
+			"conv %q: send for conversation %q routed here", c.cfg.ConvID, req.ConvID))
+		return
+	}
+	key := req.Key()
+	if res, ok := c.memo.get(key); ok {
+		res.Duplicate = true
+		c.reply(token, res, nil)
+		return
+	}
+	if c.held >= c.cfg.MaxQueue {
+		c.reply(token, sequencer.SendResult{}, fmt.Errorf("conv %q holds %d sends: %w", c.cfg.ConvID, c.held, sequencer.ErrOverloaded))
+		return
+	}
+	c.held++
+	if e, ok := c.pending[key]; ok {
+		// A resend of a key still queued or in flight: answered when the
+		// original's row is written (or fails).
+		e.waiters = append(e.waiters, waiter{token: token, ctx: ctx, resend: true})
+		return
+	}
+	e := &entry{req: req, waiters: []waiter{{token: token, ctx: ctx}}}
+	c.pending[key] = e
+	c.queue = append(c.queue, e)
+	c.advance()
+}
+
+// HeadLoaded answers Ready.LoadHead.
+func (c *Core) HeadLoaded(head uint64, err error) {
+	if c.op != opLoad {
+		return
+	}
+	c.op = opNone
+	if err != nil {
+		c.failQueue(retryable(err, "load head"))
+		return
+	}
+	c.head, c.headKnown = head, true
+	c.advance()
+}
+
+// Committed answers Ready.Commit with the store's error (see persist.Store).
+func (c *Core) Committed(err error) {
+	if c.op != opCommit {
+		return
+	}
+	c.op = opNone
+	b := c.inflight
+	switch {
+	case err == nil:
+		c.land(b.LastSeq())
+	case errors.Is(err, sequencer.ErrUnknownOutcome):
+		c.resolve(err)
+	case isConflict(err):
+		ce, _ := persist.AsConflict(err)
+		c.onConflict(ce)
+	case errors.Is(err, sequencer.ErrHeadMismatch), errors.Is(err, sequencer.ErrStaleEpoch):
+		// Nothing was written, but another writer may have moved the head:
+		// re-read it before the next batch.
+		c.headKnown = false
+		c.failBatch(retryable(err, "commit"))
+	case errors.Is(err, sequencer.ErrStoreUnavailable):
+		// Nothing was written: the head stays at the last committed seq.
+		c.failBatch(retryable(err, "commit"))
+	default:
+		// An error the store contract does not name: it may have landed.
+		c.resolve(err)
+	}
+	c.advance()
+}
+
+// Resolved answers Ready.Resolve: the stored head and the messages after
+// Resolve.AfterSeq (or the error of reading them).
+func (c *Core) Resolved(head uint64, rows []sequencer.Message, err error) {
+	if c.op != opResolve {
+		return
+	}
+	c.op = opNone
+	b := c.inflight
+	cause := c.commitErr
+	c.commitErr = nil
+	switch {
+	case err != nil:
+		// Still unknown: fail the batch (a resend finds the row if it
+		// landed) and re-read the head before any further seq.
+		c.headKnown = false
+		c.failBatch(retryable(cause, "commit outcome unknown (re-read failed: "+err.Error()+")"))
+	case head >= b.LastSeq() && sameRows(rows, b.Messages):
+		c.land(head)
+	default:
+		// Not ours: it did not land (or another writer moved the head).
+		// Adopt the stored head; the sends consumed no seq.
+		c.head, c.headKnown = head, true
+		c.failBatch(retryable(cause, "commit did not land"))
+	}
+	c.advance()
+}
+
+// LookedUp answers Ready.Lookup, one result per key in order.
+func (c *Core) LookedUp(results []LookupResult) {
+	if c.op != opLookup {
+		return
+	}
+	c.op = opNone
+	i := 0
+	var retry []*entry
+	for _, e := range c.batch {
+		if !e.lookup {
+			if e.waiters != nil {
+				retry = append(retry, e)
+			}
+			continue
+		}
+		e.lookup = false
+		var r LookupResult
+		if i < len(results) {
+			r = results[i]
+		} else {
+			r.Err = sequencer.Errorf(sequencer.CodeInternal, "lookup answered %d of the keys", len(results))
+		}
+		i++
+		switch {
+		case r.Err == nil && r.Msg.ConvID == c.cfg.ConvID:
+			// Committed by an earlier send (before a restart or beyond the
+			// memo): every waiter is a resend.
+			res := resultOf(&r.Msg)
+			c.memo.put(e.req.Key(), res)
+			c.answer(e, res, true)
+		case r.Err == nil:
+			c.fail(e, fmt.Errorf("conv %q: from_uid %d client_msg_id %q is used in conversation %q: %w",
+				c.cfg.ConvID, e.req.FromUID, e.req.ClientMsgID, r.Msg.ConvID, sequencer.ErrAlreadyExists))
+		case errors.Is(r.Err, sequencer.ErrNotFound):
+			// The key is free (the conflicting row did not land): retry it.
+			retry = append(retry, e)
+		default:
+			c.fail(e, retryable(r.Err, "look up resend key"))
+		}
+	}
+	c.batch, c.inflight = nil, nil
+	c.requeue(retry)
+	c.advance()
+}
+
+// advance starts the next store operation if none is outstanding.
+func (c *Core) advance() {
+	if c.op != opNone {
+		return
+	}
+	c.prune()
+	if len(c.queue) == 0 {
+		return
+	}
+	if !c.headKnown {
+		c.op = opLoad
+		c.ready.LoadHead = true
+		return
+	}
+	c.form()
+}
+
+// form assigns seqs head+1.. to the queued sends and hands out the commit.
+func (c *Core) form() {
+	fence := persist.Fence{}
+	if c.cfg.Fence != nil {
+		f, err := c.cfg.Fence()
+		if err != nil {
+			c.failQueue(retryable(err, "fence"))
+			return
+		}
+		fence = f
+	}
+	n := min(len(c.queue), c.cfg.MaxBatch)
+	now := c.clock.Now().Truncate(time.Millisecond).UTC()
+	msgs := make([]sequencer.Message, 0, n)
+	var idErr error
+	for _, e := range c.queue[:n] {
+		id, err := c.cfg.IDs.NextID()
+		if err != nil {
+			idErr = err
+			break
+		}
+		e.msg = sequencer.Message{
+			MsgID:       id,
+			ConvID:      c.cfg.ConvID,
+			Seq:         c.head + 1 + uint64(len(msgs)),
+			FromUID:     e.req.FromUID,
+			MsgType:     e.req.MsgType,
+			Body:        e.req.Body,
+			ClientMsgID: e.req.ClientMsgID,
+			ServerAt:    now,
+		}
+		msgs = append(msgs, e.msg)
+	}
+	batch := make([]*entry, len(msgs))
+	copy(batch, c.queue)
+	c.queue = c.queue[len(msgs):]
+	if idErr != nil {
+		// No id, no seq: fail this send and every one still queued.
+		c.failQueue(retryable(idErr, "issue msg_id"))
+	}
+	if len(c.queue) == 0 {
+		c.queue = nil
+	}
+	if len(batch) == 0 {
+		return
+	}
+	c.batch = batch
+	c.inflight = &persist.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: fence, Messages: msgs}
+	c.op = opCommit
+	c.ready.Commit = c.inflight
+}
+
+// land acks the in-flight batch: the head moved to head.
+func (c *Core) land(head uint64) {
+	c.head, c.headKnown = head, true
+	for _, e := range c.batch {
+		res := resultOf(&e.msg)
+		c.memo.put(e.req.Key(), res)
+		c.answer(e, res, false)
+	}
+	c.batch, c.inflight = nil, nil
+}
+
+// resolve starts re-reading the truth after a commit of unknown outcome.
+func (c *Core) resolve(err error) {
+	c.headKnown = false
+	c.commitErr = err
+	c.op = opResolve
+	c.ready.Resolve = &Resolve{AfterSeq: c.inflight.PrevHead, Count: len(c.inflight.Messages)}
+}
+
+// onConflict splits the batch after a *ConflictError: rows whose resend key
+// is taken are looked up, rows whose msg_id collided fail, the rest are
+// retried with fresh seqs. Nothing was written, so the head is unchanged.
+func (c *Core) onConflict(ce *persist.ConflictError) {
+	byKey := make(map[sequencer.ClientKey]*entry, len(c.batch))
+	for _, e := range c.batch {
+		byKey[e.req.Key()] = e
+	}
+	var lookups []sequencer.ClientKey
+	blamed := false
+	for _, cf := range ce.Conflicts {
+		if cf.ConvID != c.cfg.ConvID {
+			continue
+		}
+		e := byKey[sequencer.ClientKey{FromUID: cf.FromUID, ClientMsgID: cf.ClientMsgID}]
+		if e == nil {
+			e = c.entryByMsgID(cf.MsgID)
+		}
+		switch cf.Key {
+		case persist.KeyConvSeq:
+			// Someone else wrote seqs of this conversation: same as a head
+			// mismatch.
+			c.headKnown = false
+			c.failBatch(retryable(ce, "commit"))
+			return
+		case persist.KeyClientMsgID:
+			if e != nil && !e.lookup && e.waiters != nil {
+				e.lookup = true
+				lookups = append(lookups, e.req.Key())
+				blamed = true
+			}
+		case persist.KeyMsgID:
+			if e != nil && e.waiters != nil && !e.lookup {
+				c.fail(e, sequencer.Wrap(sequencer.CodeUnavailable, ce, fmt.Sprintf("msg_id %d collided", cf.MsgID)))
+				blamed = true
+			}
+		}
+	}
+	if !blamed {
+		// The store blamed no row of ours: nothing was written; fail
+		// retryably rather than loop.
+		c.failBatch(retryable(ce, "commit conflict naming no row of "+c.cfg.ConvID))
+		return
+	}
+	if len(lookups) > 0 {
+		c.op = opLookup
+		c.ready.Lookup = lookups
+		return
+	}
+	var retry []*entry
+	for _, e := range c.batch {
+		if e.waiters != nil {
+			retry = append(retry, e)
+		}
+	}
+	c.batch, c.inflight = nil, nil
+	c.requeue(retry)
+}
+
+func (c *Core) entryByMsgID(id uint64) *entry {
+	for _, e := range c.batch {
+		if e.msg.MsgID == id {
+			return e
+		}
+	}
+	return nil
+}
+
+// requeue puts entries back at the front of the queue, ids cleared.
+func (c *Core) requeue(es []*entry) {
+	if len(es) == 0 {
+		return
+	}
+	for _, e := range es {
+		e.msg = sequencer.Message{}
+	}
+	c.queue = append(es, c.queue...)
+}
+
+// prune drops queued waiters whose caller gave up, and entries left with
+// none.
+func (c *Core) prune() {
+	kept := c.queue[:0]
+	for _, e := range c.queue {
+		ws := e.waiters[:0]
+		for _, w := range e.waiters {
+			if w.ctx != nil && w.ctx.Err() != nil {
+				c.held--
+				c.reply(w.token, sequencer.SendResult{}, canceled(w.ctx))
+				continue
+			}
+			ws = append(ws, w)
+		}
+		e.waiters = ws
+		if len(ws) == 0 {
+			delete(c.pending, e.req.Key())
+			continue
+		}
+		// The first live waiter now writes the row: it is not a resend.
+		e.waiters[0].resend = false
+		kept = append(kept, e)
+	}
+	for i := len(kept); i < len(c.queue); i++ {
+		c.queue[i] = nil
+	}
+	c.queue = kept
+}
+
+// answer replies to every waiter of e with res; allDup marks even the first
+// waiter as a resend (the row was written by an earlier send).
+func (c *Core) answer(e *entry, res sequencer.SendResult, allDup bool) {
+	for _, w := range e.waiters {
+		r := res
+		r.Duplicate = allDup || w.resend
+		c.reply(w.token, r, nil)
+	}
+	c.release(e)
+}
+
+func (c *Core) fail(e *entry, err error) {
+	for _, w := range e.waiters {
+		c.reply(w.token, sequencer.SendResult{}, err)
+	}
+	c.release(e)
+}
+
+func (c *Core) release(e *entry) {
+	c.held -= len(e.waiters)
+	e.waiters = nil
+	delete(c.pending, e.req.Key())
+}
+
+// failBatch fails every send of the in-flight batch.
+func (c *Core) failBatch(err error) {
+	for _, e := range c.batch {
+		if e.waiters != nil {
+			c.fail(e, err)
+		}
+	}
+	c.batch, c.inflight = nil, nil
+}
+
+// failQueue fails every queued send.
+func (c *Core) failQueue(err error) {
+	for _, e := range c.queue {
+		c.fail(e, err)
+	}
+	c.queue = nil
+}
+
+func (c *Core) reply(token any, res sequencer.SendResult, err error) {
+	c.ready.Replies = append(c.ready.Replies, Reply{Token: token, Result: res, Err: err})
+}
+
+func resultOf(m *sequencer.Message) sequencer.SendResult {
+	return sequencer.SendResult{MsgID: m.MsgID, Seq: m.Seq, ServerAt: m.ServerAt}
+}
+
+// sameRows reports whether rows are exactly the batch's messages (same seqs
+// and msg_ids): then the batch landed.
+func sameRows(rows, msgs []sequencer.Message) bool {
+	if len(rows) < len(msgs) {
+		return false
+	}
+	for i := range msgs {
+		if rows[i].Seq != msgs[i].Seq || rows[i].MsgID != msgs[i].MsgID {
+			return false
+		}
+	}
+	return true
+}
+
+func isConflict(err error) bool {
+	_, ok := persist.AsConflict(err)
+	return ok
+}
+
+// retryable returns err with context, coded unavailable unless it already
+// carries a domain code.
+func retryable(err error, what string) error {
+	if sequencer.ErrorCode(err) == sequencer.CodeInternal {
+		return sequencer.Wrap(sequencer.CodeUnavailable, err, what)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// canceled is the answer to a send dropped because its caller gave up.
+func canceled(ctx context.Context) error {
+	code := sequencer.CodeCanceled
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		code = sequencer.CodeDeadlineExceeded
+	}
+	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
+}
+
+// memo remembers the ids of recently committed resend keys (FIFO).
+type memo struct {
+	ids  map[sequencer.ClientKey]sequencer.SendResult
+	ring []sequencer.ClientKey
+	next int
+}
+
+func newMemo(n int) memo {
+	return memo{ids: make(map[sequencer.ClientKey]sequencer.SendResult, n), ring: make([]sequencer.ClientKey, 0, n)}
+}
+
+func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, bool) {
+	r, ok := m.ids[k]
+	return r, ok
+}
+
+func (m *memo) put(k sequencer.ClientKey, r sequencer.SendResult) {
+	if _, ok := m.ids[k]; ok {
+		m.ids[k] = r
+		return
+	}
+	if len(m.ring) < cap(m.ring) {
+		m.ring = append(m.ring, k)
+	} else {
+		delete(m.ids, m.ring[m.next])
+		m.ring[m.next] = k
+		m.next = (m.next + 1) % len(m.ring)
+	}
+	m.ids[k] = r
+}

@@ -1,0 +1,297 @@
+package conv
+
+import (
+	"context"
+		"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// memStore is a single-goroutine model of persist.Store's commit rules:
+// head compare-and-set, uk_conv_seq, uk_from_client, msg_id.
+type memStore struct {
+	heads map[string]uint64
+	rows  map[string]map[uint64]sequencer.Message // conv -> seq -> row
+	keys  map[sequencer.ClientKey]sequencer.Message
+	ids   map[uint64]bool
+}
+
+func newMemStore() *memStore {
+	return &memStore{heads: map[string]uint64{}, rows: map[string]map[uint64]sequencer.Message{},
+		keys: map[sequencer.ClientKey]sequencer.Message{}, ids: map[uint64]bool{}}
+}
+
+func (s *memStore) commit(b *persist.ConvBatch) error {
+	if s.heads[b.ConvID] != b.PrevHead {
+		return &persist.HeadMismatchError{ConvIDs: []string{b.ConvID}}
+	}
+	ce := &persist.ConflictError{}
+	for _, m := range b.Messages {
+		if prev, ok := s.keys[m.Key()]; ok {
+			_ = prev
+			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyClientMsgID, ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, FromUID: m.FromUID, ClientMsgID: m.ClientMsgID})
+		}
+		if s.ids[m.MsgID] {
+			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyMsgID, ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, FromUID: m.FromUID, ClientMsgID: m.ClientMsgID})
+		}
+	}
+	if len(ce.Conflicts) > 0 {
+		return ce
+	}
+	if s.rows[b.ConvID] == nil {
+		s.rows[b.ConvID] = map[uint64]sequencer.Message{}
+	}
+	for _, m := range b.Messages {
+		s.rows[b.ConvID][m.Seq] = m
+		s.keys[m.Key()] = m
+		s.ids[m.MsgID] = true
+	}
+	s.heads[b.ConvID] = b.LastSeq()
+	return nil
+}
+
+func (s *memStore) readRange(conv string, after uint64, n int) []sequencer.Message {
+	var out []sequencer.Message
+	for seq := after + 1; seq <= after+uint64(n); seq++ {
+		m, ok := s.rows[conv][seq]
+		if !ok {
+			break
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// sendRec is one Send the model made and what it was answered.
+type sendRec struct {
+	conv    string
+	key     sequencer.ClientKey
+	replies []Reply
+}
+
+// TestModelRandomFaults drives several cores over one model store with a
+// seeded random mix of sends, resends (same and other conversation),
+// cancellations and store faults (fail before write, commit then report
+// unknown, drop and report unknown, failed re-reads and lookups), and
+// checks every reply against the store at the moment it is given.
+func TestModelRandomFaults(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runModel(t, seed) })
+	}
+}
+
+func runModel(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, seed*7919))
+	st := newMemStore()
+	ids := &fakeIDs{next: 1 << 20}
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	convs := []string{"a", "b", "c", "d"}
+	cores := map[string]*Core{}
+	pendingOp := map[string]*Ready{} // the store op each core waits for
+	fenceDown := false
+	for _, cv := range convs {
+		c, err := New(Config{ConvID: cv, IDs: ids, Clock: clk, MaxQueue: 8, MaxBatch: 3, MemoSize: 4,
+			Fence: func() (persist.Fence, error) {
+				if fenceDown {
+					return persist.Fence{}, sequencer.ErrOwnershipMoving
+				}
+				return persist.Fence{}, nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cores[cv] = c
+	}
+	var sends []*sendRec
+	cancels := map[int]context.CancelFunc{}
+	var keys []sequencer.ClientKey
+	keyConv := map[sequencer.ClientKey]string{} // first conversation a key was sent to
+
+	check := func(cv string, rd Ready) {
+		for _, r := range rd.Replies {
+			s := sends[r.Token.(int)]
+			s.replies = append(s.replies, r)
+			if len(s.replies) > 1 {
+				t.Fatalf("send %d answered twice", r.Token)
+			}
+			if r.Err != nil {
+				if sequencer.ErrorCode(r.Err) == sequencer.CodeAlreadyExists {
+					if m, ok := st.keys[s.key]; !ok || m.ConvID == cv {
+						t.Fatalf("already_exists for %v in %s but stored %v", s.key, cv, m)
+					}
+				}
+				continue
+			}
+			m, ok := st.rows[cv][r.Result.Seq]
+			if !ok || m.MsgID != r.Result.MsgID || m.Key() != s.key || !m.ServerAt.Equal(r.Result.ServerAt) {
+				t.Fatalf("ack %+v for %v in %s not durable: stored %+v", r.Result, s.key, cv, m)
+			}
+		}
+		if rd.LoadHead || rd.Commit != nil || rd.Resolve != nil || len(rd.Lookup) > 0 {
+			if pendingOp[cv] != nil {
+				t.Fatalf("%s: two store operations outstanding", cv)
+			}
+			cp := rd
+			pendingOp[cv] = &cp
+		}
+	}
+	// execute completes cv's outstanding store op, with a fault if faulty.
+	execute := func(cv string, faulty bool) {
+		rd := pendingOp[cv]
+		delete(pendingOp, cv)
+		c := cores[cv]
+		fault := 0
+		if faulty {
+			fault = rng.IntN(8)
+		}
+		switch {
+		case rd.LoadHead:
+			if fault == 1 {
+				c.HeadLoaded(0, sequencer.ErrStoreUnavailable)
+			} else {
+				c.HeadLoaded(st.heads[cv], nil)
+			}
+		case rd.Commit != nil:
+			switch fault {
+			case 1:
+				c.Committed(fmt.Errorf("dial: %w", sequencer.ErrStoreUnavailable))
+			case 2: // committed, then the answer was lost
+				if err := st.commit(rd.Commit); err != nil {
+					c.Committed(err)
+				} else {
+					c.Committed(sequencer.ErrUnknownOutcome)
+				}
+			case 3: // dropped: nothing written, outcome reported unknown
+				c.Committed(sequencer.ErrUnknownOutcome)
+			default:
+				c.Committed(st.commit(rd.Commit))
+			}
+		case rd.Resolve != nil:
+			if fault == 1 {
+				c.Resolved(0, nil, sequencer.ErrStoreUnavailable)
+			} else {
+				c.Resolved(st.heads[cv], st.readRange(cv, rd.Resolve.AfterSeq, rd.Resolve.Count), nil)
+			}
+		case len(rd.Lookup) > 0:
+			var rs []LookupResult
+			for _, k := range rd.Lookup {
+				if fault == 1 {
+					rs = append(rs, LookupResult{Err: sequencer.ErrStoreUnavailable})
+				} else if m, ok := st.keys[k]; ok {
+					rs = append(rs, LookupResult{Msg: m})
+				} else {
+					rs = append(rs, LookupResult{Err: sequencer.ErrNotFound})
+				}
+			}
+			c.LookedUp(rs)
+		}
+		check(cv, c.Ready())
+	}
+
+	for step := 0; step < 1500; step++ {
+		switch p := rng.IntN(100); {
+		case p < 55: // send: new key, or resend (sometimes to another conversation)
+			cv := convs[rng.IntN(len(convs))]
+			var key sequencer.ClientKey
+			if len(keys) > 0 && rng.IntN(3) == 0 {
+				key = keys[rng.IntN(len(keys))]
+				if rng.IntN(4) != 0 {
+					cv = keyConv[key]
+				}
+			} else {
+				key = sequencer.ClientKey{FromUID: uint64(1 + rng.IntN(3)), ClientMsgID: fmt.Sprintf("m%d", len(keys))}
+				keys = append(keys, key)
+				keyConv[key] = cv
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			tok := len(sends)
+			cancels[tok] = cancel
+			sends = append(sends, &sendRec{conv: cv, key: key})
+			cores[cv].Send(ctx, tok, sequencer.SendRequest{ConvID: cv, FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("x")})
+			check(cv, cores[cv].Ready())
+		case p < 63: // a recent caller gives up
+			if len(sends) > 0 {
+				cancels[max(0, len(sends)-1-rng.IntN(10))]()
+			}
+		case p < 64:
+			fenceDown = !fenceDown && rng.IntN(4) == 0
+		case p < 65:
+			clk.Advance(time.Duration(rng.IntN(3)) * time.Millisecond)
+		default: // a store answer arrives
+			for _, cv := range convs {
+				if pendingOp[cv] != nil && rng.IntN(3) == 0 {
+					execute(cv, true)
+				}
+			}
+		}
+	}
+	// Drain without faults.
+	fenceDown = false
+	for range 1000 {
+		busy := false
+		for _, cv := range convs {
+			if pendingOp[cv] != nil {
+				busy = true
+				execute(cv, false)
+			}
+		}
+		if !busy {
+			break
+		}
+	}
+	byKey := map[sequencer.ClientKey]sequencer.SendResult{}
+	outcomes := map[string]int{}
+	for i, s := range sends {
+		if len(s.replies) != 1 {
+			t.Fatalf("send %d (%v) got %d replies", i, s.key, len(s.replies))
+		}
+		r := s.replies[0]
+		switch {
+		case r.Err != nil:
+			outcomes[sequencer.ErrorCode(r.Err).String()]++
+		case r.Result.Duplicate:
+			outcomes["duplicate"]++
+		default:
+			outcomes["ok"]++
+		}
+		if r.Err != nil {
+			if c := sequencer.ErrorCode(r.Err); !c.Retryable() && c != sequencer.CodeAlreadyExists && c != sequencer.CodeCanceled {
+				t.Fatalf("send %d: unexpected error code %s: %v", i, c, r.Err)
+			}
+			continue
+		}
+		if prev, ok := byKey[s.key]; ok && (prev.MsgID != r.Result.MsgID || prev.Seq != r.Result.Seq) {
+			t.Fatalf("key %v answered with two ids: %+v and %+v", s.key, prev, r.Result)
+		}
+		byKey[s.key] = r.Result
+	}
+	for _, cv := range convs {
+		if !cores[cv].Idle() {
+			t.Fatalf("%s not idle after drain", cv)
+		}
+		head := st.heads[cv]
+		if len(st.rows[cv]) != int(head) {
+			t.Fatalf("%s: %d rows, head %d", cv, len(st.rows[cv]), head)
+		}
+		for seq := uint64(1); seq <= head; seq++ {
+			if _, ok := st.rows[cv][seq]; !ok {
+				t.Fatalf("%s: hole at seq %d (head %d)", cv, seq, head)
+			}
+		}
+		if h, known := cores[cv].Head(); known && h != head {
+			t.Fatalf("%s: core head %d, stored %d", cv, h, head)
+		}
+	}
+	t.Logf("outcomes: %v", outcomes)
+	// The run must have exercised the interesting outcomes.
+	for _, what := range []string{"ok", "duplicate", "already_exists", "unavailable", "canceled", "resource_exhausted"} {
+		if outcomes[what] == 0 {
+			t.Errorf("no %s outcome in this run: %v", what, outcomes)
+		}
+	}
+}

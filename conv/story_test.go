@@ -1,0 +1,395 @@
+package conv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt expectations with the actual output")
+
+// TestStories runs the step scripts in testdata/*.txt. Each block is a
+// command line, a "----" line and the expected output up to a blank line;
+// lines starting with '#' are comments. Every command that feeds the core
+// prints the Ready it produced. Run with -rewrite to regenerate (then read
+// the diff: the files are the specification).
+func TestStories(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no stories: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runStory(t, f) })
+	}
+}
+
+type block struct {
+	comments []string
+	cmd      string
+	want     string
+	line     int
+}
+
+func parseStory(t *testing.T, path string) []block {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var blocks []block
+	var cur block
+	sc := bufio.NewScanner(f)
+	n := 0
+	state := 0 // 0: before cmd, 1: after cmd, 2: in output
+	var out []string
+	for sc.Scan() {
+		n++
+		l := sc.Text()
+		switch state {
+		case 0:
+			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
+				cur.comments = append(cur.comments, l)
+				continue
+			}
+			cur.cmd, cur.line, state = l, n, 1
+		case 1:
+			if l != "----" {
+				t.Fatalf("%s:%d: want ---- after command", path, n)
+			}
+			state, out = 2, nil
+		case 2:
+			if l == "" {
+				cur.want = strings.Join(out, "\n")
+				blocks = append(blocks, cur)
+				cur, state = block{}, 0
+				continue
+			}
+			out = append(out, l)
+		}
+	}
+	if state == 2 {
+		cur.want = strings.Join(out, "\n")
+		blocks = append(blocks, cur)
+	} else if state == 1 {
+		t.Fatalf("%s: command without ----", path)
+	}
+	return blocks
+}
+
+func runStory(t *testing.T, path string) {
+	blocks := parseStory(t, path)
+	h := newHarness(t)
+	var rewritten strings.Builder
+	for _, b := range blocks {
+		got := h.do(b.cmd)
+		if got == "" {
+			got = "(none)"
+		}
+		if *rewrite {
+			for _, c := range b.comments {
+				rewritten.WriteString(c + "\n")
+			}
+			rewritten.WriteString(b.cmd + "\n----\n" + got + "\n\n")
+			continue
+		}
+		if got != b.want {
+			t.Fatalf("%s:%d: %s\n got:\n%s\nwant:\n%s", path, b.line, b.cmd, got, b.want)
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(strings.TrimRight(rewritten.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// fakeIDs issues 1001, 1002, ... and fails the next `fail` calls with err.
+type fakeIDs struct {
+	next uint64
+	fail int
+	err  error
+}
+
+func (f *fakeIDs) NextID() (uint64, error) {
+	if f.fail > 0 {
+		f.fail--
+		return 0, f.err
+	}
+	f.next++
+	return f.next, nil
+}
+
+type harness struct {
+	t        *testing.T
+	core     *Core
+	ids      *fakeIDs
+	clk      *clock.Fake
+	start    time.Time
+	fence    persist.Fence
+	fenceErr error
+	cancels  map[string]context.CancelFunc
+	batch    *persist.ConvBatch    // last commit handed out
+	lookup   []sequencer.ClientKey // last lookup handed out
+}
+
+func newHarness(t *testing.T) *harness {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]context.CancelFunc{}}
+	h.newCore("c1", 0, 0, 0)
+	return h
+}
+
+func (h *harness) newCore(conv string, maxQueue, maxBatch, memo int) {
+	c, err := New(Config{ConvID: conv, IDs: h.ids, Clock: h.clk, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo,
+		Fence: func() (persist.Fence, error) { return h.fence, h.fenceErr }})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.core = c
+}
+
+func (h *harness) do(line string) string {
+	f := strings.Fields(line)
+	cmd, args := f[0], f[1:]
+	kv := map[string]string{}
+	var pos []string
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			kv[k] = v
+		} else {
+			pos = append(pos, a)
+		}
+	}
+	c := h.core
+	switch cmd {
+	case "new":
+		h.newCore(or(kv["conv"], "c1"), h.atoi(kv["max-queue"]), h.atoi(kv["max-batch"]), h.atoi(kv["memo"]))
+		return ""
+	case "send":
+		// send <token> <client> [uid=N] [conv=X] [ctx=done]
+		uid := uint64(1)
+		if v := kv["uid"]; v != "" {
+			uid = uint64(h.atoi(v))
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		h.cancels[pos[0]] = cancel
+		if kv["ctx"] == "done" {
+			cancel()
+		}
+		c.Send(ctx, pos[0], sequencer.SendRequest{ConvID: or(kv["conv"], c.ConvID()), FromUID: uid,
+			ClientMsgID: pos[1], MsgType: 1, Body: []byte(pos[1])})
+	case "cancel":
+		for _, tok := range pos {
+			h.cancels[tok]()
+		}
+		return ""
+	case "head-loaded":
+		if e := kv["error"]; e != "" {
+			c.HeadLoaded(0, h.storeErr(e))
+		} else {
+			c.HeadLoaded(uint64(h.atoi(pos[0])), nil)
+		}
+	case "committed":
+		switch {
+		case len(pos) > 0 && pos[0] == "ok":
+			c.Committed(nil)
+		case len(pos) > 0 && pos[0] == "conflict":
+			c.Committed(h.conflict(pos[1:]))
+		default:
+			c.Committed(h.storeErr(kv["error"]))
+		}
+	case "resolved":
+		if e := kv["error"]; e != "" {
+			c.Resolved(0, nil, h.storeErr(e))
+			break
+		}
+		var rows []sequencer.Message
+		switch kv["rows"] {
+		case "batch":
+			rows = h.batch.Messages
+		case "other":
+			for _, m := range h.batch.Messages {
+				m.MsgID += 5000
+				rows = append(rows, m)
+			}
+		}
+		c.Resolved(uint64(h.atoi(kv["head"])), rows, nil)
+	case "looked-up":
+		// looked-up <client>=same:<msgid>:<seq> | other | notfound | error, in lookup order
+		var rs []LookupResult
+		for i, a := range args {
+			_, v, _ := strings.Cut(a, "=")
+			key := h.lookup[i]
+			parts := strings.Split(v, ":")
+			switch parts[0] {
+			case "same":
+				rs = append(rs, LookupResult{Msg: sequencer.Message{MsgID: uint64(h.atoi(parts[1])), Seq: uint64(h.atoi(parts[2])),
+					ConvID: c.ConvID(), FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, ServerAt: h.start}})
+			case "other":
+				rs = append(rs, LookupResult{Msg: sequencer.Message{MsgID: 77, Seq: 1, ConvID: "elsewhere", FromUID: key.FromUID, ClientMsgID: key.ClientMsgID}})
+			case "notfound":
+				rs = append(rs, LookupResult{Err: fmt.Errorf("find: %w", sequencer.ErrNotFound)})
+			default:
+				rs = append(rs, LookupResult{Err: h.storeErr(parts[0])})
+			}
+		}
+		c.LookedUp(rs)
+	case "ids":
+		h.ids.fail = h.atoi(kv["fail"])
+		h.ids.err = sequencer.ErrClockMovedBackwards
+		if kv["err"] == "lease" {
+			h.ids.err = sequencer.ErrWorkerLeaseLost
+		}
+		return ""
+	case "fence":
+		h.fence, h.fenceErr = persist.Fence{}, nil
+		switch kv["error"] {
+		case "not-owner":
+			h.fenceErr = fmt.Errorf("partition 3: %w", sequencer.ErrNotOwner)
+		case "moving":
+			h.fenceErr = fmt.Errorf("partition 3: %w", sequencer.ErrOwnershipMoving)
+		case "":
+			h.fence = persist.Fence{Partition: uint32(h.atoi(kv["p"])), Owner: kv["owner"], Epoch: uint64(h.atoi(kv["epoch"]))}
+		}
+		return ""
+	case "tick":
+		d, err := time.ParseDuration(pos[0])
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.clk.Advance(d)
+		return ""
+	case "idle":
+		return strconv.FormatBool(c.Idle())
+	case "state":
+		head, known := c.Head()
+		return fmt.Sprintf("head=%d known=%v held=%d queued=%d", head, known, c.Held(), len(c.queue))
+	default:
+		h.t.Fatalf("unknown command %q", cmd)
+	}
+	return h.printReady()
+}
+
+func (h *harness) printReady() string {
+	rd := h.core.Ready()
+	var b strings.Builder
+	if rd.LoadHead {
+		b.WriteString("load-head\n")
+	}
+	if rd.Commit != nil {
+		h.batch = rd.Commit
+		fence := "-"
+		if !rd.Commit.Fence.IsZero() {
+			fence = fmt.Sprintf("%d/%s/%d", rd.Commit.Fence.Partition, rd.Commit.Fence.Owner, rd.Commit.Fence.Epoch)
+		}
+		fmt.Fprintf(&b, "commit conv=%s prev=%d fence=%s\n", rd.Commit.ConvID, rd.Commit.PrevHead, fence)
+		for _, m := range rd.Commit.Messages {
+			fmt.Fprintf(&b, "  seq=%d msg=%d key=%d/%s at=+%s\n", m.Seq, m.MsgID, m.FromUID, m.ClientMsgID, m.ServerAt.Sub(h.start))
+		}
+	}
+	if rd.Resolve != nil {
+		fmt.Fprintf(&b, "resolve after=%d count=%d\n", rd.Resolve.AfterSeq, rd.Resolve.Count)
+	}
+	if len(rd.Lookup) > 0 {
+		h.lookup = rd.Lookup
+		b.WriteString("lookup")
+		for _, k := range rd.Lookup {
+			fmt.Fprintf(&b, " %d/%s", k.FromUID, k.ClientMsgID)
+		}
+		b.WriteString("\n")
+	}
+	for _, r := range rd.Replies {
+		switch {
+		case r.Err != nil:
+			fmt.Fprintf(&b, "reply %v: error %s: %v\n", r.Token, sequencer.ErrorCode(r.Err), r.Err)
+		case r.Result.Duplicate:
+			fmt.Fprintf(&b, "reply %v: dup msg=%d seq=%d at=+%s\n", r.Token, r.Result.MsgID, r.Result.Seq, r.Result.ServerAt.Sub(h.start))
+		default:
+			fmt.Fprintf(&b, "reply %v: ok msg=%d seq=%d at=+%s\n", r.Token, r.Result.MsgID, r.Result.Seq, r.Result.ServerAt.Sub(h.start))
+		}
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
+
+func (h *harness) conflict(specs []string) error {
+	ce := &persist.ConflictError{}
+	for _, s := range specs {
+		kind, arg, _ := strings.Cut(s, ":")
+		switch kind {
+		case "client", "msgid":
+			var row *sequencer.Message
+			for i := range h.batch.Messages {
+				if h.batch.Messages[i].ClientMsgID == arg {
+					row = &h.batch.Messages[i]
+				}
+			}
+			if row == nil {
+				h.t.Fatalf("no row %q in flight", arg)
+			}
+			key := persist.KeyClientMsgID
+			if kind == "msgid" {
+				key = persist.KeyMsgID
+			}
+			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: key, ConvID: row.ConvID, Seq: row.Seq, MsgID: row.MsgID, FromUID: row.FromUID, ClientMsgID: row.ClientMsgID})
+		case "seq":
+			// seq:first names the batch's first row
+			row := h.batch.Messages[0]
+			seq := row.Seq
+			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyConvSeq, ConvID: row.ConvID, Seq: seq, MsgID: row.MsgID, FromUID: row.FromUID, ClientMsgID: row.ClientMsgID})
+		case "other":
+			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyClientMsgID, ConvID: "c9", Seq: 1, MsgID: 9, FromUID: 9, ClientMsgID: arg})
+		default:
+			h.t.Fatalf("bad conflict spec %q", s)
+		}
+	}
+	return ce
+}
+
+func (h *harness) storeErr(kind string) error {
+	switch kind {
+	case "unavailable":
+		return fmt.Errorf("dial: %w", sequencer.ErrStoreUnavailable)
+	case "unknown":
+		return fmt.Errorf("connection reset during COMMIT: %w", sequencer.ErrUnknownOutcome)
+	case "timeout":
+		return context.DeadlineExceeded
+	case "head-mismatch":
+		return &persist.HeadMismatchError{ConvIDs: []string{h.core.ConvID()}}
+	case "stale-fence":
+		return &persist.StaleFenceError{Fences: []persist.Fence{{Partition: 3, Owner: "n1", Epoch: 2}}}
+	case "weird":
+		return errors.New("weird driver error")
+	}
+	h.t.Fatalf("unknown error kind %q", kind)
+	return nil
+}
+
+func (h *harness) atoi(s string) int {
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return n
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
