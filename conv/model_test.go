@@ -2,7 +2,7 @@ package conv
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
