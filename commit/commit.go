@@ -1,0 +1,301 @@
+// Package commit is the node's group-commit writer: it merges the in-flight
+// batches of many conversations into one Store.Commit (one transaction),
+// over a few parallel workers, and hands each conversation the store's answer
+// for its own batch.
+//
+// A failed shared transaction blames only the conversations the error names:
+// a *ConflictError, *HeadMismatchError or *StaleFenceError fails the named
+// conversations (or fences) and the others are committed again at once
+// without them. Any other error reaches every member.
+//
+// The writer never assigns seqs or ids, never retries a batch whose outcome
+// is unknown (its conversation must re-read the truth first), and never holds
+// more than MaxMessages rows in one transaction (a single larger batch goes
+// alone).
+package commit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// Defaults of Config.
+const (
+	DefaultWorkers     = 4
+	DefaultMaxMessages = 4000
+	DefaultTimeout     = 5 * time.Second
+)
+
+// Config configures a Writer.
+type Config struct {
+	Store persist.Store // required
+	// Workers is the number of transactions in flight at once. Default 4.
+	Workers int
+	// MaxMessages bounds the rows of one transaction. Default 4000.
+	MaxMessages int
+	// Timeout bounds one Store.Commit; a commit that times out is reported
+	// as sequencer.ErrUnknownOutcome. Default 5s.
+	Timeout time.Duration
+	Metrics *metrics.Set // optional
+	Logger  *slog.Logger // optional
+}
+
+// Done receives the store's answer for one submitted batch: nil (durably
+// stored) or an error concerning that batch (see persist.Store.Commit). It
+// is called exactly once, from a writer goroutine, and must not block.
+type Done func(err error)
+
+type item struct {
+	batch persist.ConvBatch
+	done  Done
+}
+
+// Writer is the group-commit writer. Safe for concurrent use.
+type Writer struct {
+	cfg Config
+	log *slog.Logger
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []*item
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New starts a writer with cfg.Workers workers.
+func New(cfg Config) (*Writer, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("commit: Store is required")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	if cfg.MaxMessages <= 0 {
+		cfg.MaxMessages = DefaultMaxMessages
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	w := &Writer{cfg: cfg, log: cfg.Logger}
+	if w.log == nil {
+		w.log = slog.New(slog.DiscardHandler)
+	}
+	w.cond = sync.NewCond(&w.mu)
+	w.wg.Add(cfg.Workers)
+	for range cfg.Workers {
+		go w.work()
+	}
+	return w, nil
+}
+
+// Submit queues b for the next transaction; done gets the answer. After
+// Close, done is called at once with sequencer.ErrShuttingDown (nothing
+// written).
+func (w *Writer) Submit(b persist.ConvBatch, done Done) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		done(fmt.Errorf("commit %s: %w", b.ConvID, sequencer.ErrShuttingDown))
+		return
+	}
+	w.queue = append(w.queue, &item{batch: b, done: done})
+	w.mu.Unlock()
+	w.cond.Signal()
+}
+
+// Close stops accepting batches, lets the workers commit everything already
+// queued, and waits for them (or for ctx).
+func (w *Writer) Close(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	w.cond.Broadcast()
+	stopped := make(chan struct{})
+	go func() { w.wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("commit: close: %w", ctx.Err())
+	}
+}
+
+func (w *Writer) work() {
+	defer w.wg.Done()
+	for {
+		group := w.take()
+		if group == nil {
+			return
+		}
+		w.commit(group)
+	}
+}
+
+// take waits for queued batches and removes the longest prefix of the queue
+// that fits in MaxMessages rows (at least one batch). nil: closed and empty.
+func (w *Writer) take() []*item {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(w.queue) == 0 {
+		if w.closed {
+			return nil
+		}
+		w.cond.Wait()
+	}
+	n, rows := 0, 0
+	for n < len(w.queue) {
+		k := len(w.queue[n].batch.Messages)
+		if n > 0 && rows+k > w.cfg.MaxMessages {
+			break
+		}
+		rows += k
+		n++
+	}
+	group := make([]*item, n)
+	copy(group, w.queue)
+	rest := copy(w.queue, w.queue[n:])
+	clear(w.queue[rest:])
+	w.queue = w.queue[:rest]
+	if rest > 0 {
+		w.cond.Signal() // more work for another worker
+	}
+	return group
+}
+
+// commit writes group in one transaction; on an error that names some of
+// its conversations, those get the error and the rest are committed again.
+func (w *Writer) commit(group []*item) {
+	for len(group) > 0 {
+		batches := make([]persist.ConvBatch, len(group))
+		rows := 0
+		for i, it := range group {
+			batches[i] = it.batch
+			rows += len(it.batch.Messages)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Timeout)
+		start := time.Now()
+		err := w.cfg.Store.Commit(ctx, batches)
+		timedOut := ctx.Err() != nil
+		cancel()
+		if err != nil && timedOut && !nothingWritten(err) {
+			err = fmt.Errorf("commit timed out after %v: %w: %w", w.cfg.Timeout, sequencer.ErrUnknownOutcome, err)
+		}
+		w.observe(rows, len(group), time.Since(start), err)
+		if err == nil {
+			for _, it := range group {
+				it.done(nil)
+			}
+			return
+		}
+		blamed := blame(err, group)
+		if len(blamed) == 0 || len(blamed) == len(group) {
+			if !nothingWritten(err) {
+				w.log.Warn("group commit failed", "conversations", len(group), "messages", rows, "err", err)
+			}
+			for _, it := range group {
+				it.done(err)
+			}
+			return
+		}
+		rest := group[:0:0]
+		for _, it := range group {
+			if blamed[it] {
+				it.done(err)
+			} else {
+				rest = append(rest, it)
+			}
+		}
+		group = rest
+	}
+}
+
+// blame returns the members an error names (nil: the error concerns all).
+func blame(err error, group []*item) map[*item]bool {
+	var convs map[string]bool
+	var (
+		ce *persist.ConflictError
+		he *persist.HeadMismatchError
+		se *persist.StaleFenceError
+	)
+	switch {
+	case errors.As(err, &ce):
+		convs = make(map[string]bool, len(ce.Conflicts))
+		for _, c := range ce.Conflicts {
+			convs[c.ConvID] = true
+		}
+	case errors.As(err, &he):
+		convs = make(map[string]bool, len(he.ConvIDs))
+		for _, c := range he.ConvIDs {
+			convs[c] = true
+		}
+	case errors.As(err, &se):
+		blamed := map[*item]bool{}
+		for _, it := range group {
+			for _, f := range se.Fences {
+				if it.batch.Fence == f {
+					blamed[it] = true
+				}
+			}
+		}
+		return blamed
+	default:
+		return nil
+	}
+	blamed := map[*item]bool{}
+	for _, it := range group {
+		if convs[it.batch.ConvID] {
+			blamed[it] = true
+		}
+	}
+	return blamed
+}
+
+// nothingWritten reports errors after which the store guarantees nothing of
+// the commit was written.
+func nothingWritten(err error) bool {
+	if errors.Is(err, sequencer.ErrUnknownOutcome) {
+		return false
+	}
+	_, conflict := persist.AsConflict(err)
+	return conflict || errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
+		errors.Is(err, sequencer.ErrStoreUnavailable)
+}
+
+// Result labels of metrics.CommitSeconds.
+func result(err error) string {
+	_, conflict := persist.AsConflict(err)
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, sequencer.ErrUnknownOutcome):
+		return "unknown"
+	case conflict:
+		return "conflict"
+	case errors.Is(err, sequencer.ErrHeadMismatch):
+		return "head_mismatch"
+	case errors.Is(err, sequencer.ErrStaleEpoch):
+		return "stale_fence"
+	case errors.Is(err, sequencer.ErrStoreUnavailable):
+		return "unavailable"
+	default:
+		return "error"
+	}
+}
+
+func (w *Writer) observe(rows, convs int, d time.Duration, err error) {
+	m := w.cfg.Metrics
+	if m == nil {
+		return
+	}
+	m.BatchMessages.Observe(float64(rows))
+	m.BatchConvs.Observe(float64(convs))
+	m.CommitSeconds.WithLabelValues(result(err)).Observe(d.Seconds())
+}
