@@ -175,11 +175,7 @@ func checkRing(t *testing.T, r *Ring, ms []Member, cfg Config) {
 // valid assignment.
 func TestOwnersMatchBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	for it := range 80 {
-		n := 1 + rng.Intn(64)
-		if it < 64 {
-			n = it + 1 // every size at least once
-		}
+	for n := 1; n <= 64; n++ {
 		ms := randomMembers(rng, n)
 		r := mustNew(t, ms, Config{})
 		checkRing(t, r, ms, Config{})
@@ -499,8 +495,14 @@ func TestMovementOnJoinAndLeave(t *testing.T) {
 		sumRatio += ratio(w)
 		events++
 	}
-	for it := range 126 {
-		n := 2 + it%63 // between n-1 and n members; every size twice
+	var sizes []int // between n-1 and n members: every size once, three times where the cap changes
+	for n := 2; n <= 64; n++ {
+		sizes = append(sizes, n)
+		if loadCap(p, n-1, DefaultLoad) != loadCap(p, n, DefaultLoad) {
+			sizes = append(sizes, n, n)
+		}
+	}
+	for _, n := range sizes {
 		ms := randomMembers(rng, n)
 		small := mustNew(t, ms[:n-1], Config{})
 		big := mustNew(t, shuffled(rng, ms), Config{})
