@@ -1,0 +1,435 @@
+package idgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// LeaseConfig configures a Lease. Zero fields take the documented defaults.
+type LeaseConfig struct {
+	// Holder names this process in the lease table (the node id). Required.
+	Holder string
+	// TTL is how long a lease lives without a renew. Default 10s.
+	TTL time.Duration
+	// RenewEvery is the background renew interval. Default TTL/5 (2s).
+	RenewEvery time.Duration
+	// ReserveAhead is how far past "now" each renew reserves milliseconds
+	// in the store (LastMs = now + ReserveAhead); the generator issues
+	// nothing beyond the reservation until the next renew records a new
+	// one. Must satisfy RenewEvery < ReserveAhead <= TTL, so that regular
+	// renews keep the generator running and a successor that takes the id
+	// over after expiry never finds LastMs ahead of a correct clock.
+	// Default TTL/2 (5s).
+	ReserveAhead time.Duration
+	// RetryEvery is the background retry interval after a failed renew or
+	// acquire, and the shortest interval between two store attempts that
+	// Next makes itself when the reservation runs out. Default
+	// RenewEvery/4 (500ms).
+	RetryEvery time.Duration
+	// StoreTimeout bounds each store call. Default RenewEvery (2s).
+	StoreTimeout time.Duration
+	// Clock is the time source of the lease and its generator; nil means
+	// the real clock. Every store call takes `now` from it.
+	Clock clock.Clock
+	// Metrics is optional; nil records nothing.
+	Metrics *metrics.Set
+}
+
+func (c *LeaseConfig) setDefaults() error {
+	if c.Holder == "" {
+		return errors.New("idgen: lease config: Holder is required")
+	}
+	if c.TTL == 0 {
+		c.TTL = 10 * time.Second
+	}
+	if c.RenewEvery == 0 {
+		c.RenewEvery = c.TTL / 5
+	}
+	if c.ReserveAhead == 0 {
+		c.ReserveAhead = c.TTL / 2
+	}
+	if c.RetryEvery == 0 {
+		c.RetryEvery = c.RenewEvery / 4
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = c.RenewEvery
+	}
+	switch {
+	case c.TTL < 10*time.Millisecond:
+		return fmt.Errorf("idgen: lease config: TTL %s too short", c.TTL)
+	case c.RenewEvery <= 0 || c.RetryEvery <= 0 || c.StoreTimeout <= 0:
+		return fmt.Errorf("idgen: lease config: RenewEvery %s, RetryEvery %s, StoreTimeout %s must be positive",
+			c.RenewEvery, c.RetryEvery, c.StoreTimeout)
+	case !(c.RenewEvery < c.ReserveAhead && c.ReserveAhead <= c.TTL):
+		return fmt.Errorf("idgen: lease config: need RenewEvery (%s) < ReserveAhead (%s) <= TTL (%s)",
+			c.RenewEvery, c.ReserveAhead, c.TTL)
+	}
+	return nil
+}
+
+// Lease keeps a worker-id lease in the store for one Generator: it acquires
+// a worker id, renews it, records reservations, and releases it on Close.
+//
+// Ordering rule (what makes ids unique across crashes): a renew writes the
+// reservation LastMs = now + ReserveAhead to the store BEFORE the generator
+// may issue ids for any millisecond up to it, so the store's LastMs is always
+// at or above every id's millisecond. A successor (or this process after a
+// restart, with a clock that moved back) never issues at or below it.
+//
+// When a renew fails and the lease has expired by the lease's own clock (or
+// the store says it was taken over), the generator stops issuing (Next fails
+// with sequencer.ErrWorkerLeaseLost) until a later RenewOnce acquires a new
+// lease, possibly for another worker id; ids stay strictly increasing across
+// the switch.
+//
+// Background renewals run in Start's loop; tests call RenewOnce directly with
+// a clock.Fake instead.
+type Lease struct {
+	store persist.WorkerLeases
+	cfg   LeaseConfig
+	clk   clock.Clock
+	gen   *Generator
+	gauge prometheus.Gauge // nil without metrics
+
+	mu        sync.Mutex // serializes store calls and view changes
+	held      bool
+	closed    bool
+	cur       persist.WorkerLease // the held lease as last returned by the store
+	inherited int64               // LastMs of the lease when acquired: floor
+	capMs     int64               // reservation recorded in the store (unix ms)
+	viewGen   uint64
+	failAtMs  int64 // clock ms of the last failed store call
+	failErr   error // its error; nil after a success
+
+	stop     context.CancelFunc // background loop, if started
+	loopDone chan struct{}
+}
+
+// NewLease returns a Lease on store with its Generator. It acquires nothing
+// yet: call Start (or RenewOnce). Until then Next fails with
+// sequencer.ErrWorkerLeaseLost.
+func NewLease(store persist.WorkerLeases, cfg LeaseConfig) (*Lease, error) {
+	if store == nil {
+		return nil, errors.New("idgen: NewLease: nil store")
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	l := &Lease{store: store, cfg: cfg, clk: clock.Or(cfg.Clock)}
+	if cfg.Metrics != nil {
+		l.gauge = cfg.Metrics.WorkerLease
+		l.gauge.Set(0)
+	}
+	l.gen = newGenerator(l.clk, cfg.Metrics, l)
+	l.gen.view.Store(&view{err: errNoLease})
+	return l, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (l *Lease) Config() LeaseConfig { return l.cfg }
+
+// Generator returns the generator this lease gates.
+func (l *Lease) Generator() *Generator { return l.gen }
+
+// Next is l.Generator().Next().
+func (l *Lease) Next() (uint64, error) { return l.gen.Next() }
+
+// WorkerID returns the leased worker id and whether a lease is held.
+func (l *Lease) WorkerID() (int, bool) { return l.gen.WorkerID() }
+
+// Held returns the lease as last returned by the store, and whether it is
+// held.
+func (l *Lease) Held() (persist.WorkerLease, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur, l.held
+}
+
+// Ready reports whether the generator can issue ids now without a store
+// round trip: a lease is held, unexpired by the lease's clock, and the
+// current millisecond is within the recorded reservation. For /readyz.
+func (l *Lease) Ready() bool {
+	v := l.gen.view.Load()
+	if !v.held {
+		return false
+	}
+	now := l.clk.Now().UnixMilli()
+	return now < v.expiresMs && now <= v.capMs
+}
+
+// Start makes one RenewOnce attempt (acquiring a worker id) bounded by ctx,
+// then keeps renewing in a background goroutine until Close: every
+// RenewEvery while the lease is held, every RetryEvery after a failure
+// (re-acquiring when the lease was lost). It returns the first attempt's
+// error; the loop runs either way, so a node may start while the store is
+// down and become Ready later. Call Start at most once.
+func (l *Lease) Start(ctx context.Context) error {
+	first := l.RenewOnce(ctx)
+	loopCtx, cancel := context.WithCancel(context.Background())
+	l.mu.Lock()
+	if l.closed || l.stop != nil {
+		l.mu.Unlock()
+		cancel()
+		if l.closed {
+			return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "idgen: lease closed")
+		}
+		return errors.New("idgen: lease already started")
+	}
+	l.stop, l.loopDone = cancel, make(chan struct{})
+	l.mu.Unlock()
+	go func() {
+		defer close(l.loopDone)
+		l.loop(loopCtx, first)
+	}()
+	return first
+}
+
+// Run renews until ctx ends or the lease is closed: like Start's loop, for
+// callers that manage their own goroutines. It makes the first attempt at
+// once.
+func (l *Lease) Run(ctx context.Context) {
+	l.loop(ctx, l.RenewOnce(ctx))
+}
+
+func (l *Lease) loop(ctx context.Context, last error) {
+	for {
+		d := l.cfg.RenewEvery
+		if last != nil {
+			d = l.cfg.RetryEvery
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			return
+		}
+		last = l.RenewOnce(ctx)
+	}
+}
+
+// RenewOnce is one step of the lease's life, taken at the clock's current
+// time: renew the held lease (recording a new reservation), or acquire one
+// when none is held (also right after a renew found the lease lost). The
+// background loop calls it; tests call it directly.
+func (l *Lease) RenewOnce(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "idgen: lease closed")
+	}
+	var renewErr error
+	if l.held {
+		renewErr = l.renewLocked(ctx)
+		if l.held {
+			return renewErr
+		}
+	}
+	if err := l.acquireLocked(ctx); err != nil {
+		if renewErr != nil {
+			return fmt.Errorf("%w; re-acquire: %w", renewErr, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// acquireLocked takes a worker id and records a first reservation.
+func (l *Lease) acquireLocked(ctx context.Context) error {
+	now := l.clk.Now()
+	wl, err := l.store.AcquireWorker(ctx, l.cfg.Holder, now, l.cfg.TTL)
+	if err != nil {
+		l.failedLocked(err)
+		return fmt.Errorf("idgen: acquire worker id for %q: %w", l.cfg.Holder, err)
+	}
+	if wl.WorkerID < 0 || wl.WorkerID > MaxWorkerID {
+		// A store bug; refuse to issue anything under it.
+		return sequencer.Errorf(sequencer.CodeInternal, "idgen: store leased worker id %d outside 0..%d", wl.WorkerID, MaxWorkerID)
+	}
+	l.held, l.cur, l.inherited, l.capMs = true, wl, wl.LastMs, wl.LastMs
+	// Nothing is issuable (cap == floor) until the reservation below lands.
+	rerr := l.reserveLocked(ctx)
+	l.publishLocked(true)
+	if l.gauge != nil {
+		l.gauge.Set(1)
+	}
+	if rerr != nil {
+		if l.loseIfGoneLocked(rerr) {
+			return fmt.Errorf("idgen: acquired worker id %d, then lost it: %w", wl.WorkerID, rerr)
+		}
+		return fmt.Errorf("idgen: acquired worker id %d, first reservation failed: %w", wl.WorkerID, rerr)
+	}
+	return nil
+}
+
+// renewLocked renews the held lease with a new reservation; on failure it
+// drops the lease if the store says it is gone or it expired by our clock.
+func (l *Lease) renewLocked(ctx context.Context) error {
+	if err := l.reserveLocked(ctx); err != nil {
+		l.loseIfGoneLocked(err)
+		return fmt.Errorf("idgen: renew worker id %d lease: %w", l.cur.WorkerID, err)
+	}
+	l.publishLocked(false)
+	return nil
+}
+
+// reserveLocked records LastMs = now + ReserveAhead in the store (the store
+// never lowers it) and, on success, raises capMs to it.
+func (l *Lease) reserveLocked(ctx context.Context) error {
+	now := l.clk.Now()
+	reserve := now.UnixMilli() + l.cfg.ReserveAhead.Milliseconds()
+	if reserve < l.capMs {
+		reserve = l.capMs
+	}
+	wl, err := l.store.RenewWorker(ctx, l.cur, reserve, now, l.cfg.TTL)
+	if err != nil {
+		l.failedLocked(err)
+		return err
+	}
+	if wl.WorkerID != l.cur.WorkerID {
+		return sequencer.Errorf(sequencer.CodeInternal, "idgen: store renewed worker id %d as %d", l.cur.WorkerID, wl.WorkerID)
+	}
+	l.cur, l.capMs, l.failErr = wl, reserve, nil
+	return nil
+}
+
+func (l *Lease) failedLocked(err error) {
+	l.failAtMs, l.failErr = l.clk.Now().UnixMilli(), err
+}
+
+// loseIfGoneLocked drops the lease when err says it was taken over or it
+// has expired by our clock. It reports whether it did.
+func (l *Lease) loseIfGoneLocked(err error) bool {
+	if !l.held {
+		return true
+	}
+	if !errors.Is(err, sequencer.ErrWorkerLeaseLost) && l.clk.Now().Before(l.cur.Expires) {
+		return false
+	}
+	l.held = false
+	l.publishLocked(true)
+	if l.gauge != nil {
+		l.gauge.Set(0)
+	}
+	return true
+}
+
+// publishLocked installs the lease's current rights as the generator's view.
+// With newGen (lease acquired, lost or released) it also moves the state to
+// the new generation, so a Next that loaded the previous view cannot issue
+// under it any more, and marks the last ms used up, so the next id is for a
+// later millisecond (ids keep increasing across a worker id switch).
+func (l *Lease) publishLocked(newGen bool) {
+	if newGen {
+		l.viewGen = (l.viewGen + 1) & genMask
+	}
+	v := &view{gen: l.viewGen, held: l.held}
+	if l.held {
+		v.worker = uint64(l.cur.WorkerID)
+		v.floorMs, v.capMs, v.expiresMs = l.inherited, l.capMs, l.cur.Expires.UnixMilli()
+	} else if l.closed {
+		v.err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrWorkerLeaseLost, "idgen: worker id lease released (closed)")
+	} else {
+		v.err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrWorkerLeaseLost,
+			fmt.Sprintf("idgen: worker id %d lease lost", l.cur.WorkerID))
+	}
+	l.gen.view.Store(v)
+	if !newGen {
+		return
+	}
+	for {
+		s := l.gen.state.Load()
+		_, rel, _ := unpack(s)
+		if l.gen.state.CompareAndSwap(s, pack(l.viewGen, rel, MaxSeq)) {
+			return
+		}
+	}
+}
+
+// reserve is called by Next when the current millisecond is past the
+// reservation or the lease end: renew now (at most once per RetryEvery).
+func (l *Lease) reserve(nowMs int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := l.gen.view.Load()
+	if !v.held {
+		return v.err
+	}
+	if nowMs <= v.capMs && nowMs < v.expiresMs {
+		return nil // renewed meanwhile
+	}
+	if l.failErr != nil && nowMs >= l.failAtMs && nowMs-l.failAtMs < l.cfg.RetryEvery.Milliseconds() {
+		return sequencer.Wrap(sequencer.CodeUnavailable, l.failErr,
+			fmt.Sprintf("idgen: msg_id reservation (through ms %d) used up and the store failed to renew it", v.capMs))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+	defer cancel()
+	if err := l.renewLocked(ctx); err != nil {
+		if !l.held {
+			return l.gen.view.Load().err
+		}
+		return sequencer.Wrap(sequencer.CodeUnavailable, err,
+			fmt.Sprintf("idgen: msg_id reservation (through ms %d) used up", v.capMs))
+	}
+	return nil
+}
+
+// Close stops the background loop, stops the generator (Next fails with
+// sequencer.ErrWorkerLeaseLost from now on) and releases the lease,
+// recording the last millisecond actually issued (never below the LastMs
+// inherited at acquire), so a successor need not wait out the reservation.
+// Closing twice is a no-op.
+func (l *Lease) Close(ctx context.Context) error {
+	l.mu.Lock()
+	stop, done := l.stop, l.loopDone
+	l.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	wasHeld, cur := l.held, l.cur
+	l.held = false
+	l.publishLocked(true) // after this no Next can issue
+	if l.gauge != nil {
+		l.gauge.Set(0)
+	}
+	if !wasHeld {
+		return nil
+	}
+	lastMs := l.gen.LastMs()
+	if lastMs < l.inherited {
+		lastMs = l.inherited
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	if err := l.store.ReleaseWorker(ctx, cur, lastMs); err != nil {
+		return fmt.Errorf("idgen: release worker id %d (last ms %d): %w", cur.WorkerID, lastMs, err)
+	}
+	return nil
+}
+
+var _ reserver = (*Lease)(nil)
