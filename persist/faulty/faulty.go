@@ -1,0 +1,293 @@
+// Package faulty wraps a persist.Store and injects failures into its calls,
+// scripted one by one or drawn from a seeded random schedule, and records
+// what it did so tests can check that the sequencer never acks a send
+// before its row is durable.
+//
+// Faults of Commit: fail before writing (sequencer.ErrStoreUnavailable),
+// delay, commit then report sequencer.ErrUnknownOutcome (the rows ARE
+// stored), and drop (report sequencer.ErrUnknownOutcome, nothing stored).
+// Reads (LoadHead, ReadRange, FindByClientKey, GetMessage) can fail with
+// sequencer.ErrStoreUnavailable or be delayed. The wrapper never changes
+// what the inner store stores or answers on the calls it lets through.
+package faulty
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// Fault is what the wrapper does to one call.
+type Fault int
+
+const (
+	None           Fault = iota // pass through
+	FailBefore                  // return ErrStoreUnavailable without calling the inner store
+	Delay                       // wait (Rates.MaxDelay, or until ctx ends) then pass through
+	CommitThenFail              // Commit only: commit, then return ErrUnknownOutcome
+	Drop                        // Commit only: return ErrUnknownOutcome without committing
+)
+
+func (f Fault) String() string {
+	switch f {
+	case None:
+		return "none"
+	case FailBefore:
+		return "fail-before"
+	case Delay:
+		return "delay"
+	case CommitThenFail:
+		return "commit-then-fail"
+	case Drop:
+		return "drop"
+	}
+	return fmt.Sprintf("fault(%d)", int(f))
+}
+
+// Op names a Store call.
+type Op string
+
+const (
+	OpCommit   Op = "commit"
+	OpLoadHead Op = "load_head"
+	OpFind     Op = "find_by_client_key"
+	OpRange    Op = "read_range"
+	OpGet      Op = "get_message"
+)
+
+// Rates is the random schedule: the probability of each fault per call.
+// Faults not applicable to an op are ignored for it.
+type Rates struct {
+	FailBefore     float64
+	Delay          float64
+	CommitThenFail float64 // commits only
+	Drop           float64 // commits only
+	MaxDelay       time.Duration
+}
+
+// Event records one faulted call (calls passed through unchanged are only
+// counted).
+type Event struct {
+	Op       Op
+	Fault    Fault
+	ConvIDs  []string // commit: the conversations of the transaction
+	Rows     int      // commit: rows in the transaction
+	InnerErr error    // the inner store's answer, when it was called
+}
+
+// Store is a fault-injecting persist.Store. Safe for concurrent use.
+type Store struct {
+	persist.Store // the inner store: calls not listed below pass through
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	rates   Rates
+	script  map[Op][]Fault
+	events  []Event
+	calls   map[Op]int
+	durable map[uint64]bool // msg_ids of rows the inner store committed
+}
+
+// New wraps inner with a random schedule seeded by seed (zero Rates: no
+// random faults, only scripted ones).
+func New(inner persist.Store, seed uint64, rates Rates) *Store {
+	return &Store{Store: inner, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rates: rates,
+		script: map[Op][]Fault{}, calls: map[Op]int{}, durable: map[uint64]bool{}}
+}
+
+// Inject makes the next calls of op suffer faults, in order, before the
+// random schedule applies again.
+func (s *Store) Inject(op Op, faults ...Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script[op] = append(s.script[op], faults...)
+}
+
+// SetRates replaces the random schedule (zero Rates: faults off).
+func (s *Store) SetRates(r Rates) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rates = r
+}
+
+// Events returns the faulted calls so far, in order.
+func (s *Store) Events() []Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Event(nil), s.events...)
+}
+
+// Count returns how many calls of op were made and how many of them got
+// fault f.
+func (s *Store) Count(op Op, f Fault) (calls, faulted int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.events {
+		if e.Op == op && e.Fault == f {
+			faulted++
+		}
+	}
+	return s.calls[op], faulted
+}
+
+// Durable reports whether a commit of the inner store that returned nil
+// wrote msgID (whatever this wrapper then reported to its caller).
+func (s *Store) Durable(msgID uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.durable[msgID]
+}
+
+func (s *Store) next(op Op) Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls[op]++
+	if q := s.script[op]; len(q) > 0 {
+		s.script[op] = q[1:]
+		return q[0]
+	}
+	r := s.rates
+	x := s.rng.Float64()
+	if x < r.FailBefore {
+		return FailBefore
+	}
+	x -= r.FailBefore
+	if x < r.Delay {
+		return Delay
+	}
+	x -= r.Delay
+	if op != OpCommit {
+		return None
+	}
+	if x < r.CommitThenFail {
+		return CommitThenFail
+	}
+	x -= r.CommitThenFail
+	if x < r.Drop {
+		return Drop
+	}
+	return None
+}
+
+func (s *Store) record(e Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, e)
+}
+
+func (s *Store) delay(ctx context.Context) error {
+	s.mu.Lock()
+	d := s.rates.MaxDelay
+	if d <= 0 {
+		d = time.Millisecond
+	} else {
+		d = time.Duration(s.rng.Int64N(int64(d)) + 1)
+	}
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func unavailable(op Op) error {
+	return fmt.Errorf("faulty: injected failure before %s: %w", op, sequencer.ErrStoreUnavailable)
+}
+
+// Commit applies the next commit fault.
+func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	f := s.next(OpCommit)
+	ev := Event{Op: OpCommit, Fault: f}
+	for _, b := range batches {
+		ev.ConvIDs = append(ev.ConvIDs, b.ConvID)
+		ev.Rows += len(b.Messages)
+	}
+	switch f {
+	case FailBefore:
+		s.record(ev)
+		return unavailable(OpCommit)
+	case Drop:
+		s.record(ev)
+		return fmt.Errorf("faulty: commit dropped: %w", sequencer.ErrUnknownOutcome)
+	case Delay:
+		if err := s.delay(ctx); err != nil {
+			s.record(ev)
+			return fmt.Errorf("faulty: delayed commit: %w: %w", sequencer.ErrStoreUnavailable, err)
+		}
+	}
+	err := s.Store.Commit(ctx, batches)
+	if err == nil {
+		s.mu.Lock()
+		for _, b := range batches {
+			for _, m := range b.Messages {
+				s.durable[m.MsgID] = true
+			}
+		}
+		s.mu.Unlock()
+	}
+	if f != None {
+		ev.InnerErr = err
+		s.record(ev)
+	}
+	if f == CommitThenFail {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("faulty: committed, then the answer was lost: %w", sequencer.ErrUnknownOutcome)
+	}
+	return err
+}
+
+// read applies the next read fault of op; nil means call the inner store.
+func (s *Store) read(ctx context.Context, op Op) error {
+	switch f := s.next(op); f {
+	case FailBefore:
+		s.record(Event{Op: op, Fault: f})
+		return unavailable(op)
+	case Delay:
+		s.record(Event{Op: op, Fault: f})
+		if err := s.delay(ctx); err != nil {
+			return fmt.Errorf("faulty: delayed %s: %w: %w", op, sequencer.ErrStoreUnavailable, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
+	if err := s.read(ctx, OpLoadHead); err != nil {
+		return 0, err
+	}
+	return s.Store.LoadHead(ctx, convID)
+}
+
+func (s *Store) FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error) {
+	if err := s.read(ctx, OpFind); err != nil {
+		return sequencer.Message{}, err
+	}
+	return s.Store.FindByClientKey(ctx, key)
+}
+
+func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
+	if err := s.read(ctx, OpRange); err != nil {
+		return nil, err
+	}
+	return s.Store.ReadRange(ctx, convID, afterSeq, limit)
+}
+
+func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
+	if err := s.read(ctx, OpGet); err != nil {
+		return sequencer.Message{}, err
+	}
+	return s.Store.GetMessage(ctx, msgID)
+}
+
+var _ persist.Store = (*Store)(nil)

@@ -1,0 +1,157 @@
+package faulty
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// rowStore is the smallest inner store: it keeps committed rows by msg_id.
+type rowStore struct {
+	persist.Store
+	mu   sync.Mutex
+	rows map[uint64]sequencer.Message
+	head map[string]uint64
+}
+
+func newRowStore() *rowStore {
+	return &rowStore{rows: map[uint64]sequencer.Message{}, head: map[string]uint64{}}
+}
+
+func (s *rowStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range bs {
+		for _, m := range b.Messages {
+			s.rows[m.MsgID] = m
+		}
+		s.head[b.ConvID] = b.LastSeq()
+	}
+	return nil
+}
+
+func (s *rowStore) LoadHead(ctx context.Context, conv string) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.head[conv], nil
+}
+
+func (s *rowStore) stored(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.rows[id]
+	return ok
+}
+
+func one(conv string, id uint64) []persist.ConvBatch {
+	return []persist.ConvBatch{{ConvID: conv, Messages: []sequencer.Message{{MsgID: id, ConvID: conv, Seq: 1, FromUID: 1, ClientMsgID: "k"}}}}
+}
+
+func TestScriptedCommitFaults(t *testing.T) {
+	inner := newRowStore()
+	s := New(inner, 1, Rates{})
+	s.Inject(OpCommit, FailBefore, CommitThenFail, Drop, Delay, None)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		id      uint64
+		wantErr error
+		stored  bool
+	}{
+		{1, sequencer.ErrStoreUnavailable, false},
+		{2, sequencer.ErrUnknownOutcome, true},
+		{3, sequencer.ErrUnknownOutcome, false},
+		{4, nil, true},
+		{5, nil, true},
+		{6, nil, true}, // script exhausted, zero rates: pass through
+	} {
+		err := s.Commit(ctx, one("c", tc.id))
+		if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+			t.Fatalf("commit %d: got %v, want %v", tc.id, err, tc.wantErr)
+		}
+		if got := inner.stored(tc.id); got != tc.stored {
+			t.Fatalf("commit %d: stored=%v, want %v", tc.id, got, tc.stored)
+		}
+		if s.Durable(tc.id) != tc.stored {
+			t.Fatalf("commit %d: Durable=%v, want %v", tc.id, s.Durable(tc.id), tc.stored)
+		}
+	}
+	ev := s.Events()
+	want := []Fault{FailBefore, CommitThenFail, Drop, Delay}
+	if len(ev) != len(want) {
+		t.Fatalf("%d events, want %d: %+v", len(ev), len(want), ev)
+	}
+	for i, f := range want {
+		if ev[i].Fault != f || ev[i].Op != OpCommit || ev[i].Rows != 1 || ev[i].ConvIDs[0] != "c" {
+			t.Fatalf("event %d: %+v, want %s", i, ev[i], f)
+		}
+	}
+	if calls, n := s.Count(OpCommit, Drop); calls != 6 || n != 1 {
+		t.Fatalf("count: %d calls, %d drops", calls, n)
+	}
+}
+
+func TestReadFaults(t *testing.T) {
+	inner := newRowStore()
+	s := New(inner, 1, Rates{})
+	s.Inject(OpLoadHead, FailBefore)
+	if _, err := s.LoadHead(context.Background(), "c"); !errors.Is(err, sequencer.ErrStoreUnavailable) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := s.LoadHead(context.Background(), "c"); err != nil {
+		t.Fatalf("second call: %v", err)
+	}
+}
+
+// A delay that outlives the caller's context writes nothing.
+func TestDelayHonoursContext(t *testing.T) {
+	inner := newRowStore()
+	s := New(inner, 1, Rates{MaxDelay: time.Hour})
+	s.Inject(OpCommit, Delay)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := s.Commit(ctx, one("c", 1)); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("got %v", err)
+	}
+	if inner.stored(1) {
+		t.Fatal("stored after a delay past the deadline")
+	}
+}
+
+// The random schedule is reproducible from its seed and honours the rates.
+func TestRandomScheduleIsSeeded(t *testing.T) {
+	run := func(seed uint64) []Fault {
+		s := New(newRowStore(), seed, Rates{FailBefore: 0.2, CommitThenFail: 0.2, Drop: 0.2})
+		var out []Fault
+		for i := range 500 {
+			_ = s.Commit(context.Background(), one("c", uint64(i+1)))
+		}
+		for _, e := range s.Events() {
+			out = append(out, e.Fault)
+		}
+		return out
+	}
+	a, b := run(7), run(7)
+	if len(a) != len(b) {
+		t.Fatalf("same seed, %d vs %d faults", len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("same seed diverged at %d", i)
+		}
+	}
+	if n := len(a); n < 220 || n > 380 { // 60% of 500, loosely
+		t.Fatalf("%d faults of 500 at 60%%", n)
+	}
+	seen := map[Fault]bool{}
+	for _, f := range a {
+		seen[f] = true
+	}
+	if !seen[FailBefore] || !seen[CommitThenFail] || !seen[Drop] || seen[Delay] {
+		t.Fatalf("faults seen: %v", seen)
+	}
+}
