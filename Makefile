@@ -31,7 +31,7 @@ proto: ## regenerate proto/ Go code with protoc and the plugin versions pinned i
 	  --plugin=protoc-gen-connect-go=$(BIN)/protoc-gen-connect-go \
 	  --go_out=proto --go_opt=paths=source_relative \
 	  --connect-go_out=proto --connect-go_opt=paths=source_relative \
-	  proto/sequencer/v1/sequencer.proto proto/internal/v1/cluster.proto
+	  proto/sequencer/v1/sequencer.proto proto/cluster/v1/cluster.proto
 
 proto-check: proto ## fail when committed generated code differs from `make proto`
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make proto and commit"; exit 1; }

@@ -6,9 +6,9 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: internal/v1/cluster.proto
+// source: cluster/v1/cluster.proto
 
-package internalv1
+package clusterv1
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
@@ -46,7 +46,7 @@ type ForwardSend struct {
 
 func (x *ForwardSend) Reset() {
 	*x = ForwardSend{}
-	mi := &file_internal_v1_cluster_proto_msgTypes[0]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +58,7 @@ func (x *ForwardSend) String() string {
 func (*ForwardSend) ProtoMessage() {}
 
 func (x *ForwardSend) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_v1_cluster_proto_msgTypes[0]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +71,7 @@ func (x *ForwardSend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardSend.ProtoReflect.Descriptor instead.
 func (*ForwardSend) Descriptor() ([]byte, []int) {
-	return file_internal_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *ForwardSend) GetConvId() string {
@@ -146,7 +146,7 @@ type ForwardReply struct {
 
 func (x *ForwardReply) Reset() {
 	*x = ForwardReply{}
-	mi := &file_internal_v1_cluster_proto_msgTypes[1]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +158,7 @@ func (x *ForwardReply) String() string {
 func (*ForwardReply) ProtoMessage() {}
 
 func (x *ForwardReply) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_v1_cluster_proto_msgTypes[1]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +171,7 @@ func (x *ForwardReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardReply.ProtoReflect.Descriptor instead.
 func (*ForwardReply) Descriptor() ([]byte, []int) {
-	return file_internal_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ForwardReply) GetOutcome() isForwardReply_Outcome {
@@ -235,7 +235,7 @@ type SendResult struct {
 
 func (x *SendResult) Reset() {
 	*x = SendResult{}
-	mi := &file_internal_v1_cluster_proto_msgTypes[2]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +247,7 @@ func (x *SendResult) String() string {
 func (*SendResult) ProtoMessage() {}
 
 func (x *SendResult) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_v1_cluster_proto_msgTypes[2]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +260,7 @@ func (x *SendResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResult.ProtoReflect.Descriptor instead.
 func (*SendResult) Descriptor() ([]byte, []int) {
-	return file_internal_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SendResult) GetMsgId() uint64 {
@@ -305,7 +305,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_internal_v1_cluster_proto_msgTypes[3]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +317,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_v1_cluster_proto_msgTypes[3]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +330,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_internal_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Failure) GetCode() int32 {
@@ -368,7 +368,7 @@ type Wake struct {
 
 func (x *Wake) Reset() {
 	*x = Wake{}
-	mi := &file_internal_v1_cluster_proto_msgTypes[4]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +380,7 @@ func (x *Wake) String() string {
 func (*Wake) ProtoMessage() {}
 
 func (x *Wake) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_v1_cluster_proto_msgTypes[4]
+	mi := &file_cluster_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +393,7 @@ func (x *Wake) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Wake.ProtoReflect.Descriptor instead.
 func (*Wake) Descriptor() ([]byte, []int) {
-	return file_internal_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Wake) GetFromNode() string {
@@ -417,11 +417,11 @@ func (x *Wake) GetReleased() []uint32 {
 	return nil
 }
 
-var File_internal_v1_cluster_proto protoreflect.FileDescriptor
+var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
-const file_internal_v1_cluster_proto_rawDesc = "" +
+const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x19internal/v1/cluster.proto\x12\x15sequencer.internal.v1\"\xff\x01\n" +
+	"\x18cluster/v1/cluster.proto\x12\x14sequencer.cluster.v1\"\xff\x01\n" +
 	"\vForwardSend\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
 	"\bfrom_uid\x18\x02 \x01(\x04R\afromUid\x12\"\n" +
@@ -431,10 +431,10 @@ const file_internal_v1_cluster_proto_rawDesc = "" +
 	"\tfrom_node\x18\x06 \x01(\tR\bfromNode\x12-\n" +
 	"\x12membership_version\x18\a \x01(\x04R\x11membershipVersion\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\b \x01(\rR\ttimeoutMs\"\xab\x01\n" +
-	"\fForwardReply\x12;\n" +
-	"\x06result\x18\x01 \x01(\v2!.sequencer.internal.v1.SendResultH\x00R\x06result\x12:\n" +
-	"\afailure\x18\x02 \x01(\v2\x1e.sequencer.internal.v1.FailureH\x00R\afailure\x12\x17\n" +
+	"timeout_ms\x18\b \x01(\rR\ttimeoutMs\"\xa9\x01\n" +
+	"\fForwardReply\x12:\n" +
+	"\x06result\x18\x01 \x01(\v2 .sequencer.cluster.v1.SendResultH\x00R\x06result\x129\n" +
+	"\afailure\x18\x02 \x01(\v2\x1d.sequencer.cluster.v1.FailureH\x00R\afailure\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeIdB\t\n" +
 	"\aoutcome\"\x82\x01\n" +
 	"\n" +
@@ -450,31 +450,31 @@ const file_internal_v1_cluster_proto_rawDesc = "" +
 	"\x04Wake\x12\x1b\n" +
 	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12-\n" +
 	"\x12membership_version\x18\x02 \x01(\x04R\x11membershipVersion\x12\x1a\n" +
-	"\breleased\x18\x03 \x03(\rR\breleasedB@Z>github.com/sequencer-im/sequencer/proto/internal/v1;internalv1b\x06proto3"
+	"\breleased\x18\x03 \x03(\rR\breleasedB>Z<github.com/sequencer-im/sequencer/proto/cluster/v1;clusterv1b\x06proto3"
 
 var (
-	file_internal_v1_cluster_proto_rawDescOnce sync.Once
-	file_internal_v1_cluster_proto_rawDescData []byte
+	file_cluster_v1_cluster_proto_rawDescOnce sync.Once
+	file_cluster_v1_cluster_proto_rawDescData []byte
 )
 
-func file_internal_v1_cluster_proto_rawDescGZIP() []byte {
-	file_internal_v1_cluster_proto_rawDescOnce.Do(func() {
-		file_internal_v1_cluster_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_internal_v1_cluster_proto_rawDesc), len(file_internal_v1_cluster_proto_rawDesc)))
+func file_cluster_v1_cluster_proto_rawDescGZIP() []byte {
+	file_cluster_v1_cluster_proto_rawDescOnce.Do(func() {
+		file_cluster_v1_cluster_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)))
 	})
-	return file_internal_v1_cluster_proto_rawDescData
+	return file_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_internal_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
-var file_internal_v1_cluster_proto_goTypes = []any{
-	(*ForwardSend)(nil),  // 0: sequencer.internal.v1.ForwardSend
-	(*ForwardReply)(nil), // 1: sequencer.internal.v1.ForwardReply
-	(*SendResult)(nil),   // 2: sequencer.internal.v1.SendResult
-	(*Failure)(nil),      // 3: sequencer.internal.v1.Failure
-	(*Wake)(nil),         // 4: sequencer.internal.v1.Wake
+var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_cluster_v1_cluster_proto_goTypes = []any{
+	(*ForwardSend)(nil),  // 0: sequencer.cluster.v1.ForwardSend
+	(*ForwardReply)(nil), // 1: sequencer.cluster.v1.ForwardReply
+	(*SendResult)(nil),   // 2: sequencer.cluster.v1.SendResult
+	(*Failure)(nil),      // 3: sequencer.cluster.v1.Failure
+	(*Wake)(nil),         // 4: sequencer.cluster.v1.Wake
 }
-var file_internal_v1_cluster_proto_depIdxs = []int32{
-	2, // 0: sequencer.internal.v1.ForwardReply.result:type_name -> sequencer.internal.v1.SendResult
-	3, // 1: sequencer.internal.v1.ForwardReply.failure:type_name -> sequencer.internal.v1.Failure
+var file_cluster_v1_cluster_proto_depIdxs = []int32{
+	2, // 0: sequencer.cluster.v1.ForwardReply.result:type_name -> sequencer.cluster.v1.SendResult
+	3, // 1: sequencer.cluster.v1.ForwardReply.failure:type_name -> sequencer.cluster.v1.Failure
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
@@ -482,12 +482,12 @@ var file_internal_v1_cluster_proto_depIdxs = []int32{
 	0, // [0:2] is the sub-list for field type_name
 }
 
-func init() { file_internal_v1_cluster_proto_init() }
-func file_internal_v1_cluster_proto_init() {
-	if File_internal_v1_cluster_proto != nil {
+func init() { file_cluster_v1_cluster_proto_init() }
+func file_cluster_v1_cluster_proto_init() {
+	if File_cluster_v1_cluster_proto != nil {
 		return
 	}
-	file_internal_v1_cluster_proto_msgTypes[1].OneofWrappers = []any{
+	file_cluster_v1_cluster_proto_msgTypes[1].OneofWrappers = []any{
 		(*ForwardReply_Result)(nil),
 		(*ForwardReply_Failure)(nil),
 	}
@@ -495,17 +495,17 @@ func file_internal_v1_cluster_proto_init() {
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_v1_cluster_proto_rawDesc), len(file_internal_v1_cluster_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_internal_v1_cluster_proto_goTypes,
-		DependencyIndexes: file_internal_v1_cluster_proto_depIdxs,
-		MessageInfos:      file_internal_v1_cluster_proto_msgTypes,
+		GoTypes:           file_cluster_v1_cluster_proto_goTypes,
+		DependencyIndexes: file_cluster_v1_cluster_proto_depIdxs,
+		MessageInfos:      file_cluster_v1_cluster_proto_msgTypes,
 	}.Build()
-	File_internal_v1_cluster_proto = out.File
-	file_internal_v1_cluster_proto_goTypes = nil
-	file_internal_v1_cluster_proto_depIdxs = nil
+	File_cluster_v1_cluster_proto = out.File
+	file_cluster_v1_cluster_proto_goTypes = nil
+	file_cluster_v1_cluster_proto_depIdxs = nil
 }
