@@ -1,0 +1,518 @@
+// Package bench is `sequencer bench`: it measures this sequencer against the
+// seed article's ways of numbering messages, on the same PostgreSQL server and
+// the same im_message table, in one run, and writes the results as a table,
+// Markdown, JSON and an SVG chart.
+//
+// It owns the load (senders, conversation choice, latency histograms), the
+// baseline engines (Redis INCR, database segment, raw COPY) and the report.
+// It creates one fresh database per run (one schema per engine and scenario,
+// so every measurement starts from empty tables) and a random Redis key
+// prefix, and removes both at the end. It never touches another database or
+// other Redis keys, and it never changes how the engines it measures work.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is one bench run. Zero fields take the documented defaults.
+type Config struct {
+	// Engines to measure, by key: a (this sequencer in process), b (Redis
+	// INCR + INSERT), c (DB segment + INSERT), d (COPY ceiling), e
+	// (`sequencer serve` over HTTP/2). Default: every registered engine,
+	// e only when Target is set.
+	Engines string
+	// Scenarios: many, hot, light, skewed, memory. Default
+	// "many,hot,light,memory".
+	Scenarios string
+	// Duration of each measurement (default 10s), after Warmup (default
+	// 2s). Messages > 0 ends each run after that many sends instead.
+	Duration time.Duration
+	Warmup   time.Duration
+	Messages int64
+	// Senders, Convs and Skew override every selected scenario's values
+	// when > 0 (Skew when SkewSet).
+	Senders int
+	Convs   int
+	Skew    float64
+	SkewSet bool
+	// PG is the admin DSN of the PostgreSQL server; the run creates and drops
+	// its own database there. Default postgres://postgres@127.0.0.1:5432/postgres.
+	PG string
+	// Redis address for engine b. Default 127.0.0.1:6379.
+	Redis string
+	// Target is the base URL of a running `sequencer serve` for engine e.
+	Target string
+	// Protocol engine e speaks: grpc (default) or connect.
+	Protocol string
+	// Pool is the PostgreSQL connections per engine (default 32). Engine d
+	// uses CopyWriters connections instead.
+	Pool int
+	// CopyBatch (default 4000) and CopyWriters (default 4) shape engine d.
+	CopyBatch   int
+	CopyWriters int
+	// BodySize is each message's payload in bytes (default 128).
+	BodySize int
+	// Passivate is engine a's idle-actor timeout (default 5s, so the memory
+	// scenario can show passivation in seconds).
+	Passivate time.Duration
+	// IdleWait bounds how long the memory scenario waits for passivation
+	// (default Passivate*3 + 10s).
+	IdleWait time.Duration
+	// Report, when set, is the Markdown file to write; FILE.json and
+	// FILE.svg are written beside it (a .md suffix is replaced).
+	Report string
+	// Keep leaves the run's database and Redis keys in place.
+	Keep bool
+	// ProgressEvery is the live line's interval (default 1s; <0 disables).
+	ProgressEvery time.Duration
+	// Args is the command line, recorded in the report.
+	Args []string
+}
+
+func (c *Config) setDefaults() {
+	if c.Scenarios == "" {
+		c.Scenarios = "many,hot,light,memory"
+	}
+	if c.Duration <= 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Warmup < 0 {
+		c.Warmup = 0
+	}
+	if c.PG == "" {
+		c.PG = "postgres://postgres@127.0.0.1:5432/postgres"
+	}
+	if c.Redis == "" {
+		c.Redis = "127.0.0.1:6379"
+	}
+	if c.Protocol == "" {
+		c.Protocol = "grpc"
+	}
+	if c.Pool <= 0 {
+		c.Pool = 32
+	}
+	if c.CopyBatch <= 0 {
+		c.CopyBatch = 4000
+	}
+	if c.CopyWriters <= 0 {
+		c.CopyWriters = 4
+	}
+	if c.BodySize <= 0 {
+		c.BodySize = 128
+	}
+	if c.Passivate <= 0 {
+		c.Passivate = 5 * time.Second
+	}
+	if c.IdleWait <= 0 {
+		c.IdleWait = 3*c.Passivate + 10*time.Second
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = time.Second
+	}
+	if c.Engines == "" {
+		var keys []string
+		for _, k := range engineKeys() {
+			if k != "e" || c.Target != "" {
+				keys = append(keys, k)
+			}
+		}
+		c.Engines = strings.Join(keys, ",")
+	}
+}
+
+const usageHead = `Usage: sequencer bench [flags]
+
+Measures this sequencer against the seed's ways of numbering messages, on the
+same PostgreSQL and the same im_message table, in one run:
+  a  this sequencer's engine, in process
+  b  Redis INCR seq:conv:{id} (floor saved every 1,000), then one INSERT per message
+  c  1,000 seqs per round trip from a segment table, then one INSERT per message
+  d  the ceiling: COPY of large batches, no sequencing
+  e  a running 'sequencer serve' over HTTP/2 (--target)
+Scenarios: many (1,024 senders, 10,000 conversations), hot (1,024 senders, 1
+conversation), light (64 senders), skewed (Zipf 1.1), memory (1,000,000
+conversations touched once; in-process/remote actor engines only).
+
+Each run creates a fresh database (seqbench_<random>) on --pg and drops it at
+the end (--keep leaves it), and uses Redis keys under a random prefix.
+
+Flags:
+`
+
+// Main runs `sequencer bench` with its command-line arguments (without the
+// program and subcommand names). It writes the live progress line to stderr
+// and the final table to stdout. --help prints usage and returns nil.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := Config{Args: args}
+	fs := flag.NewFlagSet("sequencer bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.Engines, "engines", "", "engines to measure, comma-separated: a,b,c,d,e (default: all but e; e too when --target is set)")
+	fs.StringVar(&cfg.Scenarios, "scenarios", "many,hot,light,memory", "scenarios, comma-separated: many,hot,light,skewed,memory")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time of each engine×scenario run (after --warmup)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "unmeasured load before each measurement (duration mode only)")
+	fs.Int64Var(&cfg.Messages, "messages", 0, "if > 0, each run sends exactly this many messages instead of running for --duration")
+	fs.IntVar(&cfg.Senders, "senders", 0, "override the scenarios' number of concurrent senders")
+	fs.IntVar(&cfg.Convs, "convs", 0, "override the scenarios' number of conversations")
+	skew := fs.Float64("skew", 0, "override the conversation choice: 0 uniform, > 1 Zipf exponent (hot conversations)")
+	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
+	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "Redis address (engine b)")
+	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for engine e, e.g. http://127.0.0.1:7070")
+	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "engine e's protocol over HTTP/2 cleartext: grpc or connect")
+	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections per engine (b, c; engine a's store)")
+	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
+	fs.IntVar(&cfg.CopyWriters, "copy-writers", 4, "engine d: concurrent COPY connections")
+	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
+	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engine a: idle time after which a conversation actor stops")
+	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
+	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
+	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
+	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "skew" {
+			cfg.Skew, cfg.SkewSet = *skew, true
+		}
+	})
+	return Run(ctx, cfg, stdout, stderr)
+}
+
+// Run measures every selected engine on every selected scenario and reports.
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	cfg.setDefaults()
+	specs, err := parseEngines(cfg.Engines)
+	if err != nil {
+		return err
+	}
+	scenarios, err := parseScenarios(cfg.Scenarios, scenarioOverrides{
+		Senders: cfg.Senders, Convs: cfg.Convs, Skew: cfg.Skew, SkewSet: cfg.SkewSet,
+		Duration: cfg.Duration, Messages: cfg.Messages, Warmup: cfg.Warmup,
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.Protocol != "grpc" && cfg.Protocol != "connect" {
+		return fmt.Errorf("--protocol must be grpc or connect, got %q", cfg.Protocol)
+	}
+	needRedis, needPG := false, false
+	for _, s := range specs {
+		if s.Key == "b" {
+			needRedis = true
+		}
+		if s.Key == "e" && cfg.Target == "" {
+			return errors.New("engine e needs --target http://HOST:PORT of a running 'sequencer serve'")
+		}
+		needPG = needPG || s.NeedsSchema
+	}
+
+	runID := randomID()
+	r := &runner{cfg: cfg, runID: runID, stderr: stderr, tty: isTerminal(stderr)}
+	r.info = collectRunInfo(cfg)
+	r.info.RunID = runID
+
+	if needPG {
+		db, err := createBenchDB(ctx, cfg.PG, runID)
+		if err != nil {
+			return err
+		}
+		r.db = db
+		r.info.Database = db.Name
+		defer func() {
+			if cfg.Keep {
+				fmt.Fprintf(stderr, "kept database %s\n", db.Name)
+				return
+			}
+			if err := db.Drop(context.WithoutCancel(ctx)); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
+			}
+		}()
+		if info, err := db.serverInfo(ctx); err == nil {
+			r.info.PostgreSQL = info
+		} else {
+			fmt.Fprintf(stderr, "bench: reading PostgreSQL settings: %v\n", err)
+		}
+	}
+	if needRedis {
+		r.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis, PoolSize: max(cfg.Pool, 64)})
+		defer r.redis.Close()
+		if err := r.redis.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("redis at %s: %w", cfg.Redis, err)
+		}
+		r.redisPrefix = "seqbench:" + runID + ":"
+		r.info.Redis = redisVersion(ctx, r.redis)
+		defer func() {
+			if cfg.Keep {
+				fmt.Fprintf(stderr, "kept Redis keys %s*\n", r.redisPrefix)
+				return
+			}
+			if err := deleteRedisPrefix(context.WithoutCancel(ctx), r.redis, r.redisPrefix); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
+			}
+		}()
+	}
+
+	var results []Result
+	for _, sc := range scenarios {
+		for _, spec := range specs {
+			if ctx.Err() != nil {
+				break
+			}
+			res, err := r.runOne(ctx, spec, sc)
+			if err != nil {
+				return fmt.Errorf("engine %s, scenario %s: %w", spec.Key, sc.Name, err)
+			}
+			results = append(results, res)
+			fmt.Fprintln(stderr, summaryLine(res))
+		}
+	}
+	r.info.Finished = time.Now().UTC()
+	rep := &Report{Info: r.info, Engines: engineInfos(specs), Scenarios: scenarioInfos(scenarios), Results: results}
+	rep.Targets = checkTargets(results)
+	fmt.Fprintln(stdout)
+	writeTextTable(stdout, rep)
+	if cfg.Report != "" {
+		files, err := rep.WriteFiles(cfg.Report)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nreport: %s\n", strings.Join(files, ", "))
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted: %w", ctx.Err())
+	}
+	return nil
+}
+
+// runner holds what every (engine, scenario) run shares.
+type runner struct {
+	cfg         Config
+	runID       string
+	info        RunInfo
+	db          *benchDB
+	redis       *redis.Client
+	redisPrefix string
+	stderr      io.Writer
+	tty         bool
+	body        []byte
+}
+
+func (r *runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.stderr, "bench: "+format+"\n", args...)
+}
+
+// runOne opens spec's engine on a fresh schema, runs sc against it, and
+// closes it.
+func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Result, error) {
+	res := Result{Engine: spec.Key, EngineName: spec.Name, Scenario: sc.Name, Senders: sc.Senders, Convs: sc.Convs, Skew: sc.Skew, LoadAvg: loadAvg1()}
+	if r.body == nil {
+		r.body = make([]byte, r.cfg.BodySize)
+		_, _ = rand.Read(r.body)
+	}
+	env := Env{
+		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + sc.Name + ":",
+		Target: r.cfg.Target, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Passivate: r.cfg.Passivate, Logf: r.logf,
+	}
+	if spec.NeedsSchema {
+		dsn, err := r.db.NewSchema(ctx, spec.Key+"_"+sc.Name)
+		if err != nil {
+			return res, err
+		}
+		env.DSN = dsn
+		if spec.NeedsBaselineTables {
+			ddl := []string{messageDDL, floorDDL, segmentDDL}
+			schemaDB := *r.db
+			schemaDB.DSN = dsn
+			if err := schemaDB.exec(ctx, ddl...); err != nil {
+				return res, err
+			}
+		}
+		if err := r.db.Checkpoint(ctx); err != nil && !r.info.checkpointWarned {
+			r.info.checkpointWarned = true
+			r.logf("CHECKPOINT before each run failed (needs superuser or pg_checkpoint); runs may pay for earlier runs' dirty pages: %v", err)
+		}
+	}
+	eng, err := spec.Open(ctx, env)
+	if err != nil {
+		return res, fmt.Errorf("open: %w", err)
+	}
+	defer func() {
+		if err := eng.Close(); err != nil {
+			r.logf("close engine %s: %v", spec.Key, err)
+		}
+	}()
+
+	var probe *memoryProbe
+	if sc.TouchOnce {
+		conv, ok := eng.(ConvCounter)
+		if !ok {
+			res.Skipped = "no per-conversation state in memory"
+			return res, nil
+		}
+		probe = &memoryProbe{conv: conv}
+		if rm, ok := eng.(RemoteMemory); ok {
+			probe.remote = rm
+		}
+	}
+
+	l := &load{
+		eng: eng, sc: sc, body: r.body,
+		convPfx: r.runID + "-" + sc.Name + "-",
+		cmidPfx: r.runID + "-" + spec.Key + "-" + sc.Name + "-",
+		seed:    uint64(time.Now().UnixNano()),
+	}
+	if r.cfg.ProgressEvery > 0 {
+		l.progress = &progress{w: r.stderr, tty: r.tty, interval: r.cfg.ProgressEvery, label: spec.Key + " " + sc.Name}
+	}
+	var commits0, msgs0, commits1, msgs1 uint64
+	batches, hasBatches := eng.(BatchCounter)
+	onMeasure := func(start bool) {
+		if !hasBatches {
+			return
+		}
+		c, m, err := batches.Batches(ctx)
+		if err != nil {
+			r.logf("engine %s batch counters: %v", spec.Key, err)
+			hasBatches = false
+			return
+		}
+		if start {
+			commits0, msgs0 = c, m
+		} else {
+			commits1, msgs1 = c, m
+		}
+	}
+
+	var mem *MemoryResult
+	if probe != nil {
+		mem = &MemoryResult{Conversations: sc.Convs, Remote: probe.remote != nil}
+		mem.HeapBefore = probe.heapNow(ctx)
+		if live, err := probe.conv.LiveConversations(ctx); err == nil {
+			mem.LiveBefore = live
+		}
+		probe.start(ctx)
+	}
+	elapsed, interrupted := l.run(ctx, onMeasure)
+	if probe != nil {
+		mem.PeakLive, mem.PeakRSS = probe.finish(ctx)
+		mem.HeapAtEnd = probe.heapNow(ctx)
+		if live, err := probe.conv.LiveConversations(ctx); err == nil {
+			mem.LiveAtEnd = live
+		}
+		if added := mem.LiveAtEnd - mem.LiveBefore; added > 0 && mem.HeapAtEnd > mem.HeapBefore {
+			mem.BytesPerActor = float64(mem.HeapAtEnd-mem.HeapBefore) / float64(added)
+		}
+		if probe.remote != nil {
+			mem.Note = "server heap as reported by its /metrics (no forced GC): an upper bound"
+		}
+		if !interrupted {
+			live, waited := probe.waitIdle(ctx, max(mem.PeakLive, mem.LiveAtEnd), r.cfg.IdleWait)
+			mem.LiveAfterIdle, mem.IdleSeconds = live, waited.Seconds()
+			mem.HeapAfterIdle = probe.heapNow(ctx)
+		}
+		res.Memory = mem
+	}
+
+	res.Seconds = elapsed.Seconds()
+	res.Messages = l.ok.Load()
+	res.Errors = l.errs
+	if len(l.errCodes) > 0 {
+		res.ErrorCodes = l.errCodes
+		res.ErrorSample = l.errSample
+	}
+	if res.Seconds > 0 {
+		res.Throughput = float64(res.Messages) / res.Seconds
+	}
+	res.Latency = Summarize(l.lat.Snapshot())
+	if hasBatches && commits1 > commits0 {
+		res.MeanBatch = float64(msgs1-msgs0) / float64(commits1-commits0)
+	}
+	res.Interrupted = interrupted
+	return res, nil
+}
+
+// randomID returns 8 random hex characters.
+func randomID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// isTerminal reports whether w is a character device (a terminal), where the
+// progress line rewrites itself instead of scrolling.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// loadAvg1 reads the 1-minute load average (0 if unknown).
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var v float64
+	_, _ = fmt.Sscan(string(b), &v)
+	return v
+}
+
+// redisVersion reads redis_version from INFO server.
+func redisVersion(ctx context.Context, c *redis.Client) string {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// deleteRedisPrefix removes every key under prefix (SCAN + UNLINK).
+func deleteRedisPrefix(ctx context.Context, c *redis.Client, prefix string) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, prefix+"*", 1000).Result()
+		if err != nil {
+			return fmt.Errorf("scan redis keys %s*: %w", prefix, err)
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return fmt.Errorf("unlink redis keys %s*: %w", prefix, err)
+			}
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}

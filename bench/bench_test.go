@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The bench command, run with tiny numbers against the seed's Redis approach
+// and the COPY ceiling, writes a report with one row per engine and
+// scenario, and removes its database and Redis keys afterwards.
+func TestMainSmokeWritesReport(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("engine b needs Redis at 127.0.0.1:6379: %v", err)
+	}
+	dir := t.TempDir()
+	report := filepath.Join(dir, "out", "bench.md")
+	var stdout, stderr bytes.Buffer
+	args := []string{
+		"--engines", "b,c,d", "--scenarios", "many,hot",
+		"--duration", "700ms", "--warmup", "100ms", "--senders", "8", "--convs", "20",
+		"--pool", "4", "--copy-writers", "2", "--pg", admin, "--report", report, "--progress", "200ms",
+	}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+
+	md, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatalf("markdown report: %v", err)
+	}
+	for _, want := range []string{"## many:", "## hot:", "| b Redis INCR + INSERT |", "| c DB segment + INSERT |", "| d COPY, no seq (ceiling) |", "bench.svg", "synchronous_commit=on"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown report lacks %q:\n%s", want, md)
+		}
+	}
+	jb, err := os.ReadFile(filepath.Join(dir, "out", "bench.json"))
+	if err != nil {
+		t.Fatalf("json report: %v", err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatalf("json report does not parse: %v", err)
+	}
+	got := map[string]Result{}
+	for _, r := range rep.Results {
+		got[r.Engine+"/"+r.Scenario] = r
+	}
+	for _, key := range []string{"b/many", "c/many", "d/many", "b/hot", "c/hot", "d/hot"} {
+		r, ok := got[key]
+		if !ok {
+			t.Errorf("json report has no row %s", key)
+			continue
+		}
+		if r.Messages == 0 || r.Errors != 0 || r.Throughput <= 0 || r.Latency.P99 <= 0 {
+			t.Errorf("%s: messages=%d errors=%d (%s) msg/s=%.0f p99=%v; want messages and no errors", key, r.Messages, r.Errors, r.ErrorSample, r.Throughput, r.Latency.P99)
+		}
+		if r.MeanBatch < 1 {
+			t.Errorf("%s: mean batch %.2f, want >= 1", key, r.MeanBatch)
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "out", "bench.svg"))
+	if err != nil {
+		t.Fatalf("svg chart: %v", err)
+	}
+	if !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("throughput")) || !bytes.Contains(svg, []byte("p99")) {
+		t.Errorf("svg chart lacks its panels:\n%s", svg)
+	}
+	if !strings.Contains(stdout.String(), "Redis INCR + INSERT") || !strings.Contains(stdout.String(), "p99 ms") {
+		t.Errorf("final table missing:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "msg/s") {
+		t.Errorf("no progress line on stderr:\n%s", stderr.String())
+	}
+
+	// Nothing is left behind.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", rep.Info.Database).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Info.Database == "" || n != 0 {
+		t.Errorf("database %q still exists (%d)", rep.Info.Database, n)
+	}
+	keys, _, err := rdb.Scan(ctx, 0, "seqbench:"+rep.Info.RunID+":*", 100).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 0 {
+		t.Errorf("redis keys left: %v", keys)
+	}
+}
+
+// With --keep the stored rows can be checked: every baseline wrote the row
+// shape of CONTRACT.md and per-conversation seqs without duplicates.
+func TestBaselinesStoreContractRows(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{
+		"--engines", "b,c,d", "--scenarios", "many", "--messages", "300", "--senders", "6", "--convs", "5",
+		"--pool", "3", "--copy-writers", "2", "--pg", admin, "--keep", "--progress", "-1s", "--report", filepath.Join(t.TempDir(), "r.md"),
+	}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+	jb, err := os.ReadFile(filepath.Join(filepath.Dir(args[len(args)-1]), "r.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	db := &benchDB{admin: admin, Name: rep.Info.Database}
+	db.DSN, _ = withDatabase(admin, db.Name)
+	t.Cleanup(func() { _ = db.Drop(context.Background()) })
+	t.Cleanup(func() {
+		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+		defer rdb.Close()
+		_ = deleteRedisPrefix(context.Background(), rdb, "seqbench:"+rep.Info.RunID+":")
+	})
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, schema := range []string{"b_many", "c_many", "d_many"} {
+		var rows, convs, dupSeqs int
+		var minSeq, maxSeq int64
+		q := `SELECT count(*), count(DISTINCT conv_id), min(seq), max(seq) FROM ` + schema + `.im_message`
+		if err := conn.QueryRow(ctx, q).Scan(&rows, &convs, &minSeq, &maxSeq); err != nil {
+			t.Fatalf("%s: %v", schema, err)
+		}
+		if rows != 300 || convs == 0 || convs > 5 {
+			t.Errorf("%s: %d rows in %d conversations, want 300 rows in 1..5", schema, rows, convs)
+		}
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT conv_id, seq FROM `+schema+`.im_message GROUP BY 1, 2 HAVING count(*) > 1) x`).Scan(&dupSeqs); err != nil {
+			t.Fatal(err)
+		}
+		if dupSeqs != 0 {
+			t.Errorf("%s: %d duplicate (conv_id, seq)", schema, dupSeqs)
+		}
+		if schema != "d_many" {
+			// b and c number each conversation 1, 2, 3, ... (no send failed).
+			var holes int
+			err := conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT conv_id FROM `+schema+`.im_message GROUP BY conv_id HAVING max(seq) <> count(*) OR min(seq) <> 1) x`).Scan(&holes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if holes != 0 {
+				t.Errorf("%s: %d conversations whose seqs are not 1..n", schema, holes)
+			}
+		}
+	}
+	var floors int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM c_many.seq_segment`).Scan(&floors); err != nil {
+		t.Fatal(err)
+	}
+	if floors == 0 {
+		t.Errorf("engine c took no segment")
+	}
+}
+
+func TestMainHelpAndBadFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := Main(context.Background(), []string{"--help"}, &out, &errb); err != nil {
+		t.Fatalf("--help: %v", err)
+	}
+	if !strings.Contains(errb.String(), "--engines") && !strings.Contains(errb.String(), "-engines") {
+		t.Errorf("--help does not list flags:\n%s", errb.String())
+	}
+	for _, args := range [][]string{
+		{"--engines", "z"},
+		{"--scenarios", "nope"},
+		{"--engines", "e"}, // needs --target
+		{"--skew", "0.5"},
+		{"stray"},
+	} {
+		errb.Reset()
+		if err := Main(context.Background(), args, &out, &errb); err == nil {
+			t.Errorf("Main(%q) succeeded, want an error", args)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
+	"github.com/sequencer-im/sequencer/metrics"
+)
+
+// memSender is a stand-in engine behind the real API edge: it numbers each
+// conversation 1, 2, 3, ... and keeps the metrics a node keeps.
+type memSender struct {
+	m    *metrics.Set
+	mu   sync.Mutex
+	head map[string]uint64
+	id   atomic.Uint64
+}
+
+func (s *memSender) Send(_ context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+	s.mu.Lock()
+	s.head[req.ConvID]++
+	seq := s.head[req.ConvID]
+	s.m.LiveConvs.Set(float64(len(s.head)))
+	s.mu.Unlock()
+	s.m.BatchMessages.Observe(1)
+	return sequencer.SendResult{MsgID: s.id.Add(1), Seq: seq, ServerAt: time.Now()}, nil
+}
+
+type noReader struct{}
+
+func (noReader) LoadHead(context.Context, string) (uint64, error) { return 0, nil }
+func (noReader) ReadRange(context.Context, string, uint64, int) ([]sequencer.Message, error) {
+	return nil, nil
+}
+func (noReader) GetMessage(context.Context, uint64) (sequencer.Message, error) {
+	return sequencer.Message{}, sequencer.ErrNotFound
+}
+
+// serveAPI runs the real API edge on 127.0.0.1:0 and counts RPCs that did
+// not arrive over HTTP/2.
+func serveAPI(t *testing.T) (target string, sender *memSender, notH2 *atomic.Int64) {
+	t.Helper()
+	m := metrics.New()
+	sender = &memSender{m: m, head: map[string]uint64{}}
+	svc := api.NewService(api.Config{Sender: sender, Reader: noReader{}, Metrics: m})
+	h := api.NewHTTPHandler(svc, nil, m.Registry)
+	notH2 = &atomic.Int64{}
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/sequencer.v1.") && r.ProtoMajor != 2 {
+			notH2.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(ln.Addr().String(), counted)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), sender, notH2
+}
+
+// Engine e drives a server through the public API over HTTP/2 cleartext,
+// reads batch sizes and live conversations from the server's /metrics, and
+// its rows land in the report.
+func TestRemoteEngineOverHTTP2(t *testing.T) {
+	for _, protocol := range []string{"grpc", "connect"} {
+		t.Run(protocol, func(t *testing.T) {
+			target, sender, notH2 := serveAPI(t)
+			report := filepath.Join(t.TempDir(), "e.md")
+			var stdout, stderr bytes.Buffer
+			args := []string{"--engines", "e", "--scenarios", "many,memory", "--target", target, "--protocol", protocol,
+				"--duration", "400ms", "--warmup", "0s", "--senders", "4", "--convs", "50", "--idle-wait", "300ms",
+				"--progress", "-1s", "--report", report}
+			if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+				t.Fatalf("Main: %v\n%s", err, stderr.String())
+			}
+			jb, err := os.ReadFile(filepath.Join(filepath.Dir(report), "e.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep Report
+			if err := json.Unmarshal(jb, &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.Info.Database != "" {
+				t.Errorf("engine e alone created database %q", rep.Info.Database)
+			}
+			many, ok := find(rep.Results, "e", "many")
+			if !ok || many.Messages == 0 || many.Errors != 0 || many.MeanBatch != 1 {
+				t.Fatalf("many: %+v", many)
+			}
+			mem, ok := find(rep.Results, "e", "memory")
+			if !ok || mem.Memory == nil {
+				t.Fatalf("memory: %+v", mem)
+			}
+			// The stand-in never passivates: many's 50 conversations are
+			// still live when memory starts.
+			if mem.Messages != 50 || mem.Memory.LiveBefore != 50 || mem.Memory.PeakLive != 100 || mem.Memory.PeakRSS == 0 || !mem.Memory.Remote {
+				t.Errorf("memory: %d messages, %+v; want 50 conversations touched and seen live", mem.Messages, *mem.Memory)
+			}
+			sender.mu.Lock()
+			n := len(sender.head)
+			sender.mu.Unlock()
+			if n != 50+50 { // many's 50 conversations and memory's 50 fresh ones
+				t.Errorf("server saw %d conversations, want 100", n)
+			}
+			if notH2.Load() != 0 {
+				t.Errorf("%d RPCs did not use HTTP/2", notH2.Load())
+			}
+		})
+	}
+}
+
+func TestRemoteEngineNotReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(ln.Addr().String(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not ready: store down", http.StatusServiceUnavailable)
+	}))
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = openRemote(ctx, Env{Target: "http://" + ln.Addr().String(), Protocol: "grpc"})
+	if err == nil || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("opening a target whose /readyz answers 503: %v", err)
+	}
+}

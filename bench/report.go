@@ -1,0 +1,484 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one bench run measured; it is written as a text table,
+// Markdown, JSON (this struct) and an SVG chart.
+type Report struct {
+	Info      RunInfo        `json:"info"`
+	Engines   []EngineInfo   `json:"engines"`
+	Scenarios []ScenarioInfo `json:"scenarios"`
+	Results   []Result       `json:"results"`
+	Targets   []TargetCheck  `json:"targets"`
+}
+
+// RunInfo describes the machine, versions and command of a run.
+type RunInfo struct {
+	RunID      string            `json:"run_id"`
+	Started    time.Time         `json:"started"`
+	Finished   time.Time         `json:"finished"`
+	Host       string            `json:"host"`
+	CPU        string            `json:"cpu"`
+	CPUs       int               `json:"cpus"`
+	GOMAXPROCS int               `json:"gomaxprocs"`
+	MemTotal   uint64            `json:"mem_total_bytes"`
+	Kernel     string            `json:"kernel"`
+	GoVersion  string            `json:"go_version"`
+	OSArch     string            `json:"os_arch"`
+	PostgreSQL map[string]string `json:"postgresql,omitempty"`
+	Redis      string            `json:"redis_version,omitempty"`
+	Database   string            `json:"database,omitempty"`
+	Command    string            `json:"command"`
+	LoadAvg    float64           `json:"load_avg_1m_at_start"`
+	Duration   float64           `json:"duration_seconds"`
+	Warmup     float64           `json:"warmup_seconds"`
+	Messages   int64             `json:"messages,omitempty"`
+	Pool       int               `json:"pool"`
+	BodySize   int               `json:"body_bytes"`
+
+	checkpointWarned bool
+}
+
+// EngineInfo names an engine in the report.
+type EngineInfo struct {
+	Key   string `json:"key"`
+	Name  string `json:"name"`
+	About string `json:"about"`
+}
+
+// ScenarioInfo describes a scenario in the report.
+type ScenarioInfo struct {
+	Name    string  `json:"name"`
+	Senders int     `json:"senders"`
+	Convs   int     `json:"conversations"`
+	Skew    float64 `json:"skew,omitempty"`
+	About   string  `json:"about"`
+}
+
+// TargetCheck is one target of the issue, checked against the results.
+type TargetCheck struct {
+	Target   string `json:"target"`
+	Measured string `json:"measured"`
+	// Status: "met", "not met", or "not measured".
+	Status string `json:"status"`
+}
+
+func collectRunInfo(cfg Config) RunInfo {
+	host, _ := os.Hostname()
+	info := RunInfo{
+		Started: time.Now().UTC(), Host: host, CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
+		GoVersion: runtime.Version(), OSArch: runtime.GOOS + "/" + runtime.GOARCH,
+		Command:  "sequencer bench " + shellJoin(cfg.Args),
+		LoadAvg:  loadAvg1(),
+		Duration: cfg.Duration.Seconds(), Warmup: cfg.Warmup.Seconds(), Messages: cfg.Messages,
+		Pool: cfg.Pool, BodySize: cfg.BodySize,
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				info.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				f := strings.Fields(v)
+				if len(f) > 0 {
+					kb, _ := strconv.ParseUint(f[0], 10, 64)
+					info.MemTotal = kb * 1024
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		info.Kernel = strings.TrimSpace(string(b))
+	}
+	return info
+}
+
+func engineInfos(specs []EngineSpec) []EngineInfo {
+	out := make([]EngineInfo, len(specs))
+	for i, s := range specs {
+		out[i] = EngineInfo{Key: s.Key, Name: s.Name, About: s.About}
+	}
+	return out
+}
+
+func scenarioInfos(scs []Scenario) []ScenarioInfo {
+	out := make([]ScenarioInfo, len(scs))
+	for i, s := range scs {
+		out[i] = ScenarioInfo{Name: s.Name, Senders: s.Senders, Convs: s.Convs, Skew: s.Skew, About: s.Describe()}
+	}
+	return out
+}
+
+// find returns the result of engine on scenario, if measured.
+func find(results []Result, engine, scenario string) (Result, bool) {
+	for _, r := range results {
+		if r.Engine == engine && r.Scenario == scenario && r.Skipped == "" {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+// checkTargets checks the issue's targets (2 cores, PostgreSQL local) against
+// what was measured.
+func checkTargets(results []Result) []TargetCheck {
+	status := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "not met"
+	}
+	var out []TargetCheck
+	a, okA := find(results, "a", "many")
+	b, okB := find(results, "b", "many")
+	d, okD := find(results, "d", "many")
+	t := TargetCheck{Target: "many: (a) >= 10x (b)", Status: "not measured"}
+	if okA && okB && b.Throughput > 0 {
+		x := a.Throughput / b.Throughput
+		t.Measured = fmt.Sprintf("%.1fx (%s vs %s msg/s)", x, fmtInt(int64(a.Throughput)), fmtInt(int64(b.Throughput)))
+		t.Status = status(x >= 10)
+	}
+	out = append(out, t)
+	t = TargetCheck{Target: "many: (a) >= 60% of (d)", Status: "not measured"}
+	if okA && okD && d.Throughput > 0 {
+		x := a.Throughput / d.Throughput
+		t.Measured = fmt.Sprintf("%.0f%% (%s vs %s msg/s)", 100*x, fmtInt(int64(a.Throughput)), fmtInt(int64(d.Throughput)))
+		t.Status = status(x >= 0.6)
+	}
+	out = append(out, t)
+	t = TargetCheck{Target: "hot: (a) >= 40,000 msg/s", Status: "not measured"}
+	if h, ok := find(results, "a", "hot"); ok {
+		t.Measured = fmtInt(int64(h.Throughput)) + " msg/s"
+		t.Status = status(h.Throughput >= 40000)
+	}
+	out = append(out, t)
+	t = TargetCheck{Target: "light: (a) p99 <= 10 ms", Status: "not measured"}
+	if l, ok := find(results, "a", "light"); ok && l.Latency.Count > 0 {
+		t.Measured = fmt.Sprintf("p99 %s ms", fmtMs(l.Latency.P99))
+		t.Status = status(l.Latency.P99 <= 10)
+	}
+	out = append(out, t)
+	t = TargetCheck{Target: "memory: (a) <= 2 KiB per live conversation actor", Status: "not measured"}
+	if m, ok := find(results, "a", "memory"); ok && m.Memory != nil && m.Memory.LiveAtEnd > 0 {
+		t.Measured = fmt.Sprintf("%s bytes/actor (%s live)", fmtInt(int64(m.Memory.BytesPerActor)), fmtInt(int64(m.Memory.LiveAtEnd)))
+		t.Status = status(m.Memory.BytesPerActor <= 2048)
+	}
+	out = append(out, t)
+	return out
+}
+
+// summaryLine is the one line printed after each run.
+func summaryLine(r Result) string {
+	if r.Skipped != "" {
+		return fmt.Sprintf("%s %-7s skipped: %s", r.Engine, r.Scenario, r.Skipped)
+	}
+	s := fmt.Sprintf("%s %-7s %10s msg/s  p50 %s  p99 %s  p99.9 %s ms  errors %s",
+		r.Engine, r.Scenario, fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P99), fmtMs(r.Latency.P999), fmtInt(r.Errors))
+	if r.MeanBatch > 0 {
+		s += fmt.Sprintf("  batch %.1f", r.MeanBatch)
+	}
+	if m := r.Memory; m != nil {
+		s += fmt.Sprintf("  | %s B/actor, peak live %s, peak RSS %s, live after %.0fs idle %s",
+			fmtInt(int64(m.BytesPerActor)), fmtInt(int64(m.PeakLive)), fmtBytes(m.PeakRSS), m.IdleSeconds, fmtInt(int64(m.LiveAfterIdle)))
+	}
+	if r.ErrorSample != "" {
+		s += "\n    first error: " + r.ErrorSample
+	}
+	return s
+}
+
+// writeTextTable prints the final table.
+func writeTextTable(w io.Writer, rep *Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tengine\tsenders\tconvs\tmsg/s\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\terrors\tmean batch\t")
+	for _, r := range rep.Results {
+		name := r.Engine + " " + r.EngineName
+		if r.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\tskipped\t\t\t\t\t\t\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)))
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)),
+			fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99), fmtMs(r.Latency.P999),
+			fmtInt(r.Errors), fmtBatch(r.MeanBatch))
+	}
+	tw.Flush()
+	if mem := memoryResults(rep.Results); len(mem) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "memory\tconversations\tpeak live\tbytes/live actor\tpeak RSS\tlive after idle\theap after idle\t")
+		for _, r := range mem {
+			m := r.Memory
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s (%.0fs)\t%s\t\n", r.Engine+" "+r.EngineName, fmtInt(int64(m.Conversations)),
+				fmtInt(int64(m.PeakLive)), fmtInt(int64(m.BytesPerActor)), fmtBytes(m.PeakRSS), fmtInt(int64(m.LiveAfterIdle)), m.IdleSeconds, fmtBytes(m.HeapAfterIdle))
+		}
+		tw.Flush()
+	}
+	if len(rep.Targets) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "target\tmeasured\tstatus")
+		for _, t := range rep.Targets {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", t.Target, orDash(t.Measured), t.Status)
+		}
+		tw.Flush()
+	}
+}
+
+func memoryResults(results []Result) []Result {
+	var out []Result
+	for _, r := range results {
+		if r.Memory != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// reportPaths returns the Markdown, JSON and SVG paths for --report FILE.
+func reportPaths(file string) (md, js, svg string) {
+	base := strings.TrimSuffix(file, ".md")
+	if base == file {
+		md = file
+	} else {
+		md = base + ".md"
+	}
+	return md, base + ".json", base + ".svg"
+}
+
+// WriteFiles writes the Markdown report to file and the JSON and SVG chart
+// beside it; it returns the paths written.
+func (rep *Report) WriteFiles(file string) ([]string, error) {
+	md, js, svg := reportPaths(file)
+	if dir := filepath.Dir(md); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("report directory: %w", err)
+		}
+	}
+	jb, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode report: %w", err)
+	}
+	var mb strings.Builder
+	rep.WriteMarkdown(&mb, filepath.Base(svg))
+	var sb strings.Builder
+	rep.WriteSVG(&sb)
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{{md, []byte(mb.String())}, {js, append(jb, '\n')}, {svg, []byte(sb.String())}} {
+		if err := os.WriteFile(f.path, f.data, 0o644); err != nil {
+			return nil, fmt.Errorf("write report: %w", err)
+		}
+	}
+	return []string{md, js, svg}, nil
+}
+
+// WriteMarkdown writes the report as Markdown; chart is the SVG's path
+// relative to the Markdown file ("" for none).
+func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
+	in := rep.Info
+	fmt.Fprintf(w, "# sequencer bench, run %s\n\n", in.RunID)
+	fmt.Fprintf(w, "Started %s, finished %s.\n\n", in.Started.Format(time.RFC3339), in.Finished.Format(time.RFC3339))
+	fmt.Fprintf(w, "Command: `%s`\n\n", in.Command)
+	fmt.Fprintf(w, "## Machine and versions\n\n| | |\n|---|---|\n")
+	fmt.Fprintf(w, "| CPU | %s, %d logical CPUs (GOMAXPROCS %d) |\n", orDash(in.CPU), in.CPUs, in.GOMAXPROCS)
+	fmt.Fprintf(w, "| memory | %s |\n", fmtBytes(in.MemTotal))
+	fmt.Fprintf(w, "| OS | %s, kernel %s |\n", in.OSArch, orDash(in.Kernel))
+	fmt.Fprintf(w, "| Go | %s |\n", in.GoVersion)
+	if pg := in.PostgreSQL; pg != nil {
+		fmt.Fprintf(w, "| PostgreSQL | %s (synchronous_commit=%s, fsync=%s, wal_sync_method=%s, shared_buffers=%s, max_connections=%s) |\n",
+			pg["server_version"], pg["synchronous_commit"], pg["fsync"], pg["wal_sync_method"], pg["shared_buffers"], pg["max_connections"])
+	}
+	if in.Redis != "" {
+		fmt.Fprintf(w, "| Redis | %s |\n", in.Redis)
+	}
+	fmt.Fprintf(w, "| load average (1 min) at start | %.2f |\n", in.LoadAvg)
+	mode := fmt.Sprintf("%gs measured after %gs warmup", in.Duration, in.Warmup)
+	if in.Messages > 0 {
+		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))
+	}
+	fmt.Fprintf(w, "| each run | %s; %d PostgreSQL connections per engine; %d-byte bodies |\n\n", mode, in.Pool, in.BodySize)
+
+	fmt.Fprintf(w, "## Engines\n\n| key | engine | per message |\n|---|---|---|\n")
+	for _, e := range rep.Engines {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", e.Key, e.Name, e.About)
+	}
+	fmt.Fprintln(w)
+
+	for _, sc := range rep.Scenarios {
+		var rows []Result
+		for _, r := range rep.Results {
+			if r.Scenario == sc.Name {
+				rows = append(rows, r)
+			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "## %s: %s\n\n", sc.Name, sc.About)
+		if sc.Name == "memory" {
+			rep.writeMemoryMarkdown(w, rows)
+			continue
+		}
+		d, hasD := find(rep.Results, "d", sc.Name)
+		fmt.Fprintf(w, "| engine | msg/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | of (d) | load |\n")
+		fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, r := range rows {
+			if r.Skipped != "" {
+				fmt.Fprintf(w, "| %s %s | skipped: %s |||||||||\n", r.Engine, r.EngineName, r.Skipped)
+				continue
+			}
+			ofD := "-"
+			if hasD && d.Throughput > 0 {
+				ofD = fmt.Sprintf("%.0f%%", 100*r.Throughput/d.Throughput)
+			}
+			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName,
+				fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99),
+				fmtMs(r.Latency.P999), fmtMs(r.Latency.Max), fmtErrors(r), fmtBatch(r.MeanBatch), ofD, r.LoadAvg)
+		}
+		fmt.Fprintln(w)
+	}
+
+	fmt.Fprintf(w, "## Targets (issue, 2 cores, PostgreSQL local)\n\n| target | measured | status |\n|---|---|---|\n")
+	for _, t := range rep.Targets {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", t.Target, orDash(t.Measured), t.Status)
+	}
+	fmt.Fprintln(w)
+	if chart != "" {
+		fmt.Fprintf(w, "## Chart\n\n![throughput and p99 per engine and scenario](%s)\n", chart)
+	}
+}
+
+func (rep *Report) writeMemoryMarkdown(w io.Writer, rows []Result) {
+	fmt.Fprintf(w, "| engine | conversations | msg/s | peak live actors | heap growth | bytes per live actor | peak RSS | live after idle | heap after idle |\n")
+	fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	var notes []string
+	for _, r := range rows {
+		if r.Skipped != "" || r.Memory == nil {
+			fmt.Fprintf(w, "| %s %s | skipped: %s ||||||||\n", r.Engine, r.EngineName, orDash(r.Skipped))
+			continue
+		}
+		m := r.Memory
+		growth := uint64(0)
+		if m.HeapAtEnd > m.HeapBefore {
+			growth = m.HeapAtEnd - m.HeapBefore
+		}
+		fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s after %.0f s | %s |\n", r.Engine, r.EngineName,
+			fmtInt(int64(m.Conversations)), fmtInt(int64(r.Throughput)), fmtInt(int64(m.PeakLive)), fmtBytes(growth),
+			fmtInt(int64(m.BytesPerActor)), fmtBytes(m.PeakRSS), fmtInt(int64(m.LiveAfterIdle)), m.IdleSeconds, fmtBytes(m.HeapAfterIdle))
+		if m.Note != "" {
+			notes = append(notes, r.Engine+": "+m.Note)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Bytes per live actor = (Go heap after the last send - Go heap before the first, both after a forced GC) / (live actors after the last send - live actors before the first). Peak RSS is the whole bench process (VmHWM, reset at the scenario's start).")
+	for _, n := range notes {
+		fmt.Fprintln(w, "\n"+n)
+	}
+	fmt.Fprintln(w)
+}
+
+// fmtInt formats n with thousands separators: 1234567 -> "1,234,567".
+func fmtInt(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// fmtMs formats milliseconds with about three significant digits.
+func fmtMs(ms float64) string {
+	switch {
+	case ms == 0:
+		return "0"
+	case ms < 1:
+		return strconv.FormatFloat(ms, 'f', 3, 64)
+	case ms < 10:
+		return strconv.FormatFloat(ms, 'f', 2, 64)
+	case ms < 100:
+		return strconv.FormatFloat(ms, 'f', 1, 64)
+	}
+	return fmtInt(int64(ms + 0.5))
+}
+
+// fmtBytes formats a byte count in binary units.
+func fmtBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func fmtBatch(b float64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(b, 'f', 1, 64)
+}
+
+func fmtErrors(r Result) string {
+	if r.Errors == 0 {
+		return "0"
+	}
+	var parts []string
+	for code, n := range r.ErrorCodes {
+		parts = append(parts, code+" "+fmtInt(n))
+	}
+	slices.Sort(parts)
+	return fmtInt(r.Errors) + " (" + strings.Join(parts, ", ") + ")"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// shellJoin quotes args for a copy-pasteable command line.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && !strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~") {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
+}

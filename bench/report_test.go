@@ -1,0 +1,276 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLatencyQuantilesFromManySenders(t *testing.T) {
+	l := NewLatency()
+	// 1..10,000 µs, spread over 100 senders (every shard).
+	for v := 1; v <= 10000; v++ {
+		l.Record(v%100, time.Duration(v)*time.Microsecond)
+	}
+	s := Summarize(l.Snapshot())
+	if s.Count != 10000 {
+		t.Fatalf("count %d, want 10000", s.Count)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"p50", s.P50, 5}, {"p90", s.P90, 9}, {"p99", s.P99, 9.9}, {"p99.9", s.P999, 9.99}, {"max", s.Max, 10}, {"mean", s.Mean, 5.0005},
+	} {
+		if math.Abs(c.got-c.want)/c.want > 0.002 { // 3 significant digits
+			t.Errorf("%s = %v ms, want %v ms within 0.2%%", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestLatencyClampsAndEmpty(t *testing.T) {
+	if s := Summarize(NewLatency().Snapshot()); s != (LatencySummary{}) {
+		t.Errorf("empty histogram summary %+v, want zero", s)
+	}
+	l := NewLatency()
+	l.Record(0, 0)
+	l.Record(1, time.Hour)
+	s := Summarize(l.Snapshot())
+	if s.Count != 2 || s.Max < 119000 || s.Max > 121000 {
+		t.Errorf("clamped summary %+v: want 2 values, max about 2 min", s)
+	}
+}
+
+func TestNumberFormats(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{fmtInt(0), "0"}, {fmtInt(999), "999"}, {fmtInt(1000), "1,000"}, {fmtInt(1234567), "1,234,567"}, {fmtInt(-45120), "-45,120"},
+		{fmtMs(0), "0"}, {fmtMs(0.4567), "0.457"}, {fmtMs(3.14159), "3.14"}, {fmtMs(42.42), "42.4"}, {fmtMs(1234.4), "1,234"},
+		{fmtBytes(512), "512 B"}, {fmtBytes(2048), "2.0 KiB"}, {fmtBytes(3 << 30), "3.0 GiB"},
+		{fmtShort(950), "950"}, {fmtShort(45120), "45.1k"}, {fmtShort(2.5e6), "2.5M"},
+		{fmtBatch(0), "-"}, {fmtBatch(105.14), "105.1"},
+		{shellJoin([]string{"--engines", "a,b", "--pg", "postgres://u@h/db?x=1&y=2"}), "--engines a,b --pg 'postgres://u@h/db?x=1&y=2'"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	if got := niceCeil(45120); got != 50000 {
+		t.Errorf("niceCeil(45120) = %v, want 50000", got)
+	}
+	if got := niceCeil(0); got != 1 {
+		t.Errorf("niceCeil(0) = %v, want 1", got)
+	}
+}
+
+func TestReportPaths(t *testing.T) {
+	for _, c := range []struct{ in, md, js, svg string }{
+		{"out/bench.md", "out/bench.md", "out/bench.json", "out/bench.svg"},
+		{"results", "results", "results.json", "results.svg"},
+	} {
+		md, js, svg := reportPaths(c.in)
+		if md != c.md || js != c.js || svg != c.svg {
+			t.Errorf("reportPaths(%q) = %q %q %q", c.in, md, js, svg)
+		}
+	}
+}
+
+// sampleReport is a report as a full run would produce it.
+func sampleReport() *Report {
+	res := func(engine, name, sc string, tput, p99 float64) Result {
+		return Result{Engine: engine, EngineName: name, Scenario: sc, Senders: 1024, Convs: 10000, Seconds: 10,
+			Messages: int64(tput * 10), Throughput: tput, MeanBatch: 1,
+			Latency: LatencySummary{Count: int64(tput * 10), P50: p99 / 3, P90: p99 / 2, P99: p99, P999: p99 * 1.5, Max: p99 * 2}}
+	}
+	results := []Result{
+		res("a", "sequencer, in process", "many", 52000, 40),
+		res("b", "Redis INCR + INSERT", "many", 5000, 300),
+		res("d", "COPY, no seq (ceiling)", "many", 80000, 30),
+		res("a", "sequencer, in process", "hot", 41000, 50),
+		res("b", "Redis INCR + INSERT", "hot", 4000, 350),
+		res("d", "COPY, no seq (ceiling)", "hot", 79000, 30),
+		res("a", "sequencer, in process", "light", 9000, 12.5),
+		{Engine: "b", EngineName: "Redis INCR + INSERT", Scenario: "memory", Skipped: "no per-conversation state in memory"},
+		{Engine: "a", EngineName: "sequencer, in process", Scenario: "memory", Senders: 1024, Convs: 1000000, Throughput: 40000,
+			Memory: &MemoryResult{Conversations: 1000000, PeakLive: 1000000, LiveAtEnd: 1000000, HeapBefore: 10 << 20,
+				HeapAtEnd: 10<<20 + 1500*1000000, BytesPerActor: 1500, PeakRSS: 3 << 30, IdleSeconds: 12, HeapAfterIdle: 12 << 20}},
+	}
+	results[1].Errors, results[1].ErrorCodes = 3, map[string]int64{"unavailable": 2, "error": 1}
+	return &Report{
+		Info:    RunInfo{RunID: "cafe0123", Command: "sequencer bench --duration 10s", CPUs: 2, GOMAXPROCS: 2, PostgreSQL: map[string]string{"server_version": "15.20", "synchronous_commit": "on"}},
+		Engines: []EngineInfo{{Key: "a", Name: "sequencer, in process"}, {Key: "b", Name: "Redis INCR + INSERT"}, {Key: "d", Name: "COPY, no seq (ceiling)"}},
+		Scenarios: []ScenarioInfo{{Name: "many", About: "many conversations"}, {Name: "hot", About: "hot"},
+			{Name: "light", About: "light"}, {Name: "memory", About: "memory"}},
+		Results: results,
+		Targets: checkTargets(results),
+	}
+}
+
+func TestTargetsAreCheckedAgainstResults(t *testing.T) {
+	got := map[string]TargetCheck{}
+	for _, c := range sampleReport().Targets {
+		got[c.Target] = c
+	}
+	want := map[string]string{
+		"many: (a) >= 10x (b)":                             "met",     // 52,000 vs 5,000
+		"many: (a) >= 60% of (d)":                          "met",     // 65%
+		"hot: (a) >= 40,000 msg/s":                         "met",     // 41,000
+		"light: (a) p99 <= 10 ms":                          "not met", // 12.5
+		"memory: (a) <= 2 KiB per live conversation actor": "met",     // 1,500
+	}
+	for target, status := range want {
+		if got[target].Status != status {
+			t.Errorf("%s: %q (%s), want %q", target, got[target].Status, got[target].Measured, status)
+		}
+	}
+	if m := got["many: (a) >= 10x (b)"].Measured; m != "10.4x (52,000 vs 5,000 msg/s)" {
+		t.Errorf("measured %q", m)
+	}
+	none := checkTargets(nil)
+	for _, c := range none {
+		if c.Status != "not measured" {
+			t.Errorf("%s with no results: %q", c.Target, c.Status)
+		}
+	}
+}
+
+func TestMarkdownHasEveryRow(t *testing.T) {
+	var b strings.Builder
+	sampleReport().WriteMarkdown(&b, "bench.svg")
+	md := b.String()
+	for _, want := range []string{
+		"# sequencer bench, run cafe0123",
+		"Command: `sequencer bench --duration 10s`",
+		"| PostgreSQL | 15.20 (synchronous_commit=on",
+		"## many: many conversations",
+		"| a sequencer, in process | 52,000 | 13.3 | 20.0 | 40.0 | 60.0 | 80.0 | 0 | 1.0 | 65% |",
+		"| b Redis INCR + INSERT | 5,000 |",
+		"3 (error 1, unavailable 2)",
+		"| b Redis INCR + INSERT | skipped: no per-conversation state in memory |",
+		"| a sequencer, in process | 1,000,000 | 40,000 | 1,000,000 | 1.4 GiB | 1,500 | 3.0 GiB | 0 after 12 s | 12.0 MiB |",
+		"| light: (a) p99 <= 10 ms | p99 12.5 ms | not met |",
+		"![throughput and p99 per engine and scenario](bench.svg)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestTextTable(t *testing.T) {
+	var b bytes.Buffer
+	writeTextTable(&b, sampleReport())
+	out := b.String()
+	for _, want := range []string{"p99.9 ms", "52,000", "skipped", "bytes/live actor", "1,500", "not met"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestSVGIsWellFormedWithOneBarPerMeasurement(t *testing.T) {
+	var b strings.Builder
+	sampleReport().WriteSVG(&b)
+	dec := xml.NewDecoder(strings.NewReader(b.String()))
+	bars := map[string]int{}
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed XML: %v\n%s", err, b.String())
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
+			for _, a := range se.Attr {
+				if a.Name.Local == "fill" {
+					bars[a.Value]++
+				}
+			}
+		}
+	}
+	// Two panels; many, hot, light: a has 3 runs, b 2, d 2. Plus one legend
+	// square per engine.
+	for key, n := range map[string]int{"a": 3*2 + 1, "b": 2*2 + 1, "d": 2*2 + 1} {
+		if got := bars[engineColors[key]]; got != n {
+			t.Errorf("engine %s: %d rects, want %d", key, got, n)
+		}
+	}
+}
+
+func TestParseMetricsSumsSeries(t *testing.T) {
+	text := `# HELP sequencer_commit_batch_messages Messages per store transaction.
+# TYPE sequencer_commit_batch_messages histogram
+sequencer_commit_batch_messages_bucket{le="1"} 3
+sequencer_commit_batch_messages_sum 1234
+sequencer_commit_batch_messages_count 12
+sequencer_sends_total{code="ok"} 10
+sequencer_sends_total{code="unavailable"} 2
+process_resident_memory_bytes 1.2345e+08
+weird{a="}"} 7
+`
+	m, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]float64{
+		"sequencer_commit_batch_messages_sum": 1234, "sequencer_commit_batch_messages_count": 12,
+		"sequencer_sends_total": 12, "process_resident_memory_bytes": 123450000, "weird": 7,
+	} {
+		if m[name] != want {
+			t.Errorf("%s = %v, want %v", name, m[name], want)
+		}
+	}
+}
+
+func TestScenarioOverridesAndPicker(t *testing.T) {
+	scs, err := parseScenarios("hot,many,skewed", scenarioOverrides{Senders: 7, Duration: time.Second, Warmup: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(scs) != 3 || scs[0].Name != "hot" || scs[0].Senders != 7 || scs[0].Convs != 1 || scs[1].Convs != 10000 || scs[2].Skew != 1.1 {
+		t.Fatalf("scenarios %+v", scs)
+	}
+	if d := scs[1].Describe(); d != "many conversations: 7 senders, 10,000 conversations, uniform" {
+		t.Errorf("describe: %q", d)
+	}
+	hot := newConvPicker(scs[0], 1)
+	for range 100 {
+		if k := hot.next(); k != 0 {
+			t.Fatalf("hot picked %d", k)
+		}
+	}
+	count := func(p *convPicker) (zero, distinct int) {
+		seen := map[int]bool{}
+		for range 20000 {
+			k := p.next()
+			if k < 0 || k >= 10000 {
+				t.Fatalf("picked %d outside 0..9999", k)
+			}
+			if k == 0 {
+				zero++
+			}
+			seen[k] = true
+		}
+		return zero, len(seen)
+	}
+	uz, ud := count(newConvPicker(scs[1], 2))
+	zz, zd := count(newConvPicker(scs[2], 3))
+	if uz > 20 || ud < 8000 {
+		t.Errorf("uniform: conversation 0 picked %d times, %d distinct; want spread", uz, ud)
+	}
+	if zz < 2000 || zd > ud {
+		t.Errorf("zipf: conversation 0 picked %d times, %d distinct; want a hot head", zz, zd)
+	}
+	if _, err := parseScenarios("many", scenarioOverrides{Skew: 0.5, SkewSet: true}); err == nil {
+		t.Error("skew 0.5 accepted")
+	}
+	ms, _ := parseScenarios("memory", scenarioOverrides{Messages: 5, Warmup: time.Second})
+	if ms[0].Warmup != 0 || !ms[0].TouchOnce {
+		t.Errorf("messages mode keeps warmup: %+v", ms[0])
+	}
+}
