@@ -1,0 +1,335 @@
+// Package actor runs the conversations of one node: one protoactor actor per
+// live conversation wraps the single-writer core (package conv), a node
+// router (Node) finds or spawns the actor by conv_id, and one group-commit
+// writer (package commit) merges the batches of all conversations into few
+// store transactions.
+//
+// The package owns admission (node-wide and per-conversation bounds answer
+// resource_exhausted at once), passivation of idle conversations and their
+// orderly stop on handoff or shutdown. It never decides seqs or dedup (the
+// core does), never talks to the store outside the calls the core asks for,
+// and never lets a send be lost between the router and an actor that is
+// stopping: an actor leaves the router only while no send is on its way to
+// it, and only when its core is idle.
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/commit"
+	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// IDSource issues msg_ids (idgen.Generator implements it).
+type IDSource interface{ NextID() (uint64, error) }
+
+// Ownership says whether this node may write a conversation, and with which
+// fence. nil Ownership = single node: owns everything, zero (unfenced) Fence.
+type Ownership interface {
+	// Fence returns the fence commits of convID must carry, or an error
+	// wrapping sequencer.ErrNotOwner / sequencer.ErrOwnershipMoving when the
+	// conversation is not writable here.
+	Fence(convID string) (persist.Fence, error)
+}
+
+// Defaults of Config.
+const (
+	DefaultPassivateAfter   = 30 * time.Second
+	DefaultMaxQueuePerConv  = 4096
+	DefaultMaxPending       = 65536
+	DefaultCommitWorkers    = 4
+	DefaultMaxBatchMessages = 4000
+	DefaultCommitTimeout    = 5 * time.Second
+)
+
+// Config configures a Node. Store and IDs are required.
+type Config struct {
+	Store     persist.Store
+	IDs       IDSource
+	Clock     clock.Clock  // server_at source; default the real clock
+	Metrics   *metrics.Set // optional
+	Ownership Ownership    // nil: single node, unfenced
+	Logger    *slog.Logger // optional
+
+	PassivateAfter   time.Duration // idle conversation actors stop after this; default 30s
+	MaxQueuePerConv  int           // sends one conversation holds at once; default 4096
+	MaxPending       int           // sends the node holds at once; default 65536
+	CommitWorkers    int           // parallel store transactions; default 4
+	MaxBatchMessages int           // rows per store transaction; default 4000
+	CommitTimeout    time.Duration // per store call; a commit that times out is an unknown outcome; default 5s
+}
+
+const shardCount = 64
+
+// Node routes sends to conversation actors. Safe for concurrent use.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *metrics.Set
+	system *pa.ActorSystem
+	writer *commit.Writer
+	seed   maphash.Seed
+	shards [shardCount]shard
+
+	pending atomic.Int64 // sends admitted and not yet answered
+	live    atomic.Int64 // conversation actors in the router
+	closed  atomic.Bool
+}
+
+type shard struct {
+	mu     sync.RWMutex
+	convs  map[string]*convRef
+	closed bool
+}
+
+// convRef is the router's entry for one live conversation actor.
+type convRef struct {
+	convID    string
+	pid       *pa.PID
+	inTransit atomic.Int64  // sends routed to the actor and not yet received
+	gone      chan struct{} // closed once the actor left the router
+}
+
+// NewNode starts a node: its actor system and group-commit writer.
+func NewNode(cfg Config) (*Node, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("actor: Config.Store is required")
+	}
+	if cfg.IDs == nil {
+		return nil, errors.New("actor: Config.IDs is required")
+	}
+	if cfg.PassivateAfter <= 0 {
+		cfg.PassivateAfter = DefaultPassivateAfter
+	}
+	if cfg.MaxQueuePerConv <= 0 {
+		cfg.MaxQueuePerConv = DefaultMaxQueuePerConv
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.CommitWorkers <= 0 {
+		cfg.CommitWorkers = DefaultCommitWorkers
+	}
+	if cfg.MaxBatchMessages <= 0 {
+		cfg.MaxBatchMessages = DefaultMaxBatchMessages
+	}
+	if cfg.CommitTimeout <= 0 {
+		cfg.CommitTimeout = DefaultCommitTimeout
+	}
+	cfg.Clock = clock.Or(cfg.Clock)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w, err := commit.New(commit.Config{Store: cfg.Store, Workers: cfg.CommitWorkers, MaxMessages: cfg.MaxBatchMessages,
+		Timeout: cfg.CommitTimeout, Metrics: cfg.Metrics, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed()}
+	// protoactor logs dead letters and supervision at info; keep warnings.
+	n.system = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
+		return slog.New(warnOnly{log.Handler()}).With("lib", "protoactor")
+	}))
+	for i := range n.shards {
+		n.shards[i].convs = make(map[string]*convRef)
+	}
+	return n, nil
+}
+
+// Send stores req (already validated) and answers after the durable commit,
+// or with a coded error: resource_exhausted when the node or the
+// conversation is full, unavailable when the store, the clock, the worker
+// lease or ownership forbids writing, already_exists for a resend key used
+// in another conversation, canceled / deadline_exceeded when ctx ends first
+// (the send may still be stored: a resend with the same client_msg_id tells).
+func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+	if n.closed.Load() {
+		return sequencer.SendResult{}, sequencer.ErrShuttingDown
+	}
+	if o := n.cfg.Ownership; o != nil {
+		if _, err := o.Fence(req.ConvID); err != nil {
+			return sequencer.SendResult{}, coded(err, "conversation "+req.ConvID)
+		}
+	}
+	if n.pending.Add(1) > int64(n.cfg.MaxPending) {
+		n.pending.Add(-1)
+		return sequencer.SendResult{}, fmt.Errorf("node holds %d sends: %w", n.cfg.MaxPending, sequencer.ErrOverloaded)
+	}
+	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
+	ref, err := n.route(req.ConvID)
+	if err != nil {
+		n.pending.Add(-1)
+		return sequencer.SendResult{}, err
+	}
+	n.system.Root.Send(ref.pid, msg)
+	select {
+	case o := <-msg.reply:
+		return o.res, o.err
+	case <-ctx.Done():
+		code := sequencer.CodeCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			code = sequencer.CodeDeadlineExceeded
+		}
+		return sequencer.SendResult{}, sequencer.Wrap(code, ctx.Err(),
+			"send: caller gave up before the outcome; resend with the same client_msg_id to learn it")
+	}
+}
+
+// StopConversations stops the actors of the conversations match selects,
+// each once its in-flight batch finished and its queue drained (new sends
+// are refused by Ownership before this is called, so queued ones fail at
+// their fence). It returns when all of them left the router, or ctx ends.
+func (n *Node) StopConversations(ctx context.Context, match func(convID string) bool) error {
+	var refs []*convRef
+	for i := range n.shards {
+		sh := &n.shards[i]
+		sh.mu.RLock()
+		for id, ref := range sh.convs {
+			if match(id) {
+				refs = append(refs, ref)
+			}
+		}
+		sh.mu.RUnlock()
+	}
+	for _, ref := range refs {
+		n.system.Root.Send(ref.pid, stopMsg{})
+	}
+	for _, ref := range refs {
+		select {
+		case <-ref.gone:
+		case <-ctx.Done():
+			return fmt.Errorf("actor: stop conversations: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// LiveConversations returns the number of conversation actors.
+func (n *Node) LiveConversations() int { return int(n.live.Load()) }
+
+// Close drains the node: new sends get sequencer.ErrShuttingDown, queued and
+// in-flight batches commit or fail cleanly, then actors and writer stop.
+func (n *Node) Close(ctx context.Context) error {
+	if n.closed.Swap(true) {
+		return nil
+	}
+	for i := range n.shards {
+		sh := &n.shards[i]
+		sh.mu.Lock()
+		sh.closed = true
+		sh.mu.Unlock()
+	}
+	err := n.StopConversations(ctx, func(string) bool { return true })
+	if werr := n.writer.Close(ctx); err == nil {
+		err = werr
+	}
+	n.system.Shutdown()
+	return err
+}
+
+func (n *Node) shard(convID string) *shard {
+	return &n.shards[maphash.String(n.seed, convID)%shardCount]
+}
+
+// route returns convID's actor, spawning it if needed, with one more send
+// counted in transit to it.
+func (n *Node) route(convID string) (*convRef, error) {
+	sh := n.shard(convID)
+	sh.mu.RLock()
+	if ref := sh.convs[convID]; ref != nil && !sh.closed {
+		ref.inTransit.Add(1)
+		sh.mu.RUnlock()
+		return ref, nil
+	}
+	sh.mu.RUnlock()
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	ref := sh.convs[convID]
+	if ref == nil {
+		if sh.closed {
+			return nil, sequencer.ErrShuttingDown
+		}
+		var err error
+		if ref, err = n.spawn(convID); err != nil {
+			return nil, err
+		}
+		sh.convs[convID] = ref
+	}
+	ref.inTransit.Add(1)
+	return ref, nil
+}
+
+func (n *Node) spawn(convID string) (*convRef, error) {
+	ref := &convRef{convID: convID, gone: make(chan struct{})}
+	fence := func() (persist.Fence, error) { return persist.Fence{}, nil }
+	if o := n.cfg.Ownership; o != nil {
+		fence = func() (persist.Fence, error) { return o.Fence(convID) }
+	}
+	core, err := conv.New(conv.Config{ConvID: convID, IDs: n.cfg.IDs, Clock: n.cfg.Clock, Fence: fence,
+		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.MaxBatchMessages})
+	if err != nil {
+		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
+	}
+	a := &convActor{node: n, ref: ref, core: core}
+	ref.pid = n.system.Root.Spawn(pa.PropsFromProducer(func() pa.Actor { return a }))
+	n.live.Add(1)
+	if n.m != nil {
+		n.m.LiveConvs.Inc()
+	}
+	return ref, nil
+}
+
+// leave removes ref from the router if no send is on its way to it. The
+// actor calls it only when its core is idle; after true it must stop.
+func (n *Node) leave(ref *convRef, passivated bool) bool {
+	sh := n.shard(ref.convID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if ref.inTransit.Load() != 0 {
+		return false
+	}
+	if sh.convs[ref.convID] == ref {
+		delete(sh.convs, ref.convID)
+	}
+	close(ref.gone)
+	n.live.Add(-1)
+	if n.m != nil {
+		n.m.LiveConvs.Dec()
+		if passivated {
+			n.m.Passivations.Inc()
+		}
+	}
+	return true
+}
+
+// coded returns err with a domain code (unavailable unless it has one).
+func coded(err error, what string) error {
+	if sequencer.ErrorCode(err) == sequencer.CodeInternal {
+		return sequencer.Wrap(sequencer.CodeUnavailable, err, what)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// warnOnly passes records at warning level and above.
+type warnOnly struct{ slog.Handler }
+
+func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+func (h warnOnly) WithAttrs(as []slog.Attr) slog.Handler { return warnOnly{h.Handler.WithAttrs(as)} }
+func (h warnOnly) WithGroup(g string) slog.Handler       { return warnOnly{h.Handler.WithGroup(g)} }

@@ -1,0 +1,377 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// counterIDs issues 1, 2, 3, ... (idgen.Generator in production).
+type counterIDs struct{ n atomic.Uint64 }
+
+func (c *counterIDs) NextID() (uint64, error) { return c.n.Add(1), nil }
+
+// gateStore blocks every Commit until the gate opens.
+type gateStore struct {
+	*memStore
+	gate    chan struct{}
+	waiting atomic.Int64
+}
+
+func newGateStore() *gateStore { return &gateStore{memStore: newMemStore(), gate: make(chan struct{})} }
+
+func (s *gateStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return fmt.Errorf("gate: %w: %w", sequencer.ErrUnknownOutcome, ctx.Err())
+	}
+	return s.memStore.Commit(ctx, bs)
+}
+
+func req(conv, key string) sequencer.SendRequest {
+	return sequencer.SendRequest{ConvID: conv, FromUID: 1, ClientMsgID: key, MsgType: 1, Body: []byte(key)}
+}
+
+func newNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	if cfg.IDs == nil {
+		cfg.IDs = &counterIDs{}
+	}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = n.Close(ctx)
+	})
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// sendAsync starts a Send and returns where its answer will arrive.
+type answer struct {
+	res sequencer.SendResult
+	err error
+}
+
+func sendAsync(n *Node, ctx context.Context, r sequencer.SendRequest) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		res, err := n.Send(ctx, r)
+		ch <- answer{res, err}
+	}()
+	return ch
+}
+
+func TestSendAssignsContiguousSeqs(t *testing.T) {
+	st := newMemStore()
+	n := newNode(t, Config{Store: st})
+	ctx := context.Background()
+	for i := 1; i <= 5; i++ {
+		res, err := n.Send(ctx, req("g:1", fmt.Sprint("k", i)))
+		if err != nil || res.Seq != uint64(i) || res.Duplicate {
+			t.Fatalf("send %d: %+v %v", i, res, err)
+		}
+	}
+	res, err := n.Send(ctx, req("g:1", "k3"))
+	if err != nil || res.Seq != 3 || !res.Duplicate {
+		t.Fatalf("resend: %+v %v", res, err)
+	}
+	if _, err := n.Send(ctx, req("g:2", "k3")); sequencer.ErrorCode(err) != sequencer.CodeAlreadyExists {
+		t.Fatalf("same key in another conversation: %v", err)
+	}
+}
+
+// An idle conversation passivates; the next send spawns it anew, reloads
+// the head from the store and continues at head+1.
+func TestPassivationKeepsSeqsContiguous(t *testing.T) {
+	st := newMemStore()
+	m := metrics.New()
+	n := newNode(t, Config{Store: st, Metrics: m, PassivateAfter: 5 * time.Millisecond})
+	ctx := context.Background()
+	for round := range 3 {
+		for i := range 3 {
+			res, err := n.Send(ctx, req("g:p", fmt.Sprint(round, "-", i)))
+			if err != nil || res.Seq != uint64(round*3+i+1) {
+				t.Fatalf("round %d send %d: %+v %v", round, i, res, err)
+			}
+		}
+		waitFor(t, "passivation", func() bool { return n.LiveConversations() == 0 })
+	}
+	// A resend of a key committed before passivation is still a duplicate
+	// (through the store, the memo is gone).
+	res, err := n.Send(ctx, req("g:p", "0-1"))
+	if err != nil || !res.Duplicate || res.Seq != 2 {
+		t.Fatalf("resend after passivation: %+v %v", res, err)
+	}
+	if got := counterValue(t, m.Passivations); got < 3 {
+		t.Fatalf("passivations metric %v, want >= 3", got)
+	}
+	waitFor(t, "passivation", func() bool { return n.LiveConversations() == 0 })
+	if got := gaugeValue(t, m.LiveConvs); got != 0 {
+		t.Fatalf("live conversations metric %v", got)
+	}
+}
+
+// A conversation does not passivate while a batch is in flight.
+func TestNoPassivationWhileBusy(t *testing.T) {
+	st := newGateStore()
+	n := newNode(t, Config{Store: st, PassivateAfter: time.Millisecond})
+	ch := sendAsync(n, context.Background(), req("g:b", "k1"))
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	// Many passivation timeouts pass while the commit is blocked.
+	deadline := time.Now().Add(30 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n.LiveConversations() != 1 {
+			t.Fatal("conversation passivated with a batch in flight")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(st.gate)
+	if a := <-ch; a.err != nil || a.res.Seq != 1 {
+		t.Fatalf("%+v", a)
+	}
+	waitFor(t, "passivation", func() bool { return n.LiveConversations() == 0 })
+}
+
+// The per-conversation bound and the node-wide bound answer
+// resource_exhausted at once.
+func TestOverload(t *testing.T) {
+	st := newGateStore()
+	n := newNode(t, Config{Store: st, MaxQueuePerConv: 2, MaxPending: 5})
+	ctx := context.Background()
+	a1 := sendAsync(n, ctx, req("g:o", "k1"))
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	a2 := sendAsync(n, ctx, req("g:o", "k2"))
+	waitFor(t, "two pending", func() bool { return n.pending.Load() == 2 })
+	// The conversation holds 2: the third is refused.
+	if _, err := n.Send(ctx, req("g:o", "k3")); sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+		t.Fatalf("per-conversation bound: %v", err)
+	}
+	// Fill the node: 2 + 3 more in other conversations.
+	var others []<-chan answer
+	for i := range 3 {
+		others = append(others, sendAsync(n, ctx, req(fmt.Sprint("g:x", i), fmt.Sprint("x", i))))
+	}
+	waitFor(t, "node full", func() bool { return n.pending.Load() == 5 })
+	if _, err := n.Send(ctx, req("g:y", "k")); sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+		t.Fatalf("node-wide bound: %v", err)
+	}
+	close(st.gate)
+	for i, ch := range append([]<-chan answer{a1, a2}, others...) {
+		if a := <-ch; a.err != nil {
+			t.Fatalf("send %d: %v", i, a.err)
+		}
+	}
+	head, _ := st.LoadHead(ctx, "g:o")
+	if head != 2 {
+		t.Fatalf("head %d: refused sends consumed seqs", head)
+	}
+	if n.pending.Load() != 0 {
+		t.Fatalf("pending %d after all answered", n.pending.Load())
+	}
+}
+
+// Close lets queued and in-flight batches commit, refuses new sends, and
+// stops every actor.
+func TestCloseDrains(t *testing.T) {
+	st := newGateStore()
+	n := newNode(t, Config{Store: st})
+	ctx := context.Background()
+	var chans []<-chan answer
+	chans = append(chans, sendAsync(n, ctx, req("g:c", "k0")))
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	for i := 1; i <= 4; i++ {
+		chans = append(chans, sendAsync(n, ctx, req("g:c", fmt.Sprint("k", i))))
+	}
+	waitFor(t, "queued", func() bool { return n.pending.Load() == 5 })
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close(ctx) }()
+	waitFor(t, "closing", func() bool { return n.closed.Load() })
+	if _, err := n.Send(ctx, req("g:c", "late")); !errors.Is(err, sequencer.ErrShuttingDown) {
+		t.Fatalf("send after close: %v", err)
+	}
+	close(st.gate)
+	seqs := map[uint64]bool{}
+	for i, ch := range chans {
+		a := <-ch
+		if a.err != nil || seqs[a.res.Seq] || a.res.Seq < 1 || a.res.Seq > 5 {
+			t.Fatalf("send %d: %+v", i, a)
+		}
+		seqs[a.res.Seq] = true
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if n.LiveConversations() != 0 {
+		t.Fatalf("%d actors after close", n.LiveConversations())
+	}
+}
+
+// fakeOwnership refuses the conversations in moving.
+type fakeOwnership struct {
+	mu     sync.Mutex
+	moving map[string]bool
+	epoch  uint64
+}
+
+func (o *fakeOwnership) Fence(conv string) (persist.Fence, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.moving[conv] {
+		return persist.Fence{}, fmt.Errorf("conversation %s: %w", conv, sequencer.ErrOwnershipMoving)
+	}
+	return persist.Fence{Partition: 1, Owner: "n1", Epoch: o.epoch}, nil
+}
+
+func (o *fakeOwnership) move(conv string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.moving[conv] = true
+}
+
+// StopConversations waits for the in-flight batch of a moving conversation,
+// fails what was queued behind it (its fence is refused), and stops its
+// actor; other conversations are untouched.
+func TestStopConversationsForHandoff(t *testing.T) {
+	st := newGateStore()
+	own := &fakeOwnership{moving: map[string]bool{}, epoch: 3}
+	n := newNode(t, Config{Store: st, Ownership: own})
+	ctx := context.Background()
+	inflight := sendAsync(n, ctx, req("g:move", "k1"))
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	queued := sendAsync(n, ctx, req("g:move", "k2"))
+	waitFor(t, "queued", func() bool { return n.pending.Load() == 2 })
+	own.move("g:move")
+	if _, err := n.Send(ctx, req("g:move", "k3")); !errors.Is(err, sequencer.ErrOwnershipMoving) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("send to a moving conversation: %v", err)
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- n.StopConversations(ctx, func(c string) bool { return c == "g:move" })
+	}()
+	select {
+	case err := <-stopped:
+		t.Fatalf("StopConversations returned with a batch in flight: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(st.gate)
+	if a := <-inflight; a.err != nil || a.res.Seq != 1 {
+		t.Fatalf("in-flight send: %+v", a)
+	}
+	if a := <-queued; !errors.Is(a.err, sequencer.ErrOwnershipMoving) {
+		t.Fatalf("queued send: %+v", a)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if n.LiveConversations() != 0 {
+		t.Fatalf("%d actors left", n.LiveConversations())
+	}
+	// The stored row carries the fence's epoch path: nothing else written.
+	if head, _ := st.LoadHead(ctx, "g:move"); head != 1 {
+		t.Fatalf("head %d", head)
+	}
+}
+
+// A caller that gives up gets deadline_exceeded; the node stays consistent.
+func TestCallerDeadline(t *testing.T) {
+	st := newGateStore()
+	n := newNode(t, Config{Store: st})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := n.Send(ctx, req("g:d", "k1"))
+	if sequencer.ErrorCode(err) != sequencer.CodeDeadlineExceeded {
+		t.Fatalf("got %v", err)
+	}
+	close(st.gate)
+	// The resend learns the outcome: the row was in flight and landed.
+	res, err := n.Send(context.Background(), req("g:d", "k1"))
+	if err != nil || res.Seq != 1 {
+		t.Fatalf("resend: %+v %v", res, err)
+	}
+	waitFor(t, "pending drained", func() bool { return n.pending.Load() == 0 })
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// Sends racing with passivation are never lost: an actor leaves the router
+// only while no send is on its way to it.
+func TestSendRacingPassivation(t *testing.T) {
+	st := newMemStore()
+	n := newNode(t, Config{Store: st, PassivateAfter: time.Millisecond})
+	var wg sync.WaitGroup
+	for s := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 60 {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := n.Send(ctx, sequencer.SendRequest{ConvID: fmt.Sprint("g:", i%3), FromUID: uint64(s + 1),
+					ClientMsgID: fmt.Sprint(i), MsgType: 1})
+				cancel()
+				if err != nil {
+					t.Errorf("sender %d send %d: %v", s, i, err)
+					return
+				}
+				// Let the actors reach their passivation timeout now and then.
+				if i%10 == 0 {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n.pending.Load() != 0 {
+		t.Fatalf("%d sends unanswered", n.pending.Load())
+	}
+	for c := range 3 {
+		head, _ := st.LoadHead(context.Background(), fmt.Sprint("g:", c))
+		if head != 8*20 {
+			t.Fatalf("g:%d head %d, want %d", c, head, 8*20)
+		}
+	}
+}
