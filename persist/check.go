@@ -1,0 +1,79 @@
+package persist
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+// CheckBatches validates a Commit's batches before any store is touched, the
+// same way for every implementation:
+//   - a plain error (code internal) for a batch that breaks ConvBatch's shape:
+//     a conversation twice in one commit, a message of another conversation,
+//     a seq outside PrevHead+1..LastSeq, an id at or above 2^63, an empty
+//     ClientMsgID;
+//   - a *ConflictError for rows of the batch that collide with an earlier row
+//     of the same batch on a unique key (msg_id, uk_conv_seq, uk_from_client);
+//     the first row holding a key is not reported, every later one is.
+//
+// Stores call it first in Commit; nil means only stored rows can conflict.
+func CheckBatches(batches []ConvBatch) error {
+	type convSeq struct {
+		conv string
+		seq  uint64
+	}
+	n := 0
+	for i := range batches {
+		n += len(batches[i].Messages)
+	}
+	convs := make(map[string]struct{}, len(batches))
+	msgIDs := make(map[uint64]struct{}, n)
+	seqs := make(map[convSeq]struct{}, n)
+	keys := make(map[sequencer.ClientKey]struct{}, n)
+	var conflicts []Conflict
+	for i := range batches {
+		b := &batches[i]
+		if _, dup := convs[b.ConvID]; dup {
+			return fmt.Errorf("persist: invalid batch: conversation %q appears twice in one commit", b.ConvID)
+		}
+		convs[b.ConvID] = struct{}{}
+		if b.LastSeq() >= math.MaxInt64 || b.LastSeq() < b.PrevHead {
+			return fmt.Errorf("persist: invalid batch: conversation %q: head %d + %d messages overflows", b.ConvID, b.PrevHead, len(b.Messages))
+		}
+		for j := range b.Messages {
+			m := &b.Messages[j]
+			switch {
+			case m.ConvID != b.ConvID:
+				return fmt.Errorf("persist: invalid batch: message of conversation %q in the batch of %q", m.ConvID, b.ConvID)
+			case m.Seq <= b.PrevHead || m.Seq > b.LastSeq():
+				return fmt.Errorf("persist: invalid batch: conversation %q: seq %d outside %d..%d", b.ConvID, m.Seq, b.PrevHead+1, b.LastSeq())
+			case m.MsgID >= 1<<63 || m.FromUID >= 1<<63:
+				return fmt.Errorf("persist: invalid batch: conversation %q seq %d: msg_id %d / from_uid %d not below 2^63", b.ConvID, m.Seq, m.MsgID, m.FromUID)
+			case m.ClientMsgID == "":
+				return fmt.Errorf("persist: invalid batch: conversation %q seq %d: empty client_msg_id", b.ConvID, m.Seq)
+			}
+			c := Conflict{ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, FromUID: m.FromUID, ClientMsgID: m.ClientMsgID}
+			if _, dup := msgIDs[m.MsgID]; dup {
+				c.Key = KeyMsgID
+				conflicts = append(conflicts, c)
+			}
+			msgIDs[m.MsgID] = struct{}{}
+			if _, dup := seqs[convSeq{m.ConvID, m.Seq}]; dup {
+				c.Key = KeyConvSeq
+				conflicts = append(conflicts, c)
+			}
+			seqs[convSeq{m.ConvID, m.Seq}] = struct{}{}
+			k := m.Key()
+			if _, dup := keys[k]; dup {
+				c.Key = KeyClientMsgID
+				conflicts = append(conflicts, c)
+			}
+			keys[k] = struct{}{}
+		}
+	}
+	if len(conflicts) > 0 {
+		return &ConflictError{Conflicts: conflicts}
+	}
+	return nil
+}

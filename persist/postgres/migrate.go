@@ -1,0 +1,119 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Migrations are the files migrations/NNNN_name.sql, applied in version order,
+// each in its own transaction and recorded in schema_version. To change the
+// schema, add the next file (never edit an applied one).
+//
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migrationLock is the pg_advisory_xact_lock key that serializes Migrate
+// across processes sharing the database.
+const migrationLock int64 = 0x5E9_0E1C_E000_0001
+
+// Migration is one embedded schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Migrations returns the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []Migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".sql") {
+			continue
+		}
+		num, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("postgres: migration file %q is not named NNNN_name.sql", name)
+		}
+		if other, dup := seen[v]; dup {
+			return nil, fmt.Errorf("postgres: migrations %q and %q share version %d", other, name, v)
+		}
+		seen[v] = name
+		b, err := fs.ReadFile(migrationFS, "migrations/"+name)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(name, ".sql"), SQL: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	return ms, nil
+}
+
+// Migrate applies every embedded migration the database lacks. It is safe
+// when several processes migrate at once: each migration runs in a
+// transaction holding a pg_advisory_xact_lock, and re-checks schema_version
+// under it. Versions the database has beyond the embedded ones (a newer
+// binary migrated) are left alone.
+func (s *Store) Migrate(ctx context.Context) error {
+	ms, err := Migrations()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := s.apply(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) apply(ctx context.Context, m Migration) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
+			return classify("migrate: lock", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+			version    INT PRIMARY KEY,
+			name       TEXT NOT NULL,
+			applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+			return classify("migrate: schema_version", err)
+		}
+		var done bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM schema_version WHERE version = $1)", m.Version).Scan(&done); err != nil {
+			return classify("migrate: read version", err)
+		}
+		if done {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			return classify("migrate: record version", err)
+		}
+		return nil
+	})
+}
+
+// SchemaVersion returns the highest applied migration version (0 if none).
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.pool.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_version`).Scan(&v)
+	if err != nil {
+		return 0, classify("schema version", err)
+	}
+	return v, nil
+}

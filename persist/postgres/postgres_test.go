@@ -1,0 +1,571 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/persist/storetest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Test-only hooks for the conformance suite.
+var _ storetest.Hooks = (*Store)(nil)
+
+func (s *Store) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO partition_lease (partition, owner, epoch) VALUES ($1, $2, $3)
+		ON CONFLICT (partition) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch`,
+		int64(f.Partition), f.Owner, int64(f.Epoch))
+	return err
+}
+
+func (s *Store) SetHeadForTest(ctx context.Context, convID string, head uint64) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO conv_head (conv_id, head) VALUES ($1, $2)
+		ON CONFLICT (conv_id) DO UPDATE SET head = EXCLUDED.head`, convID, int64(head))
+	return err
+}
+
+func openStore(t testing.TB, dsn string) *Store {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newStore returns a migrated store on a fresh database.
+func newStore(t testing.TB) (*Store, string) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	s := openStore(t, dsn)
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return s, dsn
+}
+
+// TestConformance runs the suite with the default insert path (the suite's
+// commits are small: unnest INSERT) and again with COPY forced.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) persist.Store {
+		s, _ := newStore(t)
+		return s
+	})
+}
+
+func TestConformanceCopyMode(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) persist.Store {
+		s, _ := newStore(t)
+		s.mode = insertCopy
+		return s
+	})
+}
+
+func TestSchemaMatchesContract(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	rows, err := s.pool.Query(ctx, `SELECT column_name, data_type, COALESCE(character_maximum_length, 0),
+		COALESCE(datetime_precision, -1), is_nullable, COALESCE(column_default, '')
+		FROM information_schema.columns WHERE table_name = 'im_message' ORDER BY ordinal_position`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type col struct {
+		name, typ     string
+		length, prec  int
+		nullable, def string
+	}
+	var got []col
+	for rows.Next() {
+		var c col
+		if err := rows.Scan(&c.name, &c.typ, &c.length, &c.prec, &c.nullable, &c.def); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []col{
+		{"msg_id", "bigint", 0, -1, "NO", ""},
+		{"conv_id", "character varying", 64, -1, "NO", ""},
+		{"seq", "bigint", 0, -1, "NO", ""},
+		{"from_uid", "bigint", 0, -1, "NO", ""},
+		{"msg_type", "smallint", 0, -1, "NO", "1"},
+		{"body", "bytea", 0, -1, "NO", ""},
+		{"client_msg_id", "character varying", 64, -1, "NO", ""},
+		{"server_at", "timestamp with time zone", 0, 3, "NO", ""},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("im_message columns %+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("column %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	crows, err := s.pool.Query(ctx, `SELECT conname, contype::text, pg_get_constraintdef(oid) FROM pg_constraint
+		WHERE conrelid = 'im_message'::regclass ORDER BY conname`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons := map[string]string{}
+	for crows.Next() {
+		var name, typ, def string
+		if err := crows.Scan(&name, &typ, &def); err != nil {
+			t.Fatal(err)
+		}
+		cons[name] = typ + " " + def
+	}
+	if err := crows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for name, def := range map[string]string{
+		"im_message_pkey": "p PRIMARY KEY (msg_id)",
+		"uk_conv_seq":     "u UNIQUE (conv_id, seq)",
+		"uk_from_client":  "u UNIQUE (from_uid, client_msg_id)",
+	} {
+		if cons[name] != def {
+			t.Fatalf("constraint %s = %q, want %q (all: %v)", name, cons[name], def, cons)
+		}
+	}
+	var workers int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM worker_lease`).Scan(&workers); err != nil || workers != 1024 {
+		t.Fatalf("worker_lease rows = %d, %v", workers, err)
+	}
+}
+
+func TestMigrateConcurrentlyAndTwice(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	stores := []*Store{openStore(t, dsn), openStore(t, dsn), openStore(t, dsn)}
+	var wg sync.WaitGroup
+	errs := make([]error, len(stores))
+	for i, s := range stores {
+		wg.Add(1)
+		go func(i int, s *Store) {
+			defer wg.Done()
+			errs[i] = s.Migrate(ctx)
+		}(i, s)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate %d: %v", i, err)
+		}
+	}
+	if err := stores[0].Migrate(ctx); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	ms, err := Migrations()
+	if err != nil || len(ms) == 0 || ms[0].Version != 1 {
+		t.Fatalf("migrations %+v, %v", ms, err)
+	}
+	var n, max int
+	if err := stores[0].pool.QueryRow(ctx, `SELECT count(*), max(version) FROM schema_version`).Scan(&n, &max); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(ms) || max != ms[len(ms)-1].Version {
+		t.Fatalf("schema_version holds %d rows up to %d, want %d up to %d", n, max, len(ms), ms[len(ms)-1].Version)
+	}
+	if v, err := stores[1].SchemaVersion(ctx); err != nil || v != max {
+		t.Fatalf("SchemaVersion = %d, %v", v, err)
+	}
+}
+
+func TestOpenUnreachableIsUnavailable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, err = Open(context.Background(), "postgres://postgres@"+addr+"/x?connect_timeout=2", Options{})
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("open of a dead address: %v, want ErrStoreUnavailable", err)
+	}
+}
+
+func msgs(conv string, prev uint64, n int, firstID uint64) persist.ConvBatch {
+	b := persist.ConvBatch{ConvID: conv, PrevHead: prev}
+	for i := 0; i < n; i++ {
+		id := firstID + uint64(i)
+		b.Messages = append(b.Messages, sequencer.Message{MsgID: id, ConvID: conv, Seq: prev + uint64(i) + 1,
+			FromUID: 1, MsgType: 1, Body: []byte("x"), ClientMsgID: fmt.Sprintf("%s-%d", conv, id),
+			ServerAt: time.Now()})
+	}
+	return b
+}
+
+// TestFenceWaitsForEpochBump: while another transaction is moving a
+// partition to a new epoch, a commit fenced with the old epoch waits for it
+// and then fails as stale; it never lands under the old epoch.
+func TestFenceWaitsForEpochBump(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if err := s.PutPartitionLeaseForTest(ctx, persist.Fence{Partition: 3, Owner: "a", Epoch: 5}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE partition_lease SET owner = 'b', epoch = 6 WHERE partition = 3`); err != nil {
+		t.Fatal(err)
+	}
+	b := msgs("conv-fenced", 0, 2, 100)
+	b.Fence = persist.Fence{Partition: 3, Owner: "a", Epoch: 5}
+	done := make(chan error, 1)
+	go func() { done <- s.Commit(ctx, []persist.ConvBatch{b}) }()
+	// Wait until the commit is blocked on the lease row lock.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var waiting int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("fenced commit finished while the epoch bump was open: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("fenced commit never waited for the epoch bump")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if !errors.Is(err, sequencer.ErrStaleEpoch) {
+		t.Fatalf("fenced commit after the bump: %v, want ErrStaleEpoch", err)
+	}
+	if h, _ := s.LoadHead(ctx, "conv-fenced"); h != 0 {
+		t.Fatalf("head = %d after a stale commit", h)
+	}
+}
+
+// cutProxy forwards TCP to target. When armed, it watches the client's bytes
+// for trigger; on seeing it, it forwards the chunk to the server or not
+// (forward), then cuts both connections without relaying an answer.
+type cutProxy struct {
+	l       net.Listener
+	target  string
+	mu      sync.Mutex
+	trigger []byte
+	forward bool
+	fired   chan struct{}
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l, target: target}
+	t.Cleanup(func() { l.Close() })
+	go p.serve()
+	return p
+}
+
+func (p *cutProxy) arm(trigger string, forward bool) chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trigger, p.forward, p.fired = []byte(trigger), forward, make(chan struct{})
+	return p.fired
+}
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		go func() { _, _ = io.Copy(c, s); c.Close() }()
+		go func() {
+			defer s.Close()
+			defer c.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					p.mu.Lock()
+					trig, fwd, fired := p.trigger, p.forward, p.fired
+					hit := trig != nil && bytes.Contains(buf[:n], trig)
+					if hit {
+						p.trigger = nil
+					}
+					p.mu.Unlock()
+					if hit {
+						// Cut the client first, so no answer can reach it.
+						c.Close()
+						if fwd {
+							_, _ = s.Write(buf[:n])
+						}
+						close(fired)
+						return
+					}
+					if _, err := s.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func proxiedStore(t *testing.T) (direct, viaProxy *Store, p *cutProxy) {
+	direct, dsn := newStore(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = newCutProxy(t, net.JoinHostPort(cfg.Host, itoa(int(cfg.Port))))
+	pdsn, err := replaceHostPort(dsn, p.l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return direct, openStore(t, pdsn), p
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+func replaceHostPort(dsn, hostport string) (string, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return "", err
+	}
+	return "postgres://" + cfg.User + "@" + hostport + "/" + cfg.Database + "?sslmode=disable", nil
+}
+
+// TestCommitErrorClasses cuts the connection at different points of a
+// commit and checks the error class, and what landed, against persist.Store's
+// contract.
+func TestCommitErrorClasses(t *testing.T) {
+	ctx := context.Background()
+	direct, via, p := proxiedStore(t)
+	if err := via.Commit(ctx, []persist.ConvBatch{msgs("warm", 0, 1, 1)}); err != nil {
+		t.Fatalf("commit through the proxy: %v", err)
+	}
+
+	// Cut while the rows are being sent (the proxy sees the conversation
+	// id in the pipelined statements): before COMMIT, nothing written.
+	fired := p.arm("cut-before-commit", false)
+	err := via.Commit(ctx, []persist.ConvBatch{msgs("cut-before-commit", 0, 3, 10)})
+	<-fired
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("cut before COMMIT: %v, want ErrStoreUnavailable", err)
+	}
+	if h, err := direct.LoadHead(ctx, "cut-before-commit"); err != nil || h != 0 {
+		t.Fatalf("head after a cut before COMMIT = %d, %v", h, err)
+	}
+
+	// COMMIT sent and the connection lost before the answer: unknown, and
+	// here it did land.
+	fired = p.arm("COMMIT\x00", true)
+	err = via.Commit(ctx, []persist.ConvBatch{msgs("landed", 0, 3, 20)})
+	<-fired
+	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("cut after COMMIT was sent: %v, want ErrUnknownOutcome", err)
+	}
+	if sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("unknown outcome code %v", sequencer.ErrorCode(err))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		h, err := direct.LoadHead(ctx, "landed")
+		if err == nil && h == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the commit whose answer was lost never showed up: head %d, %v", h, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// COMMIT never reaches the server: still unknown to the caller (it
+	// was written to the socket), and nothing landed.
+	fired = p.arm("COMMIT\x00", false)
+	err = via.Commit(ctx, []persist.ConvBatch{msgs("lost", 0, 3, 30)})
+	<-fired
+	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("COMMIT lost on the way: %v, want ErrUnknownOutcome", err)
+	}
+	// The server rolls back the orphaned transaction once it sees the
+	// connection closed; wait for that backend to go away, then look.
+	waitNoOtherBackends(t, direct)
+	if h, err := direct.LoadHead(ctx, "lost"); err != nil || h != 0 {
+		t.Fatalf("head after a lost COMMIT = %d, %v", h, err)
+	}
+
+	// The store recovers: the next commit goes through.
+	if err := via.Commit(ctx, []persist.ConvBatch{msgs("after", 0, 1, 40)}); err != nil {
+		t.Fatalf("commit after the cuts: %v", err)
+	}
+}
+
+// waitNoOtherBackends waits until no backend of this database is inside a
+// transaction except ours.
+func waitNoOtherBackends(t *testing.T, s *Store) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backends still in a transaction", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestCommitCanceledBeforeIsUnavailable(t *testing.T) {
+	s, _ := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Commit(ctx, []persist.ConvBatch{msgs("c", 0, 1, 1)})
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("commit with a done context: %v, want ErrStoreUnavailable", err)
+	}
+	if h, err := s.LoadHead(context.Background(), "c"); err != nil || h != 0 {
+		t.Fatalf("head = %d, %v", h, err)
+	}
+}
+
+// TestCommitAfterBackendsKilled: connections the server terminated fail the
+// commit as unavailable (nothing written), and the pool recovers.
+func TestCommitAfterBackendsKilled(t *testing.T) {
+	s, dsn := newStore(t)
+	ctx := context.Background()
+	if err := s.Commit(ctx, []persist.ConvBatch{msgs("k", 0, 1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	admin := openStore(t, dsn)
+	if _, err := admin.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	var errs []error
+	for i := 0; i < 10; i++ {
+		err := s.Commit(ctx, []persist.ConvBatch{msgs("k", 1, 1, uint64(10+i))})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+			t.Fatalf("commit on a killed connection: %v, want ErrStoreUnavailable", err)
+		}
+		errs = append(errs, err)
+	}
+	if h, err := s.LoadHead(ctx, "k"); err != nil || h != 2 {
+		t.Fatalf("head after recovery = %d, %v (errors on the way: %v)", h, err, errs)
+	}
+}
+
+// TestConflictReportIsComplete: several rows hitting stored keys are all
+// reported, in a stable order.
+func TestConflictReportIsComplete(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	first := msgs("a", 0, 3, 1)
+	if err := s.Commit(ctx, []persist.ConvBatch{first}); err != nil {
+		t.Fatal(err)
+	}
+	b := msgs("b", 0, 3, 11)
+	b.Messages[0].MsgID = first.Messages[2].MsgID
+	b.Messages[2].ClientMsgID = first.Messages[1].ClientMsgID
+	ce, ok := persist.AsConflict(s.Commit(ctx, []persist.ConvBatch{b}))
+	if !ok || len(ce.Conflicts) != 2 {
+		t.Fatalf("conflicts %+v", ce)
+	}
+	keys := []persist.ConflictKey{ce.Conflicts[0].Key, ce.Conflicts[1].Key}
+	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
+	if keys[0] != persist.KeyClientMsgID || keys[1] != persist.KeyMsgID {
+		t.Fatalf("conflict keys %v", keys)
+	}
+}
+
+// TestLargeCommit goes through the COPY path of the default mode: a commit of
+// copyMinRows+ rows lands, and one with a taken resend key among them is a
+// ConflictError naming that row, with nothing written.
+func TestLargeCommit(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	var bs []persist.ConvBatch
+	for i := 0; i < 3; i++ {
+		bs = append(bs, msgs(fmt.Sprintf("big-%d", i), 0, copyMinRows/2, uint64(1+i*copyMinRows)))
+	}
+	if err := s.Commit(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	var next []persist.ConvBatch
+	for i := 0; i < 3; i++ {
+		next = append(next, msgs(fmt.Sprintf("big-%d", i), copyMinRows/2, copyMinRows/2, uint64(100_000+i*copyMinRows)))
+	}
+	dup := &next[2].Messages[7]
+	dup.ClientMsgID = bs[0].Messages[3].ClientMsgID
+	dup.FromUID = bs[0].Messages[3].FromUID
+	ce, ok := persist.AsConflict(s.Commit(ctx, next))
+	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID || ce.Conflicts[0].MsgID != dup.MsgID {
+		t.Fatalf("conflict in a large commit: %+v", ce)
+	}
+	for i := 0; i < 3; i++ {
+		if h, err := s.LoadHead(ctx, fmt.Sprintf("big-%d", i)); err != nil || h != copyMinRows/2 {
+			t.Fatalf("head of big-%d = %d, %v", i, h, err)
+		}
+	}
+	dup.ClientMsgID = "fresh"
+	if err := s.Commit(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := s.ReadRange(ctx, "big-2", 0, 2000)
+	if err != nil || len(ms) != copyMinRows {
+		t.Fatalf("big-2 holds %d rows, %v", len(ms), err)
+	}
+}
