@@ -47,13 +47,20 @@ type Config struct {
 	Convs   int
 	Skew    float64
 	SkewSet bool
+	// MemoryConvs overrides the memory scenario's conversations (default
+	// 1,000,000; Convs applies when this is 0).
+	MemoryConvs int
 	// PG is the admin DSN of the PostgreSQL server; the run creates and drops
 	// its own database there. Default postgres://postgres@127.0.0.1:5432/postgres.
 	PG string
 	// Redis address for engine b. Default 127.0.0.1:6379.
 	Redis string
 	// Target is the base URL of a running `sequencer serve` for engine e.
-	Target string
+	// Without it, engine e starts ServeBin (default: this executable when it
+	// is named sequencer) as `serve` on a fresh schema of the run's database
+	// for each scenario, like every other engine, and stops it after.
+	Target   string
+	ServeBin string
 	// Protocol engine e speaks: grpc (default) or connect.
 	Protocol string
 	// Pool is the PostgreSQL connections per engine (default 32). Engine d
@@ -121,10 +128,13 @@ func (c *Config) setDefaults() {
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = time.Second
 	}
+	if c.Target == "" && c.ServeBin == "" {
+		c.ServeBin = selfServeBin()
+	}
 	if c.Engines == "" {
 		var keys []string
 		for _, k := range engineKeys() {
-			if k != "e" || c.Target != "" {
+			if k != "e" || c.Target != "" || c.ServeBin != "" {
 				keys = append(keys, k)
 			}
 		}
@@ -162,17 +172,19 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(fs.Output(), usageHead)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&cfg.Engines, "engines", "", "engines to measure, comma-separated: a,b,c,d,e (default: all but e; e too when --target is set)")
+	fs.StringVar(&cfg.Engines, "engines", "", "engines to measure, comma-separated: a,b,c,d,e (default: a,b,c,d, and e when --target or --serve-bin is given or this executable is sequencer)")
 	fs.StringVar(&cfg.Scenarios, "scenarios", "many,hot,light,memory", "scenarios, comma-separated: many,hot,light,skewed,memory")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time of each engine×scenario run (after --warmup)")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "unmeasured load before each measurement (duration mode only)")
 	fs.Int64Var(&cfg.Messages, "messages", 0, "if > 0, each run sends exactly this many messages instead of running for --duration")
 	fs.IntVar(&cfg.Senders, "senders", 0, "override the scenarios' number of concurrent senders")
 	fs.IntVar(&cfg.Convs, "convs", 0, "override the scenarios' number of conversations")
+	fs.IntVar(&cfg.MemoryConvs, "memory-convs", 0, "override the memory scenario's conversations (default 1,000,000)")
 	skew := fs.Float64("skew", 0, "override the conversation choice: 0 uniform, > 1 Zipf exponent (hot conversations)")
 	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "Redis address (engine b)")
 	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for engine e, e.g. http://127.0.0.1:7070")
+	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary engine e starts as 'serve' on a fresh schema per scenario (default: this executable)")
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "engine e's protocol over HTTP/2 cleartext: grpc or connect")
 	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections per engine (b, c; engine a's store)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
@@ -208,7 +220,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return err
 	}
 	scenarios, err := parseScenarios(cfg.Scenarios, scenarioOverrides{
-		Senders: cfg.Senders, Convs: cfg.Convs, Skew: cfg.Skew, SkewSet: cfg.SkewSet,
+		Senders: cfg.Senders, Convs: cfg.Convs, MemoryConvs: cfg.MemoryConvs, Skew: cfg.Skew, SkewSet: cfg.SkewSet,
 		Duration: cfg.Duration, Messages: cfg.Messages, Warmup: cfg.Warmup,
 	})
 	if err != nil {
@@ -218,12 +230,16 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--protocol must be grpc or connect, got %q", cfg.Protocol)
 	}
 	needRedis, needPG := false, false
-	for _, s := range specs {
+	for i, s := range specs {
 		if s.Key == "b" {
 			needRedis = true
 		}
 		if s.Key == "e" && cfg.Target == "" {
-			return errors.New("engine e needs --target http://HOST:PORT of a running 'sequencer serve'")
+			if cfg.ServeBin == "" {
+				return errors.New("engine e needs --target http://HOST:PORT of a running 'sequencer serve', or --serve-bin PATH to start one")
+			}
+			specs[i] = servedSpec(s)
+			s = specs[i]
 		}
 		needPG = needPG || s.NeedsSchema
 	}
@@ -333,7 +349,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 	}
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + sc.Name + ":",
-		Target: r.cfg.Target, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, Logf: r.logf,
 	}
 	if spec.NeedsSchema {

@@ -15,7 +15,12 @@ import (
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(fakeSequencerEnv) == "1" {
+		os.Exit(fakeSequencer(os.Args[1:]))
+	}
+	pgtest.Main(m)
+}
 
 // The bench command, run with tiny numbers against the seed's Redis approach
 // and the COPY ceiling, writes a report with one row per engine and

@@ -52,8 +52,10 @@ type Env struct {
 	// Redis is the run's Redis client; keys must start with RedisPrefix.
 	Redis       *redis.Client
 	RedisPrefix string
-	// Target is the base URL of a running `sequencer serve` (engine e).
-	Target string
+	// Target is the base URL of a running `sequencer serve` (engine e), or
+	// ServeBin the binary engine e starts on DSN.
+	Target   string
+	ServeBin string
 	// Protocol is the RPC protocol engine e speaks: "grpc" or "connect".
 	Protocol string
 	// CopyBatch and CopyWriters shape engine d.

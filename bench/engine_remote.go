@@ -6,9 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -193,4 +199,140 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 func (e *remoteEngine) Close() error {
 	e.http.CloseIdleConnections()
 	return nil
+}
+
+// selfServeBin returns this executable when it is the sequencer binary (so
+// `sequencer bench` can start `sequencer serve` for engine e), else "".
+func selfServeBin() string {
+	exe, err := os.Executable()
+	if err != nil || filepath.Base(exe) != "sequencer" {
+		return ""
+	}
+	return exe
+}
+
+// servedSpec turns engine e into "start ServeBin on a fresh schema per
+// scenario, then drive it over HTTP/2": the same database, fresh tables, as
+// every other engine.
+func servedSpec(s EngineSpec) EngineSpec {
+	s.NeedsSchema = true
+	s.About += "; the bench starts the server on a fresh schema of the run's database for each scenario"
+	s.Open = openServed
+	return s
+}
+
+// servedEngine is engine e on a server process the bench started.
+type servedEngine struct {
+	*remoteEngine
+	cmd  *exec.Cmd
+	logs *tailBuffer
+	done chan error
+}
+
+// serveStopWait bounds the server's graceful stop (SIGTERM) before SIGKILL.
+const serveStopWait = time.Minute
+
+func openServed(ctx context.Context, env Env) (Engine, error) {
+	logs := &tailBuffer{max: 8 << 10}
+	migrate := exec.CommandContext(ctx, env.ServeBin, "migrate", "--store", env.DSN)
+	migrate.Stdout, migrate.Stderr = logs, logs
+	if err := migrate.Run(); err != nil {
+		return nil, fmt.Errorf("%s migrate: %w\n%s", env.ServeBin, err, logs.String())
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"serve", "--listen", addr, "--store", env.DSN, "--log-level", "warn"}
+	if env.Passivate > 0 {
+		args = append(args, "--passivate-after", env.Passivate.String())
+	}
+	cmd := exec.Command(env.ServeBin, args...)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s serve: %w", env.ServeBin, err)
+	}
+	e := &servedEngine{cmd: cmd, logs: logs, done: make(chan error, 1)}
+	go func() { e.done <- cmd.Wait() }()
+	env.Target = "http://" + addr
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// A server that exits at once fails the open without waiting for
+		// the ready deadline.
+		select {
+		case err := <-e.done:
+			e.done <- err
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	remote, err := openRemote(rctx, env)
+	if err != nil {
+		_ = e.stop()
+		return nil, fmt.Errorf("%s serve: %w\nserver output:\n%s", env.ServeBin, err, logs.String())
+	}
+	e.remoteEngine = remote.(*remoteEngine)
+	return e, nil
+}
+
+func (e *servedEngine) stop() error {
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-e.done:
+		e.done <- err
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("server exited: %w\n%s", err, e.logs.String())
+		}
+		return nil
+	case <-time.After(serveStopWait):
+		_ = e.cmd.Process.Kill()
+		<-e.done
+		return fmt.Errorf("server did not stop within %s of SIGTERM; killed", serveStopWait)
+	}
+}
+
+func (e *servedEngine) Close() error {
+	if e.remoteEngine != nil {
+		_ = e.remoteEngine.Close()
+	}
+	return e.stop()
+}
+
+// freeAddr returns a 127.0.0.1 address with a port free right now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr, nil
+}
+
+// tailBuffer keeps the last max bytes written to it (a child's output).
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
 }

@@ -4,19 +4,25 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
 // memSender is a stand-in engine behind the real API edge: it numbers each
@@ -122,6 +128,70 @@ func TestRemoteEngineOverHTTP2(t *testing.T) {
 				t.Errorf("%d RPCs did not use HTTP/2", notH2.Load())
 			}
 		})
+	}
+}
+
+// fakeSequencerEnv makes the test binary act as `sequencer migrate|serve`
+// (serve: the real API edge over memSender), so engine e's "start the
+// server per scenario" mode is tested without building cmd/sequencer.
+const fakeSequencerEnv = "BENCH_FAKE_SEQUENCER"
+
+func fakeSequencer(args []string) int {
+	if len(args) == 0 {
+		return 2
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	listen := fs.String("listen", "", "")
+	store := fs.String("store", "", "")
+	fs.String("log-level", "", "")
+	fs.Duration("passivate-after", 0, "")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if !strings.Contains(*store, "search_path=e_") {
+		fmt.Fprintf(os.Stderr, "store %q is not a fresh e_ schema\n", *store)
+		return 1
+	}
+	switch args[0] {
+	case "migrate":
+		return 0
+	case "serve":
+		m := metrics.New()
+		svc := api.NewService(api.Config{Sender: &memSender{m: m, head: map[string]uint64{}}, Reader: noReader{}, Metrics: m})
+		srv := api.NewServer(*listen, api.NewHTTPHandler(svc, nil, m.Registry))
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		go func() { <-sig; _ = srv.Shutdown(context.Background()) }()
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	}
+	return 2
+}
+
+// Without --target, engine e starts the server binary on a fresh schema of
+// the run's database for each scenario and stops it afterwards.
+func TestServedEngineStartsServerPerScenario(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	t.Setenv(fakeSequencerEnv, "1")
+	var stdout, stderr bytes.Buffer
+	report := filepath.Join(t.TempDir(), "s.md")
+	args := []string{"--engines", "e", "--serve-bin", os.Args[0], "--scenarios", "many,hot", "--pg", admin,
+		"--duration", "300ms", "--warmup", "0s", "--senders", "4", "--convs", "10", "--progress", "-1s", "--report", report}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\n%s", err, stderr.String())
+	}
+	md, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []string{"## many:", "## hot:"} {
+		i := strings.Index(string(md), sc)
+		if i < 0 || !strings.Contains(string(md)[i:], "| e sequencer serve, HTTP/2 |") {
+			t.Errorf("no engine e row under %s:\n%s", sc, md)
+		}
 	}
 }
 

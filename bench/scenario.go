@@ -74,6 +74,9 @@ func parseScenarios(list string, o scenarioOverrides) ([]Scenario, error) {
 		if o.Convs > 0 {
 			s.Convs = o.Convs
 		}
+		if s.TouchOnce && o.MemoryConvs > 0 {
+			s.Convs = o.MemoryConvs
+		}
 		if o.Skew >= 0 && o.SkewSet {
 			s.Skew = o.Skew
 		}
@@ -94,6 +97,7 @@ func parseScenarios(list string, o scenarioOverrides) ([]Scenario, error) {
 
 type scenarioOverrides struct {
 	Senders, Convs int
+	MemoryConvs    int
 	Skew           float64
 	SkewSet        bool
 	Duration       time.Duration
