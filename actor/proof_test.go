@@ -216,7 +216,7 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 		rows, pc.Convs, acks, len(lg.successes), commits, ctf, drops, fails, meanBatch(t, m))
 }
 
-func meanBatch(t *testing.T, m *metrics.Set) float64 {
+func meanBatch(t testing.TB, m *metrics.Set) float64 {
 	mfs, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ var proofRates = faulty.Rates{FailBefore: 0.05, Delay: 0.05, CommitThenFail: 0.0
 func TestProofMemStore(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			runProof(t, newMemStore(), proofConfig{Seed: seed, Convs: 120, Senders: 8, PerSender: 150, Rates: proofRates})
+			runProof(t, newMemStore(), proofConfig{Seed: seed, Convs: 120, Senders: 32, PerSender: 40, Rates: proofRates})
 		})
 	}
 }

@@ -36,7 +36,7 @@ type IDSource interface {
 const (
 	DefaultMaxQueue = 4096
 	DefaultMaxBatch = 4000
-	DefaultMemoSize = 256
+	DefaultMemoSize = 64
 )
 
 // Config configures one conversation's core.
@@ -55,7 +55,8 @@ type Config struct {
 	// MaxBatch is the most messages in one commit. Default 4000.
 	MaxBatch int
 	// MemoSize is how many recently committed resend keys are remembered to
-	// answer resends without a store round trip. Default 256.
+	// answer resends without a store round trip (older ones are answered
+	// through the store's uk_from_client). Default 64.
 	MemoSize int
 }
 
@@ -628,16 +629,16 @@ func canceled(ctx context.Context) error {
 	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
 }
 
-// memo remembers the ids of recently committed resend keys (FIFO).
+// memo remembers the ids of the last size committed resend keys (FIFO).
+// It grows on demand: an idle conversation with few messages holds little.
 type memo struct {
+	size int
 	ids  map[sequencer.ClientKey]sequencer.SendResult
 	ring []sequencer.ClientKey
 	next int
 }
 
-func newMemo(n int) memo {
-	return memo{ids: make(map[sequencer.ClientKey]sequencer.SendResult, n), ring: make([]sequencer.ClientKey, 0, n)}
-}
+func newMemo(size int) memo { return memo{size: size} }
 
 func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, bool) {
 	r, ok := m.ids[k]
@@ -645,11 +646,14 @@ func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, bool) {
 }
 
 func (m *memo) put(k sequencer.ClientKey, r sequencer.SendResult) {
+	if m.ids == nil {
+		m.ids = make(map[sequencer.ClientKey]sequencer.SendResult)
+	}
 	if _, ok := m.ids[k]; ok {
 		m.ids[k] = r
 		return
 	}
-	if len(m.ring) < cap(m.ring) {
+	if len(m.ring) < m.size {
 		m.ring = append(m.ring, k)
 	} else {
 		delete(m.ids, m.ring[m.next])
