@@ -97,13 +97,14 @@ func New(cfg Config) (*Writer, error) {
 }
 
 // Submit queues b for the next transaction; done gets the answer. After
-// Close, done is called at once with sequencer.ErrShuttingDown (nothing
+// Close, done is called at once with an error wrapping
+// sequencer.ErrShuttingDown and sequencer.ErrStoreUnavailable (nothing
 // written).
 func (w *Writer) Submit(b persist.ConvBatch, done Done) {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
-		done(fmt.Errorf("commit %s: %w", b.ConvID, sequencer.ErrShuttingDown))
+		done(fmt.Errorf("commit %s: %w (%w)", b.ConvID, sequencer.ErrShuttingDown, sequencer.ErrStoreUnavailable))
 		return
 	}
 	w.queue = append(w.queue, &item{batch: b, done: done})

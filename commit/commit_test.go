@@ -270,7 +270,8 @@ func TestCloseDrains(t *testing.T) {
 	if a.err(t, "a") != nil || a.err(t, "b") != nil {
 		t.Fatal("queued batches not committed on close")
 	}
-	if err := a.err(t, "late"); !errors.Is(err, sequencer.ErrShuttingDown) {
+	if err := a.err(t, "late"); !errors.Is(err, sequencer.ErrShuttingDown) || !errors.Is(err, sequencer.ErrStoreUnavailable) ||
+		sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 		t.Fatalf("late: %v", err)
 	}
 }
