@@ -208,3 +208,67 @@ func TestMainHelpAndBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// Engine a (this sequencer in process) through the bench: its rows are
+// contiguous per conversation, and in the memory scenario passivation brings
+// the live actors back to zero.
+func TestNodeEngineContiguousAndPassivates(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	var stdout, stderr bytes.Buffer
+	report := filepath.Join(t.TempDir(), "a.md")
+	args := []string{
+		"--engines", "a", "--scenarios", "many,memory", "--messages", "400", "--senders", "8", "--convs", "6",
+		"--memory-convs", "300", "--passivate", "200ms", "--idle-wait", "10s",
+		"--pool", "4", "--pg", admin, "--keep", "--progress", "-1s", "--report", report,
+	}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	db := &benchDB{admin: admin, Name: rep.Info.Database}
+	db.DSN, _ = withDatabase(admin, db.Name)
+	t.Cleanup(func() { _ = db.Drop(context.Background()) })
+
+	many, ok := find(rep.Results, "a", "many")
+	if !ok || many.Messages != 400 || many.Errors != 0 || many.MeanBatch < 1 {
+		t.Fatalf("a/many: %+v", many)
+	}
+	mem, ok := find(rep.Results, "a", "memory")
+	if !ok || mem.Memory == nil {
+		t.Fatalf("a/memory: %+v", mem)
+	}
+	m := mem.Memory
+	if mem.Messages != 300 || m.PeakLive == 0 || m.BytesPerActor <= 0 || m.PeakRSS == 0 {
+		t.Errorf("a/memory: %d messages, %+v", mem.Messages, *m)
+	}
+	if m.LiveAfterIdle != 0 {
+		t.Errorf("a/memory: %d actors still live after %.1fs idle with --passivate 200ms", m.LiveAfterIdle, m.IdleSeconds)
+	}
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for schema, want := range map[string]int{"a_many": 400, "a_memory": 300} {
+		var rows, bad int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.im_message`).Scan(&rows); err != nil {
+			t.Fatalf("%s: %v", schema, err)
+		}
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT conv_id FROM `+schema+`.im_message GROUP BY conv_id HAVING max(seq) <> count(*) OR min(seq) <> 1) x`).Scan(&bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rows != want || bad != 0 {
+			t.Errorf("%s: %d rows (want %d), %d conversations whose seqs are not 1..n", schema, rows, want, bad)
+		}
+	}
+}
