@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short lint proto proto-check bench clean
+.PHONY: help build run test test-short lint proto proto-check bench bench-micro clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,7 +37,16 @@ proto-check: proto ## fail when committed generated code differs from `make prot
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make proto and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- proto/)" || { git status --porcelain -- proto/; echo "untracked generated files: run make proto and commit"; exit 1; }
 
-bench: build ## short benchmark run (see docs/BENCHMARKS.md)
+# `make bench` is a short version of docs/BENCHMARKS.md's run (every engine,
+# every scenario, 5 s each, 200,000 conversations in the memory scenario).
+# Needs PostgreSQL at 127.0.0.1:5432 (user postgres) and Redis at 127.0.0.1:6379.
+BENCH_FLAGS  ?= --duration 5s --warmup 1s --memory-convs 200000
+BENCH_REPORT ?= bench-results/bench.md
+
+bench: build ## short benchmark run of every engine and scenario, report in bench-results/ (see docs/BENCHMARKS.md)
+	./$(BIN)/sequencer bench $(BENCH_FLAGS) --report $(BENCH_REPORT)
+
+bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
 
 clean:

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -84,6 +85,9 @@ type Config struct {
 	Keep bool
 	// ProgressEvery is the live line's interval (default 1s; <0 disables).
 	ProgressEvery time.Duration
+	// CPUProfile, when set, writes a CPU profile of the whole run (engine a
+	// runs in this process) to that file.
+	CPUProfile string
 	// Args is the command line, recorded in the report.
 	Args []string
 }
@@ -195,6 +199,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the run (engine a runs in this process) to FILE")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -242,6 +247,18 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 			s = specs[i]
 		}
 		needPG = needPG || s.NeedsSchema
+	}
+
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	runID := randomID()
