@@ -1,0 +1,256 @@
+package membership
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// Mem is an in-memory Store with the same rules as the PostgreSQL one, for
+// deterministic simulations: its clock plays the database clock. It also
+// models fenced commits (Fenced), so a simulation can check that a stale
+// owner's writes are refused. Safe for concurrent use.
+type Mem struct {
+	clock clock.Clock
+
+	mu      sync.Mutex
+	version uint64
+	members map[string]Member // by NodeID
+	leases  map[uint32]Lease
+	// Fail, when set, is called at the start of every method with its name;
+	// a non-nil result is returned as the method's error (nothing changed).
+	Fail func(op string) error
+}
+
+var _ Store = (*Mem)(nil)
+
+// NewMem returns an empty store whose lease times follow c.
+func NewMem(c clock.Clock) *Mem {
+	return &Mem{clock: clock.Or(c), members: map[string]Member{}, leases: map[uint32]Lease{}}
+}
+
+func (s *Mem) fail(op string) error {
+	if s.Fail != nil {
+		return s.Fail(op)
+	}
+	return nil
+}
+
+// live reports whether m's lease has not expired at now.
+func live(m Member, now time.Time) bool { return !m.LeaseUntil.Before(now) }
+
+// expire removes expired members, bumping the version once if any.
+func (s *Mem) expire(now time.Time) {
+	changed := false
+	for id, m := range s.members {
+		if !live(m, now) {
+			delete(s.members, id)
+			changed = true
+		}
+	}
+	if changed {
+		s.version++
+	}
+}
+
+func (s *Mem) view(now time.Time) View {
+	v := View{Version: s.version, Now: now}
+	for _, m := range s.members {
+		if live(m, now) {
+			v.Members = append(v.Members, m)
+		}
+	}
+	slices.SortFunc(v.Members, func(a, b Member) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	for _, p := range slices.Sorted(maps.Keys(s.leases)) {
+		v.Leases = append(v.Leases, s.leases[p])
+	}
+	return v
+}
+
+func (s *Mem) Join(ctx context.Context, m Member, ttl time.Duration, takeOver bool) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Join"); err != nil {
+		return View{}, err
+	}
+	if m.NodeID == "" || m.Incarnation == "" {
+		return View{}, fmt.Errorf("membership: join needs a node id and an incarnation")
+	}
+	now := s.clock.Now()
+	old, ok := s.members[m.NodeID]
+	if ok && live(old, now) && old.Incarnation != m.Incarnation && !takeOver {
+		return View{}, fmt.Errorf("join %s as %s: %w (held by %s)", m.NodeID, m.Incarnation, ErrSuperseded, old.Incarnation)
+	}
+	m.LeaseUntil = now.Add(ttl)
+	m.Leaving = false
+	if ok && live(old, now) && old.Incarnation == m.Incarnation {
+		m.Leaving = old.Leaving
+	}
+	if !ok || old.Incarnation != m.Incarnation || old.ClusterAddr != m.ClusterAddr || old.APIAddr != m.APIAddr || old.Leaving != m.Leaving || !live(old, now) {
+		s.version++
+	}
+	s.members[m.NodeID] = m
+	s.expire(now)
+	return s.view(now), nil
+}
+
+// own returns this incarnation's live row or the reason it has none.
+func (s *Mem) own(nodeID, incarnation string, now time.Time) (Member, error) {
+	m, ok := s.members[nodeID]
+	switch {
+	case !ok || (!live(m, now) && m.Incarnation == incarnation):
+		return Member{}, fmt.Errorf("member %s (%s): %w", nodeID, incarnation, ErrMemberGone)
+	case m.Incarnation != incarnation:
+		if live(m, now) {
+			return Member{}, fmt.Errorf("member %s (%s): %w (held by %s)", nodeID, incarnation, ErrSuperseded, m.Incarnation)
+		}
+		return Member{}, fmt.Errorf("member %s (%s): %w", nodeID, incarnation, ErrMemberGone)
+	}
+	return m, nil
+}
+
+func (s *Mem) Heartbeat(ctx context.Context, nodeID, incarnation string, ttl time.Duration) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Heartbeat"); err != nil {
+		return View{}, err
+	}
+	now := s.clock.Now()
+	m, err := s.own(nodeID, incarnation, now)
+	if err != nil {
+		s.expire(now)
+		return View{}, err
+	}
+	m.LeaseUntil = now.Add(ttl)
+	s.members[nodeID] = m
+	s.expire(now)
+	return s.view(now), nil
+}
+
+func (s *Mem) Leave(ctx context.Context, nodeID, incarnation string) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Leave"); err != nil {
+		return View{}, err
+	}
+	now := s.clock.Now()
+	m, err := s.own(nodeID, incarnation, now)
+	if err != nil {
+		return View{}, err
+	}
+	if !m.Leaving {
+		m.Leaving = true
+		s.members[nodeID] = m
+		s.version++
+	}
+	return s.view(now), nil
+}
+
+func (s *Mem) Remove(ctx context.Context, nodeID, incarnation string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Remove"); err != nil {
+		return err
+	}
+	if m, ok := s.members[nodeID]; ok && m.Incarnation == incarnation {
+		delete(s.members, nodeID)
+		s.version++
+	}
+	return nil
+}
+
+func (s *Mem) Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Acquire"); err != nil {
+		return nil, err
+	}
+	now := s.clock.Now()
+	if version != s.version {
+		return nil, nil
+	}
+	liveInc := map[string]bool{}
+	self := false
+	for _, m := range s.members {
+		if live(m, now) {
+			liveInc[m.Incarnation] = true
+			if m.Incarnation == incarnation && !m.Leaving {
+				self = true
+			}
+		}
+	}
+	if !self {
+		return nil, nil
+	}
+	var taken []Lease
+	for _, p := range slices.Sorted(slices.Values(partitions)) {
+		l, ok := s.leases[p]
+		if ok && l.Owner != "" && l.Owner != incarnation && liveInc[l.Owner] {
+			continue
+		}
+		if len(taken) > 0 && taken[len(taken)-1].Partition == p {
+			continue // listed twice
+		}
+		l = Lease{Partition: p, Owner: incarnation, Epoch: l.Epoch + 1}
+		s.leases[p] = l
+		taken = append(taken, l)
+	}
+	return taken, nil
+}
+
+func (s *Mem) Release(ctx context.Context, leases []Lease) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Release"); err != nil {
+		return err
+	}
+	for _, l := range leases {
+		if cur, ok := s.leases[l.Partition]; ok && l.Owner != "" && cur.Owner == l.Owner && cur.Epoch == l.Epoch {
+			cur.Owner = ""
+			s.leases[l.Partition] = cur
+		}
+	}
+	return nil
+}
+
+func (s *Mem) View(ctx context.Context) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("View"); err != nil {
+		return View{}, err
+	}
+	return s.view(s.clock.Now()), nil
+}
+
+// Fenced runs write atomically with a check of every non-zero fence, as a
+// PostgreSQL commit does (SELECT ... FOR SHARE on the lease rows, then the
+// writes, in one transaction): write runs only if every fence still holds,
+// else Fenced returns a *persist.StaleFenceError listing the stale ones.
+// While write runs, no Acquire can take a fenced partition.
+func (s *Mem) Fenced(fences []persist.Fence, write func()) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var stale []persist.Fence
+	for _, f := range fences {
+		if f.IsZero() {
+			continue
+		}
+		if l, ok := s.leases[f.Partition]; !ok || l.Owner != f.Owner || l.Epoch != f.Epoch {
+			stale = append(stale, f)
+		}
+	}
+	if len(stale) > 0 {
+		return &persist.StaleFenceError{Fences: stale}
+	}
+	if write != nil {
+		write()
+	}
+	return nil
+}
