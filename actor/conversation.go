@@ -109,8 +109,8 @@ func (a *convActor) execute(ctx pa.Context) {
 	n := a.node
 	for _, r := range rd.Replies {
 		m := r.Token.(*sendMsg)
+		n.pending.Add(-1) // before the reply: a caller that resends at once is not counted twice
 		m.reply <- outcome{res: r.Result, err: r.Err}
-		n.pending.Add(-1)
 	}
 	self := ctx.Self()
 	root := n.system.Root
