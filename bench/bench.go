@@ -85,6 +85,9 @@ type Config struct {
 	Keep bool
 	// ProgressEvery is the live line's interval (default 1s; <0 disables).
 	ProgressEvery time.Duration
+	// MaxRSS stops the memory scenario early when the measured process's
+	// resident set passes it (default 8 GiB; the machine is shared).
+	MaxRSS uint64
 	// CPUProfile, when set, writes a CPU profile of the whole run (engine a
 	// runs in this process) to that file.
 	CPUProfile string
@@ -199,6 +202,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
+	maxRSSMiB := fs.Uint64("max-rss-mib", 8192, "memory scenario: stop early when the measured process's RSS passes this many MiB (0: no limit)")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the run (engine a runs in this process) to FILE")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -209,6 +213,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	cfg.MaxRSS = *maxRSSMiB << 20
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "skew" {
 			cfg.Skew, cfg.SkewSet = *skew, true
@@ -441,6 +446,11 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 
 	var mem *MemoryResult
 	if probe != nil {
+		probe.maxRSS = r.cfg.MaxRSS
+		probe.onLimit = func() {
+			r.logf("memory scenario: RSS passed %s; stopping the load early", fmtBytes(r.cfg.MaxRSS))
+			l.stop.Store(true)
+		}
 		mem = &MemoryResult{Conversations: sc.Convs, Remote: probe.remote != nil}
 		mem.HeapBefore = probe.heapNow(ctx)
 		if live, err := probe.conv.LiveConversations(ctx); err == nil {
@@ -451,6 +461,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 	elapsed, interrupted := l.run(ctx, onMeasure)
 	if probe != nil {
 		mem.PeakLive, mem.PeakRSS = probe.finish(ctx)
+		mem.StoppedAtRSS = probe.limited
 		mem.HeapAtEnd = probe.heapNow(ctx)
 		if live, err := probe.conv.LiveConversations(ctx); err == nil {
 			mem.LiveAtEnd = live

@@ -272,3 +272,32 @@ func TestNodeEngineContiguousAndPassivates(t *testing.T) {
 		}
 	}
 }
+
+// On a shared machine the memory scenario must not run away: past
+// --max-rss-mib it stops early and says so.
+func TestMemoryScenarioStopsAtRSSLimit(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	var stdout, stderr bytes.Buffer
+	report := filepath.Join(t.TempDir(), "m.md")
+	args := []string{"--engines", "a", "--scenarios", "memory", "--memory-convs", "1000000", "--senders", "8",
+		"--max-rss-mib", "1", "--idle-wait", "1ms", "--pool", "4", "--pg", admin, "--progress", "-1s", "--report", report}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	mem, ok := find(rep.Results, "a", "memory")
+	if !ok || mem.Memory == nil || !mem.Memory.StoppedAtRSS || mem.Messages >= 1000000 {
+		t.Fatalf("memory run not stopped at the RSS limit: %+v", mem)
+	}
+	md, _ := os.ReadFile(report)
+	if !strings.Contains(string(md), "stopped early at the RSS limit") {
+		t.Errorf("report does not say the run stopped early:\n%s", md)
+	}
+}

@@ -30,13 +30,20 @@ type MemoryResult struct {
 	LiveAfterIdle int     `json:"live_actors_after_idle"`
 	HeapAfterIdle uint64  `json:"heap_after_idle_bytes"`
 	Remote        bool    `json:"remote,omitempty"`
-	Note          string  `json:"note,omitempty"`
+	// StoppedAtRSS: the scenario was stopped early because the RSS passed
+	// --max-rss (Conversations is then more than were touched).
+	StoppedAtRSS bool   `json:"stopped_at_rss,omitempty"`
+	Note         string `json:"note,omitempty"`
 }
 
 // memoryProbe samples live actors and RSS while the memory scenario runs.
 type memoryProbe struct {
 	conv   ConvCounter
 	remote RemoteMemory // nil: the engine runs in this process
+	// maxRSS > 0 calls onLimit once when the sampled RSS passes it.
+	maxRSS  uint64
+	onLimit func()
+	limited bool
 
 	mu       sync.Mutex
 	peakLive int
@@ -84,7 +91,14 @@ func (p *memoryProbe) sample(ctx context.Context) {
 	if rss > p.peakRSS {
 		p.peakRSS = rss
 	}
+	fire := p.maxRSS > 0 && rss > p.maxRSS && !p.limited && p.onLimit != nil
+	if fire {
+		p.limited = true
+	}
 	p.mu.Unlock()
+	if fire {
+		p.onLimit()
+	}
 }
 
 func (p *memoryProbe) start(ctx context.Context) {

@@ -386,6 +386,9 @@ func (rep *Report) writeMemoryMarkdown(w io.Writer, rows []Result) {
 		if m.Note != "" {
 			notes = append(notes, r.Engine+": "+m.Note)
 		}
+		if m.StoppedAtRSS {
+			notes = append(notes, fmt.Sprintf("%s: stopped early at the RSS limit after %s of %s conversations", r.Engine, fmtInt(r.Messages), fmtInt(int64(m.Conversations))))
+		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Bytes per live actor = (Go heap after the last send - Go heap before the first, both after a forced GC) / (live actors after the last send - live actors before the first). Peak RSS is the whole bench process (VmHWM, reset at the scenario's start).")
