@@ -1,0 +1,237 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// insertChunk is how many rows one INSERT statement carries (8 parameters a
+// row; SQLite allows 32,766 parameters).
+const insertChunk = 200
+
+var insertSQLByRows = map[int]string{}
+
+func insertSQL(rows int) string {
+	if q, ok := insertSQLByRows[rows]; ok {
+		return q
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at) VALUES ")
+	for i := 0; i < rows; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?,?,?,?)")
+	}
+	return b.String()
+}
+
+func init() {
+	insertSQLByRows[insertChunk] = insertSQL(insertChunk)
+}
+
+// storedMs is t as stored: unix milliseconds (truncated), like PostgreSQL's
+// TIMESTAMPTZ(3) column after persist/postgres truncates it.
+func storedMs(t time.Time) int64 { return t.UnixMilli() }
+
+// Commit writes all batches in one BEGIN IMMEDIATE transaction on the writer
+// connection; see persist.Store. An error before COMMIT rolls back and wraps
+// ErrStoreUnavailable (or is the refusal: *StaleFenceError,
+// *HeadMismatchError, *ConflictError); an error from COMMIT itself wraps
+// ErrUnknownOutcome.
+func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	if err := persist.CheckBatches(batches); err != nil {
+		return err
+	}
+	if len(batches) == 0 {
+		return nil
+	}
+	// The transaction is not bound to ctx: database/sql would roll it back
+	// from another goroutine when ctx ends, racing with COMMIT. ctx bounds
+	// each statement instead, and is checked before COMMIT.
+	tx, err := s.w.BeginTx(context.WithoutCancel(ctx), nil)
+	if err != nil {
+		return unavailable("commit: begin", err)
+	}
+	if ctx.Err() != nil {
+		tx.Rollback()
+		return unavailable("commit", ctx.Err())
+	}
+	if err := s.stage(ctx, tx, batches); err != nil {
+		tx.Rollback()
+		var ce *conflictCause
+		if errors.As(err, &ce) {
+			return s.conflicts(ctx, batches, ce.err)
+		}
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		tx.Rollback()
+		return unavailable("commit", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return unknownOutcome("commit: COMMIT", err)
+	}
+	return nil
+}
+
+// conflictCause marks a unique violation found while inserting.
+type conflictCause struct{ err error }
+
+func (c *conflictCause) Error() string { return c.err.Error() }
+
+// stage runs the fence checks, the head compare-and-set and the inserts.
+func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
+	var stale []persist.Fence
+	seen := map[persist.Fence]bool{}
+	for i := range batches {
+		f := batches[i].Fence
+		if f.IsZero() || seen[f] {
+			continue
+		}
+		seen[f] = true
+		var owner string
+		var epoch int64
+		err := tx.QueryRowContext(ctx, `SELECT owner, epoch FROM partition_lease WHERE partition = ?`, int64(f.Partition)).Scan(&owner, &epoch)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			stale = append(stale, f)
+		case err != nil:
+			return classify("commit: fence check", err)
+		case owner != f.Owner || uint64(epoch) != f.Epoch:
+			stale = append(stale, f)
+		}
+	}
+	if len(stale) > 0 {
+		sort.Slice(stale, func(i, j int) bool { return stale[i].Partition < stale[j].Partition })
+		return &persist.StaleFenceError{Fences: stale}
+	}
+	var mismatched []string
+	for i := range batches {
+		b := &batches[i]
+		var head int64
+		err := tx.QueryRowContext(ctx, `SELECT head FROM conv_head WHERE conv_id = ?`, b.ConvID).Scan(&head)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return classify("commit: head check", err)
+		}
+		if uint64(head) != b.PrevHead {
+			mismatched = append(mismatched, b.ConvID)
+		}
+	}
+	if len(mismatched) > 0 {
+		sort.Strings(mismatched)
+		return &persist.HeadMismatchError{ConvIDs: mismatched}
+	}
+	for i := range batches {
+		b := &batches[i]
+		if len(b.Messages) == 0 {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO conv_head (conv_id, head) VALUES (?, ?)
+			ON CONFLICT (conv_id) DO UPDATE SET head = excluded.head`, b.ConvID, int64(b.LastSeq())); err != nil {
+			return classify("commit: head update", err)
+		}
+	}
+	args := make([]any, 0, 8*insertChunk)
+	flush := func(rows int) error {
+		if rows == 0 {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, insertSQL(rows), args...)
+		args = args[:0]
+		if isUniqueViolation(err) {
+			return &conflictCause{err}
+		}
+		if err != nil {
+			return classify("commit: insert rows", err)
+		}
+		return nil
+	}
+	rows := 0
+	for i := range batches {
+		for j := range batches[i].Messages {
+			m := &batches[i].Messages[j]
+			body := m.Body
+			if body == nil {
+				body = []byte{}
+			}
+			args = append(args, int64(m.MsgID), m.ConvID, int64(m.Seq), int64(m.FromUID), int64(m.MsgType),
+				body, m.ClientMsgID, storedMs(m.ServerAt))
+			rows++
+			if rows == insertChunk {
+				if err := flush(rows); err != nil {
+					return err
+				}
+				rows = 0
+			}
+		}
+	}
+	return flush(rows)
+}
+
+// conflicts builds the *ConflictError of batches whose insert hit a unique
+// key held by a stored row (rows colliding within the batch were caught by
+// persist.CheckBatches). The transaction is rolled back; these are reads.
+func (s *Store) conflicts(ctx context.Context, batches []persist.ConvBatch, cause error) error {
+	conn, err := s.r.Conn(ctx)
+	if err != nil {
+		return unavailable("commit: find conflicting rows", errors.Join(cause, err))
+	}
+	defer conn.Close()
+	lookups := []struct {
+		key persist.ConflictKey
+		sql string
+		arg func(m *sequencer.Message) []any
+	}{
+		{persist.KeyMsgID, `SELECT 1 FROM im_message WHERE msg_id = ?`,
+			func(m *sequencer.Message) []any { return []any{int64(m.MsgID)} }},
+		{persist.KeyConvSeq, `SELECT 1 FROM im_message WHERE conv_id = ? AND seq = ?`,
+			func(m *sequencer.Message) []any { return []any{m.ConvID, int64(m.Seq)} }},
+		{persist.KeyClientMsgID, `SELECT 1 FROM im_message WHERE from_uid = ? AND client_msg_id = ?`,
+			func(m *sequencer.Message) []any { return []any{int64(m.FromUID), m.ClientMsgID} }},
+	}
+	var out []persist.Conflict
+	for _, l := range lookups {
+		stmt, err := conn.PrepareContext(ctx, l.sql)
+		if err != nil {
+			return unavailable("commit: find conflicting rows", errors.Join(cause, err))
+		}
+		for i := range batches {
+			for j := range batches[i].Messages {
+				m := &batches[i].Messages[j]
+				var one int
+				err := stmt.QueryRowContext(ctx, l.arg(m)...).Scan(&one)
+				if errors.Is(err, sql.ErrNoRows) {
+					continue
+				}
+				if err != nil {
+					stmt.Close()
+					return unavailable("commit: find conflicting rows", errors.Join(cause, err))
+				}
+				out = append(out, persist.Conflict{Key: l.key, ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID,
+					FromUID: m.FromUID, ClientMsgID: m.ClientMsgID})
+			}
+		}
+		stmt.Close()
+	}
+	if len(out) == 0 {
+		return unavailable("commit: unique key conflict with a row that is gone", cause)
+	}
+	sort.SliceStable(out, func(a, b int) bool {
+		if out[a].ConvID != out[b].ConvID {
+			return out[a].ConvID < out[b].ConvID
+		}
+		if out[a].Seq != out[b].Seq {
+			return out[a].Seq < out[b].Seq
+		}
+		return out[a].Key < out[b].Key
+	})
+	return &persist.ConflictError{Conflicts: out}
+}

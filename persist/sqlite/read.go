@@ -1,0 +1,116 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
+
+// LoadHead returns conv's head from conv_head (0 if none), never from the
+// rows: retention may have deleted them.
+func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
+	var head int64
+	err := s.r.QueryRowContext(ctx, `SELECT head FROM conv_head WHERE conv_id = ?`, convID).Scan(&head)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable("load head", err)
+	}
+	return uint64(head), nil
+}
+
+// FindByClientKey returns the message stored under key, or ErrNotFound.
+func (s *Store) FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error) {
+	if key.FromUID > math.MaxInt64 {
+		return sequencer.Message{}, notFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
+	}
+	m, err := scanMessage(s.r.QueryRowContext(ctx, `SELECT `+messageColumns+` FROM im_message
+		WHERE from_uid = ? AND client_msg_id = ?`, int64(key.FromUID), key.ClientMsgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sequencer.Message{}, notFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
+	}
+	if err != nil {
+		return sequencer.Message{}, unavailable("find by client key", err)
+	}
+	return m, nil
+}
+
+// GetMessage returns the message with msgID, or ErrNotFound.
+func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
+	if msgID > math.MaxInt64 {
+		return sequencer.Message{}, notFound("msg_id %d", msgID)
+	}
+	m, err := scanMessage(s.r.QueryRowContext(ctx, `SELECT `+messageColumns+` FROM im_message WHERE msg_id = ?`, int64(msgID)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sequencer.Message{}, notFound("msg_id %d", msgID)
+	}
+	if err != nil {
+		return sequencer.Message{}, unavailable("get message", err)
+	}
+	return m, nil
+}
+
+// ReadRange returns up to limit messages of conv with seq > afterSeq, in seq
+// order. A limit <= 0 returns none.
+func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
+	if limit <= 0 || afterSeq >= math.MaxInt64 {
+		return nil, nil
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT `+messageColumns+` FROM im_message
+		WHERE conv_id = ? AND seq > ? ORDER BY seq LIMIT ?`, convID, int64(afterSeq), limit)
+	if err != nil {
+		return nil, unavailable("read range", err)
+	}
+	defer rows.Close()
+	var out []sequencer.Message
+	for rows.Next() {
+		m, err := scanMessage(rows)
+		if err != nil {
+			return nil, unavailable("read range", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("read range", err)
+	}
+	return out, nil
+}
+
+// Trim deletes conv's messages with seq <= throughSeq; conv_head is kept.
+func (s *Store) Trim(ctx context.Context, convID string, throughSeq uint64) error {
+	if throughSeq > math.MaxInt64 {
+		throughSeq = math.MaxInt64
+	}
+	if _, err := s.w.ExecContext(ctx, `DELETE FROM im_message WHERE conv_id = ? AND seq <= ?`, convID, int64(throughSeq)); err != nil {
+		return unavailable("trim", err)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanMessage(row scanner) (sequencer.Message, error) {
+	var m sequencer.Message
+	var msgID, seq, from, msgType, at int64
+	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &msgType, &m.Body, &m.ClientMsgID, &at); err != nil {
+		return sequencer.Message{}, err
+	}
+	m.MsgID, m.Seq, m.FromUID, m.MsgType = uint64(msgID), uint64(seq), uint64(from), int16(msgType)
+	m.ServerAt = time.UnixMilli(at).UTC()
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	return m, nil
+}
+
+func notFound(format string, args ...any) error {
+	return fmt.Errorf("sqlite: %s: %w", fmt.Sprintf(format, args...), sequencer.ErrNotFound)
+}

@@ -1,0 +1,161 @@
+// Package sqlite is the embedded implementation of persist.Store: one SQLite
+// file (modernc.org/sqlite, pure Go), the same schema as persist/postgres
+// mirrored in SQLite types, and the same semantics (the conformance suite in
+// persist/storetest runs against both).
+//
+// It owns the file and its schema (embedded, versioned migrations, applied by
+// Migrate). Durability: WAL journal with synchronous=FULL, so a Commit that
+// returned nil survives a power loss. All writes go through ONE connection
+// (SQLite has one writer; serializing in-process avoids lock churn), each
+// commit in a BEGIN IMMEDIATE transaction; reads use a separate pool.
+//
+// It never assigns seqs or msg_ids and never decides ownership. One process
+// owns the file: it is the single-node store (no cluster over a file).
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// BusyTimeout is how long a statement waits for a lock held by another
+	// connection or process. Default 5s.
+	BusyTimeout time.Duration
+	// ReadConns is the size of the read pool. Default 4.
+	ReadConns int
+}
+
+func (o Options) withDefaults() Options {
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 5 * time.Second
+	}
+	if o.ReadConns <= 0 {
+		o.ReadConns = 4
+	}
+	return o
+}
+
+// Store is a persist.Store on one SQLite file. It is safe for concurrent use.
+type Store struct {
+	path string
+	w    *sql.DB // the one writer connection
+	r    *sql.DB // readers
+}
+
+var _ persist.Store = (*Store)(nil)
+
+// Open opens (creating it and its directory if needed) the database file at
+// path. It does not migrate; call Migrate.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	opts = opts.withDefaults()
+	if path == "" {
+		return nil, errors.New("sqlite: empty path")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+		return nil, unavailable("create directory", err)
+	}
+	busy := strconv.FormatInt(opts.BusyTimeout.Milliseconds(), 10)
+	file := "file:" + (&url.URL{Path: abs}).EscapedPath()
+	wq := url.Values{}
+	wq.Add("_pragma", "busy_timeout("+busy+")")
+	wq.Add("_pragma", "journal_mode(WAL)")
+	wq.Add("_pragma", "synchronous(FULL)")
+	wq.Set("_txlock", "immediate")
+	w, err := sql.Open("sqlite", file+"?"+wq.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	if err := w.PingContext(ctx); err != nil {
+		w.Close()
+		return nil, unavailable("open "+abs, err)
+	}
+	var mode string
+	if err := w.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		w.Close()
+		return nil, fmt.Errorf("sqlite: %s: journal_mode is %q, want wal (%v)", abs, mode, err)
+	}
+	rq := url.Values{}
+	rq.Add("_pragma", "busy_timeout("+busy+")")
+	rq.Add("_pragma", "query_only(1)")
+	r, err := sql.Open("sqlite", file+"?"+rq.Encode())
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
+	}
+	r.SetMaxOpenConns(opts.ReadConns)
+	r.SetMaxIdleConns(opts.ReadConns)
+	return &Store{path: abs, w: w, r: r}, nil
+}
+
+// Path returns the database file's absolute path.
+func (s *Store) Path() string { return s.path }
+
+// Ping checks the file can be read.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return unavailable("ping", err)
+	}
+	return nil
+}
+
+// Close closes both pools (the WAL is checkpointed by SQLite on the last
+// close).
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("sqlite: %s: %w (%w)", op, sequencer.ErrStoreUnavailable, err)
+}
+
+func unknownOutcome(op string, err error) error {
+	return fmt.Errorf("sqlite: %s: %w (%w)", op, sequencer.ErrUnknownOutcome, err)
+}
+
+// sqliteCode returns the extended result code of err, or 0.
+func sqliteCode(err error) int {
+	var e *msqlite.Error
+	if errors.As(err, &e) {
+		return e.Code()
+	}
+	return 0
+}
+
+func isUniqueViolation(err error) bool {
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+// classify maps an error of a statement that changed nothing: constraint
+// violations are bugs in the caller (not retryable); everything else (busy,
+// I/O, canceled) is ErrStoreUnavailable.
+func classify(op string, err error) error {
+	if sqliteCode(err)&0xff == sqlite3.SQLITE_CONSTRAINT {
+		return fmt.Errorf("sqlite: %s: %w", op, err)
+	}
+	return unavailable(op, err)
+}

@@ -1,0 +1,229 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/storetest"
+)
+
+// Test-only hooks for the conformance suite.
+var _ storetest.Hooks = (*Store)(nil)
+
+func (s *Store) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO partition_lease (partition, owner, epoch) VALUES (?, ?, ?)
+		ON CONFLICT (partition) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch`,
+		int64(f.Partition), f.Owner, int64(f.Epoch))
+	return err
+}
+
+func (s *Store) SetHeadForTest(ctx context.Context, convID string, head uint64) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO conv_head (conv_id, head) VALUES (?, ?)
+		ON CONFLICT (conv_id) DO UPDATE SET head = excluded.head`, convID, int64(head))
+	return err
+}
+
+func openAt(t testing.TB, path string) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), path, Options{})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return s
+}
+
+func newStore(t testing.TB) *Store {
+	return openAt(t, filepath.Join(t.TempDir(), "sequencer.db"))
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) persist.Store { return newStore(t) })
+}
+
+func TestOpenCreatesDirectoryAndUsesWALFull(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a", "b c", "what?#%", "sequencer.db")
+	s := openAt(t, path)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("database file not created at %s: %v", path, err)
+	}
+	ctx := context.Background()
+	var mode string
+	var sync, busy int
+	if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode %q, %v", mode, err)
+	}
+	if err := s.w.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil || sync != 2 {
+		t.Fatalf("synchronous = %d (want 2 = FULL), %v", sync, err)
+	}
+	if err := s.w.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 5000 {
+		t.Fatalf("busy_timeout = %d, %v", busy, err)
+	}
+	if s.Path() != path {
+		t.Fatalf("Path() = %q, want %q", s.Path(), path)
+	}
+}
+
+func TestSchemaMirrorsContract(t *testing.T) {
+	s := newStore(t)
+	var ddl string
+	if err := s.r.QueryRow(`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'im_message'`).Scan(&ddl); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at",
+		"PRIMARY KEY (msg_id)", "CONSTRAINT uk_conv_seq    UNIQUE (conv_id, seq)", "CONSTRAINT uk_from_client UNIQUE (from_uid, client_msg_id)"} {
+		if !strings.Contains(ddl, want) {
+			t.Fatalf("im_message DDL lacks %q:\n%s", want, ddl)
+		}
+	}
+	for _, table := range []string{"conv_head", "worker_lease", "partition_lease", "schema_version"} {
+		var n int
+		if err := s.r.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("table %s: %d, %v", table, n, err)
+		}
+	}
+}
+
+func TestReopenKeepsEverything(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sequencer.db")
+	ctx := context.Background()
+	s, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := persist.ConvBatch{ConvID: "c", Messages: []sequencer.Message{{MsgID: 9, ConvID: "c", Seq: 1, FromUID: 1,
+		MsgType: 1, Body: []byte("hi"), ClientMsgID: "k", ServerAt: time.UnixMilli(1234567).UTC()}}}
+	if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trim(ctx, "c", 1); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := s.AcquireWorker(ctx, "n", time.UnixMilli(1000), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RenewWorker(ctx, lease, 77, time.UnixMilli(2000), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openAt(t, path)
+	if h, err := s2.LoadHead(ctx, "c"); err != nil || h != 1 {
+		t.Fatalf("head after reopen = %d, %v", h, err)
+	}
+	if v, err := s2.SchemaVersion(ctx); err != nil || v < 1 {
+		t.Fatalf("schema version %d, %v", v, err)
+	}
+	if _, err := s2.RenewWorker(ctx, lease, 80, time.UnixMilli(3000), time.Minute); err != nil {
+		t.Fatalf("lease lost over a reopen: %v", err)
+	}
+}
+
+func TestTwoStoresOnOneFileMigrateAndCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sequencer.db")
+	ctx := context.Background()
+	var stores []*Store
+	for i := 0; i < 2; i++ {
+		s, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(stores))
+	for i, s := range stores {
+		wg.Add(1)
+		go func(i int, s *Store) { defer wg.Done(); errs[i] = s.Migrate(ctx) }(i, s)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+	}
+	ms, _ := Migrations()
+	var n int
+	if err := stores[0].r.QueryRow(`SELECT count(*) FROM schema_version`).Scan(&n); err != nil || n != len(ms) {
+		t.Fatalf("schema_version rows %d (want %d), %v", n, len(ms), err)
+	}
+	// Both write, each its own conversation; the busy timeout covers the
+	// other store's write lock.
+	for i, s := range stores {
+		wg.Add(1)
+		go func(i int, s *Store) {
+			defer wg.Done()
+			conv := fmt.Sprintf("c%d", i)
+			for k := 0; k < 20; k++ {
+				id := uint64(i*1000 + k + 1)
+				b := persist.ConvBatch{ConvID: conv, PrevHead: uint64(k), Messages: []sequencer.Message{{MsgID: id,
+					ConvID: conv, Seq: uint64(k + 1), FromUID: 1, MsgType: 1, Body: []byte{1}, ClientMsgID: fmt.Sprint(id)}}}
+				if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}(i, s)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+	}
+	for i := range stores {
+		if h, err := stores[1-i].LoadHead(ctx, fmt.Sprintf("c%d", i)); err != nil || h != 20 {
+			t.Fatalf("head of c%d seen by the other store = %d, %v", i, h, err)
+		}
+	}
+}
+
+func TestCommitCanceledBeforeIsUnavailable(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b := persist.ConvBatch{ConvID: "c", Messages: []sequencer.Message{{MsgID: 1, ConvID: "c", Seq: 1, FromUID: 1,
+		MsgType: 1, ClientMsgID: "k"}}}
+	err := s.Commit(ctx, []persist.ConvBatch{b})
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("commit with a done context: %v, want ErrStoreUnavailable", err)
+	}
+	if h, err := s.LoadHead(context.Background(), "c"); err != nil || h != 0 {
+		t.Fatalf("head = %d, %v", h, err)
+	}
+}
+
+func TestClosedStoreIsUnavailable(t *testing.T) {
+	s := newStore(t)
+	s.Close()
+	ctx := context.Background()
+	if err := s.Ping(ctx); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("Ping on a closed store: %v", err)
+	}
+	if _, err := s.LoadHead(ctx, "c"); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("LoadHead on a closed store: %v", err)
+	}
+	b := persist.ConvBatch{ConvID: "c", Messages: []sequencer.Message{{MsgID: 1, ConvID: "c", Seq: 1, FromUID: 1,
+		MsgType: 1, ClientMsgID: "k"}}}
+	if err := s.Commit(ctx, []persist.ConvBatch{b}); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("Commit on a closed store: %v", err)
+	}
+}
