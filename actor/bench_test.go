@@ -59,6 +59,19 @@ func benchNode(b *testing.B, st persist.Store, convs, senders int) {
 	b.ReportMetric(meanBatch(b, m), "rows/tx")
 }
 
+// benchShapes are the load shapes of the Send benchmarks: many
+// conversations with few messages each in flight, and few hot ones.
+var benchShapes = []struct{ convs, senders int }{{1000, 512}, {10000, 2048}, {50, 512}}
+
+// benchStores runs benchNode for every shape on a fresh store from open.
+func benchStores(b *testing.B, open func(testing.TB) persist.Store) {
+	for _, sh := range benchShapes {
+		b.Run(fmt.Sprintf("convs=%d/senders=%d", sh.convs, sh.senders), func(b *testing.B) {
+			benchNode(b, open(b), sh.convs, sh.senders)
+		})
+	}
+}
+
 func BenchmarkSendMemStore(b *testing.B) {
-	benchNode(b, newMemStore(), 1000, 512)
+	benchStores(b, func(testing.TB) persist.Store { return newMemStore() })
 }

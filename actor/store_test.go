@@ -39,6 +39,4 @@ func TestProofPostgres(t *testing.T) {
 	}
 }
 
-func BenchmarkSendPostgres(b *testing.B) {
-	benchNode(b, openPostgres(b), 1000, 512)
-}
+func BenchmarkSendPostgres(b *testing.B) { benchStores(b, openPostgres) }
