@@ -1,0 +1,153 @@
+// Package open turns the `--store` setting into a ready persist.Store: it
+// owns the spelling of store specs (CONTRACT.md §3) and the choice of
+// implementation, and migrates the schema on open. It never holds state of
+// its own and is the only package besides cmd/ that imports both stores.
+//
+// Specs:
+//   - "postgres://..." or "postgresql://...": persist/postgres with that DSN;
+//   - "sqlite:PATH", or any other string: persist/sqlite on the file PATH;
+//     when PATH is a directory (an existing one, one ending in a path
+//     separator, or any path whose last element has no .db/.sqlite/.sqlite3
+//     extension) the file is PATH/sequencer.db;
+//   - "": the embedded store under ./data (./data/sequencer.db).
+package open
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist/sqlite"
+)
+
+// DefaultDir is where the embedded store lives when the spec is empty.
+const DefaultDir = "./data"
+
+// DBFile is the embedded store's file name inside a directory.
+const DBFile = "sequencer.db"
+
+// Kind names a store implementation.
+type Kind string
+
+const (
+	KindPostgres Kind = "postgres"
+	KindSQLite   Kind = "sqlite"
+)
+
+// Spec is a parsed store spec.
+type Spec struct {
+	Kind Kind
+	// DSN is the PostgreSQL connection string (KindPostgres).
+	DSN string
+	// Path is the SQLite database file (KindSQLite).
+	Path string
+}
+
+// String describes the spec without secrets (a DSN's password is hidden).
+func (s Spec) String() string {
+	if s.Kind == KindPostgres {
+		return "postgres " + redact(s.DSN)
+	}
+	return "sqlite " + s.Path
+}
+
+// Options configures Store. The zero value migrates on open with each
+// store's defaults.
+type Options struct {
+	// NoMigrate skips applying schema migrations on open.
+	NoMigrate bool
+	// Postgres configures a PostgreSQL store.
+	Postgres postgres.Options
+	// SQLite configures an embedded store.
+	SQLite sqlite.Options
+}
+
+// Parse reads a store spec (see the package comment).
+func Parse(spec string) (Spec, error) {
+	spec = strings.TrimSpace(spec)
+	switch {
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		return Spec{Kind: KindPostgres, DSN: spec}, nil
+	case spec == "":
+		return Spec{Kind: KindSQLite, Path: filepath.Join(DefaultDir, DBFile)}, nil
+	}
+	path := spec
+	if p, ok := strings.CutPrefix(spec, "sqlite://"); ok {
+		path = p
+	} else if p, ok := strings.CutPrefix(spec, "sqlite:"); ok {
+		path = p
+	}
+	if path == "" {
+		return Spec{}, fmt.Errorf("open: store spec %q has no path", spec)
+	}
+	if isDir(path) {
+		path = filepath.Join(path, DBFile)
+	}
+	return Spec{Kind: KindSQLite, Path: filepath.Clean(path)}, nil
+}
+
+func isDir(path string) bool {
+	if fi, err := os.Stat(path); err == nil {
+		return fi.IsDir()
+	}
+	if strings.HasSuffix(path, string(filepath.Separator)) || strings.HasSuffix(path, "/") {
+		return true
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".db", ".sqlite", ".sqlite3":
+		return false
+	}
+	return true
+}
+
+// Store opens the store spec names and, unless opts.NoMigrate, migrates its
+// schema. The concrete type is *postgres.Store or *sqlite.Store.
+func Store(ctx context.Context, spec string, opts Options) (persist.Store, error) {
+	sp, err := Parse(spec)
+	if err != nil {
+		return nil, err
+	}
+	switch sp.Kind {
+	case KindPostgres:
+		s, err := postgres.Open(ctx, sp.DSN, opts.Postgres)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", sp, err)
+		}
+		if !opts.NoMigrate {
+			if err := s.Migrate(ctx); err != nil {
+				s.Close()
+				return nil, fmt.Errorf("open %s: migrate: %w", sp, err)
+			}
+		}
+		return s, nil
+	default:
+		s, err := sqlite.Open(ctx, sp.Path, opts.SQLite)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", sp, err)
+		}
+		if !opts.NoMigrate {
+			if err := s.Migrate(ctx); err != nil {
+				s.Close()
+				return nil, fmt.Errorf("open %s: migrate: %w", sp, err)
+			}
+		}
+		return s, nil
+	}
+}
+
+// redact hides the password of a URL DSN.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(unparsable DSN)"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
