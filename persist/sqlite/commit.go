@@ -53,10 +53,16 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if len(batches) == 0 {
 		return nil
 	}
-	// The transaction is not bound to ctx: database/sql would roll it back
-	// from another goroutine when ctx ends, racing with COMMIT. ctx bounds
-	// each statement instead, and is checked before COMMIT.
-	tx, err := s.w.BeginTx(context.WithoutCancel(ctx), nil)
+	// Waiting for the writer connection is bounded by ctx. The transaction
+	// itself is not bound to ctx: database/sql would roll it back from
+	// another goroutine when ctx ends, racing with COMMIT. ctx bounds each
+	// statement instead, and is checked before COMMIT.
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return unavailable("commit: writer connection", err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return unavailable("commit: begin", err)
 	}
