@@ -235,7 +235,10 @@ func TestScenarioOverridesAndPicker(t *testing.T) {
 	if len(scs) != 3 || scs[0].Name != "hot" || scs[0].Senders != 7 || scs[0].Convs != 1 || scs[1].Convs != 10000 || scs[2].Skew != 1.1 {
 		t.Fatalf("scenarios %+v", scs)
 	}
-	if d := scs[1].Describe(); d != "many conversations: 7 senders, 10,000 conversations, uniform" {
+	if d := scs[1].Describe(); d != "many conversations: 7 senders, 10,000 conversations, picked uniformly" {
+		t.Errorf("describe: %q", d)
+	}
+	if d := scs[0].Describe(); d != "one hot conversation: 7 senders, 1 conversation, every sender on it" {
 		t.Errorf("describe: %q", d)
 	}
 	hot := newConvPicker(scs[0], 1)

@@ -42,14 +42,20 @@ var scenarioDefaults = map[string]Scenario{
 
 // Describe says what the scenario does, with its actual numbers.
 func (s Scenario) Describe() string {
-	pick := "uniform"
+	pick := "picked uniformly"
 	switch {
 	case s.TouchOnce:
 		pick = "each touched once"
+	case s.Convs == 1:
+		pick = "every sender on it"
 	case s.Skew > 1:
 		pick = fmt.Sprintf("picked by Zipf(%g)", s.Skew)
 	}
-	return fmt.Sprintf("%s: %s senders, %s conversations, %s", s.About, fmtInt(int64(s.Senders)), fmtInt(int64(s.Convs)), pick)
+	convs := fmtInt(int64(s.Convs)) + " conversations"
+	if s.Convs == 1 {
+		convs = "1 conversation"
+	}
+	return fmt.Sprintf("%s: %s senders, %s, %s", s.About, fmtInt(int64(s.Senders)), convs, pick)
 }
 
 var scenarioOrder = []string{"many", "hot", "light", "skewed", "memory"}
