@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// ack is what a client was told about one client_msg_id.
+type ack struct {
+	conv  string
+	from  uint64
+	cid   string
+	msgID uint64
+	seq   uint64
+}
+
+// ledger records every ack clients received, and every resend answer, so the
+// store can be checked against what users were promised.
+type ledger struct {
+	mu      sync.Mutex
+	acks    map[sequencer.ClientKey]ack // first ack per key
+	resends int
+	errs    []string
+}
+
+func newLedger() *ledger { return &ledger{acks: map[sequencer.ClientKey]ack{}} }
+
+// record notes an ack; a second ack for the same key must carry the same ids.
+func (l *ledger) record(a ack) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := sequencer.ClientKey{FromUID: a.from, ClientMsgID: a.cid}
+	if prev, ok := l.acks[k]; ok {
+		l.resends++
+		if prev.msgID != a.msgID || prev.seq != a.seq || prev.conv != a.conv {
+			l.errs = append(l.errs, fmt.Sprintf("resend of %v got (%d,%d), first ack was (%d,%d)", k, a.msgID, a.seq, prev.msgID, prev.seq))
+		}
+		return
+	}
+	l.acks[k] = a
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acks)
+}
+
+// verify checks the invariants against the store: every acked message is
+// stored at its seq with its msg_id; each conversation's seqs are exactly
+// 1..head; no msg_id repeats; resends got the first ids.
+func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
+	t.Helper()
+	ctx := context.Background()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.errs {
+		t.Error(e)
+	}
+	stored := map[string]map[uint64]sequencer.Message{}
+	msgIDs := map[uint64]string{}
+	for _, c := range convs {
+		head, err := st.LoadHead(ctx, c)
+		if err != nil {
+			t.Fatalf("head %s: %v", c, err)
+		}
+		rows, err := st.ReadRange(ctx, c, 0, int(head)+10)
+		if err != nil {
+			t.Fatalf("range %s: %v", c, err)
+		}
+		if uint64(len(rows)) != head {
+			t.Errorf("conv %s: head %d but %d rows stored", c, head, len(rows))
+		}
+		m := map[uint64]sequencer.Message{}
+		for i, r := range rows {
+			if r.Seq != uint64(i+1) {
+				t.Errorf("conv %s: row %d has seq %d (hole or disorder)", c, i, r.Seq)
+				break
+			}
+			if other, dup := msgIDs[r.MsgID]; dup {
+				t.Errorf("msg_id %d stored twice (%s and %s)", r.MsgID, other, c)
+			}
+			msgIDs[r.MsgID] = c
+			m[r.Seq] = r
+		}
+		stored[c] = m
+	}
+	for k, a := range l.acks {
+		r, ok := stored[a.conv][a.seq]
+		if !ok {
+			t.Errorf("acked %v at %s seq %d is not stored", k, a.conv, a.seq)
+			continue
+		}
+		if r.MsgID != a.msgID || r.FromUID != a.from || r.ClientMsgID != a.cid {
+			t.Errorf("acked %v (msg_id %d) at %s seq %d, but stored is %d from %d %q", k, a.msgID, a.conv, a.seq, r.MsgID, r.FromUID, r.ClientMsgID)
+		}
+	}
+	t.Logf("verified %d acked messages (%d resend answers) over %d conversations, %d stored rows", len(l.acks), l.resends, len(convs), len(msgIDs))
+}

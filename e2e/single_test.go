@@ -1,0 +1,312 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/open"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
+)
+
+// storeKind is one of the two stores every end-to-end case runs on.
+type storeKind struct {
+	name string
+	// spec returns a fresh --store value for one test.
+	spec func(t *testing.T) string
+}
+
+var stores = []storeKind{
+	{"embedded", func(t *testing.T) string { return filepath.Join(t.TempDir(), "data") }},
+	{"postgres", func(t *testing.T) string { return pgtest.NewDatabase(t) }},
+}
+
+func eachStore(t *testing.T, f func(t *testing.T, spec string)) {
+	for _, sk := range stores {
+		t.Run(sk.name, func(t *testing.T) { f(t, sk.spec(t)) })
+	}
+}
+
+// openStore opens the store a (stopped or running) node used, for checks.
+func openStore(t *testing.T, spec string) persist.Store {
+	t.Helper()
+	st, err := open.Store(context.Background(), spec, open.Options{})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func TestJSONContract(t *testing.T) {
+	n := startNode(t, "node", "--store", filepath.Join(t.TempDir(), "data"))
+	code, body := postJSON(t, n.Addr, "Send", `{"convId":"g:42","fromUid":"1001","clientMsgId":"5f0c-1","body":"aGk="}`)
+	if code != 200 {
+		t.Fatalf("send: %d %s", code, body)
+	}
+	var first map[string]any
+	if err := json.Unmarshal([]byte(body), &first); err != nil {
+		t.Fatal(err)
+	}
+	msgID, ok := first["msgId"].(string)
+	if !ok || msgID == "" || first["seq"] != "1" {
+		t.Fatalf("msgId must be a decimal string and seq \"1\": %s", body)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(first["serverAt"])); err != nil {
+		t.Fatalf("serverAt not RFC 3339: %s", body)
+	}
+	// The resend gets the first ids and duplicate: true.
+	code, body = postJSON(t, n.Addr, "Send", `{"convId":"g:42","fromUid":"1001","clientMsgId":"5f0c-1","body":"aGk="}`)
+	var again map[string]any
+	_ = json.Unmarshal([]byte(body), &again)
+	if code != 200 || again["msgId"] != msgID || again["seq"] != "1" || again["duplicate"] != true || again["serverAt"] != first["serverAt"] {
+		t.Fatalf("resend: %d %s, first %v", code, body, first)
+	}
+	// The same key in another conversation is already_exists (409), no seq.
+	code, body = postJSON(t, n.Addr, "Send", `{"convId":"g:43","fromUid":"1001","clientMsgId":"5f0c-1","body":"aGk="}`)
+	if code != 409 || !strings.Contains(body, "already_exists") {
+		t.Fatalf("cross-conversation reuse: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "GetHead", `{"convId":"g:43"}`)
+	if code != 200 || strings.Contains(body, "headSeq\":\"1") {
+		t.Fatalf("g:43 must have no seq: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "Send", `{"convId":"g:42","fromUid":"1001","clientMsgId":"5f0c-2","body":"aGk="}`)
+	if code != 200 || !strings.Contains(body, `"seq":"2"`) {
+		t.Fatalf("second message: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "Pull", `{"convId":"g:42","afterSeq":"1"}`)
+	if code != 200 || !strings.Contains(body, `"seq":"2"`) || strings.Contains(body, `"seq":"1"`) || !strings.Contains(body, `"headSeq":"2"`) {
+		t.Fatalf("pull after 1: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "GetMessage", fmt.Sprintf(`{"msgId":%q}`, msgID))
+	if code != 200 || !strings.Contains(body, `"clientMsgId":"5f0c-1"`) || !strings.Contains(body, `"body":"aGk="`) {
+		t.Fatalf("get message: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "GetMessage", `{"msgId":"12345"}`)
+	if code != 404 || !strings.Contains(body, "not_found") {
+		t.Fatalf("unknown msg_id: %d %s", code, body)
+	}
+	code, body = postJSON(t, n.Addr, "Route", `{"convId":"g:42"}`)
+	if code != 200 || !strings.Contains(body, "nodeId") {
+		t.Fatalf("route: %d %s", code, body)
+	}
+}
+
+func TestValidationConsumesNoSeq(t *testing.T) {
+	eachStore(t, func(t *testing.T, spec string) {
+		n := startNode(t, "node", "--store", spec)
+		long := strings.Repeat("x", 65)
+		bigBody := strings.Repeat("A", 65537*4/3+4) // base64 of > 65,536 bytes
+		cases := map[string]string{
+			"empty conv_id":         `{"convId":"","fromUid":"1","clientMsgId":"a"}`,
+			"conv_id 65 bytes":      `{"convId":"` + long + `","fromUid":"1","clientMsgId":"a"}`,
+			"conv_id control char":  `{"convId":"c\u0007","fromUid":"1","clientMsgId":"a"}`,
+			"from_uid 0":            `{"convId":"c","fromUid":"0","clientMsgId":"a"}`,
+			"from_uid 2^63":         `{"convId":"c","fromUid":"9223372036854775808","clientMsgId":"a"}`,
+			"empty client_msg_id":   `{"convId":"c","fromUid":"1","clientMsgId":""}`,
+			"client_msg_id 65":      `{"convId":"c","fromUid":"1","clientMsgId":"` + long + `"}`,
+			"client_msg_id control": `{"convId":"c","fromUid":"1","clientMsgId":"a\n"}`,
+			"msg_type negative":     `{"convId":"c","fromUid":"1","clientMsgId":"a","msgType":-1}`,
+			"msg_type 32768":        `{"convId":"c","fromUid":"1","clientMsgId":"a","msgType":32768}`,
+			"body too large":        `{"convId":"c","fromUid":"1","clientMsgId":"a","body":"` + bigBody + `"}`,
+		}
+		for name, req := range cases {
+			code, body := postJSON(t, n.Addr, "Send", req)
+			if code != 400 || !strings.Contains(body, "invalid_argument") {
+				t.Errorf("%s: got %d %s, want 400 invalid_argument", name, code, body)
+			}
+		}
+		// Nothing consumed a seq: the first valid send in "c" gets seq 1.
+		code, body := postJSON(t, n.Addr, "Send", `{"convId":"c","fromUid":"1","clientMsgId":"a","msgType":32767}`)
+		if code != 200 || !strings.Contains(body, `"seq":"1"`) {
+			t.Fatalf("first valid send: %d %s", code, body)
+		}
+	})
+}
+
+// load runs `clients` senders over convs until stop is closed or each sent
+// `perClient` messages. A share of sends is resent (sequentially, and
+// concurrently from a second goroutine) with the same client_msg_id.
+// Retryable errors are retried with the same client_msg_id until ctx ends.
+type load struct {
+	convs     []string
+	clients   int
+	perClient int
+	led       *ledger
+	errs      atomic.Int64 // errors after which the client gave up on a message
+	retries   atomic.Int64
+	onError   func(err error)
+	clientFor func(i int) sequencerv1connect.SequencerServiceClient
+}
+
+func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
+	var wg sync.WaitGroup
+	for i := 0; i < l.clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c := l.clientFor(i)
+			rng := rand.New(rand.NewSource(int64(i)))
+			from := uint64(1000 + i)
+			for j := 0; l.perClient == 0 || j < l.perClient; j++ {
+				select {
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				conv := l.convs[rng.Intn(len(l.convs))]
+				cid := fmt.Sprintf("c%d-m%d", i, j)
+				body := []byte(cid)
+				resends := 0
+				if rng.Intn(10) == 0 {
+					resends = 1
+				}
+				concurrent := rng.Intn(20) == 0
+				var inner sync.WaitGroup
+				if concurrent {
+					inner.Add(1)
+					go func() {
+						defer inner.Done()
+						l.sendUntilAcked(ctx, c, conv, from, cid, body)
+					}()
+				}
+				for k := 0; k <= resends; k++ {
+					l.sendUntilAcked(ctx, c, conv, from, cid, body)
+				}
+				inner.Wait()
+			}
+		}(i)
+	}
+	wg.Wait()
+}
+
+// sendUntilAcked sends until acked or a non-retryable error or ctx end.
+func (l *load) sendUntilAcked(ctx context.Context, c sequencerv1connect.SequencerServiceClient, conv string, from uint64, cid string, body []byte) {
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := send(rctx, c, conv, from, cid, body)
+		cancel()
+		if err == nil {
+			l.led.record(ack{conv: conv, from: from, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
+			return
+		}
+		if l.onError != nil {
+			l.onError(err)
+		}
+		code := connect.CodeOf(err)
+		if ctx.Err() != nil || !(code == connect.CodeUnavailable || code == connect.CodeResourceExhausted || code == connect.CodeDeadlineExceeded || code == connect.CodeUnknown || code == connect.CodeCanceled) {
+			l.errs.Add(1)
+			return
+		}
+		l.retries.Add(1)
+		select {
+		case <-ctx.Done():
+			l.errs.Add(1)
+			return
+		case <-time.After(time.Duration(10+attempt*10) * time.Millisecond):
+		}
+	}
+}
+
+func convNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("conv-%03d", i)
+	}
+	return out
+}
+
+func TestConcurrentClientsAndResends(t *testing.T) {
+	eachStore(t, func(t *testing.T, spec string) {
+		n := startNode(t, "node", "--store", spec)
+		convs := convNames(120)
+		l := &load{convs: convs, clients: 64, perClient: 25, led: newLedger(),
+			clientFor: func(i int) sequencerv1connect.SequencerServiceClient {
+				if i%2 == 0 {
+					return n.grpcClient()
+				}
+				return n.jsonClient()
+			}}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		l.run(ctx, t, nil)
+		if l.errs.Load() != 0 {
+			t.Fatalf("%d sends failed for good", l.errs.Load())
+		}
+		if got, want := l.led.count(), 64*25; got != want {
+			t.Fatalf("acked %d distinct messages, want %d", got, want)
+		}
+		if err := n.term(30 * time.Second); err != nil {
+			t.Fatalf("SIGTERM: %v\n%s", err, n.Output())
+		}
+		l.led.verify(t, openStore(t, spec), convs)
+	})
+}
+
+func TestKill9MidLoadThenRestart(t *testing.T) {
+	eachStore(t, func(t *testing.T, spec string) {
+		n := startNode(t, "node", "--store", spec)
+		convs := convNames(100)
+		l := &load{convs: convs, clients: 64, led: newLedger(),
+			clientFor: func(int) sequencerv1connect.SequencerServiceClient { return n.grpcClient() }}
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() { l.run(ctx, t, stop); close(done) }()
+		waitFor(t, 60*time.Second, "300 acks before the kill", func() bool { return l.led.count() >= 300 })
+		n.kill()
+		close(stop)
+		cancel() // clients stop; what they were told is in the ledger
+		<-done
+		before := l.led.count()
+		n.start(n.Addr)
+		// Every acked message survived; the next send continues at head+1.
+		st := openStore(t, spec)
+		l.led.verify(t, st, convs)
+		c := n.grpcClient()
+		for _, conv := range convs[:10] {
+			head, err := st.LoadHead(context.Background(), conv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := send(context.Background(), c, conv, 7, "after-restart-"+conv, nil)
+			if err != nil {
+				t.Fatalf("send after restart: %v", err)
+			}
+			if resp.Seq != head+1 {
+				t.Fatalf("conv %s: after restart got seq %d, want head+1 = %d", conv, resp.Seq, head+1)
+			}
+		}
+		t.Logf("acked before kill -9: %d", before)
+	})
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var _ = errors.Is
+var _ = sequencerv1.SendRequest{}

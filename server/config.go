@@ -1,0 +1,144 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+// Config is everything a node needs. The zero value of every field means its
+// documented default (applied by WithDefaults); cmd/sequencer fills it from
+// flags and SEQUENCER_* environment variables.
+type Config struct {
+	// Listen is the API address: Connect, gRPC, gRPC-Web and JSON, plus
+	// /healthz, /readyz and /metrics. Default 127.0.0.1:7070.
+	Listen string
+	// Store is a postgres:// DSN, or a file path / sqlite:PATH for the
+	// embedded store. Default ./data (embedded, ./data/sequencer.db).
+	Store string
+	// ClusterListen is the inter-node address; empty runs a single node.
+	ClusterListen string
+	// NodeID names this node in the cluster and holds its leases. Default:
+	// hostname plus a random suffix (a new name per start).
+	NodeID string
+
+	// MaxBody is the largest accepted body in bytes. Default 65536.
+	MaxBody int
+	// PassivateAfter stops a conversation actor idle this long. Default 30s.
+	PassivateAfter time.Duration
+	// CommitWorkers is the number of parallel group-commit transactions. Default 4.
+	CommitWorkers int
+	// MaxBatchMessages bounds the messages of one store transaction. Default 4000.
+	MaxBatchMessages int
+	// MaxQueuePerConv bounds the sends queued on one conversation. Default 4096.
+	MaxQueuePerConv int
+	// MaxPending bounds the sends queued on the node. Default 65536.
+	MaxPending int
+	// CommitTimeout bounds one store commit; past it the outcome is unknown
+	// and the conversation re-reads the store. Default 5s.
+	CommitTimeout time.Duration
+	// WorkerLeaseTTL is how long the snowflake worker-id lease lives without
+	// renewal. Default 10s.
+	WorkerLeaseTTL time.Duration
+	// DrainTimeout bounds the graceful stop on SIGTERM. Default 30s.
+	DrainTimeout time.Duration
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&c.Listen, "127.0.0.1:7070")
+	def(&c.Store, "./data")
+	if c.NodeID == "" {
+		c.NodeID = generatedNodeID()
+	}
+	defInt(&c.MaxBody, sequencer.DefaultMaxBody)
+	defDur(&c.PassivateAfter, 30*time.Second)
+	defInt(&c.CommitWorkers, 4)
+	defInt(&c.MaxBatchMessages, 4000)
+	defInt(&c.MaxQueuePerConv, 4096)
+	defInt(&c.MaxPending, 65536)
+	defDur(&c.CommitTimeout, 5*time.Second)
+	defDur(&c.WorkerLeaseTTL, 10*time.Second)
+	defDur(&c.DrainTimeout, 30*time.Second)
+	return c
+}
+
+// Validate reports the first field that makes no sense.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
+	}
+	if c.ClusterListen != "" {
+		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
+			errs = append(errs, fmt.Errorf("cluster-listen %q: %w", c.ClusterListen, err))
+		}
+		if !IsPostgres(c.Store) {
+			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL store (--store postgres://...): nodes meet in the shared database"))
+		}
+	}
+	if len(c.NodeID) == 0 || len(c.NodeID) > 64 {
+		errs = append(errs, fmt.Errorf("node-id must be 1..64 bytes"))
+	}
+	if c.MaxBody < 1 || c.MaxBody > 64<<20 {
+		errs = append(errs, fmt.Errorf("max-body %d: must be 1..67108864", c.MaxBody))
+	}
+	pos := func(name string, v int) {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("%s %d: must be >= 1", name, v))
+		}
+	}
+	pos("commit-workers", c.CommitWorkers)
+	pos("max-batch-messages", c.MaxBatchMessages)
+	pos("max-queue-per-conv", c.MaxQueuePerConv)
+	pos("max-pending", c.MaxPending)
+	for name, d := range map[string]time.Duration{
+		"passivate-after": c.PassivateAfter, "commit-timeout": c.CommitTimeout,
+		"worker-lease-ttl": c.WorkerLeaseTTL, "drain-timeout": c.DrainTimeout,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// IsPostgres reports whether a --store value names PostgreSQL.
+func IsPostgres(store string) bool {
+	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
+}
+
+func generatedNodeID() string {
+	h, _ := os.Hostname()
+	if h == "" {
+		h = "node"
+	}
+	if len(h) > 40 {
+		h = h[:40]
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return h + "-" + hex.EncodeToString(b[:])
+}
