@@ -3,6 +3,7 @@ package idgen
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist/sqlite"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -30,6 +32,18 @@ var realStores = []struct {
 		t.Cleanup(func() { s.Close() })
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatalf("migrate postgres: %v", err)
+		}
+		return s
+	}},
+	{"sqlite", func(t *testing.T) persist.WorkerLeases {
+		ctx := context.Background()
+		s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sequencer.db"), sqlite.Options{})
+		if err != nil {
+			t.Fatalf("open sqlite: %v", err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatalf("migrate sqlite: %v", err)
 		}
 		return s
 	}},
