@@ -212,3 +212,12 @@ func send(ctx context.Context, c sequencerv1connect.SequencerServiceClient, conv
 	}
 	return resp.Msg, nil
 }
+
+func httpGet(url string) (int, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}

@@ -318,7 +318,11 @@ func startLocal() (*localServer, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		srv, err := runPostmaster(bin, dir, data, cred)
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		srv, err := runPostmaster(bin, dir, data, cred, port)
 		if err == nil {
 			return srv, nil
 		}
@@ -341,11 +345,7 @@ func freePort() (int, error) {
 // The postmaster is started from a goroutine locked to its OS thread, with a
 // parent-death signal: if this test process dies without Stop, the kernel
 // tells the server to shut down (fast).
-func runPostmaster(bin, dir, data string, cred *syscall.Credential) (*localServer, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int) (*localServer, error) {
 	logPath := filepath.Join(dir, fmt.Sprintf("postgres-%d.log", port))
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -410,6 +410,12 @@ func runPostmaster(bin, dir, data string, cred *syscall.Credential) (*localServe
 
 // stop shuts the server down (fast shutdown, then kill) and removes its dir.
 func (s *localServer) stop() {
+	s.halt()
+	os.RemoveAll(s.dir)
+}
+
+// halt shuts the server down (fast shutdown, then kill), keeping its data.
+func (s *localServer) halt() {
 	if s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGINT)
 		select {
@@ -419,7 +425,6 @@ func (s *localServer) stop() {
 			<-s.done
 		}
 	}
-	os.RemoveAll(s.dir)
 }
 
 func lastLines(b []byte, n int) string {
