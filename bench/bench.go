@@ -425,22 +425,22 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 	if r.cfg.ProgressEvery > 0 {
 		l.progress = &progress{w: r.stderr, tty: r.tty, interval: r.cfg.ProgressEvery, label: spec.Key + " " + sc.Name}
 	}
-	var commits0, msgs0, commits1, msgs1 uint64
+	var stats0, stats1 BatchStats
 	batches, hasBatches := eng.(BatchCounter)
 	onMeasure := func(start bool) {
 		if !hasBatches {
 			return
 		}
-		c, m, err := batches.Batches(ctx)
+		st, err := batches.Batches(ctx)
 		if err != nil {
 			r.logf("engine %s batch counters: %v", spec.Key, err)
 			hasBatches = false
 			return
 		}
 		if start {
-			commits0, msgs0 = c, m
+			stats0 = st
 		} else {
-			commits1, msgs1 = c, m
+			stats1 = st
 		}
 	}
 
@@ -491,8 +491,9 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 		res.Throughput = float64(res.Messages) / res.Seconds
 	}
 	res.Latency = Summarize(l.lat.Snapshot())
-	if hasBatches && commits1 > commits0 {
-		res.MeanBatch = float64(msgs1-msgs0) / float64(commits1-commits0)
+	if d := stats1.sub(stats0); hasBatches && d.Commits > 0 {
+		res.MeanBatch = float64(d.Messages) / float64(d.Commits)
+		res.MeanCommitMs = 1000 * d.CommitSeconds / float64(d.Commits)
 	}
 	res.Interrupted = interrupted
 	return res, nil

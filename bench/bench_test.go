@@ -74,8 +74,8 @@ func TestMainSmokeWritesReport(t *testing.T) {
 		if r.Messages == 0 || r.Errors != 0 || r.Throughput <= 0 || r.Latency.P99 <= 0 {
 			t.Errorf("%s: messages=%d errors=%d (%s) msg/s=%.0f p99=%v; want messages and no errors", key, r.Messages, r.Errors, r.ErrorSample, r.Throughput, r.Latency.P99)
 		}
-		if r.MeanBatch < 1 {
-			t.Errorf("%s: mean batch %.2f, want >= 1", key, r.MeanBatch)
+		if r.MeanBatch < 1 || r.MeanCommitMs <= 0 {
+			t.Errorf("%s: mean batch %.2f, commit %.3f ms; want >= 1 and > 0", key, r.MeanBatch, r.MeanCommitMs)
 		}
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "out", "bench.svg"))
@@ -237,7 +237,7 @@ func TestNodeEngineContiguousAndPassivates(t *testing.T) {
 	t.Cleanup(func() { _ = db.Drop(context.Background()) })
 
 	many, ok := find(rep.Results, "a", "many")
-	if !ok || many.Messages != 400 || many.Errors != 0 || many.MeanBatch < 1 {
+	if !ok || many.Messages != 400 || many.Errors != 0 || many.MeanBatch < 1 || many.MeanCommitMs <= 0 {
 		t.Fatalf("a/many: %+v", many)
 	}
 	mem, ok := find(rep.Results, "a", "memory")

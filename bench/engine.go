@@ -21,11 +21,23 @@ type Engine interface {
 	Close() error
 }
 
-// BatchCounter is implemented by engines that may write several messages per
-// store round trip. Both counts only grow; the bench reads them before and
-// after a measurement and reports messages/commits as the mean batch size.
+// BatchCounter is implemented by engines that count their store commits.
+// Every count only grows; the bench reads them before and after a
+// measurement and reports messages/commits as the mean batch size and
+// CommitSeconds/commits as the mean commit time.
 type BatchCounter interface {
-	Batches(ctx context.Context) (commits, messages uint64, err error)
+	Batches(ctx context.Context) (BatchStats, error)
+}
+
+// BatchStats are an engine's cumulative commit counts.
+type BatchStats struct {
+	Commits       uint64  // store commits (transactions or autocommit statements)
+	Messages      uint64  // messages they stored
+	CommitSeconds float64 // time spent in them, summed
+}
+
+func (s BatchStats) sub(o BatchStats) BatchStats {
+	return BatchStats{Commits: s.Commits - o.Commits, Messages: s.Messages - o.Messages, CommitSeconds: s.CommitSeconds - o.CommitSeconds}
 }
 
 // ConvCounter is implemented by engines that keep per-conversation state in

@@ -48,14 +48,15 @@ func storedAt() time.Time { return time.Now().Truncate(time.Millisecond) }
 // rowWriter stores messages one autocommit INSERT each: every stored
 // message is its own commit.
 type rowWriter struct {
-	pool    *pgxpool.Pool
-	inserts atomic.Uint64
+	pool     *pgxpool.Pool
+	inserts  atomic.Uint64
+	insertNs atomic.Int64
 }
 
 // Batches reports one message per commit.
-func (w *rowWriter) Batches(context.Context) (uint64, uint64, error) {
+func (w *rowWriter) Batches(context.Context) (BatchStats, error) {
 	n := w.inserts.Load()
-	return n, n, nil
+	return BatchStats{Commits: n, Messages: n, CommitSeconds: time.Duration(w.insertNs.Load()).Seconds()}, nil
 }
 
 func (w *rowWriter) Close() error { w.pool.Close(); return nil }
@@ -66,9 +67,11 @@ func (w *rowWriter) Close() error { w.pool.Close(); return nil }
 // resend is then a hole, which the seed accepts).
 func (w *rowWriter) insertOne(ctx context.Context, req *sequencer.SendRequest, msgID, seq uint64) (sequencer.SendResult, error) {
 	at := storedAt()
+	t0 := time.Now()
 	_, err := w.pool.Exec(ctx, insertMessageSQL, int64(msgID), req.ConvID, int64(seq), int64(req.FromUID),
 		req.MsgType, req.Body, req.ClientMsgID, at)
 	if err == nil {
+		w.insertNs.Add(int64(time.Since(t0)))
 		w.inserts.Add(1)
 		return sequencer.SendResult{MsgID: msgID, Seq: seq, ServerAt: at}, nil
 	}
@@ -237,6 +240,7 @@ type copyEngine struct {
 	cancel  context.CancelFunc
 	commits atomic.Uint64
 	rows    atomic.Uint64
+	copyNs  atomic.Int64
 }
 
 type copyReq struct {
@@ -314,10 +318,12 @@ func (e *copyEngine) writer() {
 				break drain
 			}
 		}
+		t0 := time.Now()
 		_, err := e.pool.CopyFrom(e.ctx, pgx.Identifier{"im_message"}, messageColumns, &copyRows{batch: batch, i: -1})
 		if err != nil {
 			err = fmt.Errorf("copy %d rows: %w", len(batch), err)
 		} else {
+			e.copyNs.Add(int64(time.Since(t0)))
 			e.commits.Add(1)
 			e.rows.Add(uint64(len(batch)))
 		}
@@ -327,8 +333,8 @@ func (e *copyEngine) writer() {
 	}
 }
 
-func (e *copyEngine) Batches(context.Context) (uint64, uint64, error) {
-	return e.commits.Load(), e.rows.Load(), nil
+func (e *copyEngine) Batches(context.Context) (BatchStats, error) {
+	return BatchStats{Commits: e.commits.Load(), Messages: e.rows.Load(), CommitSeconds: time.Duration(e.copyNs.Load()).Seconds()}, nil
 }
 
 func (e *copyEngine) Close() error {

@@ -75,14 +75,32 @@ func (e *nodeEngine) Send(ctx context.Context, req sequencer.SendRequest) (seque
 	return e.node.Send(ctx, req)
 }
 
-// Batches reads the writer's sequencer_commit_batch_messages histogram.
-func (e *nodeEngine) Batches(context.Context) (uint64, uint64, error) {
-	var m dto.Metric
-	if err := e.m.BatchMessages.Write(&m); err != nil {
-		return 0, 0, err
+// Batches reads the writer's histograms: sequencer_commit_batch_messages
+// (commits, messages) and sequencer_commit_seconds (time in commits).
+func (e *nodeEngine) Batches(context.Context) (BatchStats, error) {
+	mfs, err := e.m.Registry.Gather()
+	if err != nil {
+		return BatchStats{}, err
 	}
-	h := m.GetHistogram()
-	return h.GetSampleCount(), uint64(h.GetSampleSum()), nil
+	return batchStatsOf(mfs), nil
+}
+
+// batchStatsOf sums the commit histograms over all their label values.
+func batchStatsOf(mfs []*dto.MetricFamily) BatchStats {
+	var s BatchStats
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			switch mf.GetName() {
+			case "sequencer_commit_batch_messages":
+				s.Commits += h.GetSampleCount()
+				s.Messages += uint64(h.GetSampleSum())
+			case "sequencer_commit_seconds":
+				s.CommitSeconds += h.GetSampleSum()
+			}
+		}
+	}
+	return s
 }
 
 // LiveConversations is the node's live conversation actors.

@@ -104,19 +104,19 @@ func (e *remoteEngine) Send(ctx context.Context, req sequencer.SendRequest) (seq
 	return sequencer.SendResult{MsgID: m.GetMsgId(), Seq: m.GetSeq(), ServerAt: m.GetServerAt().AsTime(), Duplicate: m.GetDuplicate()}, nil
 }
 
-// Batches reads the server's commit batch histogram: its _count is commits,
-// its _sum messages.
-func (e *remoteEngine) Batches(ctx context.Context) (uint64, uint64, error) {
+// Batches reads the server's commit histograms: sequencer_commit_batch_messages
+// (_count commits, _sum messages) and sequencer_commit_seconds_sum.
+func (e *remoteEngine) Batches(ctx context.Context) (BatchStats, error) {
 	m, err := e.scrape(ctx)
 	if err != nil {
-		return 0, 0, err
+		return BatchStats{}, err
 	}
 	c, ok1 := m["sequencer_commit_batch_messages_count"]
 	s, ok2 := m["sequencer_commit_batch_messages_sum"]
 	if !ok1 || !ok2 {
-		return 0, 0, errors.New("target /metrics has no sequencer_commit_batch_messages")
+		return BatchStats{}, errors.New("target /metrics has no sequencer_commit_batch_messages")
 	}
-	return uint64(c), uint64(s), nil
+	return BatchStats{Commits: uint64(c), Messages: uint64(s), CommitSeconds: m["sequencer_commit_seconds_sum"]}, nil
 }
 
 // LiveConversations reads the server's live conversation actors.

@@ -83,7 +83,7 @@ func TestReportPaths(t *testing.T) {
 func sampleReport() *Report {
 	res := func(engine, name, sc string, tput, p99 float64) Result {
 		return Result{Engine: engine, EngineName: name, Scenario: sc, Senders: 1024, Convs: 10000, Seconds: 10,
-			Messages: int64(tput * 10), Throughput: tput, MeanBatch: 1,
+			Messages: int64(tput * 10), Throughput: tput, MeanBatch: 1, MeanCommitMs: 4.2,
 			Latency: LatencySummary{Count: int64(tput * 10), P50: p99 / 3, P90: p99 / 2, P99: p99, P999: p99 * 1.5, Max: p99 * 2}}
 	}
 	results := []Result{
@@ -147,7 +147,7 @@ func TestMarkdownHasEveryRow(t *testing.T) {
 		"Command: `sequencer bench --duration 10s`",
 		"| PostgreSQL | 15.20 (synchronous_commit=on",
 		"## many: many conversations",
-		"| a sequencer, in process | 52,000 | 13.3 | 20.0 | 40.0 | 60.0 | 80.0 | 0 | 1.0 | 65% |",
+		"| a sequencer, in process | 52,000 | 13.3 | 20.0 | 40.0 | 60.0 | 80.0 | 0 | 1.0 | 4.20 | 65% |",
 		"| b Redis INCR + INSERT | 5,000 |",
 		"3 (error 1, unavailable 2)",
 		"| b Redis INCR + INSERT | skipped: no per-conversation state in memory |",
@@ -165,7 +165,7 @@ func TestTextTable(t *testing.T) {
 	var b bytes.Buffer
 	writeTextTable(&b, sampleReport())
 	out := b.String()
-	for _, want := range []string{"p99.9 ms", "52,000", "skipped", "bytes/live actor", "1,500", "not met"} {
+	for _, want := range []string{"p99.9 ms", "52,000", "commit ms", "4.20", "skipped", "bytes/live actor", "1,500", "not met"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

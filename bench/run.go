@@ -32,8 +32,11 @@ type Result struct {
 	Latency     LatencySummary   `json:"latency"`
 	// MeanBatch is messages per store commit during the measurement (0:
 	// the engine does not say).
-	MeanBatch float64       `json:"mean_batch,omitempty"`
-	Memory    *MemoryResult `json:"memory,omitempty"`
+	MeanBatch float64 `json:"mean_batch,omitempty"`
+	// MeanCommitMs is the mean time of one store commit during the
+	// measurement, as the engine timed it (0: not known).
+	MeanCommitMs float64       `json:"mean_commit_ms,omitempty"`
+	Memory       *MemoryResult `json:"memory,omitempty"`
 	// LoadAvg is the machine's 1-minute load average when the run started
 	// (the bench shares its machine; a high value explains noise).
 	LoadAvg     float64 `json:"load_avg_1m"`
