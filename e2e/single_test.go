@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -103,6 +105,24 @@ func TestJSONContract(t *testing.T) {
 	code, body = postJSON(t, n.Addr, "Route", `{"convId":"g:42"}`)
 	if code != 200 || !strings.Contains(body, "nodeId") {
 		t.Fatalf("route: %d %s", code, body)
+	}
+	// /metrics exposes what an operator needs to see those sends.
+	resp, err := http.Get("http://" + n.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`sequencer_sends_total{code="ok"} 2`, `sequencer_sends_total{code="duplicate"} 1`,
+		`sequencer_sends_total{code="already_exists"} 1`, `sequencer_dedup_hits_total 1`,
+		`sequencer_commit_batch_messages_count`, `sequencer_commit_seconds_bucket{result="ok"`,
+		`sequencer_conversation_actors`, `sequencer_passivations_total`,
+		`sequencer_clock_rollbacks_total{outcome="refused"} 0`, `sequencer_worker_lease_held 1`,
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
 
