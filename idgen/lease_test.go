@@ -270,6 +270,7 @@ func TestLeaseInheritedLastMs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newMemLeases()
+			store.ids = 1 // only the seeded id exists
 			prevLast := t0.Add(tc.ahead).UnixMilli()
 			store.seed(0, prevLast)
 			clk := clock.NewFake(t0)
@@ -352,6 +353,7 @@ func TestLeaseTwoHoldersDifferentIDs(t *testing.T) {
 
 func TestLeaseCloseReleasesLastIssued(t *testing.T) {
 	store := newMemLeases()
+	store.ids = 1 // a restart must get the same worker id back
 	clk := clock.NewFake(t0)
 	m := metrics.New()
 	a := newTestLease(t, store, "a", clk, m)
@@ -372,35 +374,34 @@ func TestLeaseCloseReleasesLastIssued(t *testing.T) {
 		t.Fatalf("RenewOnce after Close: %v", err)
 	}
 	tsA, _, _ := Decode(lastA)
-	r := store.row(0)
-	if !r.expires.IsZero() || r.lastMs != tsA.UnixMilli() {
-		t.Fatalf("released row expires %s lastMs %d; want free with the last issued ms %d", r.expires, r.lastMs, tsA.UnixMilli())
+	if len(store.released) != 1 || store.released[0] != tsA.UnixMilli() {
+		t.Fatalf("released with lastMs %v, want the last issued ms [%d]", store.released, tsA.UnixMilli())
+	}
+	if r := store.row(0); !r.expires.IsZero() {
+		t.Fatalf("worker 0 still leased until %s after Close", r.expires)
 	}
 	if g := gaugeValue(t, m.WorkerLease); g != 0 {
 		t.Fatalf("worker lease gauge %v after Close, want 0", g)
 	}
 
-	// A successor takes worker 0 at once and continues above a's last id,
-	// without waiting out a's reservation.
-	b := newTestLease(t, store, "b", clk, nil)
+	// A restart whose clock moved back by a minute gets worker 0 again and
+	// refuses to issue: it would reuse a's ids.
+	back := clock.NewFake(clk.Now().Add(-time.Minute))
+	b := newTestLease(t, store, "b", back, nil)
 	mustRenew(t, b)
-	if w, _ := b.WorkerID(); w != 0 {
-		t.Fatalf("successor got worker %d, want the released 0", w)
+	if id, err := b.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) {
+		t.Fatalf("restart with the clock a minute back: Next = %d, %v", id, err)
 	}
-	if id := issueChecked(t, b, store); id <= lastA {
-		t.Fatalf("successor id %d not above %d", id, lastA)
-	}
-
-	// A restart whose clock moved back by a minute gets the same worker id
-	// again and refuses to issue: it would reuse the earlier ids.
 	if err := b.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	back := clock.NewFake(clk.Now().Add(-time.Minute))
-	c := newTestLease(t, store, "c", back, nil)
+	// A restart with a correct clock continues above a's ids.
+	c := newTestLease(t, store, "c", clk, nil)
 	mustRenew(t, c)
-	if id, err := c.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) {
-		t.Fatalf("restart with the clock a minute back: Next = %d, %v", id, err)
+	clk.Set(time.UnixMilli(c.inherited + 1))
+	mustRenew(t, c)
+	if id := issueChecked(t, c, store); id <= lastA {
+		t.Fatalf("restart issued %d, not above %d", id, lastA)
 	}
 }
 

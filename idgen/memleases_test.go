@@ -20,6 +20,8 @@ type memLeases struct {
 	token uint64
 	down  bool // every call fails with ErrStoreUnavailable
 	calls map[string]int
+	// released lists the lastMs of every ReleaseWorker call.
+	released []int64
 }
 
 type memLease struct {
@@ -71,6 +73,9 @@ func (m *memLeases) AcquireWorker(ctx context.Context, holder string, now time.T
 	if err := m.enter("acquire"); err != nil {
 		return persist.WorkerLease{}, err
 	}
+	// Like the real stores: the free id with the lowest lastMs, then the
+	// lowest id.
+	best := -1
 	for id := 0; id < m.ids; id++ {
 		r := m.rows[id]
 		if r == nil {
@@ -80,9 +85,15 @@ func (m *memLeases) AcquireWorker(ctx context.Context, holder string, now time.T
 		if !r.expires.IsZero() && !r.expires.Before(now) {
 			continue // live
 		}
+		if best < 0 || r.lastMs < m.rows[best].lastMs {
+			best = id
+		}
+	}
+	if best >= 0 {
+		r := m.rows[best]
 		m.token++
 		r.holder, r.token, r.expires = holder, m.token, now.Add(ttl)
-		return persist.WorkerLease{WorkerID: id, Holder: holder, Token: r.token, Expires: r.expires, LastMs: r.lastMs}, nil
+		return persist.WorkerLease{WorkerID: best, Holder: holder, Token: r.token, Expires: r.expires, LastMs: r.lastMs}, nil
 	}
 	return persist.WorkerLease{}, fmt.Errorf("memleases: all %d worker ids are leased: %w", m.ids, sequencer.ErrWorkerLeaseLost)
 }
@@ -109,11 +120,16 @@ func (m *memLeases) ReleaseWorker(ctx context.Context, l persist.WorkerLease, la
 	if err := m.enter("release"); err != nil {
 		return err
 	}
+	m.released = append(m.released, lastMs)
 	r := m.rows[l.WorkerID]
-	if r == nil || r.token != l.Token {
-		return nil // no longer ours: nothing to do
+	if r == nil {
+		return nil
 	}
-	r.expires, r.lastMs = time.Time{}, lastMs
+	// Like the real stores: free it if still ours, never lower lastMs.
+	r.lastMs = max(r.lastMs, lastMs)
+	if r.token == l.Token {
+		r.expires = time.Time{}
+	}
 	return nil
 }
 
