@@ -64,8 +64,9 @@ type Config struct {
 	ServeBin string
 	// Protocol engine e speaks: grpc (default) or connect.
 	Protocol string
-	// Pool is the PostgreSQL connections per engine (default 32). Engine d
-	// uses CopyWriters connections instead.
+	// Pool is the PostgreSQL connections of engines b and c (default 32,
+	// their best measured setting). Engine d uses CopyWriters connections;
+	// engines a and e use the server's store settings.
 	Pool int
 	// CopyBatch (default 4000) and CopyWriters (default 4) shape engine d.
 	CopyBatch   int
@@ -193,7 +194,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for engine e, e.g. http://127.0.0.1:7070")
 	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary engine e starts as 'serve' on a fresh schema per scenario (default: this executable)")
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "engine e's protocol over HTTP/2 cleartext: grpc or connect")
-	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections per engine (b, c; engine a's store)")
+	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections of engines b and c (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
 	fs.IntVar(&cfg.CopyWriters, "copy-writers", 4, "engine d: concurrent COPY connections")
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")

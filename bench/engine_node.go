@@ -12,7 +12,9 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
-	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/open"
+	"github.com/sequencer-im/sequencer/server"
 )
 
 func init() {
@@ -25,32 +27,26 @@ func init() {
 	})
 }
 
-// nodeEngine is engine (a): the same actor.Node that `sequencer serve` runs,
-// on the persist/postgres store (its own migrations create im_message), with
-// a worker-id lease in the store, and no network in between.
+// nodeEngine is engine (a): the actor.Node that `sequencer serve` runs, built
+// the way package server builds it (store opened and migrated by
+// persist/open with its defaults, worker id leased in the store, the
+// server's default node settings), with no network in between. Only
+// PassivateAfter comes from the bench (--passivate).
 type nodeEngine struct {
 	node  *actor.Node
 	lease *idgen.Lease
-	store *postgres.Store
+	store persist.Store
 	m     *metrics.Set
 }
 
-// nodeIDs adapts the lease's generator to actor.IDSource.
-type nodeIDs struct{ l *idgen.Lease }
-
-func (n nodeIDs) NextID() (uint64, error) { return n.l.Next() }
-
 func openNode(ctx context.Context, env Env) (Engine, error) {
-	store, err := postgres.Open(ctx, env.DSN, postgres.Options{MaxConns: int32(env.Pool)})
+	store, err := open.Store(ctx, env.DSN, open.Options{})
 	if err != nil {
 		return nil, err
 	}
-	if err := store.Migrate(ctx); err != nil {
-		store.Close()
-		return nil, fmt.Errorf("migrate: %w", err)
-	}
+	def := server.Config{NodeID: "bench"}.WithDefaults()
 	m := metrics.New()
-	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: "bench-" + randomID(), Metrics: m})
+	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: "bench-" + randomID(), TTL: def.WorkerLeaseTTL, Metrics: m})
 	if err != nil {
 		store.Close()
 		return nil, err
@@ -60,8 +56,14 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 		store.Close()
 		return nil, fmt.Errorf("worker-id lease: %w", err)
 	}
+	passivate := def.PassivateAfter
+	if env.Passivate > 0 {
+		passivate = env.Passivate
+	}
 	node, err := actor.NewNode(actor.Config{
-		Store: store, IDs: nodeIDs{lease}, Metrics: m, PassivateAfter: env.Passivate,
+		Store: store, IDs: lease, Metrics: m,
+		PassivateAfter: passivate, MaxQueuePerConv: def.MaxQueuePerConv, MaxPending: def.MaxPending,
+		CommitWorkers: def.CommitWorkers, MaxBatchMessages: def.MaxBatchMessages, CommitTimeout: def.CommitTimeout,
 	})
 	if err != nil {
 		_ = lease.Close(context.WithoutCancel(ctx))
