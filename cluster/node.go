@@ -129,6 +129,11 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
+// opCtx bounds one store operation of the membership machinery.
+func (n *Node) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, n.cfg.MemberTTL)
+}
+
 // newIncarnation names one process start of nodeID: unique, so a restarted
 // node never inherits the fences of its predecessor.
 func newIncarnation(nodeID string) string {
@@ -191,7 +196,9 @@ func (n *Node) join(ctx context.Context, clusterAddr string, takeOver bool) erro
 	}
 	m.Incarnation = newIncarnation(m.NodeID)
 	sent := n.clk.Now()
-	v, err := n.store.Join(ctx, m, n.cfg.MemberTTL, takeOver)
+	jctx, cancel := n.opCtx(ctx)
+	v, err := n.store.Join(jctx, m, n.cfg.MemberTTL, takeOver)
+	cancel()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
@@ -424,7 +431,9 @@ func (n *Node) stepDown(ctx context.Context, reason string) {
 	n.met.held(0)
 	n.stopConvs(ctx, nil)
 	if len(held) > 0 {
-		if err := n.store.Release(ctx, held); err != nil {
+		rctx, cancel := n.opCtx(ctx)
+		defer cancel()
+		if err := n.store.Release(rctx, held); err != nil {
 			n.log.Debug("release after step-down failed (the leases expire with the member row)", "err", err)
 		}
 	}
@@ -449,7 +458,10 @@ func (n *Node) handoff(ctx context.Context, ps []uint32) {
 		return
 	}
 	n.stopConvs(ctx, set)
-	if err := n.store.Release(ctx, leases); err != nil {
+	rctx, cancel := n.opCtx(ctx)
+	err := n.store.Release(rctx, leases)
+	cancel()
+	if err != nil {
 		n.log.Warn("releasing partitions failed; retrying", "partitions", len(leases), "err", err)
 		return
 	}
@@ -481,7 +493,9 @@ func (n *Node) handoff(ctx context.Context, ps []uint32) {
 
 // acquire takes the leases of ps (decided on the view of version).
 func (n *Node) acquire(ctx context.Context, incarnation string, version uint64, ps []uint32) {
-	leases, err := n.store.Acquire(ctx, incarnation, version, ps)
+	actx, cancel := n.opCtx(ctx)
+	leases, err := n.store.Acquire(actx, incarnation, version, ps)
+	cancel()
 	if err != nil {
 		n.log.Warn("acquiring partitions failed; retrying", "partitions", len(ps), "err", err)
 		return

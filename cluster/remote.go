@@ -34,6 +34,10 @@ type RemoteConfig struct {
 // named gateway actor; forwarded sends are requests to the owner's gateway,
 // answered with a ForwardReply. Only package remote is used, not the
 // library's gossip cluster.
+//
+// Run at most one per process: the library sets grpc's process-global
+// logger on every start, which races with the gRPC goroutines of a remote
+// already running (several nodes in one process: use MemNetwork).
 type RemoteTransport struct {
 	cfg RemoteConfig
 
@@ -86,6 +90,13 @@ func (t *RemoteTransport) Start(h Handler) (addr string, err error) {
 	if t.system != nil || t.closed {
 		return "", errors.New("remote transport already started")
 	}
+	// The library panics on a failed listen, after touching process-global
+	// state; find out first.
+	probe, err := net.Listen("tcp", t.cfg.Listen)
+	if err != nil {
+		return "", fmt.Errorf("cluster listen: %w", err)
+	}
+	probe.Close()
 	logger := slog.New(warnHandler{t.cfg.Logger.Handler()}).With("lib", "protoactor")
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }))
 	r := remote.NewRemote(system, remote.Configure(host, port))
@@ -149,7 +160,8 @@ func (t *RemoteTransport) Forward(ctx context.Context, addr string, req *cluster
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
-	f := system.Root.RequestFuture(actor.NewPID(addr, gatewayName), req, timeout)
+	// The future outlives ctx a little, so a deadline reads as ctx's error.
+	f := system.Root.RequestFuture(actor.NewPID(addr, gatewayName), req, timeout+time.Second)
 	type outcome struct {
 		res any
 		err error
@@ -164,6 +176,9 @@ func (t *RemoteTransport) Forward(ctx context.Context, addr string, req *cluster
 		return nil, ctx.Err()
 	case o := <-ch:
 		if o.err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			return nil, fmt.Errorf("request to %s: %w", addr, o.err)
 		}
 		switch r := o.res.(type) {
@@ -204,7 +219,11 @@ func (t *RemoteTransport) Close() error {
 	}
 	cancel()
 	t.handlers.Wait()
-	r.Shutdown(true)
+	// Not the library's graceful shutdown: its endpoint-manager stop writes
+	// shared fields without synchronization (a data race under -race) and
+	// can wait 10 s for gRPC. Stopping the gRPC server ends the incoming
+	// streams; outgoing connections end with the process.
+	r.Shutdown(false)
 	system.Shutdown()
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster/membership"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
@@ -49,6 +50,18 @@ func (n *Node) Locate(convID string) (Location, error) {
 		}
 	}
 	return loc, nil
+}
+
+// Route implements api.Router: the owner of convID by this node's view,
+// with its API address, the partition, the owner's lease epoch (0 while the
+// owner has not taken the lease yet) and the membership version.
+func (n *Node) Route(ctx context.Context, convID string) (api.Route, error) {
+	loc, err := n.Locate(convID)
+	if err != nil {
+		return api.Route{}, err
+	}
+	return api.Route{NodeID: loc.NodeID, Address: loc.APIAddr, Partition: loc.Partition, Epoch: loc.Epoch,
+		MembershipVersion: loc.MembershipVersion}, nil
 }
 
 // Send implements the API's Sender: it stores req on the node that owns its
@@ -187,7 +200,37 @@ func (n *Node) forward(ctx context.Context, ownerID, addr string, req sequencer.
 		// exceeded") arrives before this node stops waiting.
 		TimeoutMs: uint32(max(timeout*9/10/time.Millisecond, 1)),
 	}
-	reply, err := n.tr.Forward(fctx, addr, msg)
+	type result struct {
+		reply *clusterv1.ForwardReply
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		reply, err := n.tr.Forward(fctx, addr, msg)
+		done <- result{reply, err}
+	}()
+	// Wait for the reply; give up early if the owner drops out of the
+	// membership (crashed: its reply will never come). Sending again is
+	// safe: the resend key makes it idempotent.
+	var reply *clusterv1.ForwardReply
+	var err error
+	for waiting := true; waiting; {
+		n.mu.RLock()
+		changed := n.changed
+		_, member := n.view.Member(ownerID)
+		n.mu.RUnlock()
+		if !member {
+			cancel()
+			n.met.forward("owner_gone")
+			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+				fmt.Sprintf("node %s left the membership while a send was forwarded to it", ownerID))
+		}
+		select {
+		case r := <-done:
+			reply, err, waiting = r.reply, r.err, false
+		case <-changed:
+		}
+	}
 	if err != nil {
 		n.met.forward("transport_error")
 		if ctx.Err() != nil {
@@ -223,3 +266,8 @@ func (n *Node) HandleForward(ctx context.Context, req *clusterv1.ForwardSend) *c
 	reply.NodeId = n.cfg.NodeID
 	return reply
 }
+
+var (
+	_ api.Router = (*Node)(nil)
+	_ api.Sender = (*Node)(nil)
+)

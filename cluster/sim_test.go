@@ -18,7 +18,6 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster/membership"
 	"github.com/sequencer-im/sequencer/persist"
-	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -32,59 +31,6 @@ import (
 const simPartitions = 31
 
 var simRing = ring.Config{Partitions: simPartitions}
-
-// simNet is an in-memory network: addresses map to handlers; an address can
-// be cut (a frozen or crashed node answers nothing).
-type simNet struct {
-	mu       sync.Mutex
-	handlers map[string]Handler
-	down     map[string]bool
-	wakes    int
-}
-
-func newSimNet() *simNet { return &simNet{handlers: map[string]Handler{}, down: map[string]bool{}} }
-
-func (s *simNet) setDown(addr string, down bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.down[addr] = down
-}
-
-type simTransport struct {
-	net  *simNet
-	addr string
-}
-
-func (t *simTransport) Start(h Handler) (string, error) {
-	t.net.mu.Lock()
-	defer t.net.mu.Unlock()
-	t.net.handlers[t.addr] = h
-	return t.addr, nil
-}
-
-func (t *simTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardSend) (*clusterv1.ForwardReply, error) {
-	t.net.mu.Lock()
-	h, ok := t.net.handlers[addr]
-	down := t.net.down[addr]
-	t.net.mu.Unlock()
-	if !ok || down {
-		return nil, fmt.Errorf("sim: %s unreachable", addr)
-	}
-	return h.HandleForward(ctx, req), nil
-}
-
-func (t *simTransport) Wake(addr string, w *clusterv1.Wake) {
-	t.net.mu.Lock()
-	defer t.net.mu.Unlock()
-	t.net.wakes++ // the simulation steps nodes itself
-}
-
-func (t *simTransport) Close() error {
-	t.net.mu.Lock()
-	defer t.net.mu.Unlock()
-	delete(t.net.handlers, t.addr)
-	return nil
-}
 
 // simDB is the message store: heads, rows and resend keys, with every
 // commit fenced through the membership table (membership.Mem.Fenced).
@@ -266,7 +212,7 @@ type sim struct {
 	clk   *clock.Fake
 	mem   *membership.Mem
 	audit *auditStore
-	net   *simNet
+	net   *MemNetwork
 	db    *simDB
 	nodes map[string]*simNode
 	order []string // creation order
@@ -289,7 +235,7 @@ type simNode struct {
 func newSim(t testing.TB) *sim {
 	clk := clock.NewFake(time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC))
 	mem := membership.NewMem(clk)
-	s := &sim{t: t, clk: clk, mem: mem, net: newSimNet(), nodes: map[string]*simNode{}, acked: map[sequencer.ClientKey]sequencer.SendResult{}}
+	s := &sim{t: t, clk: clk, mem: mem, net: &MemNetwork{IgnoreWakes: true, handlers: map[string]Handler{}, down: map[string]bool{}}, nodes: map[string]*simNode{}, acked: map[sequencer.ClientKey]sequencer.SendResult{}}
 	s.audit = &auditStore{Store: mem, t: t}
 	s.db = newSimDB(mem)
 	return s
@@ -299,7 +245,7 @@ func (s *sim) cfg(id string) Config {
 	return Config{
 		NodeID:      id,
 		Store:       s.audit,
-		Transport:   &simTransport{net: s.net, addr: "sim://" + id + fmt.Sprintf("/%d", s.seq)},
+		Transport:   s.net.Transport("sim://" + id + fmt.Sprintf("/%d", s.seq)),
 		APIAddr:     "api://" + id,
 		Ring:        simRing,
 		MemberTTL:   5 * time.Second,
@@ -369,7 +315,7 @@ func (s *sim) freeze(id string, frozen bool) {
 		fmt.Fprintf(os.Stderr, "FREEZE %s %v\n", id, frozen)
 	}
 	sn.frozen = frozen
-	s.net.setDown(sn.node.self.ClusterAddr, frozen)
+	s.net.SetDown(sn.node.self.ClusterAddr, frozen)
 }
 
 // settle runs rounds until every running node holds exactly what the ring
@@ -712,7 +658,7 @@ func TestSimCrashTakenOverAfterTTL(t *testing.T) {
 	c := s.nodes["c"]
 	owned := c.node.countHeld()
 	c.dead = true // crashed: never heartbeats again
-	s.net.setDown(c.node.self.ClusterAddr, true)
+	s.net.SetDown(c.node.self.ClusterAddr, true)
 	// Before the TTL runs out, nobody takes c's partitions.
 	for range 4 {
 		s.round()
@@ -846,7 +792,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	// A new process starts with node id b while the old one still runs
 	// (e.g. it was SIGSTOPped and a supervisor started another).
 	oldNode := old.node
-	s.net.setDown(oldNode.self.ClusterAddr, true)
+	s.net.SetDown(oldNode.self.ClusterAddr, true)
 	old.id, old.dead, old.superseded = "b-old", true, true
 	delete(s.nodes, "b")
 	s.nodes["b-old"] = old
@@ -967,7 +913,7 @@ func TestSimRandomSchedules(t *testing.T) {
 				case x < 15 && len(run) > 1:
 					sn := run[rng.IntN(len(run))]
 					sn.dead = true
-					s.net.setDown(sn.node.self.ClusterAddr, true)
+					s.net.SetDown(sn.node.self.ClusterAddr, true)
 				case x < 22 && len(run) > 1:
 					sn := run[rng.IntN(len(run))]
 					for range 2 {

@@ -1,0 +1,311 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/ring"
+)
+
+// procCluster is a cluster of node child processes on one fresh database.
+type procCluster struct {
+	t     *testing.T
+	dsn   string
+	store *postgres.Store
+	mu    sync.Mutex
+	nodes map[string]*child // running (not left, not killed)
+	http  *http.Client
+}
+
+func newProcCluster(t *testing.T) *procCluster {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &procCluster{t: t, dsn: dsn, store: st, nodes: map[string]*child{}, http: &http.Client{Timeout: 30 * time.Second}}
+}
+
+func (pc *procCluster) start(id string) *child {
+	c := startChild(pc.t, id, "node", "SEQUENCER_TEST_DSN="+pc.dsn, "SEQUENCER_TEST_NODE="+id)
+	pc.mu.Lock()
+	pc.nodes[id] = c
+	pc.mu.Unlock()
+	return c
+}
+
+func (pc *procCluster) running() []*child {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var cs []*child
+	for _, c := range pc.nodes {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// leave makes node id leave gracefully (it finishes in-flight sends, hands
+// off and removes itself), then ends it.
+func (pc *procCluster) leave(id string) {
+	pc.mu.Lock()
+	c := pc.nodes[id]
+	delete(pc.nodes, id)
+	pc.mu.Unlock()
+	resp, err := pc.http.Post("http://"+c.addr+"/leave", "", nil)
+	if err != nil {
+		pc.t.Fatalf("leave %s: %v", id, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		pc.t.Fatalf("leave %s: %s\n%s", id, resp.Status, c.log())
+	}
+	c.stop()
+}
+
+func (pc *procCluster) kill(id string) {
+	pc.mu.Lock()
+	c := pc.nodes[id]
+	delete(pc.nodes, id)
+	pc.mu.Unlock()
+	c.kill()
+}
+
+// settled reports whether every partition is held, at a live member's
+// incarnation, by the owner the current view's ring names, and every
+// running node is in the view.
+func (pc *procCluster) settled() (bool, string) {
+	v, err := pc.store.Cluster().View(context.Background())
+	if err != nil {
+		return false, err.Error()
+	}
+	want := pc.running()
+	if len(v.Members) != len(want) {
+		return false, fmt.Sprintf("%d members, %d nodes running", len(v.Members), len(want))
+	}
+	r, err := ring.New(v.RingMembers(), ring.Config{})
+	if err != nil {
+		return false, err.Error()
+	}
+	for p := range r.Partitions() {
+		o, _ := r.Owner(uint32(p))
+		m, _ := v.Member(o.NodeID)
+		l, ok := v.Lease(uint32(p))
+		if !ok || l.Owner != m.Incarnation {
+			return false, fmt.Sprintf("partition %d: lease %+v, ring owner %s (%s)", p, l, o.NodeID, m.Incarnation)
+		}
+	}
+	return true, ""
+}
+
+func (pc *procCluster) waitSettled(within time.Duration) {
+	pc.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, why := pc.settled()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			pc.t.Fatalf("cluster not settled after %v: %s", within, why)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+}
+
+type acked struct {
+	conv  string
+	msgID uint64
+	seq   uint64
+}
+
+// send sends one message through node c, resending (same client_msg_id) on
+// retryable errors as the client SDK does, until it is acked or within
+// ends.
+func (pc *procCluster) send(pick func() *child, conv, clientID string, within time.Duration) (res sendReply, resends int, err error) {
+	deadline := time.Now().Add(within)
+	var last sendReply
+	for attempt := 0; ; attempt++ {
+		c := pick()
+		body, _ := json.Marshal(map[string]string{"convId": conv, "fromUid": "7", "clientMsgId": clientID})
+		resp, err := pc.http.Post("http://"+c.addr+"/send", "application/json", bytes.NewReader(body))
+		if err == nil {
+			last = sendReply{}
+			err = json.NewDecoder(resp.Body).Decode(&last)
+			resp.Body.Close()
+			if err == nil && last.Code == "" {
+				return last, attempt, nil
+			}
+			if err == nil && last.Code != sequencer.CodeUnavailable.String() && last.Code != sequencer.CodeResourceExhausted.String() {
+				return last, attempt, fmt.Errorf("send %s/%s via %s: non-retryable %s: %s", conv, clientID, c.name, last.Code, last.Error)
+			}
+		}
+		// A node that left or was killed refuses connections: pick again.
+		if time.Now().After(deadline) {
+			return last, attempt, fmt.Errorf("send %s/%s not acked within %v: last %v %+v", conv, clientID, within, err, last)
+		}
+		time.Sleep(time.Duration(10+attempt*10) * time.Millisecond) // client backoff
+	}
+}
+
+// TestProcessCluster runs nodes as separate processes (each with its own
+// protoactor remote on a random port, its own actor.Node and worker id) on
+// one database, and sends through random nodes while a node leaves
+// gracefully, a new one joins and one is killed. Every acked message is
+// stored at its seq, seqs are 1..head in every conversation, and no msg_id
+// or resend key repeats.
+func TestProcessCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several node processes")
+	}
+	pc := newProcCluster(t)
+	for _, id := range []string{"n1", "n2", "n3"} {
+		pc.start(id)
+	}
+	pc.waitSettled(30 * time.Second)
+
+	// Route answers the ring owner, its API address and the lease epoch.
+	var rt api.Route
+	resp, err := pc.http.Get("http://" + pc.nodes["n1"].addr + "/route?conv=g:route")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&rt)
+	resp.Body.Close()
+	if owner := pc.nodes[rt.NodeID]; owner == nil || owner.addr != rt.Address || rt.Epoch == 0 || rt.MembershipVersion == 0 {
+		t.Fatalf("route %+v does not name a running owner with its API address", rt)
+	}
+
+	// Senders run through every step: a graceful leave, a join, a crash.
+	const convs, senders = 24, 4
+	var (
+		mu      sync.Mutex
+		acks    = map[string]acked{} // by client_msg_id
+		errs    []error
+		retries int
+		wg      sync.WaitGroup
+		stop    = make(chan struct{})
+	)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acks)
+	}
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(s), 7))
+			pick := func() *child {
+				cs := pc.running()
+				return cs[rng.IntN(len(cs))]
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				conv := fmt.Sprintf("g:%d", rng.IntN(convs))
+				id := fmt.Sprintf("s%d-%d", s, i)
+				res, tries, err := pc.send(pick, conv, id, 30*time.Second)
+				mu.Lock()
+				retries += tries
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					acks[id] = acked{conv, res.MsgID, res.Seq}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	waitAcks := func(n int, what string) {
+		deadline := time.Now().Add(60 * time.Second)
+		for target := count() + n; count() < target; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: fewer than %d sends acked in 60s", what, n)
+			}
+			time.Sleep(10 * time.Millisecond) // polling a condition
+		}
+	}
+	waitAcks(60, "3 nodes")
+	pc.leave("n2")
+	waitAcks(40, "after n2 left")
+	pc.start("n4")
+	waitAcks(40, "while n4 joins")
+	pc.waitSettled(30 * time.Second)
+	waitAcks(40, "after n4 joined")
+	pc.kill("n3")
+	waitAcks(20, "after n3 was killed")
+	pc.waitSettled(30 * time.Second)
+	waitAcks(40, "after takeover")
+	close(stop)
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d sends acked, %d resends after retryable errors", len(acks), retries)
+
+	// What the database holds.
+	ctx := context.Background()
+	rows, err := pc.store.Pool().Query(ctx, `SELECT conv_id, seq, msg_id, client_msg_id FROM im_message ORDER BY conv_id, seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		conv        string
+		seq, msgID  int64
+		clientMsgID string
+	}
+	stored, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.conv, &x.seq, &x.msgID, &x.clientMsgID)
+		return x, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byClient := map[string]row{}
+	next := map[string]int64{}
+	for _, r := range stored {
+		if r.seq != next[r.conv]+1 {
+			t.Fatalf("conversation %s: seq %d after %d (not contiguous)", r.conv, r.seq, next[r.conv])
+		}
+		next[r.conv] = r.seq
+		byClient[r.clientMsgID] = r
+	}
+	for id, a := range acks {
+		r, ok := byClient[id]
+		if !ok || r.conv != a.conv || uint64(r.seq) != a.seq || uint64(r.msgID) != a.msgID {
+			t.Fatalf("send %s acked as %+v, stored %+v (found %v)", id, a, r, ok)
+		}
+	}
+	if len(stored) != len(acks) {
+		t.Fatalf("%d rows stored for %d acked sends (every send was resent until acked)", len(stored), len(acks))
+	}
+	for conv, head := range next {
+		h, err := pc.store.LoadHead(ctx, conv)
+		if err != nil || int64(h) != head {
+			t.Fatalf("conversation %s head %d (%v), rows end at %d", conv, h, err, head)
+		}
+	}
+	t.Logf("%d sends acked over %d conversations; stored rows match", len(acks), len(next))
+}
