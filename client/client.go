@@ -1,0 +1,397 @@
+// Package client is the Go SDK that a logic layer embeds to talk to a
+// sequencer cluster: Send (stored and acked only after the durable commit,
+// resent safely with one client_msg_id), Pull, GetHead, GetMessage and Route.
+//
+// It owns the client side of routing and retries. It learns the owner of a
+// conversation with Route, caches partition -> owner, and sends straight to
+// the owner; when a node is unreachable or answers unavailable it forgets the
+// route, backs off with jitter and routes again, falling back to any
+// configured node (every node forwards to the owner), like a Kafka producer
+// after a leader change. It retries only retryable failures and always with
+// the same client_msg_id, so a retry never stores a message twice and never
+// consumes a second seq.
+//
+// Every error it returns carries the domain code: sequencer.ErrorCode(err)
+// reads it, and the *connect.Error of the last attempt (when a node
+// answered) stays in the chain for errors.As.
+//
+// It must never assign seqs or msg_ids, reorder or drop a message, retry a
+// failure that is not retryable, or record metrics; it logs at Debug only.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/uuid"
+
+	"github.com/sequencer-im/sequencer"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
+)
+
+// Message is one stored message (the domain type: ids, seq, body, server_at).
+type Message = sequencer.Message
+
+// SendRequest is one message to store.
+type SendRequest struct {
+	ConvID  string // 1..64 bytes, no control characters
+	FromUID uint64 // > 0 and < 2^63
+	// ClientMsgID is the resend key: a resend with the same (FromUID,
+	// ClientMsgID) returns the first send's ids. If empty, Send generates a
+	// UUID once per call and keeps it across that call's retries (it is
+	// returned in SendResult.ClientMsgID, also on error). To resend across
+	// process restarts, generate it yourself (NewClientMsgID) and store it
+	// with the outgoing message first.
+	ClientMsgID string
+	MsgType     int16  // 0 means the default 1; otherwise 1..32767
+	Body        []byte // opaque, at most 65,536 bytes by default
+}
+
+// SendResult is the stored message's ids.
+type SendResult struct {
+	MsgID    uint64
+	Seq      uint64
+	ServerAt time.Time
+	// Duplicate is true when the message was already stored (a resend, or an
+	// earlier attempt of this call whose answer was lost): the ids are the
+	// first send's and no seq was consumed.
+	Duplicate bool
+	// ClientMsgID is the resend key used (the caller's, or the generated
+	// one). It is set even when Send fails: resending with it later is safe
+	// and tells the outcome.
+	ClientMsgID string
+}
+
+// PullResult is one page of a conversation.
+type PullResult struct {
+	Messages []Message // seq > afterSeq, ascending, contiguous
+	HeadSeq  uint64    // the conversation's highest committed seq
+	HasMore  bool      // another Pull after the last returned seq has more
+}
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = &sequencer.Error{Code: sequencer.CodeCanceled, Msg: "sequencer client closed"}
+
+// NewClientMsgID returns a fresh resend key (a random UUID).
+func NewClientMsgID() string { return uuid.NewString() }
+
+// Client talks to a sequencer cluster. It is safe for concurrent use.
+type Client struct {
+	cfg       Config
+	log       *slog.Logger
+	httpc     connect.HTTPClient
+	transport *http.Transport // ours to close; nil when the caller supplied HTTPClient
+	opts      []connect.ClientOption
+	seeds     []*node
+	routes    *routeCache
+	rr        atomic.Uint64
+	closed    atomic.Bool
+	// routingOffUntil (unix nanos): the nodes answered Route unimplemented;
+	// until then Sends go to the seeds, which forward.
+	routingOffUntil atomic.Int64
+
+	mu      sync.Mutex
+	learned map[string]*node // owners learned from Route, by base URL
+}
+
+// maxLearnedNodes bounds the owner addresses a client remembers; past it
+// the learned nodes and cached owners are forgotten and learned again.
+const maxLearnedNodes = 1024
+
+// routingOffFor is how long a client that met a node without Route sends
+// through the seeds before asking again.
+const routingOffFor = time.Minute
+
+// New returns a client of the nodes in cfg.Addrs. It does not dial: the
+// first call connects.
+func New(cfg Config) (*Client, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("sequencer client config: %w", err)
+	}
+	c := &Client{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		httpc:   cfg.HTTPClient,
+		opts:    cfg.Protocol.clientOptions(),
+		routes:  newRouteCache(cfg.RouteCacheSize),
+		learned: map[string]*node{},
+	}
+	if c.httpc == nil {
+		c.transport = defaultTransport()
+		c.httpc = &http.Client{Transport: c.transport}
+	}
+	seen := map[string]bool{}
+	for _, a := range cfg.Addrs {
+		u, _ := baseURL(a) // validated
+		if seen[u] {
+			continue
+		}
+		seen[u] = true
+		c.seeds = append(c.seeds, c.newNode(u, true))
+	}
+	return c, nil
+}
+
+func (c *Client) newNode(url string, seed bool) *node {
+	return &node{url: url, seed: seed, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
+}
+
+// Close stops the client: later calls fail with ErrClosed, and the idle
+// connections of the default transport are closed. Calls in flight finish.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Send stores one message and returns its ids once it is durably committed.
+// It goes to the conversation's owner (learned with Route, cached) and
+// retries retryable failures with the same client_msg_id; if an earlier
+// attempt was stored but its answer lost, the result has Duplicate true and
+// the first attempt's ids. invalid_argument and already_exists are never
+// retried.
+func (c *Client) Send(ctx context.Context, req SendRequest) (SendResult, error) {
+	key := req.ClientMsgID
+	if key == "" {
+		key = NewClientMsgID()
+	}
+	res := SendResult{ClientMsgID: key}
+	msg := &sequencerv1.SendRequest{
+		ConvId:      req.ConvID,
+		FromUid:     req.FromUID,
+		ClientMsgId: key,
+		MsgType:     int32(req.MsgType),
+		Body:        req.Body,
+	}
+	cl := call{op: "send", convID: req.ConvID,
+		subject: fmt.Sprintf("conv_id %q from_uid %d client_msg_id %q", req.ConvID, req.FromUID, key)}
+	err := c.retry(ctx, cl, func(ctx context.Context) (*node, error) {
+		target, err := c.sendTarget(ctx, req.ConvID)
+		if err != nil {
+			return target, err
+		}
+		resp, err := target.rpc.Send(ctx, connect.NewRequest(msg))
+		if err != nil {
+			return target, err
+		}
+		res.MsgID = resp.Msg.GetMsgId()
+		res.Seq = resp.Msg.GetSeq()
+		res.Duplicate = resp.Msg.GetDuplicate()
+		if ts := resp.Msg.GetServerAt(); ts != nil {
+			res.ServerAt = ts.AsTime()
+		}
+		return target, nil
+	})
+	return res, err
+}
+
+// Pull returns the messages of convID with seq > afterSeq, ascending, at
+// most limit (0 means the server's default 100; above 1000 is clamped to
+// 1000). Any node answers it.
+func (c *Client) Pull(ctx context.Context, convID string, afterSeq uint64, limit int) (PullResult, error) {
+	cl := call{op: "pull", convID: convID, subject: fmt.Sprintf("conv_id %q after_seq %d", convID, afterSeq)}
+	if limit < 0 {
+		return PullResult{}, sequencer.Errorf(sequencer.CodeInvalidArgument, "%s %s: limit %d: must be >= 0", cl.op, cl.subject, limit)
+	}
+	req := &sequencerv1.PullRequest{ConvId: convID, AfterSeq: afterSeq, Limit: uint32(min(limit, math.MaxUint32))}
+	var out PullResult
+	err := c.retry(ctx, cl, func(ctx context.Context) (*node, error) {
+		target := c.anyNode(nil)
+		resp, err := target.rpc.Pull(ctx, connect.NewRequest(req))
+		if err != nil {
+			return target, err
+		}
+		out = PullResult{HeadSeq: resp.Msg.GetHeadSeq(), HasMore: resp.Msg.GetHasMore()}
+		out.Messages = make([]Message, len(resp.Msg.GetMessages()))
+		for i, m := range resp.Msg.GetMessages() {
+			out.Messages[i] = messageFromProto(m)
+		}
+		return target, nil
+	})
+	return out, err
+}
+
+// GetHead returns the highest committed seq of convID (0 if none). Any node
+// answers it.
+func (c *Client) GetHead(ctx context.Context, convID string) (uint64, error) {
+	var head uint64
+	err := c.retry(ctx, call{op: "get head", convID: convID, subject: fmt.Sprintf("conv_id %q", convID)},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.GetHead(ctx, connect.NewRequest(&sequencerv1.GetHeadRequest{ConvId: convID}))
+			if err != nil {
+				return target, err
+			}
+			head = resp.Msg.GetHeadSeq()
+			return target, nil
+		})
+	return head, err
+}
+
+// GetMessage returns the message with msgID; an unknown id fails with
+// sequencer.CodeNotFound (errors.Is(err, sequencer.ErrNotFound) does not
+// hold across the wire: read the code). Any node answers it.
+func (c *Client) GetMessage(ctx context.Context, msgID uint64) (Message, error) {
+	var m Message
+	err := c.retry(ctx, call{op: "get message", subject: "msg_id " + strconv.FormatUint(msgID, 10)},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.GetMessage(ctx, connect.NewRequest(&sequencerv1.GetMessageRequest{MsgId: msgID}))
+			if err != nil {
+				return target, err
+			}
+			m = messageFromProto(resp.Msg.GetMessage())
+			return target, nil
+		})
+	return m, err
+}
+
+// Route asks a node who owns convID now, and remembers the answer for later
+// Sends. Any node answers it (by its view of the membership).
+func (c *Client) Route(ctx context.Context, convID string) (Route, error) {
+	var r Route
+	err := c.retry(ctx, call{op: "route", subject: fmt.Sprintf("conv_id %q", convID)},
+		func(ctx context.Context) (*node, error) {
+			asked := c.anyNode(nil)
+			var err error
+			r, _, err = c.route(ctx, asked, convID)
+			return asked, err
+		})
+	return r, err
+}
+
+// route asks node asked for convID's owner and caches the answer. It returns
+// the owner node to send to (nil if the answer named no usable address).
+func (c *Client) route(ctx context.Context, asked *node, convID string) (Route, *node, error) {
+	resp, err := asked.rpc.Route(ctx, connect.NewRequest(&sequencerv1.RouteRequest{ConvId: convID}))
+	if err != nil {
+		return Route{}, nil, err
+	}
+	m := resp.Msg
+	r := Route{NodeID: m.GetNodeId(), Address: m.GetAddress(), Partition: m.GetPartition(),
+		Epoch: m.GetEpoch(), MembershipVersion: m.GetMembershipVersion()}
+	o := owner{node: c.nodeAt(ownerURL(r.Address, asked.url)), nodeID: r.NodeID, epoch: r.Epoch, membershipVersion: r.MembershipVersion}
+	cached := c.routes.learn(convID, r.Partition, o)
+	c.log.DebugContext(ctx, "sequencer client: route learned", "conv_id", convID, "partition", r.Partition,
+		"owner", r.NodeID, "address", r.Address, "epoch", r.Epoch, "membership_version", r.MembershipVersion, "via", asked.url)
+	return r, cached, nil
+}
+
+// sendTarget picks the node a Send attempt goes to: the cached owner of
+// convID; else the owner a Route answer names; else the node that answered
+// Route (it forwards); else any reachable seed. It fails only when Route
+// says the request itself is wrong (the Send would fail the same way) or the
+// attempt's ctx ended.
+func (c *Client) sendTarget(ctx context.Context, convID string) (*node, error) {
+	now := time.Now()
+	if c.cfg.DisableRouting || now.UnixNano() < c.routingOffUntil.Load() {
+		return c.anyNode(nil), nil
+	}
+	if n, ok := c.routes.lookup(convID); ok && !n.down(now) {
+		return n, nil
+	}
+	asked := c.anyNode(nil)
+	_, owner, err := c.route(ctx, asked, convID)
+	if err == nil {
+		if owner != nil && !owner.down(time.Now()) {
+			return owner, nil
+		}
+		return asked, nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) && connect.IsWireError(err) && ce.Code() == connect.CodeUnimplemented {
+		c.routingOffUntil.Store(time.Now().Add(routingOffFor).UnixNano())
+		c.log.DebugContext(ctx, "sequencer client: node does not answer Route, sending through seeds", "node", asked.url)
+		return asked, nil
+	}
+	f := classify(err, false)
+	switch {
+	case ctx.Err() != nil:
+		return asked, err
+	case f.transport:
+		c.noteFailure(asked, convID, f)
+		return c.anyNode(asked), nil
+	case f.code == sequencer.CodeInvalidArgument:
+		return asked, err
+	default:
+		// Route is only a shortcut: the node forwards the Send itself.
+		return asked, nil
+	}
+}
+
+// anyNode picks a seed round-robin, skipping avoid and seeds that recently
+// failed at the transport level; if every seed is down it picks the one that
+// comes back soonest.
+func (c *Client) anyNode(avoid *node) *node {
+	now := time.Now()
+	n := len(c.seeds)
+	start := int(c.rr.Add(1) % uint64(n))
+	var fallback *node
+	for i := range n {
+		s := c.seeds[(start+i)%n]
+		if s == avoid && n > 1 {
+			continue
+		}
+		if !s.down(now) {
+			return s
+		}
+		if fallback == nil || s.downUntil.Load() < fallback.downUntil.Load() {
+			fallback = s
+		}
+	}
+	return fallback
+}
+
+// nodeAt returns the node with base URL u (a seed, or a learned owner,
+// created on first use); nil for "".
+func (c *Client) nodeAt(u string) *node {
+	if u == "" {
+		return nil
+	}
+	for _, s := range c.seeds {
+		if s.url == u {
+			return s
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n, ok := c.learned[u]; ok {
+		return n
+	}
+	if len(c.learned) >= maxLearnedNodes {
+		clear(c.learned)
+		c.routes.reset()
+	}
+	n := c.newNode(u, false)
+	c.learned[u] = n
+	return n
+}
+
+func messageFromProto(m *sequencerv1.Message) Message {
+	out := Message{
+		MsgID:       m.GetMsgId(),
+		ConvID:      m.GetConvId(),
+		Seq:         m.GetSeq(),
+		FromUID:     m.GetFromUid(),
+		MsgType:     int16(m.GetMsgType()),
+		Body:        m.GetBody(),
+		ClientMsgID: m.GetClientMsgId(),
+	}
+	if ts := m.GetServerAt(); ts != nil {
+		out.ServerAt = ts.AsTime()
+	}
+	return out
+}

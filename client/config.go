@@ -1,0 +1,249 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// Protocol is the wire protocol the client speaks; every sequencer node serves
+// all of them on its one API port.
+type Protocol int
+
+const (
+	// ProtocolGRPC is gRPC over HTTP/2 (the default).
+	ProtocolGRPC Protocol = iota
+	// ProtocolConnect is Connect's own protocol (binary protobuf over HTTP).
+	ProtocolConnect
+	// ProtocolGRPCWeb is gRPC-Web.
+	ProtocolGRPCWeb
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolGRPC:
+		return "grpc"
+	case ProtocolConnect:
+		return "connect"
+	case ProtocolGRPCWeb:
+		return "grpc-web"
+	default:
+		return fmt.Sprintf("Protocol(%d)", int(p))
+	}
+}
+
+func (p Protocol) clientOptions() []connect.ClientOption {
+	switch p {
+	case ProtocolConnect:
+		return nil
+	case ProtocolGRPCWeb:
+		return []connect.ClientOption{connect.WithGRPCWeb()}
+	default:
+		return []connect.ClientOption{connect.WithGRPC()}
+	}
+}
+
+// RetryPolicy says how long and how often a call is retried. Only retryable
+// failures are retried: unavailable, resource_exhausted, transport errors
+// (connection refused or reset, lost response) and a single attempt that ran
+// past AttemptTimeout while the overall budget remains. A Send is always
+// retried with the same client_msg_id, so a retry never stores a message twice.
+// The zero value of every field means its documented default.
+type RetryPolicy struct {
+	// MaxAttempts bounds the attempts of one call, the first included. 0 (the
+	// default) means no count limit: Deadline bounds the call. 1 disables
+	// retries.
+	MaxAttempts int
+	// Deadline is the overall budget of one call, all attempts and backoffs
+	// included. The caller's ctx bounds it further. Default 30s.
+	Deadline time.Duration
+	// AttemptTimeout bounds one attempt (a Route lookup plus the RPC). An
+	// attempt that runs past it is retried while Deadline allows. Default 10s.
+	AttemptTimeout time.Duration
+	// BaseBackoff is the wait after the first failed attempt; it doubles per
+	// attempt up to MaxBackoff, and each wait is jittered into [d/2, d].
+	// Default 20ms.
+	BaseBackoff time.Duration
+	// MaxBackoff caps the wait between attempts. It is also how long a node
+	// that failed at the transport level is avoided. Default 1s.
+	MaxBackoff time.Duration
+}
+
+// Defaults of Config and RetryPolicy.
+const (
+	DefaultDeadline       = 30 * time.Second
+	DefaultAttemptTimeout = 10 * time.Second
+	DefaultBaseBackoff    = 20 * time.Millisecond
+	DefaultMaxBackoff     = time.Second
+	DefaultRouteCacheSize = 65536
+)
+
+// Config configures a Client. Only Addrs is required.
+type Config struct {
+	// Addrs are one or more node API addresses: "host:port" (plain HTTP/2,
+	// cleartext) or a "http://host:port" / "https://host:port" URL. Any node
+	// serves any request (it forwards to the owner), so these are only the
+	// entry points; the owners of conversations are learned with Route.
+	Addrs []string
+	// HTTPClient carries the RPCs. Default: an http.Client over an
+	// http.Transport speaking HTTP/2 only (cleartext h2c with prior knowledge
+	// for http://, TLS for https://), with HTTP/2 pings to detect dead
+	// connections. Close closes its idle connections; a caller-supplied
+	// client is left alone.
+	HTTPClient connect.HTTPClient
+	// Protocol is the wire protocol. Default ProtocolGRPC.
+	Protocol Protocol
+	// Retry is the retry policy of every call.
+	Retry RetryPolicy
+	// RouteCacheSize bounds how many conversations the client remembers the
+	// partition of (least recently used are forgotten). Default 65536.
+	RouteCacheSize int
+	// DisableRouting sends every call to the Addrs nodes, which forward Sends
+	// to the owner (one more hop). Use it when Addrs is a load balancer that
+	// hides the nodes' own addresses. Default false: Sends go straight to the
+	// owner learned with Route.
+	DisableRouting bool
+	// Logger receives the client's Debug logs (retries, route changes). The
+	// client never logs above Debug. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Retry.Deadline == 0 {
+		c.Retry.Deadline = DefaultDeadline
+	}
+	if c.Retry.AttemptTimeout == 0 {
+		c.Retry.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if c.Retry.BaseBackoff == 0 {
+		c.Retry.BaseBackoff = DefaultBaseBackoff
+	}
+	if c.Retry.MaxBackoff == 0 {
+		c.Retry.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.RouteCacheSize == 0 {
+		c.RouteCacheSize = DefaultRouteCacheSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// validate reports every field that makes no sense (after withDefaults).
+func (c Config) validate() error {
+	var errs []error
+	if len(c.Addrs) == 0 {
+		errs = append(errs, errors.New("addrs: at least one node address is required"))
+	}
+	for _, a := range c.Addrs {
+		if _, err := baseURL(a); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.Protocol < ProtocolGRPC || c.Protocol > ProtocolGRPCWeb {
+		errs = append(errs, fmt.Errorf("protocol %v: unknown", c.Protocol))
+	}
+	r := c.Retry
+	if r.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("retry.max_attempts %d: must be >= 0", r.MaxAttempts))
+	}
+	for name, d := range map[string]time.Duration{
+		"retry.deadline": r.Deadline, "retry.attempt_timeout": r.AttemptTimeout,
+		"retry.base_backoff": r.BaseBackoff, "retry.max_backoff": r.MaxBackoff,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))
+		}
+	}
+	if r.BaseBackoff > r.MaxBackoff {
+		errs = append(errs, fmt.Errorf("retry.base_backoff %v: must not exceed retry.max_backoff %v", r.BaseBackoff, r.MaxBackoff))
+	}
+	if c.RouteCacheSize < 0 {
+		errs = append(errs, fmt.Errorf("route_cache_size %d: must be >= 0", c.RouteCacheSize))
+	}
+	return errors.Join(errs...)
+}
+
+// baseURL turns a node address into the base URL of its API: "host:port"
+// becomes "http://host:port"; http(s) URLs keep their scheme and lose a
+// trailing slash.
+func baseURL(addr string) (string, error) {
+	a := strings.TrimSpace(addr)
+	if strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "https://") {
+		u, err := url.Parse(a)
+		if err != nil || u.Host == "" {
+			return "", fmt.Errorf("address %q: not a usable URL", addr)
+		}
+		return strings.TrimSuffix(u.Scheme+"://"+u.Host+u.Path, "/"), nil
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return "", fmt.Errorf("address %q: want host:port or an http(s):// URL: %w", addr, err)
+	}
+	if port == "" {
+		return "", fmt.Errorf("address %q: missing port", addr)
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
+}
+
+// ownerURL turns the address a node gave for an owner (host:port, as Route
+// answers it) into a base URL, taking the scheme from the node that answered
+// and, when the owner listens on an unspecified host (":7070", "0.0.0.0:7070",
+// "[::]:7070"), that node's host too. It returns "" when addr is empty or
+// unusable: the caller then talks to the answering node, which forwards.
+func ownerURL(addr, answeredBy string) string {
+	if addr == "" {
+		return ""
+	}
+	if strings.HasPrefix(addr, "http://") || strings.HasPrefix(addr, "https://") {
+		u, err := baseURL(addr)
+		if err != nil {
+			return ""
+		}
+		return u
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return ""
+	}
+	via, err := url.Parse(answeredBy)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = via.Hostname()
+	}
+	return via.Scheme + "://" + net.JoinHostPort(host, port)
+}
+
+// defaultTransport speaks HTTP/2 only: h2c with prior knowledge on http://
+// (as gRPC needs) and HTTP/2 over TLS on https://.
+func defaultTransport() *http.Transport {
+	var protocols http.Protocols
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Transport{
+		Protocols: &protocols,
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		HTTP2: &http.HTTP2Config{
+			// A connection silent this long gets a ping; no answer within
+			// PingTimeout closes it, so a crashed node (no FIN) is noticed.
+			SendPingTimeout: 15 * time.Second,
+			PingTimeout:     5 * time.Second,
+		},
+	}
+}

@@ -1,0 +1,231 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
+)
+
+// failure is what the client learned from one failed attempt.
+type failure struct {
+	code      sequencer.Code // the domain code the caller sees if this is the last attempt
+	retry     bool           // resending (same client_msg_id) may succeed
+	transport bool           // the node was not reached or the answer was lost
+	timeout   bool           // the attempt ran past AttemptTimeout
+}
+
+// classify reads a failed attempt. attemptTimedOut tells that the attempt's
+// own deadline passed while the call's budget remained.
+func classify(err error, attemptTimedOut bool) failure {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		// Not from connect: our own errors carry a domain code.
+		var se *sequencer.Error
+		if errors.As(err, &se) {
+			return failure{code: se.Code, retry: se.Code.Retryable()}
+		}
+		if attemptTimedOut {
+			return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
+		}
+		if c, ok := contextCode(err); ok {
+			return failure{code: c}
+		}
+		if transportErr(err) {
+			return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
+		}
+		return failure{code: sequencer.CodeInternal}
+	}
+	if connect.IsWireError(err) {
+		// The node answered. unavailable and resource_exhausted are retryable
+		// by contract; deadline_exceeded is the node seeing the attempt's
+		// deadline (propagated by the protocol) pass.
+		code := api.DomainCode(ce.Code())
+		switch {
+		case code.Retryable():
+			return failure{code: code, retry: true}
+		case code == sequencer.CodeDeadlineExceeded:
+			return failure{code: code, retry: true, timeout: true}
+		default:
+			return failure{code: code}
+		}
+	}
+	// Synthesized by the client: the request failed locally or in transit.
+	switch ce.Code() {
+	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
+		if attemptTimedOut {
+			return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
+		}
+		return failure{code: api.DomainCode(ce.Code())}
+	case connect.CodeUnavailable:
+		// Connection refused, reset before an answer, GOAWAY, HTTP 502/503/504.
+		return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
+	case connect.CodeUnknown, connect.CodeInternal:
+		// An answer cut short (reset, unexpected EOF while reading it).
+		if transportErr(err) {
+			return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
+		}
+	}
+	return failure{code: api.DomainCode(ce.Code())}
+}
+
+// transportErr reports errors of the connection rather than of the request.
+func transportErr(err error) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+func contextCode(err error) (sequencer.Code, bool) {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return sequencer.CodeDeadlineExceeded, true
+	case errors.Is(err, context.Canceled):
+		return sequencer.CodeCanceled, true
+	}
+	return 0, false
+}
+
+// backoff is the wait after the attempt-th failed attempt: BaseBackoff
+// doubled per attempt, capped at MaxBackoff, jittered into [d/2, d].
+func (p RetryPolicy) backoff(attempt int) time.Duration {
+	d := p.BaseBackoff
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, p.MaxBackoff)
+	if d <= 1 {
+		return d
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// call names the operation of a retried call for errors and logs.
+type call struct {
+	op      string // "send", "pull", ...
+	convID  string // "" when the call is not about one conversation
+	subject string // what the error message names, e.g. `conv_id "g:1"`
+}
+
+// attemptFunc makes one attempt under ctx (bounded by AttemptTimeout) and
+// returns the node it talked to last (nil if none) and the attempt's error.
+type attemptFunc func(ctx context.Context) (*node, error)
+
+// retry runs attempts of cl until one succeeds, a failure is not retryable,
+// or the policy's budget (attempts, Deadline, ctx) runs out. The returned
+// error is a *sequencer.Error with the domain code, wrapping the last
+// attempt's error (a *connect.Error when the node answered).
+func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error {
+	if c.closed.Load() {
+		return fmt.Errorf("%s %s: %w", cl.op, cl.subject, ErrClosed)
+	}
+	p := c.cfg.Retry
+	bctx, cancel := context.WithTimeout(ctx, p.Deadline)
+	defer cancel()
+	for n := 1; ; n++ {
+		actx, acancel := context.WithTimeout(bctx, p.AttemptTimeout)
+		target, err := attempt(actx)
+		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && bctx.Err() == nil
+		acancel()
+		if err == nil {
+			return nil
+		}
+		f := classify(err, timedOut)
+		c.noteFailure(target, cl.convID, f)
+		last := func(why string) error { return c.giveUp(ctx, cl, n, err, f, why) }
+		switch {
+		case !f.retry:
+			return last("")
+		case ctx.Err() != nil:
+			return last("")
+		case bctx.Err() != nil:
+			return last(fmt.Sprintf("retry budget %v spent", p.Deadline))
+		case p.MaxAttempts > 0 && n >= p.MaxAttempts:
+			return last("max attempts reached")
+		}
+		wait := p.backoff(n)
+		if dl, ok := bctx.Deadline(); ok && time.Until(dl) < wait {
+			// No time for another attempt: stop now rather than sleep into
+			// the deadline.
+			if cdl, ok := ctx.Deadline(); ok && !cdl.After(dl) {
+				f.code = sequencer.CodeDeadlineExceeded
+				err = fmt.Errorf("%w (last attempt: %w)", context.DeadlineExceeded, err)
+				return last("the caller's deadline would pass before the next attempt")
+			}
+			return last(fmt.Sprintf("retry budget %v would be spent", p.Deadline))
+		}
+		c.log.DebugContext(ctx, "sequencer client: retrying", "op", cl.op, "conv_id", cl.convID, "attempt", n,
+			"node", nodeURL(target), "code", f.code.String(), "backoff", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-bctx.Done():
+			t.Stop()
+			return last("")
+		}
+	}
+}
+
+// giveUp builds the error of a call that will not be retried again.
+func (c *Client) giveUp(ctx context.Context, cl call, attempts int, err error, f failure, why string) error {
+	code := f.code
+	cause := err
+	if ce := ctx.Err(); ce != nil {
+		// The caller gave up: that is the outcome, the last attempt's error
+		// stays in the chain.
+		code, _ = contextCode(ce)
+		if !errors.Is(err, ce) {
+			cause = fmt.Errorf("%w (last attempt: %w)", ce, err)
+		}
+	}
+	msg := cl.op + " " + cl.subject
+	if attempts > 1 {
+		msg += fmt.Sprintf(" (%d attempts", attempts)
+		if why != "" {
+			msg += ", " + why
+		}
+		msg += ")"
+	}
+	c.log.DebugContext(ctx, "sequencer client: call failed", "op", cl.op, "conv_id", cl.convID,
+		"attempts", attempts, "code", code.String(), "err", err)
+	return sequencer.Wrap(code, cause, msg)
+}
+
+// noteFailure updates what the client knows about nodes and owners after a
+// failed attempt on target.
+func (c *Client) noteFailure(target *node, convID string, f failure) {
+	switch {
+	case f.transport && target != nil:
+		// Unreachable: avoid it for a while and re-route its conversations.
+		target.markDown(time.Now().Add(c.cfg.Retry.MaxBackoff))
+		if dropped := c.routes.forgetNode(target); dropped > 0 {
+			c.log.Debug("sequencer client: node unreachable, routes dropped", "node", target.url, "partitions", dropped)
+		}
+	case f.timeout || f.code == sequencer.CodeUnavailable:
+		// The owner may be moving, stuck or fenced: ask again next time.
+		if convID != "" {
+			c.routes.forgetConv(convID)
+		}
+	}
+}
+
+func nodeURL(n *node) string {
+	if n == nil {
+		return ""
+	}
+	return n.url
+}
