@@ -37,6 +37,21 @@ func startNode(t *testing.T, dir, listen string) *server.Server {
 	return s
 }
 
+// startNodeTB is startNode for benchmarks, on 127.0.0.1:0.
+func startNodeTB(tb testing.TB, dir string) *server.Server {
+	tb.Helper()
+	s, err := tryStartNode(dir, "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("start node: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
 func tryStartNode(dir, listen string) (*server.Server, error) {
 	return server.Start(context.Background(), server.Config{
 		Listen: listen, Store: "sqlite:" + filepath.Join(dir, "sequencer.db"), NodeID: "node-1",
