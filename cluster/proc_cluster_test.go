@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,7 +43,10 @@ func newProcCluster(t *testing.T) *procCluster {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &procCluster{t: t, dsn: dsn, store: st, nodes: map[string]*child{}, http: &http.Client{Timeout: 30 * time.Second}}
+	return &procCluster{t: t, dsn: dsn, store: st, nodes: map[string]*child{},
+		// A client gives up on a node that does not answer (frozen) and
+		// resends elsewhere with the same client_msg_id.
+		http: &http.Client{Timeout: 5 * time.Second}}
 }
 
 func (pc *procCluster) start(id string) *child {
@@ -69,7 +74,7 @@ func (pc *procCluster) leave(id string) {
 	c := pc.nodes[id]
 	delete(pc.nodes, id)
 	pc.mu.Unlock()
-	resp, err := pc.http.Post("http://"+c.addr+"/leave", "", nil)
+	resp, err := (&http.Client{Timeout: time.Minute}).Post("http://"+c.addr+"/leave", "", nil)
 	if err != nil {
 		pc.t.Fatalf("leave %s: %v", id, err)
 	}
@@ -264,7 +269,136 @@ func TestProcessCluster(t *testing.T) {
 	}
 	t.Logf("%d sends acked, %d resends after retryable errors", len(acks), retries)
 
-	// What the database holds.
+	pc.checkStored(acks)
+}
+
+// TestProcessClusterZombie freezes a node (SIGSTOP) past its membership TTL
+// while sends run: the others take its partitions over (epoch bump), and
+// when it resumes (SIGCONT) its stale writes are fenced, it steps down and
+// rejoins as a new incarnation; no acked message is lost or doubled.
+func TestProcessClusterZombie(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several node processes")
+	}
+	pc := newProcCluster(t)
+	for _, id := range []string{"z1", "z2", "z3"} {
+		pc.start(id)
+	}
+	pc.waitSettled(30 * time.Second)
+	ctx := context.Background()
+	before, err := pc.store.Cluster().View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z2, _ := before.Member("z2")
+
+	var (
+		mu   sync.Mutex
+		acks = map[string]acked{}
+		errs []error
+		wg   sync.WaitGroup
+		stop = make(chan struct{})
+	)
+	for s := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(s), 11))
+			pick := func() *child {
+				cs := pc.running()
+				return cs[rng.IntN(len(cs))]
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				conv := fmt.Sprintf("z:%d", rng.IntN(16))
+				id := fmt.Sprintf("z%d-%d", s, i)
+				res, _, err := pc.send(pick, conv, id, 40*time.Second)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					acks[id] = acked{conv, res.MsgID, res.Seq}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acks)
+	}
+	t0 := time.Now()
+	waitFor := func(what string, cond func() bool) {
+		deadline := time.Now().Add(60 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond) // polling a condition
+		}
+		t.Logf("%6.2fs %s", time.Since(t0).Seconds(), what)
+	}
+	n := count()
+	waitFor("sends before the freeze", func() bool { return count() >= n+50 })
+
+	// Clients stop picking the frozen node (its /readyz would fail; a
+	// request to it times out after 5 s and is resent elsewhere).
+	pc.mu.Lock()
+	zombie := pc.nodes["z2"]
+	delete(pc.nodes, "z2")
+	pc.mu.Unlock()
+	zombie.cmd.Process.Signal(syscall.SIGSTOP)
+	// Its member row expires (TTL 2 s) and the others take its partitions.
+	waitFor("z2's partitions taken over", func() bool {
+		v, err := pc.store.Cluster().View(ctx)
+		if err != nil || v.Live(z2.Incarnation) {
+			return false
+		}
+		for _, l := range v.Leases {
+			if l.Owner == z2.Incarnation {
+				return false
+			}
+		}
+		return true
+	})
+	n = count()
+	waitFor("sends while z2 is frozen", func() bool { return count() >= n+30 })
+	zombie.cmd.Process.Signal(syscall.SIGCONT)
+	waitFor("z2 back as a new incarnation", func() bool {
+		v, err := pc.store.Cluster().View(ctx)
+		if err != nil {
+			return false
+		}
+		m, ok := v.Member("z2")
+		return ok && m.Incarnation != z2.Incarnation
+	})
+	pc.mu.Lock()
+	pc.nodes["z2"] = zombie
+	pc.mu.Unlock()
+	pc.waitSettled(30 * time.Second)
+	n = count()
+	waitFor("sends after z2 rejoined", func() bool { return count() >= n+50 })
+	close(stop)
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if !strings.Contains(zombie.log(), "stepping down") {
+		t.Errorf("z2 did not step down after resuming:\n%s", zombie.log())
+	}
+	pc.checkStored(acks)
+}
+
+// checkStored asserts that every acked send is stored at its seq with its
+// msg_id, that every conversation's seqs are 1..head, and that nothing but
+// acked sends was stored (every send was resent until acked).
+func (pc *procCluster) checkStored(acks map[string]acked) {
+	t := pc.t
 	ctx := context.Background()
 	rows, err := pc.store.Pool().Query(ctx, `SELECT conv_id, seq, msg_id, client_msg_id FROM im_message ORDER BY conv_id, seq`)
 	if err != nil {

@@ -128,6 +128,7 @@ func (c *child) log() string {
 // stop closes stdin (the child leaves or exits) and waits; a child that
 // fails (e.g. the race detector fired) fails the test.
 func (c *child) stop() {
+	c.cmd.Process.Signal(syscall.SIGCONT) // in case a test froze it
 	c.stdin.Close()
 	select {
 	case <-c.done:

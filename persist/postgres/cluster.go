@@ -36,17 +36,29 @@ type ClusterStore struct {
 	// lockTimeout bounds the wait for partition rows in Acquire and Release
 	// (a stuck in-flight commit); past it they fail and the caller retries.
 	lockTimeout time.Duration
+	// stuckAfter: a session that blocks an Acquire while idle in a
+	// transaction for this long is terminated (see Acquire).
+	stuckAfter time.Duration
 }
 
 var _ membership.Store = (*ClusterStore)(nil)
 
-// DefaultLockTimeout is how long Acquire and Release wait for partition rows
-// locked by in-flight commits before failing (the node retries next round).
-const DefaultLockTimeout = 2 * time.Second
+// Defaults of ClusterStore.
+const (
+	// DefaultLockTimeout is how long Acquire and Release wait for partition
+	// rows locked by in-flight commits before failing (the node retries).
+	DefaultLockTimeout = 2 * time.Second
+	// DefaultStuckAfter is how long a session blocking an Acquire may sit
+	// idle in its transaction before Acquire terminates it. A commit is
+	// idle in its transaction only between its pipelined statements and its
+	// COMMIT (one round trip); longer means the process holding it is frozen
+	// or cut off.
+	DefaultStuckAfter = time.Second
+)
 
 // Cluster returns the membership table of this store's database (same pool).
 func (s *Store) Cluster() *ClusterStore {
-	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout}
+	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
 }
 
 // WithClock returns a copy of c that reads time from clk instead of the
@@ -315,6 +327,11 @@ func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version 
 		if err := c.setLockTimeout(ctx, tx); err != nil {
 			return err
 		}
+		var pid int32
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		defer c.reapBlockers(ctx, pid)()
 		var self bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM cluster_member
 			WHERE incarnation = $1 AND NOT leaving AND lease_until >= $2)`, incarnation, now).Scan(&self); err != nil {
@@ -387,6 +404,53 @@ func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version 
 	}
 	slices.SortFunc(taken, func(a, b membership.Lease) int { return cmp.Compare(a.Partition, b.Partition) })
 	return taken, nil
+}
+
+// reapBlockers watches the backend pid (an Acquire waiting for partition
+// rows) until the returned stop is called, and terminates every session
+// that blocks it while idle in a transaction for at least stuckAfter.
+//
+// Such a session is a commit whose process froze (SIGSTOP, a VM pause, a cut
+// network) between its fence check, which holds the lease row FOR SHARE, and
+// its COMMIT: the lease's owner is already presumed dead, or Acquire would
+// not want the row. Terminating the session aborts that transaction, so
+// nothing of it is written; the frozen process, when it resumes, finds its
+// connection gone (an unknown outcome: it re-reads the store) and its fence
+// stale. Without this, the partition (and the heads it locked) stays blocked
+// until the frozen process resumes. It needs the privilege to signal the
+// session (same role, pg_signal_backend or superuser); without it the
+// acquire just waits out its lock timeout and is retried.
+func (c *ClusterStore) reapBlockers(ctx context.Context, pid int32) (stop func()) {
+	if c.stuckAfter <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(c.stuckAfter/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			_, _ = c.pool.Exec(ctx, `SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a
+				WHERE a.pid = ANY(pg_blocking_pids($1))
+				  AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+				  AND a.state_change <= clock_timestamp() - $2::interval`, pid, c.stuckAfter)
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// WithStuckAfter returns a copy of c that terminates sessions blocking an
+// Acquire after they sat idle in a transaction for d (0 never does).
+func (c *ClusterStore) WithStuckAfter(d time.Duration) *ClusterStore {
+	cp := *c
+	cp.stuckAfter = d
+	return &cp
 }
 
 func (c *ClusterStore) Release(ctx context.Context, leases []membership.Lease) error {

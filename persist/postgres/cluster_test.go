@@ -349,3 +349,61 @@ func TestClusterSchema(t *testing.T) {
 		t.Fatal("two members with one incarnation were accepted")
 	}
 }
+
+// A commit frozen between its fence check and its COMMIT (its session idle
+// in the transaction, holding the lease row FOR SHARE) does not block a
+// takeover for long: Acquire terminates the stuck session, whose transaction
+// then writes nothing.
+func TestClusterAcquireReapsStuckCommit(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	clk := clock.NewFake(time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC))
+	cs := s.Cluster().WithClock(clk).WithLockTimeout(20 * time.Second).WithStuckAfter(200 * time.Millisecond)
+	a := membership.Member{NodeID: "a", Incarnation: "a/1", ClusterAddr: "a", APIAddr: "a"}
+	b := membership.Member{NodeID: "b", Incarnation: "b/1", ClusterAddr: "b", APIAddr: "b"}
+	cs.Join(ctx, a, 5*time.Second, false)
+	v, err := cs.Join(ctx, b, 5*time.Second, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := cs.Acquire(ctx, a.Incarnation, v.Version, []uint32{3})
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("%v %v", ls, err)
+	}
+	// a's commit: fence checked, row inserted, COMMIT never sent (frozen).
+	stuck, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Rollback(ctx)
+	if _, err := stuck.Exec(ctx, fenceSQL, []int64{3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stuck.Exec(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, body, client_msg_id, server_at)
+		VALUES (9, 'g:9', 1, 1, 'x', 'stuck', now())`); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(4 * time.Second)
+	if _, err := cs.Heartbeat(ctx, b.NodeID, b.Incarnation, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second) // a expired
+	v, err = cs.Heartbeat(ctx, b.NodeID, b.Incarnation, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ls, err = cs.Acquire(ctx, b.Incarnation, v.Version, []uint32{3})
+	if err != nil || len(ls) != 1 || ls[0].Epoch != 2 {
+		t.Fatalf("takeover behind a stuck commit: %+v %v", ls, err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("takeover waited %v (the lock timeout), the stuck session was not ended", d)
+	}
+	if err := stuck.Commit(ctx); err == nil {
+		t.Fatal("the stuck transaction committed after its session was terminated")
+	}
+	if _, err := s.GetMessage(ctx, 9); !errors.Is(err, sequencer.ErrNotFound) {
+		t.Fatalf("the stuck commit's row exists: %v", err)
+	}
+}
