@@ -66,10 +66,15 @@ func (w *rowWriter) Close() error { w.pool.Close(); return nil }
 // the seed's uk_from_client "idempotency gate" does (the seq taken for the
 // resend is then a hole, which the seed accepts).
 func (w *rowWriter) insertOne(ctx context.Context, req *sequencer.SendRequest, msgID, seq uint64) (sequencer.SendResult, error) {
+	conn, err := w.pool.Acquire(ctx)
+	if err != nil {
+		return sequencer.SendResult{}, fmt.Errorf("insert message conv=%s seq=%d: %w", req.ConvID, seq, err)
+	}
 	at := storedAt()
-	t0 := time.Now()
-	_, err := w.pool.Exec(ctx, insertMessageSQL, int64(msgID), req.ConvID, int64(seq), int64(req.FromUID),
+	t0 := time.Now() // the commit's own time, not the wait for a connection
+	_, err = conn.Exec(ctx, insertMessageSQL, int64(msgID), req.ConvID, int64(seq), int64(req.FromUID),
 		req.MsgType, req.Body, req.ClientMsgID, at)
+	conn.Release()
 	if err == nil {
 		w.insertNs.Add(int64(time.Since(t0)))
 		w.inserts.Add(1)
