@@ -105,7 +105,7 @@ func startChild(t *testing.T, name, mode string, env ...string) *child {
 	}()
 	t.Cleanup(func() {
 		c.stop()
-		if t.Failed() {
+		if t.Failed() || os.Getenv("SEQUENCER_TEST_CHILD_LOGS") != "" {
 			t.Logf("log of child %s:\n%s", name, c.log())
 		}
 	})
