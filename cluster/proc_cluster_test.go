@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -450,4 +452,58 @@ func (pc *procCluster) checkStored(acks map[string]acked) {
 		}
 	}
 	t.Logf("%d sends acked over %d conversations; stored rows match", len(acks), len(next))
+}
+
+// TestProcessForwardLatency measures one sender's send latency through the
+// owner and through another node (forwarded over remote). It only runs with
+// SEQUENCER_CLUSTER_MEASURE=1:
+//
+//	SEQUENCER_CLUSTER_MEASURE=1 go test -run TestProcessForwardLatency -v ./cluster/
+func TestProcessForwardLatency(t *testing.T) {
+	if os.Getenv("SEQUENCER_CLUSTER_MEASURE") == "" {
+		t.Skip("measurement: set SEQUENCER_CLUSTER_MEASURE=1")
+	}
+	pc := newProcCluster(t)
+	pc.start("m1")
+	pc.start("m2")
+	pc.waitSettled(30 * time.Second)
+	const n = 400
+	measure := func(via func(conv string) *child) []time.Duration {
+		var ds []time.Duration
+		for i := range n {
+			conv := fmt.Sprintf("m:%d", i%8)
+			c := via(conv)
+			start := time.Now()
+			if _, _, err := pc.send(func() *child { return c }, conv, fmt.Sprintf("%s-%d-%d", c.name, i, time.Now().UnixNano()), 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, time.Since(start))
+		}
+		slices.Sort(ds)
+		return ds
+	}
+	owner := func(conv string) *child {
+		resp, err := pc.http.Get("http://" + pc.nodes["m1"].addr + "/route?conv=" + conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var rt api.Route
+		json.NewDecoder(resp.Body).Decode(&rt)
+		return pc.nodes[rt.NodeID]
+	}
+	other := func(conv string) *child {
+		if o := owner(conv); o.name == "m1" {
+			return pc.nodes["m2"]
+		}
+		return pc.nodes["m1"]
+	}
+	direct := measure(owner)
+	forwarded := measure(other)
+	q := func(ds []time.Duration, f float64) time.Duration {
+		return ds[int(f*float64(len(ds)-1))].Round(10 * time.Microsecond)
+	}
+	t.Logf("%d sequential sends, 8 conversations, 2 nodes", n)
+	t.Logf("via the owner:   p50 %v  p90 %v  p99 %v", q(direct, .5), q(direct, .9), q(direct, .99))
+	t.Logf("via other node:  p50 %v  p90 %v  p99 %v", q(forwarded, .5), q(forwarded, .9), q(forwarded, .99))
 }
