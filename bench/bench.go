@@ -314,6 +314,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 
 	var results []Result
+	var failed []error
 	for _, sc := range scenarios {
 		for _, spec := range specs {
 			if ctx.Err() != nil {
@@ -321,7 +322,11 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 			}
 			res, err := r.runOne(ctx, spec, sc)
 			if err != nil {
-				return fmt.Errorf("engine %s, scenario %s: %w", spec.Key, sc.Name, err)
+				// One engine failing (a server that did not start, Redis
+				// gone) does not lose the other measurements.
+				err = fmt.Errorf("engine %s, scenario %s: %w", spec.Key, sc.Name, err)
+				failed = append(failed, err)
+				res.Skipped = "failed: " + err.Error()
 			}
 			results = append(results, res)
 			fmt.Fprintln(stderr, summaryLine(res))
@@ -340,9 +345,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "\nreport: %s\n", strings.Join(files, ", "))
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("interrupted: %w", ctx.Err())
+		failed = append(failed, fmt.Errorf("interrupted: %w", ctx.Err()))
 	}
-	return nil
+	return errors.Join(failed...)
 }
 
 // runner holds what every (engine, scenario) run shares.

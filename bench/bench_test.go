@@ -301,3 +301,24 @@ func TestMemoryScenarioStopsAtRSSLimit(t *testing.T) {
 		t.Errorf("report does not say the run stopped early:\n%s", md)
 	}
 }
+
+// An engine that cannot run does not lose the others' measurements: the
+// report is written with the failure in it, and Main returns the error.
+func TestFailedEngineKeepsOthersInReport(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	var stdout, stderr bytes.Buffer
+	report := filepath.Join(t.TempDir(), "f.md")
+	args := []string{"--engines", "d,e", "--serve-bin", filepath.Join(t.TempDir(), "no-such-sequencer"), "--scenarios", "many",
+		"--duration", "300ms", "--warmup", "0s", "--senders", "4", "--convs", "10", "--pg", admin, "--progress", "-1s", "--report", report}
+	err := Main(context.Background(), args, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "engine e, scenario many") {
+		t.Fatalf("Main: %v, want engine e's failure", err)
+	}
+	md, rerr := os.ReadFile(report)
+	if rerr != nil {
+		t.Fatalf("no report after a failed engine: %v", rerr)
+	}
+	if !strings.Contains(string(md), "| d COPY, no seq (ceiling) |") || !strings.Contains(string(md), "skipped: failed: engine e") {
+		t.Errorf("report lacks d's row or e's failure:\n%s", md)
+	}
+}
