@@ -49,6 +49,24 @@ type Config struct {
 	WorkerLeaseTTL time.Duration
 	// DrainTimeout bounds the graceful stop on SIGTERM. Default 30s.
 	DrainTimeout time.Duration
+
+	// Cluster mode only (ClusterListen set).
+
+	// ClusterAdvertise is the inter-node address other nodes dial. Default:
+	// the address ClusterListen bound (set it when listening on 0.0.0.0).
+	ClusterAdvertise string
+	// MemberTTL is how long a node's membership lease lives without a
+	// heartbeat; a crashed node's conversations move after about this long.
+	// Default 5s. Must exceed 2*Heartbeat.
+	MemberTTL time.Duration
+	// Heartbeat is the membership lease renewal interval. Default 1s.
+	Heartbeat time.Duration
+	// Partitions is the fixed partition count of the ring; every node of a
+	// cluster must use the same value. Default 271.
+	Partitions int
+	// HandoffWait bounds how long a send waits for a moving conversation to
+	// become writable before it fails with unavailable. Default 2s.
+	HandoffWait time.Duration
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -82,6 +100,10 @@ func (c Config) WithDefaults() Config {
 	defDur(&c.CommitTimeout, 5*time.Second)
 	defDur(&c.WorkerLeaseTTL, 10*time.Second)
 	defDur(&c.DrainTimeout, 30*time.Second)
+	defDur(&c.MemberTTL, 5*time.Second)
+	defDur(&c.Heartbeat, time.Second)
+	defInt(&c.Partitions, 271)
+	defDur(&c.HandoffWait, 2*time.Second)
 	return c
 }
 
@@ -114,9 +136,14 @@ func (c Config) Validate() error {
 	pos("max-batch-messages", c.MaxBatchMessages)
 	pos("max-queue-per-conv", c.MaxQueuePerConv)
 	pos("max-pending", c.MaxPending)
+	pos("partitions", c.Partitions)
+	if c.MemberTTL <= 2*c.Heartbeat {
+		errs = append(errs, fmt.Errorf("member-ttl %v must exceed 2 x heartbeat %v", c.MemberTTL, c.Heartbeat))
+	}
 	for name, d := range map[string]time.Duration{
 		"passivate-after": c.PassivateAfter, "commit-timeout": c.CommitTimeout,
 		"worker-lease-ttl": c.WorkerLeaseTTL, "drain-timeout": c.DrainTimeout,
+		"member-ttl": c.MemberTTL, "heartbeat": c.Heartbeat, "handoff-wait": c.HandoffWait,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))

@@ -20,10 +20,13 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
+	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
+	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/ring"
 )
 
 // Server is a running node.
@@ -34,6 +37,7 @@ type Server struct {
 	store    persist.Store
 	lease    *idgen.Lease
 	node     *actor.Node
+	cluster  *cluster.Node // nil on a single node
 	http     *http.Server
 	listener net.Listener
 	served   chan error
@@ -75,6 +79,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			if s.cluster != nil {
+				_ = s.cluster.Leave(context.Background())
+			}
 			s.closeAll(context.Background())
 		}
 	}()
@@ -95,27 +102,60 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("worker-id lease: %w", err)
 	}
 
-	s.node, err = actor.NewNode(actor.Config{
-		Store: st, IDs: s.lease, Metrics: s.metrics, Logger: log,
-		PassivateAfter: cfg.PassivateAfter, MaxQueuePerConv: cfg.MaxQueuePerConv, MaxPending: cfg.MaxPending,
-		CommitWorkers: cfg.CommitWorkers, MaxBatchMessages: cfg.MaxBatchMessages, CommitTimeout: cfg.CommitTimeout,
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	svc := api.NewService(api.Config{
-		Sender: s.node, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log,
-		Router: api.RouterFunc(s.routeSingle),
-	})
+	// The API address is bound first: in cluster mode Route answers it.
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
+
+	acfg := actor.Config{
+		Store: st, IDs: s.lease, Metrics: s.metrics, Logger: log,
+		PassivateAfter: cfg.PassivateAfter, MaxQueuePerConv: cfg.MaxQueuePerConv, MaxPending: cfg.MaxPending,
+		CommitWorkers: cfg.CommitWorkers, MaxBatchMessages: cfg.MaxBatchMessages, CommitTimeout: cfg.CommitTimeout,
+	}
+	var sender api.Sender
+	var router api.Router = api.RouterFunc(s.routeSingle)
+	if cfg.ClusterListen != "" {
+		pg, isPG := st.(*postgres.Store)
+		if !isPG {
+			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
+		}
+		s.cluster, err = cluster.New(cluster.Config{
+			NodeID: cfg.NodeID, Store: pg.Cluster(), ClusterListen: cfg.ClusterListen,
+			ClusterAdvertise: cfg.ClusterAdvertise, APIAddr: s.Addr(),
+			Ring:      ring.Config{Partitions: cfg.Partitions},
+			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
+			Logger: log, Metrics: s.metrics,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+		// Commits carry the partition fence; a fenced commit makes the node
+		// step down.
+		acfg.Store = s.cluster.FenceStore(st)
+		acfg.Ownership = s.cluster
+	}
+	s.node, err = actor.NewNode(acfg)
+	if err != nil {
+		return nil, err
+	}
+	sender = s.node
+	if s.cluster != nil {
+		if err := s.cluster.Start(octx, s.node); err != nil {
+			s.cluster = nil // never joined: nothing to leave
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+		sender, router = s.cluster, s.cluster
+	}
+
+	svc := api.NewService(api.Config{
+		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,
+	})
 	s.http = api.NewServer(cfg.Listen, api.NewHTTPHandler(svc, s.ready, s.metrics.Registry))
 	go func() { s.served <- s.http.Serve(s.listener) }()
 	wid, _ := s.lease.WorkerID()
-	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID, "worker_id", wid)
+	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
+		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
 	ok = true
 	return s, nil
 }
@@ -135,6 +175,11 @@ func (s *Server) ready() error {
 	if !s.lease.Ready() {
 		return sequencer.ErrWorkerLeaseLost
 	}
+	if s.cluster != nil {
+		if err := s.cluster.Ready(); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
@@ -148,12 +193,19 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (api.Route, err
 	return api.Route{NodeID: s.cfg.NodeID, Address: s.Addr()}, nil
 }
 
-// Shutdown drains: /readyz turns 503, the API stops taking requests and lets
+// Shutdown drains: /readyz turns 503; in cluster mode the node leaves the
+// ring and hands its partitions off (its in-flight batches finish, new sends
+// are forwarded to the new owners); the API stops taking requests and lets
 // in-flight ones finish (their sends commit or fail cleanly), the actors drain
 // their queues, then the worker-id lease is released and the store closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	var errs []error
+	if s.cluster != nil {
+		if err := s.cluster.Leave(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cluster leave: %w", err))
+		}
+	}
 	if s.http != nil {
 		if err := s.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))

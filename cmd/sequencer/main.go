@@ -86,6 +86,11 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.DurationVar(&c.CommitTimeout, "commit-timeout", d.CommitTimeout, "bound on one store commit; past it the outcome is re-read from the store")
 	fs.DurationVar(&c.WorkerLeaseTTL, "worker-lease-ttl", d.WorkerLeaseTTL, "lifetime of the snowflake worker-id lease without renewal")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", d.DrainTimeout, "bound on the graceful stop after SIGTERM")
+	fs.StringVar(&c.ClusterAdvertise, "cluster-advertise", "", "inter-node address other nodes dial (default: the address --cluster-listen bound)")
+	fs.DurationVar(&c.MemberTTL, "member-ttl", d.MemberTTL, "cluster: a node silent this long is presumed dead and its conversations move (failover time)")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", d.Heartbeat, "cluster: membership lease renewal interval (member-ttl must exceed 2x heartbeat)")
+	fs.IntVar(&c.Partitions, "partitions", d.Partitions, "cluster: fixed partition count of the ring, the same on every node")
+	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
