@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,6 +63,11 @@ func classify(err error, attemptTimedOut bool) failure {
 	// Synthesized by the client: the request failed locally or in transit.
 	switch ce.Code() {
 	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
+		if _, byContext := contextCode(err); !byContext && transportErr(err) {
+			// The node died under the request (connect reports a reset
+			// HTTP/2 connection as canceled): not the caller's doing.
+			return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
+		}
 		if attemptTimedOut {
 			return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
 		}
@@ -86,7 +92,15 @@ func transportErr(err error) bool {
 		return true
 	}
 	var ne net.Error
-	return errors.As(err, &ne)
+	if errors.As(err, &ne) {
+		return true
+	}
+	// net/http's HTTP/2 client closes a connection to a node that went away
+	// (GOAWAY, shutdown) with unexported errors; connect reports an answer cut
+	// short that way as an incomplete envelope.
+	msg := err.Error()
+	return strings.Contains(msg, "http2: client connection") || strings.Contains(msg, "incomplete envelope") ||
+		strings.Contains(msg, "http2: server sent GOAWAY")
 }
 
 func contextCode(err error) (sequencer.Code, bool) {

@@ -735,11 +735,19 @@ func (n *Node) Leave(ctx context.Context) error {
 	clear(n.parts)
 	n.notifyLocked()
 	n.mu.Unlock()
-	if err := n.tr.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("cluster leave: closing the transport: %w", err))
-	}
 	n.log.Info("left the cluster")
 	return errors.Join(errs...)
+}
+
+// Close stops the node-to-node transport. Call it after Leave and after the
+// API stopped taking requests: sends this node forwarded before it left still
+// need the transport to carry their replies back. Forwards still waiting when
+// it closes fail with a retryable error.
+func (n *Node) Close() error {
+	if err := n.tr.Close(); err != nil {
+		return fmt.Errorf("cluster: closing the transport: %w", err)
+	}
+	return nil
 }
 
 func (n *Node) countHeld() int {

@@ -242,7 +242,7 @@ func runNodeChild() {
 		leaveOnce.Do(func() {
 			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			leaveErr = errors.Join(cn.Leave(lctx), an.Close(lctx), lease.Close(lctx))
+			leaveErr = errors.Join(cn.Leave(lctx), an.Close(lctx), cn.Close(), lease.Close(lctx))
 			store.Close()
 		})
 		return leaveErr

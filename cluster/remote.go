@@ -48,9 +48,13 @@ type RemoteTransport struct {
 	cancel   context.CancelFunc
 	handlers sync.WaitGroup
 	closed   bool
+	done     chan struct{} // closed by Close: waiting forwards give up
 }
 
 var _ Transport = (*RemoteTransport)(nil)
+
+// errTransportClosed fails forwards still waiting when the transport closes.
+var errTransportClosed = errors.New("cluster transport closed")
 
 // NewRemoteTransport returns a transport that listens on cfg.Listen once
 // started.
@@ -58,7 +62,7 @@ func NewRemoteTransport(cfg RemoteConfig) *RemoteTransport {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &RemoteTransport{cfg: cfg}
+	return &RemoteTransport{cfg: cfg, done: make(chan struct{})}
 }
 
 // warnHandler drops records below Warn (the library logs every connection
@@ -174,6 +178,8 @@ func (t *RemoteTransport) Forward(ctx context.Context, addr string, req *cluster
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-t.done:
+		return nil, fmt.Errorf("request to %s: %w", addr, errTransportClosed)
 	case o := <-ch:
 		if o.err != nil {
 			if ctx.Err() != nil {
@@ -212,6 +218,7 @@ func (t *RemoteTransport) Close() error {
 		return nil
 	}
 	t.closed = true
+	close(t.done)
 	system, r, cancel := t.system, t.remote, t.cancel
 	t.mu.Unlock()
 	if system == nil {

@@ -156,6 +156,14 @@ func (p *proc) kill() {
 func (p *proc) term(d time.Duration) error {
 	p.t.Helper()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if os.Getenv("E2E_DEBUG_QUIT") != "" {
+		select {
+		case <-p.done:
+			return p.exit
+		case <-time.After(8 * time.Second):
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		}
+	}
 	select {
 	case <-p.done:
 		return p.exit

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -171,6 +170,11 @@ type load struct {
 	retries   atomic.Int64
 	onError   func(err error)
 	clientFor func(i int) sequencerv1connect.SequencerServiceClient
+	// sendFn, when set, replaces clientFor: one attempt of client i.
+	sendFn func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (msgID, seq uint64, err error)
+	// retryable, when set, replaces the default classification.
+	retryable  func(err error) bool
+	maxLatency atomic.Int64 // ns, longest time from first attempt to ack
 }
 
 func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
@@ -179,7 +183,10 @@ func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := l.clientFor(i)
+			var c sequencerv1connect.SequencerServiceClient
+			if l.sendFn == nil {
+				c = l.clientFor(i)
+			}
 			rng := rand.New(rand.NewSource(int64(i)))
 			from := uint64(1000 + i)
 			for j := 0; l.perClient == 0 || j < l.perClient; j++ {
@@ -203,11 +210,11 @@ func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 					inner.Add(1)
 					go func() {
 						defer inner.Done()
-						l.sendUntilAcked(ctx, c, conv, from, cid, body)
+						l.sendUntilAcked(ctx, i, c, conv, from, cid, body)
 					}()
 				}
 				for k := 0; k <= resends; k++ {
-					l.sendUntilAcked(ctx, c, conv, from, cid, body)
+					l.sendUntilAcked(ctx, i, c, conv, from, cid, body)
 				}
 				inner.Wait()
 			}
@@ -217,20 +224,40 @@ func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 }
 
 // sendUntilAcked sends until acked or a non-retryable error or ctx end.
-func (l *load) sendUntilAcked(ctx context.Context, c sequencerv1connect.SequencerServiceClient, conv string, from uint64, cid string, body []byte) {
+func (l *load) sendUntilAcked(ctx context.Context, i int, c sequencerv1connect.SequencerServiceClient, conv string, from uint64, cid string, body []byte) {
+	start := time.Now()
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := send(rctx, c, conv, from, cid, body)
+		rctx, cancel := context.WithTimeout(ctx, l.attemptTimeout())
+		var msgID, seq uint64
+		var err error
+		if l.sendFn != nil {
+			msgID, seq, err = l.sendFn(rctx, i, conv, from, cid, body)
+		} else {
+			var resp *sequencerv1.SendResponse
+			if resp, err = send(rctx, c, conv, from, cid, body); err == nil {
+				msgID, seq = resp.MsgId, resp.Seq
+			}
+		}
 		cancel()
 		if err == nil {
-			l.led.record(ack{conv: conv, from: from, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
+			l.led.record(ack{conv: conv, from: from, cid: cid, msgID: msgID, seq: seq})
+			took := int64(time.Since(start))
+			for {
+				cur := l.maxLatency.Load()
+				if took <= cur || l.maxLatency.CompareAndSwap(cur, took) {
+					break
+				}
+			}
 			return
 		}
 		if l.onError != nil {
 			l.onError(err)
 		}
-		code := connect.CodeOf(err)
-		if ctx.Err() != nil || !(code == connect.CodeUnavailable || code == connect.CodeResourceExhausted || code == connect.CodeDeadlineExceeded || code == connect.CodeUnknown || code == connect.CodeCanceled) {
+		retry := retryableCode(err)
+		if l.retryable != nil {
+			retry = l.retryable(err)
+		}
+		if ctx.Err() != nil || !retry {
 			l.errs.Add(1)
 			return
 		}
@@ -242,6 +269,24 @@ func (l *load) sendUntilAcked(ctx context.Context, c sequencerv1connect.Sequence
 		case <-time.After(time.Duration(10+attempt*10) * time.Millisecond):
 		}
 	}
+}
+
+// attemptTimeout bounds one attempt: 10 s, or 60 s when sendFn retries on
+// its own (the SDK has a 30 s budget of its own).
+func (l *load) attemptTimeout() time.Duration {
+	if l.sendFn != nil {
+		return 60 * time.Second
+	}
+	return 10 * time.Second
+}
+
+// retryableCode is what a client may resend on (with the same client_msg_id).
+func retryableCode(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeResourceExhausted, connect.CodeDeadlineExceeded, connect.CodeUnknown, connect.CodeCanceled:
+		return true
+	}
+	return false
 }
 
 func convNames(n int) []string {
@@ -327,6 +372,3 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-var _ = errors.Is
-var _ = sequencerv1.SendRequest{}

@@ -81,6 +81,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		if !ok {
 			if s.cluster != nil {
 				_ = s.cluster.Leave(context.Background())
+				_ = s.cluster.Close()
 			}
 			s.closeAll(context.Background())
 		}
@@ -209,6 +210,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.http != nil {
 		if err := s.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	// Only now: sends forwarded before the leave needed it for their replies.
+	if s.cluster != nil {
+		if err := s.cluster.Close(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := s.closeAll(ctx); err != nil {
