@@ -12,6 +12,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,6 +22,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +86,10 @@ type Config struct {
 	Report string
 	// Keep leaves the run's database and Redis keys in place.
 	Keep bool
+	// Repeat runs every engine on every scenario (but memory) this many
+	// times, interleaved, and reports the run with the median throughput
+	// (default 1). All runs' throughput and p99 are kept in the JSON.
+	Repeat int
 	// ProgressEvery is the live line's interval (default 1s; <0 disables).
 	ProgressEvery time.Duration
 	// MaxRSS stops the memory scenario early when the measured process's
@@ -132,6 +138,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleWait <= 0 {
 		c.IdleWait = 3*c.Passivate + 10*time.Second
+	}
+	if c.Repeat <= 0 {
+		c.Repeat = 1
 	}
 	if c.ProgressEvery == 0 {
 		c.ProgressEvery = time.Second
@@ -200,6 +209,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
 	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engine a: idle time after which a conversation actor stops")
 	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
+	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved; report the median-throughput run")
 	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
@@ -313,23 +323,40 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		}()
 	}
 
-	var results []Result
+	// Repeats are interleaved (every engine and scenario once, then again),
+	// so a burst of load from other processes hits all engines alike. The
+	// memory scenario runs once.
+	runs := map[string][]Result{}
 	var failed []error
+	for rep := 0; rep < cfg.Repeat; rep++ {
+		for _, sc := range scenarios {
+			if sc.TouchOnce && rep > 0 {
+				continue
+			}
+			for _, spec := range specs {
+				if ctx.Err() != nil {
+					break
+				}
+				res, err := r.runOne(ctx, spec, sc, rep)
+				if err != nil {
+					// One engine failing (a server that did not start,
+					// Redis gone) does not lose the other measurements.
+					err = fmt.Errorf("engine %s, scenario %s: %w", spec.Key, sc.Name, err)
+					failed = append(failed, err)
+					res.Skipped = "failed: " + err.Error()
+				}
+				key := spec.Key + "/" + sc.Name
+				runs[key] = append(runs[key], res)
+				fmt.Fprintln(stderr, summaryLine(res))
+			}
+		}
+	}
+	var results []Result
 	for _, sc := range scenarios {
 		for _, spec := range specs {
-			if ctx.Err() != nil {
-				break
+			if rs := runs[spec.Key+"/"+sc.Name]; len(rs) > 0 {
+				results = append(results, medianRun(rs))
 			}
-			res, err := r.runOne(ctx, spec, sc)
-			if err != nil {
-				// One engine failing (a server that did not start, Redis
-				// gone) does not lose the other measurements.
-				err = fmt.Errorf("engine %s, scenario %s: %w", spec.Key, sc.Name, err)
-				failed = append(failed, err)
-				res.Skipped = "failed: " + err.Error()
-			}
-			results = append(results, res)
-			fmt.Fprintln(stderr, summaryLine(res))
 		}
 	}
 	r.info.Finished = time.Now().UTC()
@@ -369,19 +396,29 @@ func (r *runner) logf(format string, args ...any) {
 
 // runOne opens spec's engine on a fresh schema, runs sc against it, and
 // closes it.
-func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Result, error) {
+func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep int) (Result, error) {
 	res := Result{Engine: spec.Key, EngineName: spec.Name, Scenario: sc.Name, Senders: sc.Senders, Convs: sc.Convs, Skew: sc.Skew, LoadAvg: loadAvg1()}
 	if r.body == nil {
 		r.body = make([]byte, r.cfg.BodySize)
 		_, _ = rand.Read(r.body)
 	}
+	// Every run has its own names: a repeat starts on fresh conversations,
+	// resend keys and Redis counters, like on a fresh schema.
+	runName := sc.Name
+	if rep > 0 {
+		runName += fmt.Sprintf("%d", rep+1)
+	}
 	env := Env{
-		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + sc.Name + ":",
+		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
 		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, Logf: r.logf,
 	}
 	if spec.NeedsSchema {
-		dsn, err := r.db.NewSchema(ctx, spec.Key+"_"+sc.Name)
+		schema := spec.Key + "_" + sc.Name
+		if rep > 0 {
+			schema += fmt.Sprintf("_r%d", rep+1)
+		}
+		dsn, err := r.db.NewSchema(ctx, schema)
 		if err != nil {
 			return res, err
 		}
@@ -424,8 +461,8 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 
 	l := &load{
 		eng: eng, sc: sc, body: r.body,
-		convPfx: r.runID + "-" + sc.Name + "-",
-		cmidPfx: r.runID + "-" + spec.Key + "-" + sc.Name + "-",
+		convPfx: r.runID + "-" + runName + "-",
+		cmidPfx: r.runID + "-" + spec.Key + "-" + runName + "-",
 		seed:    uint64(time.Now().UnixNano()),
 	}
 	if r.cfg.ProgressEvery > 0 {
@@ -503,6 +540,33 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario) (Resu
 	}
 	res.Interrupted = interrupted
 	return res, nil
+}
+
+// medianRun returns the measured run with the median throughput (the lower
+// middle one for an even count), carrying every run's throughput and p99.
+// Failed or skipped runs count only when no run was measured.
+func medianRun(rs []Result) Result {
+	var ok []Result
+	for _, r := range rs {
+		if r.Skipped == "" {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) == 0 {
+		return rs[0]
+	}
+	sorted := slices.Clone(ok)
+	slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(a.Throughput, b.Throughput) })
+	m := sorted[(len(sorted)-1)/2]
+	if len(rs) > 1 {
+		m.RunsThroughput, m.RunsP99 = nil, nil
+		for _, r := range ok {
+			m.RunsThroughput = append(m.RunsThroughput, r.Throughput)
+			m.RunsP99 = append(m.RunsP99, r.Latency.P99)
+		}
+		m.FailedRuns = len(rs) - len(ok)
+	}
+	return m
 }
 
 // randomID returns 8 random hex characters.

@@ -46,6 +46,7 @@ type RunInfo struct {
 	Warmup     float64           `json:"warmup_seconds"`
 	Messages   int64             `json:"messages,omitempty"`
 	Pool       int               `json:"pool"`
+	Repeat     int               `json:"repeat"`
 	BodySize   int               `json:"body_bytes"`
 
 	checkpointWarned bool
@@ -83,7 +84,7 @@ func collectRunInfo(cfg Config) RunInfo {
 		Command:  "sequencer bench " + shellJoin(cfg.Args),
 		LoadAvg:  loadAvg1(),
 		Duration: cfg.Duration.Seconds(), Warmup: cfg.Warmup.Seconds(), Messages: cfg.Messages,
-		Pool: cfg.Pool, BodySize: cfg.BodySize,
+		Pool: cfg.Pool, Repeat: cfg.Repeat, BodySize: cfg.BodySize,
 	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -314,6 +315,9 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	}
 	fmt.Fprintf(w, "| load average (1 min) at start | %.2f |\n", in.LoadAvg)
 	mode := fmt.Sprintf("%gs measured after %gs warmup", in.Duration, in.Warmup)
+	if in.Repeat > 1 {
+		mode += fmt.Sprintf(", %d runs interleaved (median shown)", in.Repeat)
+	}
 	if in.Messages > 0 {
 		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))
 	}
@@ -355,7 +359,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 				ofD = fmt.Sprintf("%.0f%%", 100*r.Throughput/d.Throughput)
 			}
 			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName,
-				fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99),
+				fmtThroughputRuns(r), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99),
 				fmtMs(r.Latency.P999), fmtMs(r.Latency.Max), fmtErrors(r), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs), ofD, r.LoadAvg)
 		}
 		fmt.Fprintln(w)
@@ -457,6 +461,17 @@ func fmtBatch(b float64) string {
 		return "-"
 	}
 	return strconv.FormatFloat(b, 'f', 1, 64)
+}
+
+// fmtThroughputRuns is the throughput, followed by the range over all runs
+// when there were several: "45,936 (41,002-52,163, 3 runs)".
+func fmtThroughputRuns(r Result) string {
+	s := fmtInt(int64(r.Throughput))
+	if len(r.RunsThroughput) > 1 {
+		lo, hi := slices.Min(r.RunsThroughput), slices.Max(r.RunsThroughput)
+		s += fmt.Sprintf(" (%s-%s, %d runs)", fmtInt(int64(lo)), fmtInt(int64(hi)), len(r.RunsThroughput))
+	}
+	return s
 }
 
 func fmtCommitMs(ms float64) string {

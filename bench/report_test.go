@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -275,5 +276,31 @@ func TestScenarioOverridesAndPicker(t *testing.T) {
 	ms, _ := parseScenarios("memory", scenarioOverrides{Messages: 5, Warmup: time.Second})
 	if ms[0].Warmup != 0 || !ms[0].TouchOnce {
 		t.Errorf("messages mode keeps warmup: %+v", ms[0])
+	}
+}
+
+func TestMedianRunOfRepeats(t *testing.T) {
+	run := func(tput, p99 float64) Result {
+		return Result{Engine: "a", Scenario: "many", Throughput: tput, Latency: LatencySummary{P99: p99}}
+	}
+	failed := Result{Engine: "a", Scenario: "many", Skipped: "failed: boom"}
+	m := medianRun([]Result{run(30, 9), failed, run(10, 7), run(20, 8)})
+	if m.Throughput != 20 || m.Latency.P99 != 8 || m.FailedRuns != 1 {
+		t.Errorf("median %+v, want the 20 msg/s run and one failed run", m)
+	}
+	if !slices.Equal(m.RunsThroughput, []float64{30, 10, 20}) || !slices.Equal(m.RunsP99, []float64{9, 7, 8}) {
+		t.Errorf("runs %v %v, want every measured run in order", m.RunsThroughput, m.RunsP99)
+	}
+	if got := fmtThroughputRuns(m); got != "20 (10-30, 3 runs)" {
+		t.Errorf("cell %q", got)
+	}
+	if m := medianRun([]Result{run(10, 1), run(40, 2)}); m.Throughput != 10 {
+		t.Errorf("even count: median %v, want the lower middle 10", m.Throughput)
+	}
+	if m := medianRun([]Result{failed}); m.Skipped == "" {
+		t.Errorf("only failures: %+v, want the failure", m)
+	}
+	if m := medianRun([]Result{run(5, 1)}); m.RunsThroughput != nil || fmtThroughputRuns(m) != "5" {
+		t.Errorf("single run carries runs: %+v", m)
 	}
 }

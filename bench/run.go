@@ -39,9 +39,14 @@ type Result struct {
 	Memory       *MemoryResult `json:"memory,omitempty"`
 	// LoadAvg is the machine's 1-minute load average when the run started
 	// (the bench shares its machine; a high value explains noise).
-	LoadAvg     float64 `json:"load_avg_1m"`
-	Skipped     string  `json:"skipped,omitempty"`
-	Interrupted bool    `json:"interrupted,omitempty"`
+	LoadAvg float64 `json:"load_avg_1m"`
+	// With --repeat: every measured run's throughput and p99 (in run order),
+	// and how many runs failed. The other fields are the median run's.
+	RunsThroughput []float64 `json:"runs_messages_per_second,omitempty"`
+	RunsP99        []float64 `json:"runs_p99_ms,omitempty"`
+	FailedRuns     int       `json:"failed_runs,omitempty"`
+	Skipped        string    `json:"skipped,omitempty"`
+	Interrupted    bool      `json:"interrupted,omitempty"`
 }
 
 // load is one run of a scenario's senders against an engine.
