@@ -1,0 +1,57 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{}.WithDefaults()
+	if c.Listen != "127.0.0.1:7070" || c.Store != "./data" || c.NodeID == "" || c.MaxBody != 65536 ||
+		c.MemberTTL != 5*time.Second || c.Heartbeat != time.Second || c.Partitions != 271 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("defaults must validate: %v", err)
+	}
+	if a, b := (Config{}).WithDefaults().NodeID, (Config{}).WithDefaults().NodeID; a == b {
+		t.Fatalf("generated node ids repeat: %s", a)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mod  func(*Config)
+		want string
+	}{
+		"bad listen":           {func(c *Config) { c.Listen = "nope" }, "listen"},
+		"cluster on embedded":  {func(c *Config) { c.ClusterListen = "127.0.0.1:7171" }, "PostgreSQL"},
+		"ttl under 2 beats":    {func(c *Config) { c.MemberTTL = 2 * time.Second; c.Heartbeat = time.Second }, "member-ttl"},
+		"negative workers":     {func(c *Config) { c.CommitWorkers = -1 }, "commit-workers"},
+		"body too large":       {func(c *Config) { c.MaxBody = 1 << 30 }, "max-body"},
+		"node id too long":     {func(c *Config) { c.NodeID = strings.Repeat("n", 65) }, "node-id"},
+		"negative drain bound": {func(c *Config) { c.DrainTimeout = -time.Second }, "drain-timeout"},
+	} {
+		c := Config{}.WithDefaults()
+		tc.mod(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error about %s", name, err, tc.want)
+		}
+	}
+	ok := Config{Store: "postgres://postgres@127.0.0.1/x", ClusterListen: "127.0.0.1:0"}.WithDefaults()
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("cluster on PostgreSQL: %v", err)
+	}
+}
+
+func TestRedactHidesPassword(t *testing.T) {
+	got := Redact("postgres://u:secret@127.0.0.1:5432/db")
+	if strings.Contains(got, "secret") {
+		t.Fatalf("Redact leaked the password: %s", got)
+	}
+	if Redact("./data") != "./data" {
+		t.Fatal("a path is not a secret")
+	}
+}
