@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -210,6 +211,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engine a: idle time after which a conversation actor stops")
 	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
 	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved; report the median-throughput run")
+	render := fs.String("render", "", "do not measure: re-render the Markdown and SVG of a saved report from its JSON FILE (to --report, default beside it)")
 	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
@@ -223,6 +225,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if *render != "" {
+		return renderSaved(*render, cfg.Report, stdout)
 	}
 	cfg.MaxRSS = *maxRSSMiB << 20
 	fs.Visit(func(f *flag.Flag) {
@@ -540,6 +545,36 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	res.Interrupted = interrupted
 	return res, nil
+}
+
+// renderSaved re-renders a saved JSON report as Markdown, JSON and SVG
+// (to out, or beside the JSON when out is empty).
+func renderSaved(jsonFile, out string, stdout io.Writer) error {
+	b, err := os.ReadFile(jsonFile)
+	if err != nil {
+		return fmt.Errorf("render: %w", err)
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("render %s: %w", jsonFile, err)
+	}
+	if out == "" {
+		out = strings.TrimSuffix(jsonFile, ".json") + ".md"
+	}
+	for i, info := range rep.Scenarios {
+		if s, ok := scenarioDefaults[info.Name]; ok {
+			s.Senders, s.Convs, s.Skew = info.Senders, info.Convs, info.Skew
+			rep.Scenarios[i].About = s.Describe()
+		}
+	}
+	rep.Targets = checkTargets(rep.Results)
+	files, err := rep.WriteFiles(out)
+	if err != nil {
+		return err
+	}
+	writeTextTable(stdout, &rep)
+	fmt.Fprintf(stdout, "\nreport: %s\n", strings.Join(files, ", "))
+	return nil
 }
 
 // medianRun returns the measured run with the median throughput (the lower

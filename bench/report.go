@@ -400,7 +400,7 @@ func (rep *Report) writeMemoryMarkdown(w io.Writer, rows []Result) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Bytes per live actor = (Go heap after the last send - Go heap before the first, both after a forced GC) / (live actors after the last send - live actors before the first). Peak RSS is the whole bench process (VmHWM, reset at the scenario's start).")
+	fmt.Fprintln(w, "Bytes per live actor = (Go heap after the last send - Go heap before the first, both after a forced GC) / (live actors after the last send - live actors before the first). Peak RSS is the whole process the engine runs in: the bench process for in-process engines (VmHWM, reset at the scenario's start, so it includes the senders), the server for a remote engine (sampled every 200 ms from its /metrics). Live actors after idle are counted once passivation had time to run.")
 	for _, n := range notes {
 		fmt.Fprintln(w, "\n"+n)
 	}

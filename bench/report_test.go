@@ -2,10 +2,14 @@ package bench
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -302,5 +306,37 @@ func TestMedianRunOfRepeats(t *testing.T) {
 	}
 	if m := medianRun([]Result{run(5, 1)}); m.RunsThroughput != nil || fmtThroughputRuns(m) != "5" {
 		t.Errorf("single run carries runs: %+v", m)
+	}
+}
+
+func TestRenderSavedReport(t *testing.T) {
+	dir := t.TempDir()
+	rep := sampleReport()
+	rep.Scenarios[0].Senders, rep.Scenarios[0].Convs = 1024, 10000
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(dir, "saved.json")
+	if err := os.WriteFile(src, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if err := Main(context.Background(), []string{"--render", src, "--report", filepath.Join(dir, "new", "r.md")}, &out, &errb); err != nil {
+		t.Fatalf("render: %v\n%s", err, errb.String())
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "new", "r.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## many: many conversations: 1,024 senders, 10,000 conversations, picked uniformly", "| b Redis INCR + INSERT | 5,000 |", "r.svg"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("rendered markdown lacks %q:\n%s", want, md)
+		}
+	}
+	for _, f := range []string{"r.json", "r.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, "new", f)); err != nil {
+			t.Errorf("render did not write %s: %v", f, err)
+		}
 	}
 }

@@ -36,8 +36,8 @@ var scenarioDefaults = map[string]Scenario{
 	"many":   {Name: "many", Senders: 1024, Convs: 10000, About: "many conversations"},
 	"hot":    {Name: "hot", Senders: 1024, Convs: 1, About: "one hot conversation"},
 	"light":  {Name: "light", Senders: 64, Convs: 10000, About: "light load, latency matters"},
-	"skewed": {Name: "skewed", Senders: 1024, Convs: 10000, Skew: 1.1, About: "skewed: a few hot conversations"},
-	"memory": {Name: "memory", Senders: 1024, Convs: 1000000, TouchOnce: true, About: "memory: distinct conversations touched once"},
+	"skewed": {Name: "skewed", Senders: 1024, Convs: 10000, Skew: 1.1, About: "a few hot conversations"},
+	"memory": {Name: "memory", Senders: 1024, Convs: 1000000, TouchOnce: true, About: "distinct conversations touched once"},
 }
 
 // Describe says what the scenario does, with its actual numbers.
