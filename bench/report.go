@@ -322,7 +322,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))
 	}
 	fmt.Fprintf(w, "| each run | %s; %d PostgreSQL connections for b and c (a and e: the server's store defaults); %d-byte bodies |\n\n", mode, in.Pool, in.BodySize)
-	fmt.Fprintln(w, "Latency is measured by each sender around one Send, from call to durable answer. *mean batch* is messages per store commit and *commit ms* the mean time of one commit (as the engine times it), both over the measured window; *of (d)* is throughput relative to the COPY ceiling in the same scenario; *load* is the machine's 1-minute load average when the run started.")
+	fmt.Fprintln(w, "Latency is measured by each sender around one Send, from call to durable answer. *mean batch* is messages per store commit and *commit ms* the mean time of one commit (as the engine times it), both over the measured window; *of (d)* is throughput relative to the COPY ceiling in the same scenario; *load* is the machine's 1-minute load average when the run started (the bench's own processes keep it at 2-6 on two cores; clearly higher values mean other work on the machine).")
 	fmt.Fprintln(w)
 
 	fmt.Fprintf(w, "## Engines\n\n| key | engine | per message |\n|---|---|---|\n")
