@@ -63,7 +63,7 @@ func (p phase) String() string {
 // Node is one member of the cluster. It implements the writer's ownership
 // check (Fence), the API's Sender (Send, routing to the owner) and Router
 // (Route), and readiness (Ready). Create it with New, then Start it with the
-// local writer; stop it with Leave.
+// local writer; stop it with Leave, then Close once the API stopped.
 type Node struct {
 	cfg        Config
 	log        *slog.Logger
@@ -658,7 +658,8 @@ func (n *Node) Ready() error {
 // finish, then the leases are released) and removes its member row. It
 // returns when done or when ctx ends (partitions not released then are taken
 // over when the member row expires). After Leave, Send fails with
-// sequencer.ErrShuttingDown.
+// sequencer.ErrShuttingDown. The transport stays open for the replies of
+// sends forwarded before; Close stops it.
 func (n *Node) Leave(ctx context.Context) error {
 	n.mu.Lock()
 	switch n.phase {
