@@ -521,7 +521,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 			mem.Note = "server heap as reported by its /metrics (no forced GC): an upper bound"
 		}
 		if !interrupted {
-			live, waited := probe.waitIdle(ctx, max(mem.PeakLive, mem.LiveAtEnd), r.cfg.IdleWait)
+			live, waited := probe.waitIdle(ctx, r.cfg.IdleWait)
 			mem.LiveAfterIdle, mem.IdleSeconds = live, waited.Seconds()
 			mem.HeapAfterIdle = probe.heapNow(ctx)
 		}

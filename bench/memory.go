@@ -134,14 +134,13 @@ func (p *memoryProbe) finish(ctx context.Context) (peakLive int, peakRSS uint64)
 	return p.peakLive, p.peakRSS
 }
 
-// waitIdle polls live actors until passivation brought them down to at most
-// 1% of peak (or to zero), or until deadline. It returns the last count.
-func (p *memoryProbe) waitIdle(ctx context.Context, peak int, deadline time.Duration) (int, time.Duration) {
+// waitIdle polls live actors until passivation stopped all of them, or until
+// deadline. It returns the last count.
+func (p *memoryProbe) waitIdle(ctx context.Context, deadline time.Duration) (int, time.Duration) {
 	t0 := time.Now()
-	goal := peak / 100
 	for {
 		live, err := p.conv.LiveConversations(ctx)
-		if err == nil && live <= goal {
+		if err == nil && live == 0 {
 			return live, time.Since(t0)
 		}
 		if time.Since(t0) >= deadline || ctx.Err() != nil {
