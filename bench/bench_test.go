@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -325,5 +327,55 @@ func TestFailedEngineKeepsOthersInReport(t *testing.T) {
 	}
 	if !strings.Contains(string(md), "| d COPY, no seq (ceiling) |") || !strings.Contains(string(md), "skipped: failed: engine e") {
 		t.Errorf("report lacks d's row or e's failure:\n%s", md)
+	}
+}
+
+// Ctrl-C mid-run: the run stops at once, the report keeps what was measured
+// (marked interrupted), and the database is dropped.
+func TestInterruptWritesPartialReport(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	report := filepath.Join(t.TempDir(), "i.md")
+	args := []string{"--engines", "d", "--scenarios", "many,hot", "--duration", "1m", "--warmup", "0s", "--senders", "4",
+		"--convs", "10", "--pg", admin, "--progress", "-1s", "--report", report}
+	done := make(chan error, 1)
+	go func() { done <- Main(ctx, args, &stdout, &stderr) }()
+	time.AfterFunc(500*time.Millisecond, cancel)
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Main did not return within 30s of the interrupt")
+	}
+	if err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Main: %v, want interrupted", err)
+	}
+	jb, rerr := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if rerr != nil {
+		t.Fatalf("no report after interrupt: %v", rerr)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || !rep.Results[0].Interrupted || rep.Results[0].Messages == 0 {
+		t.Fatalf("results %+v, want d/many measured and marked interrupted", rep.Results)
+	}
+	if md, _ := os.ReadFile(report); !strings.Contains(string(md), "| d COPY, no seq (ceiling) (interrupted) |") {
+		t.Errorf("markdown does not mark the interrupted run:\n%s", md)
+	}
+	conn, cerr := pgx.Connect(context.Background(), admin)
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_database WHERE datname = $1", rep.Info.Database).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("database %s left after interrupt", rep.Info.Database)
 	}
 }

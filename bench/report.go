@@ -213,7 +213,7 @@ func writeTextTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tengine\tsenders\tconvs\tmsg/s\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\terrors\tmean batch\tcommit ms\t")
 	for _, r := range rep.Results {
-		name := r.Engine + " " + r.EngineName
+		name := r.Engine + " " + r.EngineName + interruptedMark(r)
 		if r.Skipped != "" {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\tskipped\t\t\t\t\t\t\t\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)))
 			continue
@@ -358,7 +358,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 			if hasD && d.Throughput > 0 {
 				ofD = fmt.Sprintf("%.0f%%", 100*r.Throughput/d.Throughput)
 			}
-			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName,
+			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName+interruptedMark(r),
 				fmtThroughputRuns(r), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99),
 				fmtMs(r.Latency.P999), fmtMs(r.Latency.Max), fmtErrors(r), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs), ofD, r.LoadAvg)
 		}
@@ -472,6 +472,13 @@ func fmtThroughputRuns(r Result) string {
 		s += fmt.Sprintf(" (%s-%s, %d runs)", fmtInt(int64(lo)), fmtInt(int64(hi)), len(r.RunsThroughput))
 	}
 	return s
+}
+
+func interruptedMark(r Result) string {
+	if r.Interrupted {
+		return " (interrupted)"
+	}
+	return ""
 }
 
 func fmtCommitMs(ms float64) string {
