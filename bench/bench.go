@@ -76,8 +76,9 @@ type Config struct {
 	CopyWriters int
 	// BodySize is each message's payload in bytes (default 128).
 	BodySize int
-	// Passivate is engine a's idle-actor timeout (default 5s, so the memory
-	// scenario can show passivation in seconds).
+	// Passivate is the idle-actor timeout of engine a and of a server the
+	// bench starts for engine e (default 5s, so the memory scenario shows
+	// passivation in seconds; the server's own default is 30s).
 	Passivate time.Duration
 	// IdleWait bounds how long the memory scenario waits for passivation
 	// (default Passivate*3 + 10s).
@@ -208,7 +209,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
 	fs.IntVar(&cfg.CopyWriters, "copy-writers", 4, "engine d: concurrent COPY connections")
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
-	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engine a: idle time after which a conversation actor stops")
+	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engines a and e (when the bench starts the server): idle time after which a conversation actor stops")
 	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
 	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved; report the median-throughput run")
 	render := fs.String("render", "", "do not measure: re-render the Markdown and SVG of a saved report from its JSON FILE (to --report, default beside it)")
