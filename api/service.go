@@ -129,6 +129,10 @@ func NewService(cfg Config) *Service {
 	}
 }
 
+// compressMinBytes is the smallest response the handler compresses when the
+// client accepts it.
+const compressMinBytes = 1024
+
 // ReadMaxBytes is the largest request message the handler reads by default:
 // room for a maximal body in base64 JSON (4/3) with a wide margin, so an
 // oversized body is answered invalid_argument by validation. Only requests
@@ -137,13 +141,16 @@ func NewService(cfg Config) *Service {
 func (s *Service) ReadMaxBytes() int { return 4*s.maxBody + 64<<10 }
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
-// and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes())
-// and a recover that answers internal and logs the panic; opts come after
-// and may override them.
+// and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes()),
+// WithCompressMinBytes(1 KiB) and a recover that answers internal and logs
+// the panic; opts come after and may override them.
 func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Handler) {
 	base := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.ReadMaxBytes()),
 		connect.WithRecover(s.recovered),
+		// A SendResponse is a few dozen bytes: gzip costs CPU and saves
+		// nothing. Pull pages and messages above 1 KiB still compress.
+		connect.WithCompressMinBytes(compressMinBytes),
 	}
 	return sequencerv1connect.NewSequencerServiceHandler(s, append(base, opts...)...)
 }

@@ -666,3 +666,24 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// A small SendResponse is not gzipped even when the client accepts gzip: it
+// would cost CPU on every send and save nothing.
+func TestSmallResponsesAreNotCompressed(t *testing.T) {
+	h := newHarness(t)
+	h.sender.set(answer(7401283746512896, 1, false))
+	req, _ := http.NewRequest(http.MethodPost, h.url+sendPath, strings.NewReader(`{"convId":"g","fromUid":"1","clientMsgId":"k"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" {
+		t.Fatalf("a %d-byte class response came back %s-encoded", compressMinBytes, enc)
+	}
+}
