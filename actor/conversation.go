@@ -2,6 +2,8 @@ package actor
 
 import (
 	"context"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -39,42 +41,49 @@ type (
 // convActor feeds one conversation's core and executes its Ready: replies
 // to callers, store reads in goroutines, commits through the node's writer.
 // Every answer comes back as a message, so the core is only touched here.
+// It is also the router's entry for the conversation (one allocation per
+// live conversation, not two).
 type convActor struct {
-	node     *Node
-	ref      *convRef
-	core     *conv.Core
-	stopping bool // handoff or shutdown: leave as soon as idle
-	left     bool
+	node *Node
+	pid  *pa.PID    // set before the actor enters the router
+	core *conv.Core // touched only by the actor (its ConvID by anyone)
 
-	// Passivation: protoactor's ReceiveTimeout races with the actor
-	// (its timer goroutine writes the context), so the actor keeps its own
-	// timer whose callback only posts idleCheckMsg; the timer is re-armed
-	// only here, after its message arrived.
-	idleTimer  *time.Timer
-	lastActive time.Time
+	inTransit atomic.Int64 // sends routed to the actor and not yet received
+	// Passivation: the node's sweeper reads lastActive (node.now() at the
+	// last message handled) and posts idleCheckMsg when it is older than
+	// PassivateAfter; checkPosted keeps one such message outstanding.
+	// (protoactor's ReceiveTimeout races with the actor: its timer goroutine
+	// writes the context.)
+	lastActive  atomic.Int64
+	checkPosted atomic.Bool
+
+	// Under the shard's lock: left is set once the actor left the router;
+	// gone, made by StopConversations when it waits, is closed then.
+	left bool
+	gone chan struct{}
+
+	stopping bool // handoff or shutdown: leave as soon as idle
 }
 
 func (a *convActor) Receive(ctx pa.Context) {
 	if a.left {
 		return
 	}
+	defer a.recoverPanic()
 	switch m := ctx.Message().(type) {
 	case *pa.Started:
-		self, root := ctx.Self(), a.node.system.Root
-		a.lastActive = time.Now()
-		a.idleTimer = time.AfterFunc(a.node.cfg.PassivateAfter, func() { root.Send(self, idleCheckMsg{}) })
+		a.lastActive.Store(a.node.now())
 		return
 	case idleCheckMsg:
-		idleFor := time.Since(a.lastActive)
+		a.checkPosted.Store(false)
+		idleFor := time.Duration(a.node.now() - a.lastActive.Load())
 		// Passivate only when idle and no send is on its way here.
-		if idleFor >= a.node.cfg.PassivateAfter && a.core.Idle() && a.node.leave(a.ref, true) {
-			a.stop(ctx)
-			return
+		if idleFor >= a.node.cfg.PassivateAfter && a.core.Idle() && a.node.leave(a, true) {
+			ctx.Stop(ctx.Self())
 		}
-		a.idleTimer.Reset(max(a.node.cfg.PassivateAfter-idleFor, time.Millisecond))
 		return
 	case *sendMsg:
-		a.ref.inTransit.Add(-1)
+		a.inTransit.Add(-1)
 		a.core.Send(m.ctx, m, m.req)
 	case *headLoaded:
 		a.core.HeadLoaded(m.head, m.err)
@@ -89,19 +98,27 @@ func (a *convActor) Receive(ctx pa.Context) {
 	default:
 		return
 	}
-	a.lastActive = time.Now()
+	a.lastActive.Store(a.node.now())
 	a.execute(ctx)
-	if a.stopping && a.core.Idle() && a.node.leave(a.ref, false) {
-		a.stop(ctx)
+	if a.stopping && a.core.Idle() && a.node.leave(a, false) {
+		ctx.Stop(ctx.Self())
 	}
 }
 
-// stop ends the actor after it left the router.
-func (a *convActor) stop(ctx pa.Context) {
-	a.left = true
-	a.idleTimer.Stop()
-	ctx.Stop(ctx.Self())
+// recoverPanic logs a panic of Receive and keeps the actor (with its state),
+// as protoactor's restart of the same actor value did: the actors share their
+// shard's props, whose producer cannot hand the actor out a second time.
+func (a *convActor) recoverPanic() {
+	if r := recover(); r != nil {
+		a.node.log.Error("conversation actor panicked", "conv_id", a.core.ConvID(), "panic", r,
+			"stack", string(debug.Stack()))
+	}
 }
+
+// orphanActor ignores every message (see the shard's producer).
+type orphanActor struct{}
+
+func (orphanActor) Receive(pa.Context) {}
 
 // execute carries out the core's Ready.
 func (a *convActor) execute(ctx pa.Context) {

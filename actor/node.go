@@ -87,20 +87,24 @@ type Node struct {
 	pending atomic.Int64 // sends admitted and not yet answered
 	live    atomic.Int64 // conversation actors in the router
 	closed  atomic.Bool
+
+	// Passivation: one sweeper per node (not a timer per actor) posts
+	// idleCheckMsg to the actors idle for PassivateAfter.
+	epoch      time.Time // lastActive stamps are nanoseconds since epoch (monotonic)
+	sweepEvery time.Duration
+	sweepStop  chan struct{}
+	sweepDone  chan struct{}
 }
 
+// shard is one slice of the router. Its props are shared by the actors it
+// spawns: the producer hands out staged, which spawn sets under mu (protoactor
+// calls the producer synchronously inside Spawn).
 type shard struct {
 	mu     sync.RWMutex
-	convs  map[string]*convRef
+	convs  map[string]*convActor
 	closed bool
-}
-
-// convRef is the router's entry for one live conversation actor.
-type convRef struct {
-	convID    string
-	pid       *pa.PID
-	inTransit atomic.Int64  // sends routed to the actor and not yet received
-	gone      chan struct{} // closed once the actor left the router
+	props  *pa.Props
+	staged *convActor
 }
 
 // NewNode starts a node: its actor system and group-commit writer.
@@ -139,16 +143,69 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed()}
+	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), epoch: time.Now(),
+		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
 	// protoactor logs dead letters and supervision at info; keep warnings.
 	n.system = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
 		return slog.New(warnOnly{log.Handler()}).With("lib", "protoactor")
 	}))
+	// The lock-free mailbox allocates a few small words per actor and a node
+	// per queued message, instead of a ring of 10 slots per actor.
+	mailbox := pa.WithMailbox(pa.UnboundedLockfree())
 	for i := range n.shards {
-		n.shards[i].convs = make(map[string]*convRef)
+		sh := &n.shards[i]
+		sh.convs = make(map[string]*convActor)
+		sh.props = pa.PropsFromProducer(func() pa.Actor {
+			a := sh.staged
+			sh.staged = nil
+			if a == nil {
+				// Only a restart after a panic could ask again, and
+				// Receive recovers its panics: never reached.
+				return orphanActor{}
+			}
+			return a
+		}, mailbox)
 	}
+	go n.sweep()
 	return n, nil
 }
+
+// sweepInterval is how often the sweeper looks for idle actors: an eighth of
+// PassivateAfter (an actor passivates at most 12.5% late), between 1 ms and
+// 5 s.
+func sweepInterval(passivateAfter time.Duration) time.Duration {
+	return min(max(passivateAfter/8, time.Millisecond), 5*time.Second)
+}
+
+// sweep posts idleCheckMsg to every actor idle for PassivateAfter (at most
+// one outstanding per actor) until Close.
+func (n *Node) sweep() {
+	defer close(n.sweepDone)
+	t := time.NewTicker(n.sweepEvery)
+	defer t.Stop()
+	idle := int64(n.cfg.PassivateAfter)
+	for {
+		select {
+		case <-n.sweepStop:
+			return
+		case <-t.C:
+		}
+		now := n.now()
+		for i := range n.shards {
+			sh := &n.shards[i]
+			sh.mu.RLock()
+			for _, a := range sh.convs {
+				if now-a.lastActive.Load() >= idle && a.checkPosted.CompareAndSwap(false, true) {
+					n.system.Root.Send(a.pid, idleCheckMsg{})
+				}
+			}
+			sh.mu.RUnlock()
+		}
+	}
+}
+
+// now returns the node's monotonic clock for activity stamps.
+func (n *Node) now() int64 { return int64(time.Since(n.epoch)) }
 
 // Send stores req (already validated) and answers after the durable commit,
 // or with a coded error: resource_exhausted when the node or the
@@ -194,16 +251,19 @@ func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.S
 // are refused by Ownership before this is called, so queued ones fail at
 // their fence). It returns when all of them left the router, or ctx ends.
 func (n *Node) StopConversations(ctx context.Context, match func(convID string) bool) error {
-	var refs []*convRef
+	var refs []*convActor
 	for i := range n.shards {
 		sh := &n.shards[i]
-		sh.mu.RLock()
+		sh.mu.Lock()
 		for id, ref := range sh.convs {
 			if match(id) {
+				if ref.gone == nil {
+					ref.gone = make(chan struct{})
+				}
 				refs = append(refs, ref)
 			}
 		}
-		sh.mu.RUnlock()
+		sh.mu.Unlock()
 	}
 	for _, ref := range refs {
 		n.system.Root.Send(ref.pid, stopMsg{})
@@ -233,6 +293,8 @@ func (n *Node) Close(ctx context.Context) error {
 		sh.closed = true
 		sh.mu.Unlock()
 	}
+	close(n.sweepStop)
+	<-n.sweepDone
 	err := n.StopConversations(ctx, func(string) bool { return true })
 	if werr := n.writer.Close(ctx); err == nil {
 		err = werr
@@ -247,7 +309,7 @@ func (n *Node) shard(convID string) *shard {
 
 // route returns convID's actor, spawning it if needed, with one more send
 // counted in transit to it.
-func (n *Node) route(convID string) (*convRef, error) {
+func (n *Node) route(convID string) (*convActor, error) {
 	sh := n.shard(convID)
 	sh.mu.RLock()
 	if ref := sh.convs[convID]; ref != nil && !sh.closed {
@@ -265,7 +327,7 @@ func (n *Node) route(convID string) (*convRef, error) {
 			return nil, sequencer.ErrShuttingDown
 		}
 		var err error
-		if ref, err = n.spawn(convID); err != nil {
+		if ref, err = n.spawn(sh, convID); err != nil {
 			return nil, err
 		}
 		sh.convs[convID] = ref
@@ -274,8 +336,7 @@ func (n *Node) route(convID string) (*convRef, error) {
 	return ref, nil
 }
 
-func (n *Node) spawn(convID string) (*convRef, error) {
-	ref := &convRef{convID: convID, gone: make(chan struct{})}
+func (n *Node) spawn(sh *shard, convID string) (*convActor, error) {
 	fence := func() (persist.Fence, error) { return persist.Fence{}, nil }
 	if o := n.cfg.Ownership; o != nil {
 		fence = func() (persist.Fence, error) { return o.Fence(convID) }
@@ -285,28 +346,35 @@ func (n *Node) spawn(convID string) (*convRef, error) {
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
 	}
-	a := &convActor{node: n, ref: ref, core: core}
-	ref.pid = n.system.Root.Spawn(pa.PropsFromProducer(func() pa.Actor { return a }))
+	a := &convActor{node: n, core: core}
+	a.lastActive.Store(n.now())
+	sh.staged = a
+	a.pid = n.system.Root.Spawn(sh.props)
+	sh.staged = nil
 	n.live.Add(1)
 	if n.m != nil {
 		n.m.LiveConvs.Inc()
 	}
-	return ref, nil
+	return a, nil
 }
 
-// leave removes ref from the router if no send is on its way to it. The
+// leave removes a from the router if no send is on its way to it. The
 // actor calls it only when its core is idle; after true it must stop.
-func (n *Node) leave(ref *convRef, passivated bool) bool {
-	sh := n.shard(ref.convID)
+func (n *Node) leave(a *convActor, passivated bool) bool {
+	convID := a.core.ConvID()
+	sh := n.shard(convID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if ref.inTransit.Load() != 0 {
+	if a.inTransit.Load() != 0 {
 		return false
 	}
-	if sh.convs[ref.convID] == ref {
-		delete(sh.convs, ref.convID)
+	if sh.convs[convID] == a {
+		delete(sh.convs, convID)
 	}
-	close(ref.gone)
+	a.left = true
+	if a.gone != nil {
+		close(a.gone)
+	}
 	n.live.Add(-1)
 	if n.m != nil {
 		n.m.LiveConvs.Dec()

@@ -140,8 +140,10 @@ type Core struct {
 	inflight  *persist.ConvBatch // its rows
 	commitErr error              // the unknown-outcome error being resolved
 
-	pending map[sequencer.ClientKey]*entry // queued and in-flight entries by key
-	held    int                            // waiters held (all states)
+	// pending holds the queued and in-flight entries by key; nil while
+	// empty, so an idle core keeps no map.
+	pending map[sequencer.ClientKey]*entry
+	held    int // waiters held (all states)
 	memo    memo
 
 	ready Ready
@@ -166,10 +168,9 @@ func New(cfg Config) (*Core, error) {
 		cfg.MemoSize = DefaultMemoSize
 	}
 	return &Core{
-		cfg:     cfg,
-		clock:   clock.Or(cfg.Clock),
-		pending: make(map[sequencer.ClientKey]*entry),
-		memo:    newMemo(cfg.MemoSize),
+		cfg:   cfg,
+		clock: clock.Or(cfg.Clock),
+		memo:  newMemo(cfg.MemoSize),
 	}, nil
 }
 
@@ -225,6 +226,9 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 		return
 	}
 	e := &entry{req: req, waiters: []waiter{{token: token, ctx: ctx}}}
+	if c.pending == nil {
+		c.pending = make(map[sequencer.ClientKey]*entry)
+	}
 	c.pending[key] = e
 	c.queue = append(c.queue, e)
 	c.advance()
@@ -529,7 +533,7 @@ func (c *Core) prune() {
 		}
 		e.waiters = ws
 		if len(ws) == 0 {
-			delete(c.pending, e.req.Key())
+			c.forget(e)
 			continue
 		}
 		// The first live waiter now writes the row: it is not a resend.
@@ -563,7 +567,15 @@ func (c *Core) fail(e *entry, err error) {
 func (c *Core) release(e *entry) {
 	c.held -= len(e.waiters)
 	e.waiters = nil
+	c.forget(e)
+}
+
+// forget removes e from pending, dropping the map once it is empty.
+func (c *Core) forget(e *entry) {
 	delete(c.pending, e.req.Key())
+	if len(c.pending) == 0 {
+		c.pending = nil
+	}
 }
 
 // failBatch fails every send of the in-flight batch.
@@ -629,36 +641,48 @@ func canceled(ctx context.Context) error {
 	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
 }
 
-// memo remembers the ids of the last size committed resend keys (FIFO).
-// It grows on demand: an idle conversation with few messages holds little.
+// memo remembers the results of the last size committed resend keys
+// (FIFO). It is a ring searched linearly (size is small, 64 by default) and
+// grows on demand: an idle conversation that committed one message holds one
+// slot, not a map.
 type memo struct {
 	size int
-	ids  map[sequencer.ClientKey]sequencer.SendResult
-	ring []sequencer.ClientKey
-	next int
+	ring []memoSlot
+	next int // the oldest slot once the ring is full
+}
+
+type memoSlot struct {
+	key sequencer.ClientKey
+	res sequencer.SendResult
 }
 
 func newMemo(size int) memo { return memo{size: size} }
 
+func (m *memo) find(k sequencer.ClientKey) int {
+	for i := range m.ring {
+		if s := &m.ring[i]; s.key.FromUID == k.FromUID && s.key.ClientMsgID == k.ClientMsgID {
+			return i
+		}
+	}
+	return -1
+}
+
 func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, bool) {
-	r, ok := m.ids[k]
-	return r, ok
+	if i := m.find(k); i >= 0 {
+		return m.ring[i].res, true
+	}
+	return sequencer.SendResult{}, false
 }
 
 func (m *memo) put(k sequencer.ClientKey, r sequencer.SendResult) {
-	if m.ids == nil {
-		m.ids = make(map[sequencer.ClientKey]sequencer.SendResult)
-	}
-	if _, ok := m.ids[k]; ok {
-		m.ids[k] = r
+	if i := m.find(k); i >= 0 {
+		m.ring[i].res = r
 		return
 	}
 	if len(m.ring) < m.size {
-		m.ring = append(m.ring, k)
-	} else {
-		delete(m.ids, m.ring[m.next])
-		m.ring[m.next] = k
-		m.next = (m.next + 1) % len(m.ring)
+		m.ring = append(m.ring, memoSlot{key: k, res: r})
+		return
 	}
-	m.ids[k] = r
+	m.ring[m.next] = memoSlot{key: k, res: r}
+	m.next = (m.next + 1) % len(m.ring)
 }
