@@ -44,6 +44,12 @@ func BenchmarkCommit4000(b *testing.B) { benchCommit(b, 500, 8) }
 //	go test -run '^$' -bench CommitSmall -benchtime 200x ./persist/postgres/
 func BenchmarkCommitSmall(b *testing.B) { benchCommit(b, 20, 5) }
 
+// BenchmarkCommitMany is the shape of the bench's many scenario: 95
+// conversations with one row each per commit, where a round trip weighs most.
+//
+//	go test -run '^$' -bench CommitMany -benchtime 400x ./persist/postgres/
+func BenchmarkCommitMany(b *testing.B) { benchCommit(b, 95, 1) }
+
 func benchCommit(b *testing.B, convs, perConv int) {
 	body := make([]byte, 100)
 	for _, writers := range []int{1, 4} {

@@ -2,9 +2,12 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,15 +20,31 @@ import (
 
 // fenceSQL locks the partition leases a commit depends on FOR SHARE: an epoch
 // bump (UPDATE) waits for in-flight commits, and commits that start after it
-// see the new epoch.
+// see the new epoch. fenceCheckSQL takes these locks in a commit; tests use
+// this statement to hold a fence from outside.
 const fenceSQL = `SELECT partition, owner, epoch FROM partition_lease
 WHERE partition = ANY($1::int8[]) ORDER BY partition FOR SHARE`
 
-// headSQL moves every conversation's head by compare-and-set and returns the
-// conversations that matched. A conversation with PrevHead 0 matches when it
-// has no row yet (rows are created at the first non-empty commit, so a head
-// row is never 0). A conversation missing from the result did not match.
-const headSQL = `WITH u AS (
+// fenceCheckSQL locks the partition leases of a commit's fences FOR SHARE,
+// in partition order (an epoch bump waits for the commit), and fails the
+// transaction with SQLSTATE sqlStaleFence if any fence ($1[i], $2[i], $3[i])
+// is not the stored (partition, owner, epoch); DETAIL lists the 1-based
+// positions i that did not hold. seq_raise comes from migration 0003.
+const fenceCheckSQL = `WITH held AS MATERIALIZED (
+  SELECT partition, owner, epoch FROM partition_lease
+  WHERE partition = ANY($1::int8[]) ORDER BY partition FOR SHARE
+)
+SELECT seq_raise('SQ001', 'stale fence', string_agg(f.i::text, ',' ORDER BY f.i))
+FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS f(p, o, e, i)
+WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.partition = f.p AND h.owner = f.o AND h.epoch = f.e)
+HAVING count(*) > 0`
+
+// headCheckSQL moves every conversation's head by compare-and-set and fails
+// the transaction with SQLSTATE sqlHeadMismatch if any conversation did not
+// match; DETAIL is the JSON array of those conv_ids, ascending. A
+// conversation with PrevHead 0 matches when it has no row yet (rows are
+// created at the first non-empty commit, so a head row is never 0).
+const headCheckSQL = `WITH u AS (
   SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[]) AS u(conv_id, prev, head) ORDER BY conv_id
 ), upd AS (
   UPDATE conv_head AS h SET head = u.head FROM u
@@ -36,11 +55,21 @@ const headSQL = `WITH u AS (
   SELECT conv_id, head FROM u WHERE prev = 0 AND head > 0
   ON CONFLICT (conv_id) DO NOTHING
   RETURNING conv_id
+), matched AS (
+  SELECT conv_id FROM upd
+  UNION ALL SELECT conv_id FROM ins
+  UNION ALL SELECT u.conv_id FROM u
+    WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM conv_head h WHERE h.conv_id = u.conv_id)
 )
-SELECT conv_id FROM upd
-UNION ALL SELECT conv_id FROM ins
-UNION ALL SELECT u.conv_id FROM u
-  WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM conv_head h WHERE h.conv_id = u.conv_id)`
+SELECT seq_raise('SQ002', 'head mismatch', json_agg(u.conv_id ORDER BY u.conv_id)::text)
+FROM u WHERE NOT EXISTS (SELECT 1 FROM matched m WHERE m.conv_id = u.conv_id)
+HAVING count(*) > 0`
+
+// SQLSTATEs raised by fenceCheckSQL and headCheckSQL.
+const (
+	sqlStaleFence   = "SQ001" // DETAIL: 1-based positions of the stale fences, comma-separated
+	sqlHeadMismatch = "SQ002" // DETAIL: JSON array of the mismatched conv_ids
+)
 
 // insertSQL writes all rows of a commit in one statement.
 const insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
@@ -117,12 +146,18 @@ func (r *rowArrays) copySource() pgx.CopyFromSource {
 
 // Commit writes all batches in one transaction; see persist.Store.
 //
-// Round trips: one pipelined batch (BEGIN, fence check, head CAS, INSERT of
-// every row), then COMMIT; for large commits the rows go by COPY after the
-// batch instead (one more round trip, less server work per row). Anything failing before COMMIT is sent rolls
-// back and returns ErrStoreUnavailable (or the refusal: *StaleFenceError,
-// *HeadMismatchError, *ConflictError); only COMMIT itself can end in
-// ErrUnknownOutcome.
+// Below copyMinRows rows (the common case) it is ONE round trip: a pipelined
+// batch of BEGIN, the fence check and the head compare-and-set (which raise
+// inside the server when they refuse: fenceCheckSQL, headCheckSQL), the
+// INSERT of every row, and COMMIT. A refusal or unique violation aborts the transaction on the server,
+// so the pipelined COMMIT does nothing; only then are follow-up reads made
+// (after ROLLBACK) to name the conflicting rows. Once that batch is written,
+// a lost connection, timeout or cancel is ErrUnknownOutcome (COMMIT may have
+// run); a server error before COMMIT's answer means nothing was written.
+//
+// From copyMinRows rows the rows go by COPY, which cannot be pipelined:
+// BEGIN and the checks, then COPY, then COMMIT (three round trips); failures
+// before COMMIT is sent are ErrStoreUnavailable.
 func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if err := persist.CheckBatches(batches); err != nil {
 		return err
@@ -139,7 +174,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 }
 
 func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch) error {
-	// Distinct non-zero fences.
+	// Distinct non-zero fences, in partition order.
 	var fences []persist.Fence
 	seenFence := map[persist.Fence]bool{}
 	for i := range batches {
@@ -148,10 +183,20 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 			fences = append(fences, f)
 		}
 	}
-	sort.Slice(fences, func(i, j int) bool { return fences[i].Partition < fences[j].Partition })
+	sort.Slice(fences, func(i, j int) bool {
+		if fences[i].Partition != fences[j].Partition {
+			return fences[i].Partition < fences[j].Partition
+		}
+		if fences[i].Owner != fences[j].Owner {
+			return fences[i].Owner < fences[j].Owner
+		}
+		return fences[i].Epoch < fences[j].Epoch
+	})
 	parts := make([]int64, len(fences))
+	owners := make([]string, len(fences))
+	epochs := make([]int64, len(fences))
 	for i, f := range fences {
-		parts[i] = int64(f.Partition)
+		parts[i], owners[i], epochs[i] = int64(f.Partition), f.Owner, int64(f.Epoch)
 	}
 	// Heads, in conv_id order.
 	order := make([]int, len(batches))
@@ -168,109 +213,123 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		heads[k] = int64(batches[i].LastSeq())
 	}
 	rows := buildRows(batches)
-	useCopy := s.mode == insertCopy || (s.mode == insertAuto && len(rows.msgID) >= copyMinRows)
+	useCopy := len(rows.msgID) > 0 && (s.mode == insertCopy || (s.mode == insertAuto && len(rows.msgID) >= copyMinRows))
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	if len(fences) > 0 {
-		b.Queue(fenceSQL, parts)
+		b.Queue(fenceCheckSQL, parts, owners, epochs)
 	}
-	b.Queue(headSQL, convs, prevs, heads)
-	if !useCopy && len(rows.msgID) > 0 {
-		b.Queue(insertSQL, rows.msgID, rows.convID, rows.seq, rows.fromUID, rows.msgType, rows.body, rows.clientID, rows.serverAt)
+	b.Queue(headCheckSQL, convs, prevs, heads)
+	insertAt, commitAt := -1, -1
+	if !useCopy {
+		if len(rows.msgID) > 0 {
+			insertAt = b.Len()
+			b.Queue(insertSQL, rows.msgID, rows.convID, rows.seq, rows.fromUID, rows.msgType, rows.body, rows.clientID, rows.serverAt)
+		}
+		commitAt = b.Len()
+		b.Queue("COMMIT")
 	}
 	br := conn.SendBatch(ctx, b)
-
-	var stale []persist.Fence
-	var mismatched []string
-	var insertErr error
-	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			return err
+	var tag pgconn.CommandTag
+	var err error
+	failedAt := -1
+	for i := 0; i < b.Len(); i++ {
+		if tag, err = br.Exec(); err != nil {
+			failedAt = i
+			break
 		}
-		if len(fences) > 0 {
-			held := map[uint32]persist.Fence{}
-			rs, _ := br.Query()
-			for rs.Next() {
-				var p int64
-				var owner string
-				var epoch int64
-				if err := rs.Scan(&p, &owner, &epoch); err != nil {
-					rs.Close()
-					return err
-				}
-				held[uint32(p)] = persist.Fence{Partition: uint32(p), Owner: owner, Epoch: uint64(epoch)}
-			}
-			rs.Close()
-			if err := rs.Err(); err != nil {
-				return err
-			}
-			for _, f := range fences {
-				if held[f.Partition] != f {
-					stale = append(stale, f)
-				}
-			}
-		}
-		matched := make(map[string]bool, len(batches))
-		rs, _ := br.Query()
-		for rs.Next() {
-			var c string
-			if err := rs.Scan(&c); err != nil {
-				rs.Close()
-				return err
-			}
-			matched[c] = true
-		}
-		rs.Close()
-		if err := rs.Err(); err != nil {
-			return err
-		}
-		for _, c := range convs {
-			if !matched[c] {
-				mismatched = append(mismatched, c)
-			}
-		}
-		if !useCopy && len(rows.msgID) > 0 {
-			if _, err := br.Exec(); err != nil {
-				insertErr = err
-			}
-		}
-		return nil
-	}()
-	if cerr := br.Close(); err == nil && insertErr == nil && cerr != nil {
-		err = cerr
 	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		if commitAt >= 0 && tag.String() == "COMMIT" {
+			return nil // COMMIT answered; only reading the end of the batch failed
+		}
+		err, failedAt = cerr, b.Len()
+	}
+
 	if err != nil {
+		var pg *pgconn.PgError
+		isPg := errors.As(err, &pg)
+		switch {
+		case commitAt >= 0 && failedAt >= commitAt:
+			// The answer to COMMIT itself.
+			return commitError(err)
+		case commitAt >= 0 && !isPg && !sentNothing(err):
+			// COMMIT went out with the batch and the connection failed
+			// before its answer: it may have run.
+			return unknownOutcome("commit: batch with COMMIT", err)
+		}
+		// The server refused a statement before COMMIT (the transaction is
+		// aborted and the pipelined COMMIT skipped), or nothing that could
+		// commit was sent.
 		rollback(conn)
+		if isPg {
+			switch {
+			case pg.Code == sqlStaleFence:
+				return staleFences(fences, pg)
+			case pg.Code == sqlHeadMismatch:
+				return headMismatch(pg)
+			case failedAt == insertAt && isUniqueViolation(err):
+				return s.conflicts(ctx, conn, rows, err)
+			}
+		}
 		return classify("commit", err)
 	}
-	if len(stale) > 0 {
-		rollback(conn)
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	if len(mismatched) > 0 {
-		rollback(conn)
-		return &persist.HeadMismatchError{ConvIDs: mismatched}
-	}
-	if insertErr == nil && useCopy && len(rows.msgID) > 0 {
-		_, insertErr = conn.Conn().CopyFrom(ctx, pgx.Identifier{"im_message"}, imMessageColumns, rows.copySource())
-	}
-	if insertErr != nil {
-		rollback(conn)
-		if isUniqueViolation(insertErr) {
-			return s.conflicts(ctx, conn, rows, insertErr)
+	if commitAt < 0 {
+		// COPY path: the checks passed; rows, then COMMIT.
+		if _, err := conn.Conn().CopyFrom(ctx, pgx.Identifier{"im_message"}, imMessageColumns, rows.copySource()); err != nil {
+			rollback(conn)
+			if isUniqueViolation(err) {
+				return s.conflicts(ctx, conn, rows, err)
+			}
+			return classify("commit: insert rows", err)
 		}
-		return classify("commit: insert rows", insertErr)
-	}
-	tag, err := conn.Exec(ctx, "COMMIT")
-	if err != nil {
-		return commitError(err)
+		tag, err = conn.Exec(ctx, "COMMIT")
+		if err != nil {
+			return commitError(err)
+		}
 	}
 	if tag.String() != "COMMIT" {
 		// COMMIT of an aborted transaction answers ROLLBACK.
+		rollback(conn)
 		return unavailable("commit", fmt.Errorf("transaction rolled back (%s)", tag))
 	}
 	return nil
+}
+
+// sentNothing reports whether err is a failure that happened before anything
+// of the batch reached the server (dial, write of zero bytes, or a prepare
+// round trip before the batch itself).
+func sentNothing(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pre pgx.ErrPreprocessingBatch
+	return errors.As(err, &pre)
+}
+
+// staleFences builds the *StaleFenceError of a fenceCheckSQL refusal:
+// DETAIL lists the 1-based positions (in fences) that did not hold.
+func staleFences(fences []persist.Fence, pg *pgconn.PgError) error {
+	var stale []persist.Fence
+	for _, p := range strings.Split(pg.Detail, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || i < 1 || i > len(fences) {
+			return unavailable("commit: unreadable stale-fence report", pg)
+		}
+		stale = append(stale, fences[i-1])
+	}
+	return &persist.StaleFenceError{Fences: stale}
+}
+
+// headMismatch builds the *HeadMismatchError of a headCheckSQL refusal:
+// DETAIL is the JSON array of the conversations whose head did not match.
+func headMismatch(pg *pgconn.PgError) error {
+	var convs []string
+	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
+		return unavailable("commit: unreadable head-mismatch report", pg)
+	}
+	return &persist.HeadMismatchError{ConvIDs: convs}
 }
 
 // commitError classifies an error of the COMMIT statement: not sent at all,

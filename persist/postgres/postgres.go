@@ -4,11 +4,14 @@
 // It owns the SQL schema (embedded, versioned migrations under migrations/,
 // applied by Migrate) and the SQL of every Store method. A Commit is ONE
 // transaction spanning all its conversations: fence checks (FOR SHARE on
-// partition_lease), a head compare-and-set on conv_head, and the rows, sent
-// pipelined; then COMMIT. It classifies errors as persist.Store documents:
-// anything before COMMIT was sent is sequencer.ErrStoreUnavailable (nothing
-// written); a lost connection, timeout or cancel while COMMIT is in flight is
-// sequencer.ErrUnknownOutcome.
+// partition_lease), a head compare-and-set on conv_head, and the rows; the
+// checks fail inside the server when they refuse, so BEGIN .. COMMIT goes
+// pipelined in one round trip (large commits: COPY, then COMMIT). It
+// classifies errors as persist.Store documents: refusals are typed
+// (persist.StaleFenceError, HeadMismatchError, ConflictError), a failure
+// before COMMIT was sent is sequencer.ErrStoreUnavailable (nothing
+// written), and a lost connection, timeout or cancel once COMMIT is on its
+// way is sequencer.ErrUnknownOutcome.
 //
 // It never assigns seqs or msg_ids and never decides ownership; it only
 // refuses commits that would break contiguity, uniqueness or fencing.

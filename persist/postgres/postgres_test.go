@@ -381,7 +381,10 @@ func replaceHostPort(dsn, hostport string) (string, error) {
 
 // TestCommitErrorClasses cuts the connection at different points of a
 // commit and checks the error class, and what landed, against persist.Store's
-// contract.
+// contract. A small commit is one pipelined batch ending in COMMIT, so a cut
+// once that batch is written is an unknown outcome whether or not the server
+// got it; a large (COPY) commit sends COMMIT last, so a cut while the rows
+// are on the way is ErrStoreUnavailable.
 func TestCommitErrorClasses(t *testing.T) {
 	ctx := context.Background()
 	direct, via, p := proxiedStore(t)
@@ -389,25 +392,26 @@ func TestCommitErrorClasses(t *testing.T) {
 		t.Fatalf("commit through the proxy: %v", err)
 	}
 
-	// Cut while the rows are being sent (the proxy sees the conversation
-	// id in the pipelined statements): before COMMIT, nothing written.
-	fired := p.arm("cut-before-commit", false)
-	err := via.Commit(ctx, []persist.ConvBatch{msgs("cut-before-commit", 0, 3, 10)})
+	// The batch (BEGIN .. COMMIT) never reaches the server: unknown to the
+	// caller, and nothing landed.
+	fired := p.arm("lost-batch", false)
+	err := via.Commit(ctx, []persist.ConvBatch{msgs("lost-batch", 0, 3, 10)})
 	<-fired
-	if !errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, sequencer.ErrUnknownOutcome) {
-		t.Fatalf("cut before COMMIT: %v, want ErrStoreUnavailable", err)
+	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("batch lost on the way: %v, want ErrUnknownOutcome", err)
 	}
-	if h, err := direct.LoadHead(ctx, "cut-before-commit"); err != nil || h != 0 {
-		t.Fatalf("head after a cut before COMMIT = %d, %v", h, err)
+	waitNoOtherBackends(t, direct)
+	if h, err := direct.LoadHead(ctx, "lost-batch"); err != nil || h != 0 {
+		t.Fatalf("head after a lost batch = %d, %v", h, err)
 	}
 
-	// COMMIT sent and the connection lost before the answer: unknown, and
-	// here it did land.
-	fired = p.arm("COMMIT\x00", true)
+	// The batch reaches the server and the connection is lost before the
+	// answer: unknown, and here it did land.
+	fired = p.arm("landed", true)
 	err = via.Commit(ctx, []persist.ConvBatch{msgs("landed", 0, 3, 20)})
 	<-fired
 	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
-		t.Fatalf("cut after COMMIT was sent: %v, want ErrUnknownOutcome", err)
+		t.Fatalf("cut after the batch was sent: %v, want ErrUnknownOutcome", err)
 	}
 	if sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 		t.Fatalf("unknown outcome code %v", sequencer.ErrorCode(err))
@@ -424,24 +428,84 @@ func TestCommitErrorClasses(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	// COMMIT never reaches the server: still unknown to the caller (it
-	// was written to the socket), and nothing landed.
-	fired = p.arm("COMMIT\x00", false)
-	err = via.Commit(ctx, []persist.ConvBatch{msgs("lost", 0, 3, 30)})
+	// COPY path: cut before COMMIT (the proxy sees the conversation id in
+	// the first round trip, BEGIN and the checks): nothing written.
+	via.mode = insertCopy
+	fired = p.arm("cut-in-copy", false)
+	err = via.Commit(ctx, []persist.ConvBatch{msgs("cut-in-copy", 0, 3, 30)})
 	<-fired
-	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
-		t.Fatalf("COMMIT lost on the way: %v, want ErrUnknownOutcome", err)
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("cut before COMMIT (COPY path): %v, want ErrStoreUnavailable", err)
 	}
-	// The server rolls back the orphaned transaction once it sees the
-	// connection closed; wait for that backend to go away, then look.
 	waitNoOtherBackends(t, direct)
-	if h, err := direct.LoadHead(ctx, "lost"); err != nil || h != 0 {
-		t.Fatalf("head after a lost COMMIT = %d, %v", h, err)
+	if h, err := direct.LoadHead(ctx, "cut-in-copy"); err != nil || h != 0 {
+		t.Fatalf("head after a cut before COMMIT (COPY path) = %d, %v", h, err)
 	}
 
+	// COPY path: COMMIT sent and the connection lost before the answer:
+	// unknown, and it landed.
+	fired = p.arm("COMMIT\x00", true)
+	err = via.Commit(ctx, []persist.ConvBatch{msgs("copy-landed", 0, 3, 40)})
+	<-fired
+	if !errors.Is(err, sequencer.ErrUnknownOutcome) {
+		t.Fatalf("COPY path, cut after COMMIT was sent: %v, want ErrUnknownOutcome", err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		h, err := direct.LoadHead(ctx, "copy-landed")
+		if err == nil && h == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the COPY commit whose answer was lost never showed up: head %d, %v", h, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	via.mode = insertAuto
+
 	// The store recovers: the next commit goes through.
-	if err := via.Commit(ctx, []persist.ConvBatch{msgs("after", 0, 1, 40)}); err != nil {
+	if err := via.Commit(ctx, []persist.ConvBatch{msgs("after", 0, 1, 50)}); err != nil {
 		t.Fatalf("commit after the cuts: %v", err)
+	}
+}
+
+// TestRefusalsLeaveConnectionUsable: a refused one-round-trip commit (head
+// mismatch, stale fence, conflict) aborts its transaction on the server; the
+// store rolls it back and the next commit on the same pool works, and a
+// refusal never reports an unknown outcome.
+func TestRefusalsLeaveConnectionUsable(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if err := s.PutPartitionLeaseForTest(ctx, persist.Fence{Partition: 1, Owner: "n", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	first := msgs("r", 0, 2, 1)
+	if err := s.Commit(ctx, []persist.ConvBatch{first}); err != nil {
+		t.Fatal(err)
+	}
+	stale := msgs("s", 0, 1, 10)
+	stale.Fence = persist.Fence{Partition: 1, Owner: "n", Epoch: 1}
+	dup := msgs("d", 0, 1, 20)
+	dup.Messages[0].MsgID = first.Messages[0].MsgID
+	for _, bad := range []persist.ConvBatch{msgs("r", 5, 1, 30), stale, dup} {
+		for i := 0; i < 3; i++ { // more than the pool's idle connections see
+			err := s.Commit(ctx, []persist.ConvBatch{bad})
+			var hm *persist.HeadMismatchError
+			var sf *persist.StaleFenceError
+			_, isConflict := persist.AsConflict(err)
+			if !errors.As(err, &hm) && !errors.As(err, &sf) && !isConflict {
+				t.Fatalf("bad commit of %q: %v, want a refusal", bad.ConvID, err)
+			}
+			if errors.Is(err, sequencer.ErrUnknownOutcome) {
+				t.Fatalf("refusal reported as unknown outcome: %v", err)
+			}
+		}
+	}
+	if err := s.Commit(ctx, []persist.ConvBatch{msgs("r", 2, 1, 40)}); err != nil {
+		t.Fatalf("commit after refusals: %v", err)
+	}
+	if h, err := s.LoadHead(ctx, "r"); err != nil || h != 3 {
+		t.Fatalf("head = %d, %v", h, err)
 	}
 }
 
