@@ -4,12 +4,10 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // Migrations are the files migrations/NNNN_name.sql, applied in version order,
@@ -24,41 +22,14 @@ var migrationFS embed.FS
 const migrationLock int64 = 0x5E9_0E1C_E000_0001
 
 // Migration is one embedded schema change.
-type Migration struct {
-	Version int
-	Name    string
-	SQL     string
-}
+type Migration = persist.Migration
 
 // Migrations returns the embedded migrations in version order.
 func Migrations() ([]Migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
+	ms, err := persist.LoadMigrations(migrationFS, "migrations")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	var ms []Migration
-	seen := map[int]string{}
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".sql") {
-			continue
-		}
-		num, _, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("postgres: migration file %q is not named NNNN_name.sql", name)
-		}
-		if other, dup := seen[v]; dup {
-			return nil, fmt.Errorf("postgres: migrations %q and %q share version %d", other, name, v)
-		}
-		seen[v] = name
-		b, err := fs.ReadFile(migrationFS, "migrations/"+name)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(name, ".sql"), SQL: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
 }
 
