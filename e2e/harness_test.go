@@ -78,8 +78,21 @@ func startNode(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, name: name, args: args}
 	p.start(freeAddr(t))
-	t.Cleanup(func() { p.kill() })
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("--- output of %s (last 60 lines) ---\n%s", p.name, lastLines(p.Output(), 60))
+		}
+	})
 	return p
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 func (p *proc) start(addr string) {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,6 +41,14 @@ type Options struct {
 	MaxConns int32
 	// ConnectTimeout bounds dialing one connection. Default 5s.
 	ConnectTimeout time.Duration
+	// IdleInTxTimeout is the server's idle_in_transaction_session_timeout
+	// for the store's sessions: a session left idle inside a transaction
+	// this long (its process frozen or partitioned away mid-transaction) is
+	// terminated and rolled back, so its row locks (partition leases, the
+	// membership version row) cannot stall the live nodes past their
+	// membership TTL. The store's own transactions never wait on the client
+	// that long. Default 1s; a value in the DSN's options wins.
+	IdleInTxTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -48,6 +57,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.IdleInTxTimeout <= 0 {
+		o.IdleInTxTimeout = time.Second
 	}
 	return o
 }
@@ -77,6 +89,8 @@ type Store struct {
 
 var _ persist.Store = (*Store)(nil)
 
+const idleInTxParam = "idle_in_transaction_session_timeout"
+
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
 // DSN) and checks it answers. It does not migrate; call Migrate.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
@@ -87,6 +101,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	if _, set := cfg.ConnConfig.RuntimeParams[idleInTxParam]; !set {
+		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open pool: %v", err))

@@ -634,3 +634,49 @@ func TestLargeCommit(t *testing.T) {
 		t.Fatalf("big-2 holds %d rows, %v", len(ms), err)
 	}
 }
+
+// A session left idle inside a transaction (its process frozen mid-way) is
+// terminated by the server after IdleInTxTimeout, so its locks do not stall
+// the live nodes.
+func TestFrozenTransactionIsTerminated(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	s, err := Open(ctx, dsn, Options{IdleInTxTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var pid int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM conv_head FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// The "frozen" session now sits idle in its transaction.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the session idle in its transaction was not terminated")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1`); err == nil {
+		t.Fatal("the terminated transaction still answers")
+	}
+}
