@@ -150,6 +150,8 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 	p := c.cfg.Retry
 	bctx, cancel := context.WithTimeout(ctx, p.Deadline)
 	defer cancel()
+	var prevErr error
+	var prevF failure
 	for n := 1; ; n++ {
 		actx, acancel := context.WithTimeout(bctx, p.AttemptTimeout)
 		target, err := attempt(actx)
@@ -160,6 +162,16 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 		}
 		f := classify(err, timedOut)
 		c.noteFailure(target, cl.convID, f)
+		if ctx.Err() == nil && bctx.Err() != nil && (f.code == sequencer.CodeDeadlineExceeded || f.code == sequencer.CodeCanceled) {
+			// The client's own retry budget ran out during this attempt, not
+			// the caller's: report the retryable failure that spent it.
+			if prevErr != nil {
+				err, f = prevErr, prevF
+			} else {
+				f.code = sequencer.CodeUnavailable
+			}
+		}
+		prevErr, prevF = err, f
 		last := func(why string) error { return c.giveUp(ctx, cl, n, err, f, why) }
 		switch {
 		case !f.retry:
