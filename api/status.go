@@ -11,49 +11,39 @@ import (
 
 // This file is the ONE place where a domain error becomes a transport status.
 
+// codePairs is the mapping both ways; codes not listed are internal.
+var codePairs = [...]struct {
+	domain  sequencer.Code
+	connect connect.Code
+}{
+	{sequencer.CodeInvalidArgument, connect.CodeInvalidArgument},
+	{sequencer.CodeNotFound, connect.CodeNotFound},
+	{sequencer.CodeAlreadyExists, connect.CodeAlreadyExists},
+	{sequencer.CodeUnavailable, connect.CodeUnavailable},
+	{sequencer.CodeResourceExhausted, connect.CodeResourceExhausted},
+	{sequencer.CodeCanceled, connect.CodeCanceled},
+	{sequencer.CodeDeadlineExceeded, connect.CodeDeadlineExceeded},
+}
+
 // ConnectCode maps a domain code to the Connect code the client sees.
 func ConnectCode(c sequencer.Code) connect.Code {
-	switch c {
-	case sequencer.CodeInvalidArgument:
-		return connect.CodeInvalidArgument
-	case sequencer.CodeNotFound:
-		return connect.CodeNotFound
-	case sequencer.CodeAlreadyExists:
-		return connect.CodeAlreadyExists
-	case sequencer.CodeUnavailable:
-		return connect.CodeUnavailable
-	case sequencer.CodeResourceExhausted:
-		return connect.CodeResourceExhausted
-	case sequencer.CodeCanceled:
-		return connect.CodeCanceled
-	case sequencer.CodeDeadlineExceeded:
-		return connect.CodeDeadlineExceeded
-	default:
-		return connect.CodeInternal
+	for _, p := range codePairs {
+		if p.domain == c {
+			return p.connect
+		}
 	}
+	return connect.CodeInternal
 }
 
 // DomainCode is the inverse of ConnectCode, for clients that read a Connect
 // error (codes the server never sends map to CodeInternal).
 func DomainCode(c connect.Code) sequencer.Code {
-	switch c {
-	case connect.CodeInvalidArgument:
-		return sequencer.CodeInvalidArgument
-	case connect.CodeNotFound:
-		return sequencer.CodeNotFound
-	case connect.CodeAlreadyExists:
-		return sequencer.CodeAlreadyExists
-	case connect.CodeUnavailable:
-		return sequencer.CodeUnavailable
-	case connect.CodeResourceExhausted:
-		return sequencer.CodeResourceExhausted
-	case connect.CodeCanceled:
-		return sequencer.CodeCanceled
-	case connect.CodeDeadlineExceeded:
-		return sequencer.CodeDeadlineExceeded
-	default:
-		return sequencer.CodeInternal
+	for _, p := range codePairs {
+		if p.connect == c {
+			return p.domain
+		}
 	}
+	return sequencer.CodeInternal
 }
 
 // CodeOf classifies err (non-nil) for the client: the code of the first
