@@ -85,6 +85,11 @@ func (a *convActor) Receive(ctx pa.Context) {
 	case *sendMsg:
 		a.inTransit.Add(-1)
 		a.core.Send(m.ctx, m, m.req)
+	case *sendGroup:
+		a.inTransit.Add(-1)
+		for i := range m.reqs {
+			a.core.Send(m.ctx, m.items[i], m.reqs[i])
+		}
 	case *headLoaded:
 		a.core.HeadLoaded(m.head, m.err)
 	case *committed:
@@ -125,9 +130,13 @@ func (a *convActor) execute(ctx pa.Context) {
 	rd := a.core.Ready()
 	n := a.node
 	for _, r := range rd.Replies {
-		m := r.Token.(*sendMsg)
 		n.pending.Add(-1) // before the reply: a caller that resends at once is not counted twice
-		m.reply <- outcome{res: r.Result, err: r.Err}
+		switch t := r.Token.(type) {
+		case *sendMsg:
+			t.reply <- outcome{res: r.Result, err: r.Err}
+		case *batchItem:
+			t.b.answer(t.idx, sequencer.SendOutcome{Result: r.Result, Err: r.Err})
+		}
 	}
 	self := ctx.Self()
 	root := n.system.Root

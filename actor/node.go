@@ -214,17 +214,8 @@ func (n *Node) now() int64 { return int64(time.Since(n.epoch)) }
 // in another conversation, canceled / deadline_exceeded when ctx ends first
 // (the send may still be stored: a resend with the same client_msg_id tells).
 func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	if n.closed.Load() {
-		return sequencer.SendResult{}, sequencer.ErrShuttingDown
-	}
-	if o := n.cfg.Ownership; o != nil {
-		if _, err := o.Fence(req.ConvID); err != nil {
-			return sequencer.SendResult{}, coded(err, "conversation "+req.ConvID)
-		}
-	}
-	if n.pending.Add(1) > int64(n.cfg.MaxPending) {
-		n.pending.Add(-1)
-		return sequencer.SendResult{}, fmt.Errorf("node holds %d sends: %w", n.cfg.MaxPending, sequencer.ErrOverloaded)
+	if err := n.admit(req.ConvID); err != nil {
+		return sequencer.SendResult{}, err
 	}
 	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
 	ref, err := n.route(req.ConvID)
@@ -237,12 +228,7 @@ func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.S
 	case o := <-msg.reply:
 		return o.res, o.err
 	case <-ctx.Done():
-		code := sequencer.CodeCanceled
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			code = sequencer.CodeDeadlineExceeded
-		}
-		return sequencer.SendResult{}, sequencer.Wrap(code, ctx.Err(),
-			"send: caller gave up before the outcome; resend with the same client_msg_id to learn it")
+		return sequencer.SendResult{}, callerGaveUp(ctx)
 	}
 }
 

@@ -51,11 +51,11 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		Reader:  h.reader,
 		Metrics: h.metrics,
 		Logger:  slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Router: RouterFunc(func(_ context.Context, convID string) (Route, error) {
+		Router: RouterFunc(func(_ context.Context, convID string) (sequencer.Route, error) {
 			if convID == "moving" {
-				return Route{}, sequencer.ErrOwnershipMoving
+				return sequencer.Route{}, sequencer.ErrOwnershipMoving
 			}
-			return Route{NodeID: "n2", Address: "127.0.0.1:7071", Partition: 17, Epoch: 9007199254740993, MembershipVersion: 4}, nil
+			return sequencer.Route{NodeID: "n2", Address: "127.0.0.1:7071", Partition: 17, Epoch: 9007199254740993, MembershipVersion: 4}, nil
 		}),
 	}
 	for _, o := range opts {
@@ -616,9 +616,8 @@ func TestPanicIsInternal(t *testing.T) {
 	}
 }
 
-// A request far beyond any valid body is refused by Connect before decoding
-// (resource_exhausted, as gRPC does); one moderately over the limit gets the
-// precise validation message.
+// A body over the limit gets the precise validation message
+// (invalid_argument, never a retryable code).
 func TestOversizedRequest(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxBody = 1024 })
 	h.sender.set(answer(1, 1, false))
@@ -630,7 +629,7 @@ func TestOversizedRequest(t *testing.T) {
 		t.Fatalf("3x body: %d %s", status, raw)
 	}
 	status, m, raw = h.post(t, sendPath, body(200<<10))
-	if status != 429 || m["code"] != "resource_exhausted" {
+	if status != 400 || m["code"] != "invalid_argument" {
 		t.Fatalf("200 KiB body: %d %s", status, raw)
 	}
 	if n := len(h.sender.Calls()); n != 0 {
