@@ -345,7 +345,9 @@ func freePort() (int, error) {
 // The postmaster is started from a goroutine locked to its OS thread, with a
 // parent-death signal: if this test process dies without Stop, the kernel
 // tells the server to shut down (fast).
-func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int) (*localServer, error) {
+//
+// extra are more server settings ("name=value"), passed as -c options.
+func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int, extra ...string) (*localServer, error) {
 	logPath := filepath.Join(dir, fmt.Sprintf("postgres-%d.log", port))
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -359,6 +361,9 @@ func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int) (*
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "max_connections=300",
 		"-c", "shared_buffers=64MB")
+	for _, kv := range extra {
+		cmd.Args = append(cmd.Args, "-c", kv)
+	}
 	cmd.Dir = dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf

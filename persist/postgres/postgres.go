@@ -25,9 +25,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -39,8 +41,18 @@ import (
 type Options struct {
 	// MaxConns is the pool size. Default 8 (group-commit writers plus reads).
 	MaxConns int32
-	// ConnectTimeout bounds dialing one connection. Default 5s.
+	// ConnectTimeout bounds one connection attempt to one host of the DSN
+	// (dial, TLS, authentication, the target_session_attrs check). With a
+	// multi-host DSN every new connection tries the hosts in order, so a
+	// host that accepts TCP but never answers (a frozen or cut-off old
+	// primary) costs this much per new connection: keep it well below
+	// the commit timeout. It also bounds the cancel request pgx sends when
+	// a connection breaks. Default 2s; connect_timeout in the DSN wins.
 	ConnectTimeout time.Duration
+	// PingTimeout bounds the liveness ping of a connection taken from the
+	// pool after more than 1s idle; a connection that fails it is dropped
+	// and another taken. Default 1s.
+	PingTimeout time.Duration
 	// IdleInTxTimeout is the server's idle_in_transaction_session_timeout
 	// for the store's sessions: a session left idle inside a transaction
 	// this long (its process frozen or partitioned away mid-transaction) is
@@ -56,7 +68,10 @@ func (o Options) withDefaults() Options {
 		o.MaxConns = 8
 	}
 	if o.ConnectTimeout <= 0 {
-		o.ConnectTimeout = 5 * time.Second
+		o.ConnectTimeout = 2 * time.Second
+	}
+	if o.PingTimeout <= 0 {
+		o.PingTimeout = time.Second
 	}
 	if o.IdleInTxTimeout <= 0 {
 		o.IdleInTxTimeout = time.Second
@@ -100,10 +115,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
 	}
 	cfg.MaxConns = opts.MaxConns
-	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	if cfg.ConnConfig.ConnectTimeout <= 0 { // not set by the DSN
+		cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	}
 	if _, set := cfg.ConnConfig.RuntimeParams[idleInTxParam]; !set {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
+	cfg.PingTimeout = opts.PingTimeout
+	forFailover(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open pool: %v", err))
@@ -113,6 +132,48 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, unavailable("ping", err)
 	}
 	return &Store{pool: pool}, nil
+}
+
+// forFailover sets the pool up to follow a primary switch behind a
+// multi-host DSN (see also hostPreference) and to drop a silent old primary
+// fast. When a pooled connection breaks, pgx closes it in the background (a
+// cancel request on a new socket, Terminate, then a drain of the old socket
+// until the server closes it, bounded only by 15s) and the pool counts it
+// against MaxConns until that is done: a server that accepts TCP but never
+// answers (frozen, or cut off without a reset) would hold every slot for
+// 15s after each failure. So:
+//   - every socket pgx dials gets a deadline of ConnectTimeout, cleared once
+//     it has become a pool connection: connection attempts and cancel
+//     requests never wait longer than that;
+//   - a connection the pool destroys that is already broken has its socket
+//     closed at once, ending the drain (a healthy one is closed politely);
+//   - new connections try first the host of the newest connection.
+func forFailover(cfg *pgxpool.Config) {
+	limit := cfg.ConnConfig.ConnectTimeout
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = c.SetDeadline(time.Now().Add(limit))
+		return c, nil
+	}
+	pref := newHostPreference()
+	cfg.ConnConfig.LookupFunc = pref.lookup(cfg.ConnConfig.LookupFunc)
+	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		pref.order(&cc.Config)
+		return nil
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		pref.connected(c.PgConn().Conn())
+		return c.PgConn().Conn().SetDeadline(time.Time{})
+	}
+	cfg.BeforeClose = func(c *pgx.Conn) {
+		if c.IsClosed() {
+			_ = c.PgConn().Conn().Close()
+		}
+	}
 }
 
 // Pool exposes the connection pool to packages that keep their own tables in
