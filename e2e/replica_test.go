@@ -1,0 +1,240 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
+)
+
+// replicaDB is the database the node uses on a replicated pair.
+const replicaDB = "sequencer"
+
+// replicaPair starts a primary and a streaming standby of it, creates
+// replicaDB on the primary, and returns both with the node's multi-host DSN
+// (both hosts, target_session_attrs=read-write). With sync the primary
+// waits for the standby's flush before a commit returns
+// (synchronous_standby_names='*', synchronous_commit=on); without it the
+// standby is asynchronous. The standby itself names no synchronous standby:
+// once promoted it is the only server and must not wait for a peer.
+func replicaPair(t *testing.T, sync bool) (primary, standby *pgtest.Node, dsn string) {
+	t.Helper()
+	var settings []string
+	if sync {
+		settings = []string{"synchronous_standby_names=*", "synchronous_commit=on"}
+	} else {
+		settings = []string{"synchronous_standby_names=", "synchronous_commit=on"}
+	}
+	primary = pgtest.StartPrimary(t, settings...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	standby = primary.StartStandby(t, "synchronous_standby_names=")
+	if err := primary.WaitStreaming(ctx, 1); err != nil {
+		t.Fatalf("standby does not stream: %v\n%s", err, standby.Log())
+	}
+	// Only now: with a synchronous standby named, a commit waits for it.
+	if err := primary.Exec(ctx, "CREATE DATABASE "+replicaDB); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	if sync {
+		// The standby must be the synchronous one before the load starts.
+		waitFor(t, 30*time.Second, "the standby to be synchronous", func() bool {
+			var st string
+			err := primary.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication", &st)
+			return err == nil && st == "sync"
+		})
+	}
+	dsn = fmt.Sprintf("postgres://postgres@%s,%s/%s?sslmode=disable&target_session_attrs=read-write",
+		primary.Host(), standby.Host(), replicaDB)
+	return primary, standby, dsn
+}
+
+// probe sends one new message every few milliseconds to its own
+// conversation and remembers when sends failed and recovered.
+type probe struct {
+	mu        sync.Mutex
+	firstFail time.Time // first failed send
+	lastFail  time.Time // last failed send
+	firstOK   time.Time // first ack after the first failure
+	oks       atomic.Int64
+}
+
+func (p *probe) run(ctx context.Context, c sequencerv1connect.SequencerServiceClient, led *ledger, stop <-chan struct{}) {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond): // the probe's send rate
+		}
+		cid := fmt.Sprintf("probe-%d", i)
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			resp, err := send(rctx, c, "probe", 42, cid, nil)
+			cancel()
+			now := time.Now()
+			p.mu.Lock()
+			if err == nil {
+				led.record(ack{conv: "probe", from: 42, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
+				if !p.firstFail.IsZero() && p.firstOK.IsZero() {
+					p.firstOK = now
+				}
+				p.mu.Unlock()
+				p.oks.Add(1)
+				break
+			}
+			if p.firstFail.IsZero() {
+				p.firstFail = now
+			}
+			p.lastFail = now
+			p.mu.Unlock()
+			if !retryableCode(err) || ctx.Err() != nil {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond): // client backoff between resends
+			}
+		}
+	}
+}
+
+// TestPostgresPrimarySwitchSync runs load through the node(s) whose store
+// is a primary with a synchronous standby behind a multi-host DSN, loses the
+// primary, promotes the standby, and checks: sends recover without
+// restarting any node, every acked message is on the new primary, and every
+// conversation's seqs are 1..head. Two ways to lose the primary:
+//   - kill9: SIGKILL to the postmaster and its backends (a crashed host:
+//     connections are reset at once); one node;
+//   - frozen: SIGSTOP to every process of the primary (a paused VM or a host
+//     cut off without resets: connections and new dials hang); two nodes in
+//     cluster mode, so membership heartbeats and partition fences ride
+//     through the switch too.
+func TestPostgresPrimarySwitchSync(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cluster bool
+		lose    func(primary *pgtest.Node)
+	}{
+		{"kill9", false, func(p *pgtest.Node) { p.Kill9() }},
+		{"frozen", true, func(p *pgtest.Node) { p.Freeze() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			primary, standby, dsn := replicaPair(t, true)
+			defer primary.Kill9() // a frozen primary never comes back
+			var nodes []*proc
+			if tc.cluster {
+				nodes = append(nodes,
+					startNode(t, "a", "--store", dsn, "--cluster-listen", freeAddr(t), "--node-id", "a"),
+					startNode(t, "b", "--store", dsn, "--cluster-listen", freeAddr(t), "--node-id", "b"))
+			} else {
+				nodes = append(nodes, startNode(t, "node", "--store", dsn))
+			}
+			switchPrimary(t, nodes, primary, standby, tc.lose)
+		})
+	}
+}
+
+// switchPrimary runs load through nodes, loses primary with lose, promotes
+// standby and checks the outcome (see TestPostgresPrimarySwitchSync).
+func switchPrimary(t *testing.T, nodes []*proc, primary, standby *pgtest.Node, lose func(*pgtest.Node)) {
+	convs := convNames(200)
+	l := &load{convs: convs, clients: 32, led: newLedger(),
+		clientFor: func(i int) sequencerv1connect.SequencerServiceClient { return nodes[i%len(nodes)].grpcClient() }}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { l.run(ctx, t, stop); close(done) }()
+	pr := &probe{}
+	probeDone := make(chan struct{})
+	go func() { pr.run(ctx, nodes[0].grpcClient(), l.led, stop); close(probeDone) }()
+	waitFor(t, 60*time.Second, "1000 acks before losing the primary", func() bool { return l.led.count() >= 1000 })
+
+	lost := time.Now()
+	lose(primary)
+	if err := standby.Promote(); err != nil {
+		t.Fatalf("promote: %v\n%s", err, standby.Log())
+	}
+	promoted := time.Now()
+	before := l.led.count()
+	waitFor(t, 90*time.Second, "the load to make progress on the new primary", func() bool { return l.led.count() >= before+1000 })
+	close(stop)
+	<-done
+	<-probeDone
+	if l.errs.Load() != 0 {
+		t.Fatalf("%d sends failed for good", l.errs.Load())
+	}
+	pr.mu.Lock()
+	firstOK := pr.firstOK
+	pr.mu.Unlock()
+	if firstOK.IsZero() {
+		t.Logf("the probe saw no failed send")
+	} else {
+		t.Logf("primary lost -> standby promoted: %v; promoted -> first ack of the probe after its failures: %v (lost -> first ack: %v); load retried %d times",
+			promoted.Sub(lost).Round(time.Millisecond), firstOK.Sub(promoted).Round(time.Millisecond),
+			firstOK.Sub(lost).Round(time.Millisecond), l.retries.Load())
+	}
+
+	// Sends keep working on the same processes: each conversation
+	// continues at head+1 of the new primary.
+	st := openStore(t, standby.DSN(replicaDB))
+	for i, conv := range convs[:20] {
+		head, err := st.LoadHead(context.Background(), conv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cid := "after-switch-" + conv
+		resp, err := send(context.Background(), nodes[i%len(nodes)].grpcClient(), conv, 7, cid, nil)
+		if err != nil {
+			t.Fatalf("send after the switch: %v", err)
+		}
+		if resp.Seq != head+1 {
+			t.Fatalf("conv %s: after the switch got seq %d, want head+1 = %d", conv, resp.Seq, head+1)
+		}
+		l.led.record(ack{conv: conv, from: 7, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
+	}
+	for _, n := range nodes {
+		if err := n.term(30 * time.Second); err != nil {
+			t.Fatalf("SIGTERM %s: %v", n.name, err)
+		}
+	}
+	l.led.verify(t, st, append(convs, "probe"))
+}
+
+// metricValue reads one unlabelled counter or gauge from /metrics (0 when
+// absent).
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err != nil {
+				t.Fatalf("/metrics: %s: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+var _ = connect.CodeUnavailable
