@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -215,9 +213,8 @@ func switchPrimary(t *testing.T, nodes []*proc, primary, standby *pgtest.Node, l
 	l.led.verify(t, st, append(convs, "probe"))
 }
 
-// metricValue reads one unlabelled counter or gauge from /metrics (0 when
-// absent).
-func metricValue(t *testing.T, addr, name string) float64 {
+// metricsText is the node's /metrics page.
+func metricsText(t *testing.T, addr string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -225,7 +222,14 @@ func metricValue(t *testing.T, addr, name string) float64 {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
+	return string(b)
+}
+
+// metricValue reads one unlabelled counter or gauge from /metrics (0 when
+// absent).
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(metricsText(t, addr), "\n") {
 		if rest, ok := strings.CutPrefix(line, name+" "); ok {
 			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
 			if err != nil {
@@ -236,5 +240,3 @@ func metricValue(t *testing.T, addr, name string) float64 {
 	}
 	return 0
 }
-
-var _ = connect.CodeUnavailable
