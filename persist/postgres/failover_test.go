@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"slices"
@@ -12,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -236,3 +241,55 @@ func (fakeConn) LocalAddr() net.Addr              { return nil }
 func (fakeConn) SetDeadline(time.Time) error      { return nil }
 func (fakeConn) SetReadDeadline(time.Time) error  { return nil }
 func (fakeConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestReadOnlyServerDropsConnection: a server that turns read-only under an
+// open pool connection (a fenced or demoted primary) refuses the commit as
+// unavailable, and the connection is dropped so the next one is made (and
+// checked against target_session_attrs) afresh.
+func TestReadOnlyServerDropsConnection(t *testing.T) {
+	srv := pgtest.StartServer(t) // private: its settings change
+	ctx := context.Background()
+	st, err := Open(ctx, srv.DSN(), Options{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Commit(ctx, []persist.ConvBatch{msgs("ro", 0, 1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{"ALTER SYSTEM SET default_transaction_read_only = on", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// The pool's session applies the reload at its next statement; wait
+	// until the commit is refused.
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; ; i++ {
+		err = st.Commit(ctx, []persist.ConvBatch{msgs(fmt.Sprintf("ro-%d", i), 0, 1, uint64(100+i))})
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("commits still succeed 20s after the server turned read-only")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("commit on a read-only server: %v, want ErrStoreUnavailable", err)
+	}
+	for st.pool.Stat().TotalConns() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection to the read-only server is still pooled")
+		}
+		time.Sleep(10 * time.Millisecond) // the pool destroys connections asynchronously
+	}
+}

@@ -106,6 +106,9 @@ var _ persist.Store = (*Store)(nil)
 
 const idleInTxParam = "idle_in_transaction_session_timeout"
 
+// sqlReadOnlyTx is SQLSTATE read_only_sql_transaction.
+const sqlReadOnlyTx = "25006"
+
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
 // DSN) and checks it answers. It does not migrate; call Migrate.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
@@ -147,7 +150,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 //     requests never wait longer than that;
 //   - a connection the pool destroys that is already broken has its socket
 //     closed at once, ending the drain (a healthy one is closed politely);
-//   - new connections try first the host of the newest connection.
+//   - new connections try first the host of the newest connection;
+//   - a connection to a server that refuses writes is dropped.
 func forFailover(cfg *pgxpool.Config) {
 	limit := cfg.ConnConfig.ConnectTimeout
 	dial := cfg.ConnConfig.DialFunc
@@ -168,6 +172,18 @@ func forFailover(cfg *pgxpool.Config) {
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		pref.connected(c.PgConn().Conn())
 		return c.PgConn().Conn().SetDeadline(time.Time{})
+	}
+	// A server that refuses writes (a primary demoted or fenced read-only,
+	// or a standby reached without target_session_attrs=read-write)
+	// answers read_only_sql_transaction: drop the connection, so the next
+	// one is made, and checked against target_session_attrs, afresh. The
+	// statement failed before COMMIT: nothing was written.
+	onPgError := cfg.ConnConfig.OnPgError
+	cfg.ConnConfig.OnPgError = func(c *pgconn.PgConn, e *pgconn.PgError) bool {
+		if e.Code == sqlReadOnlyTx {
+			return false
+		}
+		return onPgError == nil || onPgError(c, e)
 	}
 	cfg.BeforeClose = func(c *pgx.Conn) {
 		if c.IsClosed() {
