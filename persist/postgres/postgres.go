@@ -23,10 +23,12 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,8 +48,7 @@ type Options struct {
 	// multi-host DSN every new connection tries the hosts in order, so a
 	// host that accepts TCP but never answers (a frozen or cut-off old
 	// primary) costs this much per new connection: keep it well below
-	// the commit timeout. It also bounds the cancel request pgx sends when
-	// a connection breaks. Default 2s; connect_timeout in the DSN wins.
+	// the commit timeout. Default 2s; connect_timeout in the DSN wins.
 	ConnectTimeout time.Duration
 	// PingTimeout bounds the liveness ping of a connection taken from the
 	// pool after more than 1s idle; a connection that fails it is dropped
@@ -146,8 +147,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 // answers (frozen, or cut off without a reset) would hold every slot for
 // 15s after each failure. So:
 //   - every socket pgx dials gets a deadline of ConnectTimeout, cleared once
-//     it has become a pool connection: connection attempts and cancel
-//     requests never wait longer than that;
+//     it has become a pool connection: connection attempts never wait
+//     longer than that;
+//   - no cancel request is ever sent (noCancelRequests: unsafe with
+//     synchronous replication, and it would wait on a silent server);
 //   - a connection the pool destroys that is already broken has its socket
 //     closed at once, ending the drain (a healthy one is closed politely);
 //   - new connections try first the host of the newest connection;
@@ -167,10 +170,12 @@ func forFailover(cfg *pgxpool.Config) {
 	cfg.ConnConfig.LookupFunc = pref.lookup(cfg.ConnConfig.LookupFunc)
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		pref.order(&cc.Config)
+		noCancelRequests(&cc.Config)
 		return nil
 	}
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		pref.connected(c.PgConn().Conn())
+		established(c.PgConn().Conn())
 		return c.PgConn().Conn().SetDeadline(time.Time{})
 	}
 	// A server that refuses writes (a primary demoted or fenced read-only,
@@ -189,6 +194,55 @@ func forFailover(cfg *pgxpool.Config) {
 		if c.IsClosed() {
 			_ = c.PgConn().Conn().Close()
 		}
+	}
+}
+
+// noCancelRequests makes the connection about to be made with cc never send
+// a cancel request. pgx sends one whenever a connection breaks (a timeout,
+// a context cancel), and with synchronous replication that is unsafe: a
+// backend whose COMMIT waits for the standby has already committed
+// locally, and a cancel (or a terminate) ends the wait and makes the
+// transaction visible on the primary although no standby has it (the
+// server warns "the transaction has already committed locally, but might
+// not have been replicated"). The next reader would take it as stored; a
+// failover would lose it. Without the cancel the backend keeps waiting,
+// the transaction stays invisible until a standby confirms it, and our
+// side just closes the socket. The only dial pgx makes on a connection
+// after it is established is the cancel request's; it is refused here.
+func noCancelRequests(cc *pgconn.Config) {
+	st := &dialState{}
+	dial := cc.DialFunc
+	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if st.established.Load() {
+			return nil, errNoCancelRequest
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &dialedConn{Conn: c, state: st}, nil
+	}
+}
+
+var errNoCancelRequest = errors.New("postgres: cancel requests are not sent (they would end a synchronous-replication wait)")
+
+// dialState is shared by the sockets dialed for one pool connection.
+type dialState struct{ established atomic.Bool }
+
+// dialedConn is a socket dialed by noCancelRequests' DialFunc.
+type dialedConn struct {
+	net.Conn
+	state *dialState
+}
+
+// established marks the connection whose socket (or TLS over it) is c as
+// made: later dials for it are cancel requests.
+func established(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if dc, ok := c.(*dialedConn); ok {
+		dc.state.established.Store(true)
 	}
 }
 
