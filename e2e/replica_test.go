@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,13 +58,12 @@ func replicaPair(t *testing.T, sync bool) (primary, standby *pgtest.Node, dsn st
 }
 
 // probe sends one new message every few milliseconds to its own
-// conversation and remembers when sends failed and recovered.
+// conversation (resending on retryable errors) and remembers when each was
+// acked: the longest pause between two acks is the outage a continuously
+// sending client saw.
 type probe struct {
-	mu        sync.Mutex
-	firstFail time.Time // first failed send
-	lastFail  time.Time // last failed send
-	firstOK   time.Time // first ack after the first failure
-	oks       atomic.Int64
+	mu   sync.Mutex
+	acks []time.Time
 }
 
 func (p *probe) run(ctx context.Context, c sequencerv1connect.SequencerServiceClient, led *ledger, stop <-chan struct{}) {
@@ -82,22 +80,13 @@ func (p *probe) run(ctx context.Context, c sequencerv1connect.SequencerServiceCl
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			resp, err := send(rctx, c, "probe", 42, cid, nil)
 			cancel()
-			now := time.Now()
-			p.mu.Lock()
 			if err == nil {
 				led.record(ack{conv: "probe", from: 42, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
-				if !p.firstFail.IsZero() && p.firstOK.IsZero() {
-					p.firstOK = now
-				}
+				p.mu.Lock()
+				p.acks = append(p.acks, time.Now())
 				p.mu.Unlock()
-				p.oks.Add(1)
 				break
 			}
-			if p.firstFail.IsZero() {
-				p.firstFail = now
-			}
-			p.lastFail = now
-			p.mu.Unlock()
 			if !retryableCode(err) || ctx.Err() != nil {
 				return
 			}
@@ -108,6 +97,26 @@ func (p *probe) run(ctx context.Context, c sequencerv1connect.SequencerServiceCl
 			}
 		}
 	}
+}
+
+// longestPauseSince is the longest pause between two consecutive acks of
+// the probe where the second came after t, and when that second ack came.
+func (p *probe) longestPauseSince(t time.Time) (gap time.Duration, end time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := 1; i < len(p.acks); i++ {
+		if d := p.acks[i].Sub(p.acks[i-1]); p.acks[i].After(t) && d > gap {
+			gap, end = d, p.acks[i]
+		}
+	}
+	return gap, end
+}
+
+// ackedAfter reports whether the probe got an ack after t.
+func (p *probe) ackedAfter(t time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acks) > 0 && p.acks[len(p.acks)-1].After(t)
 }
 
 // TestPostgresPrimarySwitchSync runs load through the node(s) whose store
@@ -170,22 +179,16 @@ func switchPrimary(t *testing.T, nodes []*proc, primary, standby *pgtest.Node, l
 	promoted := time.Now()
 	before := l.led.count()
 	waitFor(t, 90*time.Second, "the load to make progress on the new primary", func() bool { return l.led.count() >= before+1000 })
+	waitFor(t, 60*time.Second, "the probe to be acked on the new primary", func() bool { return pr.ackedAfter(promoted) })
 	close(stop)
 	<-done
 	<-probeDone
 	if l.errs.Load() != 0 {
 		t.Fatalf("%d sends failed for good", l.errs.Load())
 	}
-	pr.mu.Lock()
-	firstOK := pr.firstOK
-	pr.mu.Unlock()
-	if firstOK.IsZero() {
-		t.Logf("the probe saw no failed send")
-	} else {
-		t.Logf("primary lost -> standby promoted: %v; promoted -> first ack of the probe after its failures: %v (lost -> first ack: %v); load retried %d times",
-			promoted.Sub(lost).Round(time.Millisecond), firstOK.Sub(promoted).Round(time.Millisecond),
-			firstOK.Sub(lost).Round(time.Millisecond), l.retries.Load())
-	}
+	gap, end := pr.longestPauseSince(lost)
+	t.Logf("primary lost -> standby promoted: %v; the probe's longest pause between two acks since the loss: %v, ending %v after the promotion; load retried %d times",
+		promoted.Sub(lost).Round(time.Millisecond), gap.Round(time.Millisecond), end.Sub(promoted).Round(time.Millisecond), l.retries.Load())
 
 	// Sends keep working on the same processes: each conversation
 	// continues at head+1 of the new primary.
