@@ -57,8 +57,9 @@ func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages
 //   - an error wrapping sequencer.ErrHeadMismatch (*HeadMismatchError) or
 //     sequencer.ErrStaleEpoch (*StaleFenceError): nothing was written;
 //   - an error wrapping sequencer.ErrUnknownOutcome: the commit may or may
-//     not have landed (connection lost during COMMIT, timeout); the caller must
-//     re-read the truth before assigning another seq;
+//     not have landed (connection lost during COMMIT, timeout), and may even
+//     land later; the caller must call Settle, then re-read the truth, before
+//     it answers the senders or assigns another seq;
 //   - an error wrapping sequencer.ErrStoreUnavailable: nothing was written
 //     (failed before the commit was sent).
 type Store interface {
@@ -78,6 +79,15 @@ type Store interface {
 	// Trim deletes conv's messages with seq <= throughSeq (retention). The
 	// head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
+
+	// Settle returns once every transaction of an earlier Commit that
+	// returned sequencer.ErrUnknownOutcome is finished on the server
+	// (committed or rolled back), so that reads made after it see the final
+	// outcome: a transaction that outlived its connection (a stalled backend
+	// that ignored the cancel) cannot commit after Settle returned. It fails
+	// (retryably) when it cannot tell yet. Stores whose commits cannot
+	// outlive the Commit call (SQLite, in-memory) return nil at once.
+	Settle(ctx context.Context) error
 
 	WorkerLeases
 
