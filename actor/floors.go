@@ -1,11 +1,6 @@
 package actor
 
-import (
-	"context"
-	"log/slog"
-	"sync"
-	"time"
-)
+import "sync"
 
 // DefaultMaxFloors is Config.MaxFloors' default.
 const DefaultMaxFloors = 100_000
@@ -55,38 +50,4 @@ func (f *floors) put(convID string, seq uint64) {
 	if cap(f.order) > 4*f.max { // compact the eviction queue now and then
 		f.order = append([]string(nil), f.order...)
 	}
-}
-
-// rateLog logs a warning at most once per interval for each cause, and
-// counts what it dropped in between.
-type rateLog struct {
-	log   *slog.Logger
-	every time.Duration
-
-	mu    sync.Mutex
-	last  map[string]time.Time
-	muted map[string]int
-}
-
-func newRateLog(log *slog.Logger, every time.Duration) *rateLog {
-	return &rateLog{log: log, every: every, last: map[string]time.Time{}, muted: map[string]int{}}
-}
-
-// Warn logs msg for cause unless one was logged within the interval.
-func (r *rateLog) Warn(cause, msg string, args ...any) {
-	r.mu.Lock()
-	now := time.Now()
-	if t, ok := r.last[cause]; ok && now.Sub(t) < r.every {
-		r.muted[cause]++
-		r.mu.Unlock()
-		return
-	}
-	r.last[cause] = now
-	muted := r.muted[cause]
-	r.muted[cause] = 0
-	r.mu.Unlock()
-	if muted > 0 {
-		args = append(args, "suppressed_since_last", muted)
-	}
-	r.log.Log(context.Background(), slog.LevelWarn, msg, args...)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
@@ -88,10 +89,10 @@ type Node struct {
 	seed   maphash.Seed
 	shards [shardCount]shard
 
-	floors  floors       // highest acked seq of passivated conversations (never backwards)
-	logs    *rateLog     // rate-limited warnings
-	pending atomic.Int64 // sends admitted and not yet answered
-	live    atomic.Int64 // conversation actors in the router
+	floors  floors          // highest acked seq of passivated conversations (never backwards)
+	logs    *ratelog.Logger // rate-limited warnings
+	pending atomic.Int64    // sends admitted and not yet answered
+	live    atomic.Int64    // conversation actors in the router
 	closed  atomic.Bool
 
 	// Passivation: one sweeper per node (not a timer per actor) posts
@@ -150,7 +151,7 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), epoch: time.Now(),
-		floors: newFloors(cfg.MaxFloors), logs: newRateLog(log, 10*time.Second),
+		floors: newFloors(cfg.MaxFloors), logs: ratelog.New(log, 10*time.Second),
 		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
 	// protoactor logs dead letters and supervision at info; keep warnings.
 	n.system = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {

@@ -311,11 +311,13 @@ func (c *Core) Committed(err error) {
 		// re-read it before the next batch.
 		c.headKnown = false
 		c.failBatch(retryable(err, "commit"))
-	case errors.Is(err, sequencer.ErrStoreUnavailable):
-		// Nothing was written: the head stays at the last committed seq.
+	case persist.OutcomeOf(err) == persist.NotLanded:
+		// Nothing was written (store unavailable before COMMIT, or the data
+		// refused): the head stays at the last committed seq.
 		c.failBatch(retryable(err, "commit"))
 	default:
-		// An error the store contract does not name: it may have landed.
+		// Unknown, or an error the store contract does not name: it may
+		// have landed.
 		c.resolve(err)
 	}
 	c.advance()

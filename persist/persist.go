@@ -198,6 +198,49 @@ func (e *StaleFenceError) Error() string {
 }
 func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
 
+// ErrRejected is a store's refusal of the data of a commit (a value the
+// schema cannot hold: a data or integrity error other than the unique keys
+// ConflictError names). Nothing was written. It names no conversation, so
+// the group-commit writer splits the transaction to find the bad rows, and
+// only their senders get it (invalid_argument: sending it again cannot
+// help).
+var ErrRejected = &sequencer.Error{Code: sequencer.CodeInvalidArgument, Msg: "the store refused this message"}
+
+// Outcome is what a Commit's error means for the rows it carried.
+type Outcome int
+
+const (
+	Landed    Outcome = iota // nil error: every row is durably stored
+	NotLanded                // nothing was written (and nothing will be)
+	Unknown                  // the rows may have landed, or may land later: Settle, then re-read
+)
+
+func (o Outcome) String() string {
+	return [...]string{"landed", "not landed", "unknown"}[o]
+}
+
+// OutcomeOf is the ONE place that says what a Commit's error means (see
+// Store.Commit): refusals (conflict, head mismatch, stale fence, rejected
+// data) and failures before COMMIT was sent (ErrStoreUnavailable) did not
+// land; ErrUnknownOutcome and any error the contract does not name may
+// have.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return Landed
+	case errors.Is(err, sequencer.ErrUnknownOutcome):
+		return Unknown
+	}
+	if _, ok := AsConflict(err); ok {
+		return NotLanded
+	}
+	if errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
+		errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, ErrRejected) {
+		return NotLanded
+	}
+	return Unknown
+}
+
 // AsConflict returns the *ConflictError in err's chain, if any.
 func AsConflict(err error) (*ConflictError, bool) {
 	var c *ConflictError

@@ -152,13 +152,13 @@ func unknownOutcome(op string, err error) error {
 }
 
 // classify maps an error of a statement that changed nothing: server-side
-// data errors (class 22, 23) are bugs in the caller and not retryable; every
-// other error (connection, timeout, cancel, deadlock, shutdown) is
-// ErrStoreUnavailable.
+// data errors (class 22, 23) are persist.ErrRejected (the data cannot be
+// stored; not retryable); every other error (connection, timeout, cancel,
+// deadlock, shutdown) is ErrStoreUnavailable.
 func classify(op string, err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && len(pg.Code) == 5 && (pg.Code[:2] == "22" || pg.Code[:2] == "23") {
-		return fmt.Errorf("postgres: %s: %w", op, err)
+		return fmt.Errorf("postgres: %s: %w (%w)", op, persist.ErrRejected, err)
 	}
 	return unavailable(op, err)
 }
