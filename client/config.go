@@ -83,6 +83,11 @@ const (
 	DefaultBaseBackoff    = 20 * time.Millisecond
 	DefaultMaxBackoff     = time.Second
 	DefaultRouteCacheSize = 65536
+
+	DefaultBatchMaxItems       = 1000
+	DefaultBatchMaxBytes       = 3 << 20
+	DefaultBatchMaxQueuedItems = 10000
+	DefaultBatchMaxQueuedBytes = 32 << 20
 )
 
 // Config configures a Client. Only Addrs is required.
@@ -113,12 +118,53 @@ type Config struct {
 	// Logger receives the client's Debug logs (retries, route changes). The
 	// client never logs above Debug. Default slog.Default().
 	Logger *slog.Logger
+	// Batching says how concurrent Sends to one node are coalesced into
+	// SendBatch requests.
+	Batching BatchPolicy
+}
+
+// BatchPolicy coalesces concurrent Sends to the same node into SendBatch
+// requests, adaptively like the server's group commit: while one request to
+// a node is in flight, the next Sends queue and go out together when it
+// returns. Each Send still gets its own result and error, and is retried on
+// its own with its own client_msg_id. The zero value of every field means its
+// documented default.
+type BatchPolicy struct {
+	// Disabled sends every message in its own Send RPC. Default false.
+	Disabled bool
+	// Linger is how long a request waits for more messages before it goes
+	// out when none is in flight. Default 0: at once.
+	Linger time.Duration
+	// MaxItems is the most messages in one request (the server takes 1,000).
+	// Default 1000.
+	MaxItems int
+	// MaxBytes bounds one request's message bytes (bodies and keys; the
+	// server's --max-batch-bytes defaults to 4 MiB). Default 3 MiB.
+	MaxBytes int
+	// MaxQueuedItems and MaxQueuedBytes bound what waits for one node; past
+	// them Send blocks until there is room or its ctx ends. Defaults 10,000
+	// and 32 MiB.
+	MaxQueuedItems int
+	MaxQueuedBytes int
 }
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.Retry.Deadline == 0 {
 		c.Retry.Deadline = DefaultDeadline
+	}
+	b := &c.Batching
+	if b.MaxItems == 0 {
+		b.MaxItems = DefaultBatchMaxItems
+	}
+	if b.MaxBytes == 0 {
+		b.MaxBytes = DefaultBatchMaxBytes
+	}
+	if b.MaxQueuedItems == 0 {
+		b.MaxQueuedItems = DefaultBatchMaxQueuedItems
+	}
+	if b.MaxQueuedBytes == 0 {
+		b.MaxQueuedBytes = DefaultBatchMaxQueuedBytes
 	}
 	if c.Retry.AttemptTimeout == 0 {
 		c.Retry.AttemptTimeout = DefaultAttemptTimeout
@@ -169,6 +215,9 @@ func (c Config) validate() error {
 	}
 	if c.RouteCacheSize < 0 {
 		errs = append(errs, fmt.Errorf("route_cache_size %d: must be >= 0", c.RouteCacheSize))
+	}
+	if b := c.Batching; b.MaxItems < 0 || b.MaxItems > 1000 || b.MaxBytes < 0 || b.MaxQueuedItems < 0 || b.MaxQueuedBytes < 0 || b.Linger < 0 {
+		errs = append(errs, fmt.Errorf("batching %+v: max_items must be 1..1000 and the other bounds >= 0", b))
 	}
 	return errors.Join(errs...)
 }

@@ -27,6 +27,10 @@ type failure struct {
 // classify reads a failed attempt. attemptTimedOut tells that the attempt's
 // own deadline passed while the call's budget remained.
 func classify(err error, attemptTimedOut bool) failure {
+	if ie, ok := asItemError(err); ok {
+		// A batch item the node answered: the same rules as a Send's answer.
+		return answered(ie.code)
+	}
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		// Not from connect: our own errors carry a domain code.
@@ -49,15 +53,7 @@ func classify(err error, attemptTimedOut bool) failure {
 		// The node answered. unavailable and resource_exhausted are retryable
 		// by contract; deadline_exceeded is the node seeing the attempt's
 		// deadline (propagated by the protocol) pass.
-		code := sequencer.ParseCode(ce.Code().String())
-		switch {
-		case code.Retryable():
-			return failure{code: code, retry: true}
-		case code == sequencer.CodeDeadlineExceeded:
-			return failure{code: code, retry: true, timeout: true}
-		default:
-			return failure{code: code}
-		}
+		return answered(sequencer.ParseCode(ce.Code().String()))
 	}
 	// Synthesized by the client: the request failed locally or in transit.
 	switch ce.Code() {
@@ -81,6 +77,20 @@ func classify(err error, attemptTimedOut bool) failure {
 		}
 	}
 	return failure{code: sequencer.ParseCode(ce.Code().String())}
+}
+
+// answered classifies a code a node answered: unavailable and
+// resource_exhausted are retryable by contract; deadline_exceeded is the
+// node seeing the attempt's deadline (propagated by the protocol) pass.
+func answered(code sequencer.Code) failure {
+	switch {
+	case code.Retryable():
+		return failure{code: code, retry: true}
+	case code == sequencer.CodeDeadlineExceeded:
+		return failure{code: code, retry: true, timeout: true}
+	default:
+		return failure{code: code}
+	}
 }
 
 // transportErr reports errors of the connection rather than of the request.
