@@ -161,7 +161,9 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 	c := newClient(t, client.Config{Addrs: []string{f.addr}, DisableRouting: true,
 		Batching: client.BatchPolicy{MaxQueuedItems: 2}})
 	ctx := ctxT(t)
-	go func() { _, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "first", Body: []byte("x")}) }()
+	go func() {
+		_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "first", Body: []byte("x")})
+	}()
 	<-holding
 	for i := range 2 { // fill the queue
 		go func() {
