@@ -23,6 +23,7 @@ type Set struct {
 	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
 	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
 	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	Trimmed        prometheus.Counter       // sequencer_trimmed_messages_total
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -64,8 +65,11 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.Trimmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
+	})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.Trimmed} {
 		f(c)
 	}
 	return s

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -92,6 +93,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Partitions, "partitions", d.Partitions, "cluster: fixed partition count of the ring, the same on every node")
 	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Var(admin.Duration{D: &c.Retention}, "retention", "delete messages older than this (90d, 36h; heads are kept, seqs never go back); 0 keeps everything")
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) error {
