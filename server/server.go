@@ -47,15 +47,22 @@ type Server struct {
 	trimDone chan struct{}
 }
 
-// Run starts a node and serves until ctx ends, then drains (see Shutdown)
-// within cfg.DrainTimeout.
+// Run starts a node and serves until ctx ends or (cluster mode) an operator
+// requests a drain of this node through the membership table, then drains
+// (see Shutdown) within cfg.DrainTimeout.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s, err := Start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	var drain <-chan struct{} // nil on a single node: never ready
+	if s.cluster != nil {
+		drain = s.cluster.DrainRequested()
+	}
 	select {
 	case <-ctx.Done():
+	case <-drain:
+		log.Info("drain requested by an operator (sequencer admin drain): stopping as on SIGTERM")
 	case err := <-s.served:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("api server stopped", "err", err)
