@@ -90,6 +90,15 @@ func TestRetentionLoopTrimsOldMessages(t *testing.T) {
 			t.Fatalf("%s head %d after retention, want 4", conv, h)
 		}
 	}
+	mresp, err := http.Get("http://" + s.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mbody, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	if !strings.Contains(string(mbody), "\nsequencer_trimmed_messages_total 10\n") {
+		t.Fatalf("/metrics lacks sequencer_trimmed_messages_total 10")
+	}
 	resp, err := http.Post("http://"+s.Addr()+"/sequencer.v1.SequencerService/Send", "application/json",
 		strings.NewReader(`{"convId":"g:ret:1","fromUid":"7","clientMsgId":"after-trim","body":"eA=="}`))
 	if err != nil {
