@@ -381,8 +381,13 @@ type Drained struct {
 	NodeID      string `json:"node_id"`
 	Incarnation string `json:"incarnation"`
 	Version     uint64 `json:"membership_version"`
-	// Left: the node finished leaving (its row is gone) within the wait.
+	// Left: the drained incarnation finished leaving (its row is gone)
+	// within the wait.
 	Left bool `json:"left"`
+	// Rejoined names a live incarnation of the same node id other than the
+	// drained one (the process was restarted by a supervisor, or it was
+	// rejoining when the drain was requested): that one is not drained.
+	Rejoined string `json:"rejoined,omitempty"`
 }
 
 // Drain asks node to leave gracefully (a remote SIGTERM, through the table):
@@ -409,6 +414,9 @@ func (a *Admin) Drain(ctx context.Context, node string, wait time.Duration) (Dra
 		out.Version = v.Version
 		if !v.Live(m.Incarnation) {
 			out.Left = true
+			if cur, ok := v.Member(node); ok && cur.Incarnation != m.Incarnation {
+				out.Rejoined = cur.Incarnation
+			}
 			return out, nil
 		}
 		if wait <= 0 {

@@ -364,3 +364,68 @@ func TestOpenRefusesMissingEmbeddedStore(t *testing.T) {
 		t.Fatal("admin opened (created) a store that did not exist")
 	}
 }
+
+// TestDrainWait: drain --wait returns once the node removed its row, and
+// says so when the node id came back as a new incarnation (not drained).
+func TestDrainWait(t *testing.T) {
+	spec, st := migrated(t, "postgres")
+	cs := st.(*postgres.Store).Cluster()
+	a := openAdmin(t, spec)
+	// node plays a node that leaves when it sees its row marked leaving, or
+	// (inc2 set) is restarted by a supervisor as incarnation inc2.
+	node := func(m membership.Member, inc2 string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				v, err := cs.Heartbeat(ctx, m.NodeID, m.Incarnation, time.Minute)
+				if err != nil {
+					done <- err
+					return
+				}
+				if me, _ := v.Member(m.NodeID); me.Leaving {
+					if inc2 == "" {
+						done <- cs.Remove(ctx, m.NodeID, m.Incarnation)
+						return
+					}
+					// A restarted process takes the row over in one step.
+					m2 := m
+					m2.Incarnation = inc2
+					_, err := cs.Join(ctx, m2, time.Minute, true)
+					done <- err
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			done <- errors.New("no drain request seen")
+		}()
+		return done
+	}
+	m := member("n5")
+	if _, err := cs.Join(ctx, m, time.Minute, false); err != nil {
+		t.Fatal(err)
+	}
+	done := node(m, "")
+	d, err := a.Drain(ctx, "n5", 20*time.Second)
+	if err != nil || !d.Left || d.Rejoined != "" {
+		t.Fatalf("drain --wait: %+v %v", d, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Join(ctx, m, time.Minute, false); err != nil {
+		t.Fatal(err)
+	}
+	done = node(m, "n5/0002")
+	d, err = a.Drain(ctx, "n5", 20*time.Second)
+	if err != nil || !d.Left || d.Rejoined != "n5/0002" {
+		t.Fatalf("drain --wait of a node that came back: %+v %v", d, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var js Drained
+	if table := rendered(t, d, &js); !strings.Contains(table, "not drained") || js.Rejoined != "n5/0002" {
+		t.Fatalf("drain output:\n%s", table)
+	}
+}

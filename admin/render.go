@@ -115,7 +115,11 @@ func (f Forgot) Table() Table {
 
 func (d Drained) Table() Table {
 	if d.Left {
-		return Table{Lines: []string{fmt.Sprintf("%s (incarnation %s) left the cluster; membership version %d", d.NodeID, d.Incarnation, d.Version)}}
+		t := Table{Lines: []string{fmt.Sprintf("%s (incarnation %s) left the cluster; membership version %d", d.NodeID, d.Incarnation, d.Version)}}
+		if d.Rejoined != "" {
+			t.Lines = append(t.Lines, fmt.Sprintf("but %s is a member again as incarnation %s (restarted or rejoined): not drained; drain it again, or stop its supervisor", d.NodeID, d.Rejoined))
+		}
+		return t
 	}
 	return Table{Lines: []string{fmt.Sprintf("drain requested: %s (incarnation %s) is out of the ring and leaves at its next heartbeat; membership version %d",
 		d.NodeID, d.Incarnation, d.Version)}}

@@ -142,7 +142,13 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	if err != nil {
 		return err
 	}
-	return admin.Render(stdout, out, *asJSON)
+	if err := admin.Render(stdout, out, *asJSON); err != nil {
+		return err
+	}
+	if d, ok := out.(admin.Drained); ok && d.Rejoined != "" {
+		return fmt.Errorf("drain %s: a new incarnation %s joined: it is not drained", d.NodeID, d.Rejoined)
+	}
+	return nil
 }
 
 // parseInterleaved parses flags that may come before or after positional
