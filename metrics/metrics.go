@@ -24,6 +24,7 @@ type Set struct {
 	WorkerLease     prometheus.Gauge         // sequencer_worker_lease_held (1/0)
 	Requests        *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
 	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
+	Trimmed         prometheus.Counter       // sequencer_trimmed_messages_total
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -69,8 +70,11 @@ func New() *Set {
 		Name: "sequencer_head_regressions_total",
 		Help: "Conversations refused because the store's head fell below a seq this node acked (the store lost acknowledged messages).",
 	})
+	s.Trimmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
+	})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed} {
 		f(c)
 	}
 	return s

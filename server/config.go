@@ -67,6 +67,15 @@ type Config struct {
 	// HandoffWait bounds how long a send waits for a moving conversation to
 	// become writable before it fails with unavailable. Default 2s.
 	HandoffWait time.Duration
+
+	// Retention, when > 0, makes the node delete messages whose server_at
+	// is older than now-Retention (persist.TrimAll; heads are kept), once
+	// shortly after start and then every RetentionEvery. 0 keeps
+	// everything. At least one hour.
+	Retention time.Duration
+	// RetentionEvery is the time between retention passes (jittered by
+	// +-10%). Default 1h.
+	RetentionEvery time.Duration
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -104,6 +113,7 @@ func (c Config) WithDefaults() Config {
 	defDur(&c.Heartbeat, time.Second)
 	defInt(&c.Partitions, 271)
 	defDur(&c.HandoffWait, 2*time.Second)
+	defDur(&c.RetentionEvery, time.Hour)
 	return c
 }
 
@@ -140,10 +150,14 @@ func (c Config) Validate() error {
 	if c.MemberTTL <= 2*c.Heartbeat {
 		errs = append(errs, fmt.Errorf("member-ttl %v must exceed 2 x heartbeat %v", c.MemberTTL, c.Heartbeat))
 	}
+	if c.Retention != 0 && c.Retention < time.Hour {
+		errs = append(errs, fmt.Errorf("retention %v: must be 0 (keep forever) or at least 1h", c.Retention))
+	}
 	for name, d := range map[string]time.Duration{
 		"passivate-after": c.PassivateAfter, "commit-timeout": c.CommitTimeout,
 		"worker-lease-ttl": c.WorkerLeaseTTL, "drain-timeout": c.DrainTimeout,
 		"member-ttl": c.MemberTTL, "heartbeat": c.Heartbeat, "handoff-wait": c.HandoffWait,
+		"retention interval": c.RetentionEvery,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -48,17 +49,26 @@ type Server struct {
 	listener net.Listener
 	served   chan error
 	draining atomic.Bool
+	stopTrim context.CancelFunc // nil without --retention
+	trimDone chan struct{}
 }
 
-// Run starts a node and serves until ctx ends, then drains (see Shutdown)
-// within cfg.DrainTimeout.
+// Run starts a node and serves until ctx ends or (cluster mode) an operator
+// requests a drain of this node through the membership table, then drains
+// (see Shutdown) within cfg.DrainTimeout.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s, err := Start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	var drain <-chan struct{} // nil on a single node: never ready
+	if s.cluster != nil {
+		drain = s.cluster.DrainRequested()
+	}
 	select {
 	case <-ctx.Done():
+	case <-drain:
+		log.Info("drain requested by an operator (sequencer admin drain): stopping as on SIGTERM")
 	case err := <-s.served:
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("api server stopped", "err", err)
@@ -160,6 +170,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	})
 	s.http = api.NewServer(cfg.Listen, api.NewHTTPHandler(svc, s.ready, s.metrics.Registry))
 	go func() { s.served <- s.http.Serve(s.listener) }()
+	if cfg.Retention > 0 {
+		tctx, stop := context.WithCancel(context.Background())
+		s.stopTrim, s.trimDone = stop, make(chan struct{})
+		go s.retain(tctx)
+	}
 	wid, _ := s.lease.WorkerID()
 	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
 		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
@@ -207,6 +222,7 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Rout
 // their queues, then the worker-id lease is released and the store closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.stopRetention()
 	var errs []error
 	if s.cluster != nil {
 		if err := s.cluster.Leave(ctx); err != nil {
@@ -256,6 +272,47 @@ func (s *Server) closeAll(ctx context.Context) error {
 		s.listener.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// retain runs the retention passes until ctx ends: the first after a random
+// wait of up to a tenth of RetentionEvery (at most 30s), so nodes started
+// together do not trim at once, then every RetentionEvery +-10%. Every node
+// of a cluster with --retention runs its own passes over all conversations;
+// a pass is idempotent, so a second node's pass only reads.
+func (s *Server) retain(ctx context.Context) {
+	defer close(s.trimDone)
+	every := s.cfg.RetentionEvery
+	wait := rand.N(min(every/10, 30*time.Second) + 1)
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		before := time.Now().Add(-s.cfg.Retention)
+		start := time.Now()
+		n, err := persist.TrimAll(ctx, s.store, before, 0, func(n int) { s.metrics.Trimmed.Add(float64(n)) })
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			s.log.Warn("retention pass failed; the next pass finishes it", "before", before, "deleted", n, "err", err)
+		default:
+			s.log.Info("retention pass", "before", before, "deleted", n, "took", time.Since(start).Round(time.Millisecond))
+		}
+		wait = every - every/10 + rand.N(every/5+1)
+	}
+}
+
+// stopRetention stops the retention loop and waits for it.
+func (s *Server) stopRetention() {
+	if s.stopTrim != nil {
+		s.stopTrim()
+		<-s.trimDone
+		s.stopTrim = nil
+	}
 }
 
 // Redact hides a --store DSN's password, for logs and messages.

@@ -1,5 +1,6 @@
 // Command sequencer runs the message sequencer: `sequencer serve` runs a node,
-// `sequencer migrate` applies the store's schema, `sequencer bench` measures.
+// `sequencer migrate` applies the store's schema, `sequencer admin` runs
+// operator commands (package admin), `sequencer bench` measures.
 // It only parses configuration, builds, runs and stops; the wiring lives in
 // package server.
 package main
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -25,6 +27,8 @@ const usage = `sequencer: one writer per conversation, contiguous seqs, acks onl
 Usage:
   sequencer serve   [flags]   run a node (embedded store under ./data by default)
   sequencer migrate [flags]   apply the store's schema migrations and exit
+  sequencer admin   COMMAND   operator commands: members, partitions, head, route, drain,
+                              forget, migrate status, trim, backup (sequencer admin --help)
   sequencer bench   [flags]   run the benchmarks (see docs/BENCHMARKS.md)
   sequencer help    [command]
 
@@ -49,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		err = migrate(rest, stdout, stderr, getenv)
 	case "bench":
 		err = benchCmd(rest, stdout, stderr)
+	case "admin":
+		err = adminCmd(rest, stdout, stderr, getenv)
 	case "help", "-h", "--help":
 		if len(rest) > 0 {
 			return run([]string{rest[0], "--help"}, stdout, stderr, getenv)
@@ -92,6 +98,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Partitions, "partitions", d.Partitions, "cluster: fixed partition count of the ring, the same on every node")
 	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Var(admin.Duration{D: &c.Retention}, "retention", "delete messages older than this (90d, 36h; heads are kept, seqs never go back); 0 keeps everything")
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) error {
