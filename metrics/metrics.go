@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"github.com/sequencer-im/sequencer/buildinfo"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -23,6 +25,7 @@ type Set struct {
 	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
 	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
 	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	BuildInfo      *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -64,8 +67,13 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sequencer_build_info", Help: "Always 1; the labels say which build runs (sequencer version).",
+	}, []string{"version", "commit", "goversion"})
+	bi := buildinfo.Get()
+	s.BuildInfo.WithLabelValues(bi.Version, bi.Commit, bi.GoVersion).Set(1)
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.BuildInfo} {
 		f(c)
 	}
 	return s
