@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short lint proto proto-check bench bench-micro clean
+.PHONY: help build run test test-short lint proto proto-check bench bench-micro clean image image-test deploy-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -53,6 +53,12 @@ bench: build ## short benchmark run of every engine and scenario, report in benc
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
+
+image: ## container image localhost/sequencer:dev FROM scratch with podman (deploy/Containerfile)
+	bash scripts/image.sh
+
+image-test: ## build the image and run it on PostgreSQL and on a volume (scripts/image-test.sh)
+	bash scripts/image-test.sh
 
 clean:
 	rm -rf $(BIN)
