@@ -28,6 +28,23 @@ type Set struct {
 	BuildInfo      *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
 }
 
+// SetReadiness registers sequencer_ready, 1 while ready returns nil (what
+// /readyz answers), else 0; it is evaluated on every scrape. Alerts on
+// readiness flapping use it. Call it once, when ready can be called.
+func (s *Set) SetReadiness(ready func() error) {
+	if s == nil {
+		return
+	}
+	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sequencer_ready", Help: "1 while the node accepts sends (/readyz answers 200), else 0; evaluated per scrape.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
+}
+
 // New builds a Set on a fresh registry (with Go and process collectors).
 func New() *Set {
 	r := prometheus.NewRegistry()

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/sequencer-im/sequencer/buildinfo"
@@ -40,4 +41,32 @@ func TestBuildInfoGauge(t *testing.T) {
 		return
 	}
 	t.Fatal("sequencer_build_info not registered")
+}
+
+func TestReadinessGauge(t *testing.T) {
+	s := New()
+	var err error
+	s.SetReadiness(func() error { return err })
+	value := func() float64 {
+		mfs, gerr := s.Registry.Gather()
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "sequencer_ready" {
+				return mf.Metric[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("sequencer_ready not registered")
+		return -1
+	}
+	if v := value(); v != 1 {
+		t.Fatalf("ready: sequencer_ready %v, want 1", v)
+	}
+	err = errors.New("draining")
+	if v := value(); v != 0 {
+		t.Fatalf("not ready: sequencer_ready %v, want 0", v)
+	}
+	var nilSet *Set
+	nilSet.SetReadiness(func() error { return nil }) // a nil Set records nothing
 }
