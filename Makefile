@@ -60,5 +60,8 @@ image: ## container image localhost/sequencer:dev FROM scratch with podman (depl
 image-test: ## build the image and run it on PostgreSQL and on a volume (scripts/image-test.sh)
 	bash scripts/image-test.sh
 
+deploy-check: ## validate deploy/ (promtool, compose config, systemd-analyze) and run a real Prometheus against real nodes
+	bash scripts/deploy-check.sh
+
 clean:
 	rm -rf $(BIN)
