@@ -142,3 +142,9 @@ func (f *fakeReader) lastRange() (rangeCall, bool) {
 	}
 	return f.ranges[len(f.ranges)-1], true
 }
+
+func (f *fakeSender) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+	for i := range reqs {
+		out[i].Result, out[i].Err = f.Send(ctx, reqs[i])
+	}
+}

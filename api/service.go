@@ -19,6 +19,7 @@ import (
 	"runtime/debug"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
@@ -32,6 +33,11 @@ import (
 // commit (the engine: actor.Node). Its errors carry sequencer Codes.
 type Sender interface {
 	Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error)
+	// SendBatch stores every request independently, as Send would, and
+	// writes the answer of reqs[i] to out[i] (len(out) == len(reqs)). Requests
+	// of one conversation get increasing seqs in slice order (when both
+	// succeed). It returns when every item is answered.
+	SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome)
 }
 
 // Reader answers the read RPCs. persist.Store satisfies it.
@@ -43,22 +49,15 @@ type Reader interface {
 
 // Router tells which node owns a conversation now.
 type Router interface {
-	Route(ctx context.Context, convID string) (Route, error)
+	Route(ctx context.Context, convID string) (sequencer.Route, error)
 }
 
 // RouterFunc adapts a function to Router.
-type RouterFunc func(ctx context.Context, convID string) (Route, error)
+type RouterFunc func(ctx context.Context, convID string) (sequencer.Route, error)
 
 // Route calls f.
-func (f RouterFunc) Route(ctx context.Context, convID string) (Route, error) { return f(ctx, convID) }
-
-// Route is the owner of a conversation as the answering node sees it.
-type Route struct {
-	NodeID            string
-	Address           string // API address of the owner (host:port)
-	Partition         uint32
-	Epoch             uint64 // the owner's lease epoch of Partition
-	MembershipVersion uint64 // the membership view the ring was built from
+func (f RouterFunc) Route(ctx context.Context, convID string) (sequencer.Route, error) {
+	return f(ctx, convID)
 }
 
 // Config wires a Service.
@@ -72,6 +71,9 @@ type Config struct {
 	// MaxBody is the largest Send body in bytes. Default (<= 0):
 	// sequencer.DefaultMaxBody (65,536).
 	MaxBody int
+	// MaxBatchBytes is the largest SendBatch request (its protobuf size).
+	// Default (<= 0): DefaultMaxBatchBytes (4 MiB).
+	MaxBatchBytes int
 	// Metrics records sequencer_rpc_requests_total{method,code},
 	// sequencer_sends_total{code} and sequencer_dedup_hits_total. Optional.
 	Metrics *metrics.Set
@@ -82,12 +84,13 @@ type Config struct {
 
 // Service implements sequencerv1connect.SequencerServiceHandler.
 type Service struct {
-	sender  Sender
-	reader  Reader
-	router  Router
-	maxBody int
-	metrics *metrics.Set
-	log     *slog.Logger
+	sender   Sender
+	reader   Reader
+	router   Router
+	maxBody  int
+	maxBatch int
+	metrics  *metrics.Set
+	log      *slog.Logger
 }
 
 var (
@@ -102,6 +105,13 @@ const (
 	methodGetHead    = "GetHead"
 	methodGetMessage = "GetMessage"
 	methodRoute      = "Route"
+	methodSendBatch  = "SendBatch"
+)
+
+// Limits of SendBatch.
+const (
+	MaxBatchItems        = 1000
+	DefaultMaxBatchBytes = 4 << 20
 )
 
 // NewService builds the service. It panics if cfg.Sender or cfg.Reader is
@@ -116,16 +126,20 @@ func NewService(cfg Config) *Service {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = sequencer.DefaultMaxBody
 	}
+	if cfg.MaxBatchBytes <= 0 {
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	return &Service{
-		sender:  cfg.Sender,
-		reader:  cfg.Reader,
-		router:  cfg.Router,
-		maxBody: cfg.MaxBody,
-		metrics: cfg.Metrics,
-		log:     cfg.Logger,
+		maxBatch: cfg.MaxBatchBytes,
+		sender:   cfg.Sender,
+		reader:   cfg.Reader,
+		router:   cfg.Router,
+		maxBody:  cfg.MaxBody,
+		metrics:  cfg.Metrics,
+		log:      cfg.Logger,
 	}
 }
 
@@ -134,11 +148,11 @@ func NewService(cfg Config) *Service {
 const compressMinBytes = 1024
 
 // ReadMaxBytes is the largest request message the handler reads by default:
-// room for a maximal body in base64 JSON (4/3) with a wide margin, so an
-// oversized body is answered invalid_argument by validation. Only requests
-// beyond this are refused by Connect itself (resource_exhausted) before
-// anything is decoded.
-func (s *Service) ReadMaxBytes() int { return 4*s.maxBody + 64<<10 }
+// room for a maximal Send body or a maximal SendBatch in base64 JSON (4/3)
+// with a wide margin, so an oversized body or batch is answered
+// invalid_argument by validation. Only requests beyond this are refused by
+// Connect itself before anything is decoded.
+func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 64<<10 }
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
 // and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes()),
@@ -167,20 +181,76 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 		return nil, s.fail(ctx, methodSend, err, "conv_id", in.ConvID, "from_uid", in.FromUID, "client_msg_id", in.ClientMsgID)
 	}
 	s.ok(methodSend)
-	if s.metrics != nil {
-		if res.Duplicate {
-			s.metrics.Sends.WithLabelValues("duplicate").Inc()
-			s.metrics.DedupHits.Inc()
-		} else {
-			s.metrics.Sends.WithLabelValues("ok").Inc()
+	s.countSend(res)
+	return connect.NewResponse(sendResponse(res)), nil
+}
+
+// SendBatch validates every item on its own, hands the valid ones to the
+// Sender in item order, and answers results[i] for items[i]. Only the
+// request as a whole (no items, more than MaxBatchItems, more than
+// MaxBatchBytes) fails the RPC, with invalid_argument.
+func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
+	items := req.Msg.GetItems()
+	switch n := len(items); {
+	case n == 0:
+		return nil, s.fail(ctx, methodSendBatch, sequencer.Errorf(sequencer.CodeInvalidArgument, "items: must hold 1..%d items, got 0", MaxBatchItems))
+	case n > MaxBatchItems:
+		return nil, s.fail(ctx, methodSendBatch, sequencer.Errorf(sequencer.CodeInvalidArgument, "items: must hold 1..%d items, got %d", MaxBatchItems, n))
+	}
+	if size := proto.Size(req.Msg); size > s.maxBatch {
+		return nil, s.fail(ctx, methodSendBatch, sequencer.Errorf(sequencer.CodeInvalidArgument, "request: must be at most %d bytes, got %d", s.maxBatch, size))
+	}
+	results := make([]*sequencerv1.SendResult, len(items))
+	reqs := make([]sequencer.SendRequest, 0, len(items))
+	at := make([]int, 0, len(items)) // reqs[k] answers items[at[k]]
+	for i, it := range items {
+		in, err := ValidateSend(it, s.maxBody)
+		if err != nil {
+			results[i] = s.itemError(ctx, err)
+			continue
+		}
+		reqs = append(reqs, in)
+		at = append(at, i)
+	}
+	if len(reqs) > 0 {
+		out := make([]sequencer.SendOutcome, len(reqs))
+		s.sender.SendBatch(ctx, reqs, out)
+		for k, o := range out {
+			if o.Err != nil {
+				results[at[k]] = s.itemError(ctx, o.Err, "conv_id", reqs[k].ConvID, "from_uid", reqs[k].FromUID, "client_msg_id", reqs[k].ClientMsgID)
+				continue
+			}
+			s.countSend(o.Result)
+			results[at[k]] = &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Ok{Ok: sendResponse(o.Result)}}
 		}
 	}
-	return connect.NewResponse(&sequencerv1.SendResponse{
-		MsgId:     res.MsgID,
-		Seq:       res.Seq,
-		ServerAt:  timestamp(res),
-		Duplicate: res.Duplicate,
-	}), nil
+	s.ok(methodSendBatch)
+	return connect.NewResponse(&sequencerv1.SendBatchResponse{Results: results}), nil
+}
+
+// itemError records one failed batch item like a failed Send and returns its
+// result, with the code and message a Send would have answered.
+func (s *Service) itemError(ctx context.Context, err error, attrs ...any) *sequencerv1.SendResult {
+	ce := s.logFailure(ctx, methodSendBatch, err, attrs...)
+	return &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Error{Error: &sequencerv1.SendError{
+		Code: ce.Code().String(), Message: ce.Message(),
+	}}}
+}
+
+func (s *Service) countSend(res sequencer.SendResult) {
+	if s.metrics == nil {
+		return
+	}
+	if res.Duplicate {
+		s.metrics.Sends.WithLabelValues("duplicate").Inc()
+		s.metrics.DedupHits.Inc()
+	} else {
+		s.metrics.Sends.WithLabelValues("ok").Inc()
+	}
+}
+
+func sendResponse(res sequencer.SendResult) *sequencerv1.SendResponse {
+	return &sequencerv1.SendResponse{MsgId: res.MsgID, Seq: res.Seq, ServerAt: timestamp(res), Duplicate: res.Duplicate}
 }
 
 func timestamp(res sequencer.SendResult) *timestamppb.Timestamp {
@@ -213,12 +283,9 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 	// after_seq at or past the head has nothing to read (this also keeps
 	// after_seq >= 2^63 away from BIGINT stores).
 	if q.AfterSeq < head {
-		rows, err := s.reader.ReadRange(ctx, q.ConvID, q.AfterSeq, q.Limit)
+		rows, full, err := s.readPage(ctx, q)
 		if err != nil {
 			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q after seq %d: %w", q.ConvID, q.AfterSeq, err), "conv_id", q.ConvID)
-		}
-		if len(rows) > q.Limit {
-			rows = rows[:q.Limit]
 		}
 		resp.Messages = make([]*sequencerv1.Message, len(rows))
 		for i := range rows {
@@ -229,11 +296,52 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 			if last > resp.HeadSeq {
 				resp.HeadSeq = last
 			}
-			resp.HasMore = n == q.Limit && last < resp.HeadSeq
+			resp.HasMore = full && last < resp.HeadSeq
 		}
 	}
 	s.ok(methodPull)
 	return connect.NewResponse(resp), nil
+}
+
+// pullChunk is the most rows Pull reads from the store at once: its memory
+// stays near max_bytes plus one chunk even when the rows are large.
+const pullChunk = 128
+
+// readPage reads the rows of one Pull page: at most q.Limit rows and, after
+// the first, no row that would take the page past q.MaxBytes (messageSize).
+// full reports that the page stopped at a limit (rows or bytes) rather than
+// at the end of the stored rows.
+func (s *Service) readPage(ctx context.Context, q PullQuery) (rows []sequencer.Message, full bool, err error) {
+	after, size := q.AfterSeq, 0
+	for len(rows) < q.Limit {
+		want := min(q.Limit-len(rows), pullChunk)
+		chunk, err := s.reader.ReadRange(ctx, q.ConvID, after, want)
+		if err != nil {
+			return nil, false, err
+		}
+		for i := range chunk {
+			if len(rows) == q.Limit {
+				return rows, true, nil
+			}
+			n := messageSize(&chunk[i])
+			if len(rows) > 0 && size+n > q.MaxBytes {
+				return rows, true, nil
+			}
+			rows = append(rows, chunk[i])
+			size += n
+		}
+		if len(chunk) < want {
+			return rows, false, nil // the end of the stored rows
+		}
+		after = chunk[len(chunk)-1].Seq
+	}
+	return rows, true, nil
+}
+
+// messageSize is what a message counts against Pull's max_bytes: its
+// variable fields plus a fixed 64 bytes for the numbers and framing.
+func messageSize(m *sequencer.Message) int {
+	return len(m.Body) + len(m.ConvID) + len(m.ClientMsgID) + 64
 }
 
 // GetHead answers the highest committed seq of a conversation (0 if none).
@@ -317,7 +425,14 @@ func messageProto(m *sequencer.Message) *sequencerv1.Message {
 func (s *Service) fail(ctx context.Context, method string, err error, attrs ...any) error {
 	code := CodeOf(ctx, err)
 	s.count(method, code.String())
-	if method == methodSend && s.metrics != nil {
+	return s.logFailure(ctx, method, err, attrs...)
+}
+
+// logFailure counts a failed send (Send or a batch item), logs internal
+// errors (retryable ones at debug) and returns the client's error.
+func (s *Service) logFailure(ctx context.Context, method string, err error, attrs ...any) *connect.Error {
+	code := CodeOf(ctx, err)
+	if (method == methodSend || method == methodSendBatch) && s.metrics != nil {
 		s.metrics.Sends.WithLabelValues(code.String()).Inc()
 	}
 	switch {

@@ -213,3 +213,9 @@ func TestRemoteEngineNotReady(t *testing.T) {
 		t.Fatalf("opening a target whose /readyz answers 503: %v", err)
 	}
 }
+
+func (s *memSender) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+	for i := range reqs {
+		out[i].Result, out[i].Err = s.Send(ctx, reqs[i])
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/api"
 )
 
 // failure is what the client learned from one failed attempt.
@@ -50,7 +49,7 @@ func classify(err error, attemptTimedOut bool) failure {
 		// The node answered. unavailable and resource_exhausted are retryable
 		// by contract; deadline_exceeded is the node seeing the attempt's
 		// deadline (propagated by the protocol) pass.
-		code := api.DomainCode(ce.Code())
+		code := sequencer.ParseCode(ce.Code().String())
 		switch {
 		case code.Retryable():
 			return failure{code: code, retry: true}
@@ -71,7 +70,7 @@ func classify(err error, attemptTimedOut bool) failure {
 		if attemptTimedOut {
 			return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
 		}
-		return failure{code: api.DomainCode(ce.Code())}
+		return failure{code: sequencer.ParseCode(ce.Code().String())}
 	case connect.CodeUnavailable:
 		// Connection refused, reset before an answer, GOAWAY, HTTP 502/503/504.
 		return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
@@ -81,7 +80,7 @@ func classify(err error, attemptTimedOut bool) failure {
 			return failure{code: sequencer.CodeUnavailable, retry: true, transport: true}
 		}
 	}
-	return failure{code: api.DomainCode(ce.Code())}
+	return failure{code: sequencer.ParseCode(ce.Code().String())}
 }
 
 // transportErr reports errors of the connection rather than of the request.

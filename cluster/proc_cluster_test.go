@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/ring"
@@ -189,7 +188,7 @@ func TestProcessCluster(t *testing.T) {
 	pc.waitSettled(30 * time.Second)
 
 	// Route answers the ring owner, its API address and the lease epoch.
-	var rt api.Route
+	var rt sequencer.Route
 	resp, err := pc.http.Get("http://" + pc.nodes["n1"].addr + "/route?conv=g:route")
 	if err != nil {
 		t.Fatal(err)
@@ -488,7 +487,7 @@ func TestProcessForwardLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var rt api.Route
+		var rt sequencer.Route
 		json.NewDecoder(resp.Body).Decode(&rt)
 		return pc.nodes[rt.NodeID]
 	}

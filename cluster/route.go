@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster/membership"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
@@ -52,15 +52,15 @@ func (n *Node) Locate(convID string) (Location, error) {
 	return loc, nil
 }
 
-// Route implements api.Router: the owner of convID by this node's view,
+// Route implements sequencer.Router: the owner of convID by this node's view,
 // with its API address, the partition, the owner's lease epoch (0 while the
 // owner has not taken the lease yet) and the membership version.
-func (n *Node) Route(ctx context.Context, convID string) (api.Route, error) {
+func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error) {
 	loc, err := n.Locate(convID)
 	if err != nil {
-		return api.Route{}, err
+		return sequencer.Route{}, err
 	}
-	return api.Route{NodeID: loc.NodeID, Address: loc.APIAddr, Partition: loc.Partition, Epoch: loc.Epoch,
+	return sequencer.Route{NodeID: loc.NodeID, Address: loc.APIAddr, Partition: loc.Partition, Epoch: loc.Epoch,
 		MembershipVersion: loc.MembershipVersion}, nil
 }
 
@@ -267,7 +267,30 @@ func (n *Node) HandleForward(ctx context.Context, req *clusterv1.ForwardSend) *c
 	return reply
 }
 
-var (
-	_ api.Router = (*Node)(nil)
-	_ api.Sender = (*Node)(nil)
-)
+// SendBatch implements the API's Sender for a batch: every item is routed
+// like Send. Items of one conversation are sent one after the other, in
+// order (so their seqs follow item order); conversations run in parallel.
+func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+	byConv := make(map[string][]int)
+	var order []string
+	for i := range reqs {
+		c := reqs[i].ConvID
+		if _, ok := byConv[c]; !ok {
+			order = append(order, c)
+		}
+		byConv[c] = append(byConv[c], i)
+	}
+	var wg sync.WaitGroup
+	for _, c := range order {
+		idx := byConv[c]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, i := range idx {
+				res, err := n.send(ctx, reqs[i], false)
+				out[i] = sequencer.SendOutcome{Result: res, Err: err}
+			}
+		}()
+	}
+	wg.Wait()
+}

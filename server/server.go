@@ -29,6 +29,12 @@ import (
 	"github.com/sequencer-im/sequencer/ring"
 )
 
+var (
+	_ api.Sender = (*actor.Node)(nil)
+	_ api.Sender = (*cluster.Node)(nil)
+	_ api.Router = (*cluster.Node)(nil)
+)
+
 // Server is a running node.
 type Server struct {
 	cfg      Config
@@ -191,8 +197,8 @@ func (s *Server) ready() error {
 }
 
 // routeSingle answers Route on a single node: this node owns everything.
-func (s *Server) routeSingle(ctx context.Context, convID string) (api.Route, error) {
-	return api.Route{NodeID: s.cfg.NodeID, Address: s.Addr()}, nil
+func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Route, error) {
+	return sequencer.Route{NodeID: s.cfg.NodeID, Address: s.Addr()}, nil
 }
 
 // Shutdown drains: /readyz turns 503; in cluster mode the node leaves the
