@@ -366,7 +366,7 @@ func alertExprs(t *testing.T) map[string]string {
 		}
 	}
 	want := []string{"SequencerWorkerLeaseLost", "SequencerPartitionLeasesLost", "SequencerReadinessFlapping",
-		"SequencerCommitLatencyHigh", "SequencerResourceExhausted", "SequencerHeadMismatch"}
+		"SequencerCommitLatencyHigh", "SequencerResourceExhausted", "SequencerHeadMismatch", "SequencerHeadRegression"}
 	for _, w := range want {
 		if out[w] == "" {
 			t.Errorf("no alert %s", w)
