@@ -26,7 +26,14 @@ import (
 	"github.com/sequencer-im/sequencer/server"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	if built.bin != "" {
+		os.RemoveAll(filepath.Dir(built.bin))
+	}
+	os.Exit(code)
+}
 
 // docs parses every YAML document of a file.
 func docs(t *testing.T, path string) []map[string]any {

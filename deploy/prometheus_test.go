@@ -40,11 +40,7 @@ func TestPrometheusScrapesDashboardQueries(t *testing.T) {
 		t.Fatalf("SEQUENCER_TEST_PROMETHEUS=1 but no prometheus binary: apt-get install prometheus (scripts/deploy-check.sh does): %v", err)
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "sequencer")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/sequencer")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildSequencer(t)
 
 	embedded := startNode(t, bin, "embedded", "--store", filepath.Join(dir, "data"))
 	clustered := startNode(t, bin, "clustered", "--store", pgtest.NewDatabase(t),
@@ -145,6 +141,32 @@ func TestPrometheusScrapesDashboardQueries(t *testing.T) {
 		}
 		return ok && n == len(alertExprs(t)), fmt.Sprintf("%d rules loaded, not ok: %v", n, bad)
 	})
+}
+
+var built struct {
+	sync.Once
+	bin string
+	err error
+}
+
+// buildSequencer builds cmd/sequencer once per test binary.
+func buildSequencer(t *testing.T) string {
+	t.Helper()
+	built.Do(func() {
+		dir, err := os.MkdirTemp("", "sequencer-deploy-test")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.bin = filepath.Join(dir, "sequencer")
+		if out, err := exec.Command("go", "build", "-o", built.bin, "../cmd/sequencer").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
 }
 
 // startNode runs `sequencer serve` on 127.0.0.1:0 and returns its API address
