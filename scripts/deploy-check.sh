@@ -6,6 +6,8 @@
 #   docker-compose config               deploy/compose.yaml is a valid compose file (parsed, NOT started:
 #                                       its postgres/prometheus/grafana images cannot be pulled here)
 #   systemd-analyze verify              the unit file is valid for this systemd (not started)
+#   go test in deploy/kubecheck         the Kubernetes manifests decode strictly into k8s.io/api types
+#                                       (schema only: never applied to a cluster)
 #   go test ./deploy (SEQUENCER_TEST_PROMETHEUS=1)
 #                                       YAML fields checked; a real Prometheus scrapes real nodes and
 #                                       every dashboard query returns data; the rules load and evaluate
@@ -44,6 +46,9 @@ sed "s#/usr/local/bin/sequencer#$tmp/sequencer#" deploy/systemd/sequencer.servic
 out=$(systemd-analyze verify "$tmp/sequencer.service" 2>&1) || { echo "$out"; exit 1; }
 if [ -n "$out" ]; then echo "$out"; echo "systemd-analyze verify: warnings above" >&2; exit 1; fi
 echo "ok"
+
+echo "== Kubernetes manifests decode strictly into k8s.io/api types (deploy/kubecheck, its own module)"
+(cd deploy/kubecheck && go test -count=1 ./...)
 
 echo "== go test ./deploy (with a real Prometheus)"
 SEQUENCER_TEST_PROMETHEUS=1 go test -count=1 ./deploy/
