@@ -84,6 +84,14 @@ stop_clean() { # CONTAINER: SIGTERM, exit 0, drained
 echo "== build"
 bash scripts/image.sh
 
+echo "== the image: non-root numeric user, no shell"
+user=$(podman image inspect --format '{{.Config.User}}' "$IMAGE")
+[ "$user" = 65532:65532 ] || fail "image user $user, want 65532:65532"
+if podman run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then fail "the image has a shell"; fi
+v=$(podman run --rm "$IMAGE" version) || fail "sequencer version in the image: $v"
+grep -q "commit $(git rev-parse --short=12 HEAD)" <<<"$v" || fail "sequencer version in the image: $v, want commit $(git rev-parse --short=12 HEAD)"
+echo "ok: $v, user $user, no /bin/sh"
+
 echo "== PostgreSQL store ($db, host network)"
 psql -h "$PGHOST" -U postgres -qc "CREATE DATABASE $db" >/dev/null
 podman run -d --name "$pg_ctr" --network host "$IMAGE" serve \

@@ -23,6 +23,7 @@ fi
 ca=/etc/ssl/certs/ca-certificates.crt
 if [ -f "$ca" ]; then cp "$ca" "$ctx/"; else : >"$ctx/ca-certificates.crt"; echo "image: no $ca on this host; the image has no CA bundle" >&2; fi
 mkdir "$ctx/data"
+cp LICENSE NOTICE "$ctx/"
 cp deploy/Containerfile "$ctx/Containerfile"
 
 podman build --quiet --format oci -f "$ctx/Containerfile" \
