@@ -7,6 +7,10 @@
 #  2. One node on the embedded store in a named volume (written by the
 #     non-root user 65532): sends, stop, start the same container again:
 #     the conversation continues at head+1.
+#  3. Three nodes in cluster mode on another fresh database (host network,
+#     loopback addresses): every node takes sends for conversations another
+#     node owns (forwarded); one node is stopped with SIGTERM (hands off, exit
+#     0) and its conversations continue at head+1 on the others.
 # Any failure exits non-zero; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +22,7 @@ PGHOST=${PGHOST:-127.0.0.1}
 PGURL="postgres://postgres@$PGHOST:5432"
 run_id="imgtest-$$-$RANDOM"
 db="seq_${run_id//-/_}"
+cdb="${db}_cluster"
 pg_ctr="seq-$run_id-pg"
 emb_ctr="seq-$run_id-emb"
 vol="seq-$run_id-data"
@@ -26,14 +31,16 @@ fail() { echo "image-test: FAIL: $*" >&2; exit 1; }
 cleanup() {
   rc=$?
   if [ $rc -ne 0 ]; then
-    for c in "$pg_ctr" "$emb_ctr"; do
+    for c in "$pg_ctr" "$emb_ctr" "seq-$run_id-c1" "seq-$run_id-c2" "seq-$run_id-c3"; do
       podman container exists "$c" 2>/dev/null && { echo "--- logs of $c"; podman logs "$c" 2>&1 | tail -40; }
     done
   fi
   podman rm -f -i -v -t 0 "$pg_ctr" >/dev/null 2>&1 || true
   podman rm -f -i -v -t 0 "$emb_ctr" >/dev/null 2>&1 || true
+  for i in 1 2 3; do podman rm -f -i -v -t 0 "seq-$run_id-c$i" >/dev/null 2>&1 || true; done
   podman volume rm -f "$vol" >/dev/null 2>&1 || true
   psql -h "$PGHOST" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  psql -h "$PGHOST" -U postgres -qc "DROP DATABASE IF EXISTS $cdb WITH (FORCE)" >/dev/null 2>&1 || true
   rm -rf "$PODMAN_CONF_DIR"
   exit $rc
 }
@@ -139,4 +146,53 @@ dup=$(send "$a" g:vol a) || fail "resend after restart: $dup"
 grep -q '"seq":"1"' <<<"$dup" && grep -q '"duplicate":true' <<<"$dup" || fail "resend of a after restart: $dup"
 stop_clean "$emb_ctr"
 echo "ok: embedded store survived a restart on the volume: seq continued at head+1 (3), dedup kept"
+echo "== cluster: three nodes on $cdb"
+psql -h "$PGHOST" -U postgres -qc "CREATE DATABASE $cdb" >/dev/null
+declare -A caddr
+for i in 1 2 3; do
+  podman run -d --name "seq-$run_id-c$i" --network host "$IMAGE" serve --listen 127.0.0.1:0 \
+    --cluster-listen 127.0.0.1:0 --store "$PGURL/$cdb" --node-id "c$i" --log-format json >/dev/null
+done
+for i in 1 2 3; do caddr[$i]=$(addr "seq-$run_id-c$i"); done
+for i in 1 2 3; do wait_ready "seq-$run_id-c$i" "${caddr[$i]}"; done
+owner() { # ADDR CONV -> node id
+  curl -sS --fail-with-body -m 10 "http://$1/sequencer.v1.SequencerService/Route" -H 'Content-Type: application/json' \
+    -d "{\"convId\":\"$2\"}" | sed -n 's/.*"nodeId":"\([^"]*\)".*/\1/p'
+}
+# send_retry ADDR CONV ID SEQ: a send during a hand-off may be refused
+# retryably (unavailable, 503); resend with the same client_msg_id.
+send_retry() {
+  local out deadline=$((SECONDS + 30))
+  while :; do
+    if out=$(send "$1" "$2" "$3"); then
+      grep -q "\"seq\":\"$4\"" <<<"$out" || fail "send $2/$3 via $1: want seq $4, got $out"
+      return
+    fi
+    grep -qE '"code":"(unavailable|resource_exhausted)"' <<<"$out" || fail "send $2/$3 via $1: $out"
+    [ $SECONDS -lt $deadline ] || fail "send $2/$3 via $1: still $out after 30s"
+    sleep 0.2
+  done
+}
+# Wait until every node sees all three (Route answers from each node's view).
+deadline=$((SECONDS + 60))
+until [ "$(for c in $(seq 1 12); do owner "${caddr[1]}" "g:c$c"; echo; done | sort -u | grep -c .)" = 3 ]; do
+  [ $SECONDS -lt $deadline ] || fail "the three nodes did not share the conversations within 60s"
+  sleep 0.3
+done
+# Twelve conversations, each sent to through every node in turn: most sends are forwarded.
+for c in $(seq 1 12); do
+  for i in 1 2 3; do send_retry "${caddr[$i]}" "g:c$c" "c$c-$i" "$i"; done
+done
+forwards=$(for i in 1 2 3; do curl -sS -m 10 "http://${caddr[$i]}/metrics"; done | awk '/^sequencer_cluster_forwards_total\{result="ok"\}/ {s += $2} END {print s + 0}')
+[ "$forwards" -gt 0 ] || fail "no forwarded sends counted (sequencer_cluster_forwards_total)"
+moved=$(for c in $(seq 1 12); do owner "${caddr[1]}" "g:c$c"; echo; done | grep -c '^c2$' || true)
+[ "$moved" -gt 0 ] || fail "node c2 owns none of the 12 conversations"
+stop_clean "seq-$run_id-c2"
+for c in $(seq 1 12); do
+  send_retry "${caddr[1]}" "g:c$c" "c$c-after" 4
+done
+stored=$(psql -h "$PGHOST" -U postgres -d "$cdb" -Atc "SELECT count(*) || ' ' || count(DISTINCT conv_id) || ' ' || max(seq) FROM im_message")
+[ "$stored" = "48 12 4" ] || fail "cluster database holds (rows convs max seq) $stored, want 48 12 4"
+for i in 1 3; do stop_clean "seq-$run_id-c$i"; done
+echo "ok: 3 nodes, $forwards sends forwarded, c2 stopped with SIGTERM (exit 0) and its $moved conversations continued at head+1, all 3 drained"
 echo "image-test: PASS"
