@@ -53,7 +53,7 @@ addr() {
   while [ -z "$a" ]; do
     [ $SECONDS -lt $deadline ] || fail "$1: no \"serving\" log line within 60s"
     [ "$(podman inspect --format '{{.State.Running}}' "$1")" = true ] || fail "$1 exited: $(podman logs "$1" 2>&1 | tail -5)"
-    a=$(podman logs "$1" 2>&1 | sed -n 's/.*"msg":"serving","listen":"\([^"]*\)".*/\1/p' | tail -n1)
+    a=$(podman logs "$1" 2>&1 | sed -n '/"msg":"serving"/s/.*"listen":"\([^"]*\)".*/\1/p' | tail -n1)
     [ -n "$a" ] || sleep 0.2
   done
   echo "$a"
