@@ -164,6 +164,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		sender, router = s.cluster, s.cluster
 	}
+	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
 
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,

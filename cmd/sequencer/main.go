@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer/admin"
+	"github.com/sequencer-im/sequencer/buildinfo"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -30,6 +31,8 @@ Usage:
   sequencer admin   COMMAND   operator commands: members, partitions, head, route, drain,
                               forget, migrate status, trim, backup (sequencer admin --help)
   sequencer bench   [flags]   run the benchmarks (see docs/BENCHMARKS.md)
+  sequencer health  [flags]   exit 0 when a node's /readyz (or --url) answers 200 (container health checks)
+  sequencer version           print the version, commit and Go version (also --version)
   sequencer help    [command]
 
 Run 'sequencer COMMAND --help' for a command's flags.
@@ -55,6 +58,11 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		err = benchCmd(rest, stdout, stderr)
 	case "admin":
 		err = adminCmd(rest, stdout, stderr, getenv)
+	case "health":
+		err = health(rest, stdout, stderr, getenv)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, buildinfo.Get())
+		return 0
 	case "help", "-h", "--help":
 		if len(rest) > 0 {
 			return run([]string{rest[0], "--help"}, stdout, stderr, getenv)
@@ -107,11 +115,12 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	var cfg server.Config
 	var level string
 	serveFlags(fs, &cfg, &level)
+	format := fs.String("log-format", "text", "text (key=value lines) or json (one JSON object per line)")
 	fs.Usage = usageWithEnv(fs, "sequencer serve [flags]: run a node")
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err
 	}
-	logger, err := newLogger(stderr, level)
+	logger, err := newLogger(stderr, level, *format)
 	if err != nil {
 		return err
 	}
@@ -142,10 +151,17 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	return s.Close()
 }
 
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log-level %q: %w", level, err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log-format %q: want text or json", format)
 }
