@@ -408,6 +408,18 @@ func (s *Service) logFailure(ctx context.Context, method string, err error, attr
 
 func (s *Service) ok(method string) { s.count(method, "ok") }
 
+// refuse counts an RPC refused by a guard in front of the handler (token,
+// size) under its method and code.
+func (s *Service) refuse(r *http.Request, code connect.Code) {
+	method := procedureMethod(r.URL.Path)
+	switch method {
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute:
+	default:
+		method = "unknown" // the label set stays bounded whatever the path
+	}
+	s.count(method, code.String())
+}
+
 func (s *Service) count(method, code string) {
 	if s.metrics != nil {
 		s.metrics.Requests.WithLabelValues(method, code).Inc()
