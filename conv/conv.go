@@ -336,8 +336,8 @@ func (c *Core) LookedUp(results []LookupResult) {
 			c.memo.put(e.req.Key(), res)
 			c.answer(e, res, true)
 		case r.Err == nil:
-			c.fail(e, fmt.Errorf("conv %q: from_uid %d client_msg_id %q is used in conversation %q: %w",
-				c.cfg.ConvID, e.req.FromUID, e.req.ClientMsgID, r.Msg.ConvID, sequencer.ErrAlreadyExists))
+			c.fail(e, fmt.Errorf("conv %q: from_uid %d client_msg_id %q: %w",
+				c.cfg.ConvID, e.req.FromUID, e.req.ClientMsgID, sequencer.ErrAlreadyExists))
 		case errors.Is(r.Err, sequencer.ErrNotFound):
 			// The key is free (the conflicting row did not land): retry it.
 			retry = append(retry, e)
