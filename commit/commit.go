@@ -25,6 +25,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/ratelog"
 )
 
 // Defaults of Config.
@@ -199,7 +200,9 @@ func (w *Writer) commit(group []*item) {
 		blamed := blame(err, group)
 		if len(blamed) == 0 || len(blamed) == len(group) {
 			if !nothingWritten(err) {
-				w.log.Warn("group commit failed", "conversations", len(group), "messages", rows, "err", err)
+				ratelog.Warn(w.log, "commit: group commit failed", "group commit failed", "conversations", len(group), "messages", rows, "err", err)
+			} else if errors.Is(err, sequencer.ErrStoreUnavailable) {
+				ratelog.Warn(w.log, "commit: store unavailable", "group commit failed: store unavailable", "conversations", len(group), "messages", rows, "err", err)
 			}
 			for _, it := range group {
 				it.done(err)

@@ -77,6 +77,16 @@ func (l *Logger) Log(level slog.Level, cause, msg string, args ...any) bool {
 	if l == nil {
 		return false
 	}
+	return l.logTo(l.log, level, cause, msg, args...)
+}
+
+func (l *Logger) logTo(log *slog.Logger, level slog.Level, cause, msg string, args ...any) bool {
+	if log == nil {
+		log = slog.Default()
+	}
+	if !log.Enabled(context.Background(), level) {
+		return false
+	}
 	l.mu.Lock()
 	now := l.now()
 	c := l.causes[cause]
@@ -98,6 +108,23 @@ func (l *Logger) Log(level slog.Level, cause, msg string, args ...any) bool {
 	if n > 0 {
 		args = append(args, "suppressed", n)
 	}
-	l.log.Log(context.Background(), level, msg, args...)
+	log.Log(context.Background(), level, msg, args...)
 	return true
+}
+
+// shared is the process-wide table of Warn and Error, for code that holds an
+// *slog.Logger and no Logger of its own.
+var shared = New(nil, DefaultInterval)
+
+// Warn logs msg at WARN to log (nil: slog.Default()) unless cause was
+// logged, by any caller of this function or of Error, less than
+// DefaultInterval ago. Make cause name the package and the condition
+// ("commit: store unavailable"): the table is process-wide.
+func Warn(log *slog.Logger, cause, msg string, args ...any) bool {
+	return shared.logTo(log, slog.LevelWarn, cause, msg, args...)
+}
+
+// Error is Warn at ERROR.
+func Error(log *slog.Logger, cause, msg string, args ...any) bool {
+	return shared.logTo(log, slog.LevelError, cause, msg, args...)
 }

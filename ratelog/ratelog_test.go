@@ -46,3 +46,23 @@ func TestOncePerCausePerInterval(t *testing.T) {
 		t.Fatal("a nil Logger logged")
 	}
 }
+
+func TestSharedTableAcrossLoggers(t *testing.T) {
+	var a, b bytes.Buffer
+	la := slog.New(slog.NewTextHandler(&a, nil))
+	lb := slog.New(slog.NewTextHandler(&b, nil))
+	if !Warn(la, "test: shared cause", "first") {
+		t.Fatal("first line suppressed")
+	}
+	if Warn(lb, "test: shared cause", "second") || Error(la, "test: shared cause", "third") {
+		t.Fatal("the same cause logged twice within the interval")
+	}
+	if b.Len() != 0 {
+		t.Fatalf("suppressed line written: %q", b.String())
+	}
+	// A level the handler drops does not use up the cause.
+	quiet := slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelError}))
+	if Warn(quiet, "test: other cause", "dropped") || !Warn(la, "test: other cause", "kept") {
+		t.Fatal("a disabled level consumed the cause")
+	}
+}

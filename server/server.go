@@ -13,8 +13,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
+	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -26,6 +28,7 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist/sqlite"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -37,17 +40,21 @@ var (
 
 // Server is a running node.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	metrics  *metrics.Set
-	store    persist.Store
-	lease    *idgen.Lease
-	node     *actor.Node
-	cluster  *cluster.Node // nil on a single node
-	http     *http.Server
-	listener net.Listener
-	served   chan error
-	draining atomic.Bool
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics.Set
+	store     persist.Store
+	lease     *idgen.Lease
+	node      *actor.Node
+	cluster   *cluster.Node // nil on a single node
+	http      *http.Server
+	listener  net.Listener
+	admin     *http.Server // nil without AdminListen
+	adminLn   net.Listener
+	edge      *edge
+	stopWatch func()
+	served    chan error
+	draining  atomic.Bool
 }
 
 // Run starts a node and serves until ctx ends, then drains (see Shutdown)
@@ -57,11 +64,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-s.served:
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("api server stopped", "err", err)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-hup:
+			s.Reload()
+		case err := <-s.served:
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("api server stopped", "err", err)
+			}
+			break wait
 		}
 	}
 	log.Info("draining", "timeout", s.cfg.DrainTimeout)
@@ -82,6 +99,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: log, metrics: metrics.New(), served: make(chan error, 1)}
+	var err error
 	ok := false
 	defer func() {
 		if !ok {
@@ -93,9 +111,18 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 	}()
 
+	s.edge, err = newEdge(cfg)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := s.edge.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := open.Store(octx, cfg.Store, open.Options{})
+	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID}})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -113,6 +140,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.AdminListen != "" {
+		s.adminLn, err = net.Listen("tcp", cfg.AdminListen)
+		if err != nil {
+			return nil, fmt.Errorf("admin-listen %s: %w", cfg.AdminListen, err)
+		}
 	}
 
 	acfg := actor.Config{
@@ -158,10 +191,26 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,
 	})
-	s.http = api.NewServer(cfg.Listen, api.NewHTTPHandler(svc, s.ready, s.metrics.Registry))
-	go func() { s.served <- s.http.Serve(s.listener) }()
+	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
+	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
+	if s.adminLn == nil {
+		apiMux.Handle("/", adminMux)
+	} else {
+		s.admin = api.NewServer(cfg.AdminListen, adminMux)
+		go func() { s.served <- s.admin.Serve(s.adminLn) }()
+	}
+	s.http = api.NewServer(cfg.Listen, apiMux)
+	if tlsConf != nil {
+		s.http.TLSConfig = tlsConf
+		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
+	} else {
+		go func() { s.served <- s.http.Serve(s.listener) }()
+	}
+	s.stopWatch = s.startWatch(watchInterval)
 	wid, _ := s.lease.WorkerID()
-	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
+	log.Info("serving", "listen", s.listener.Addr().String(), "tls", tlsConf != nil,
+		"client_certs", tlsConf != nil && tlsConf.ClientCAs != nil, "auth_tokens", s.edge.tokens != nil,
+		"admin_listen", s.AdminAddr(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
 		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
 	ok = true
 	return s, nil
@@ -169,6 +218,28 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 // Addr is the API address the node listens on.
 func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// AdminAddr is the address of /healthz, /readyz and /metrics: the admin
+// listener's with AdminListen, else the API's.
+func (s *Server) AdminAddr() string {
+	if s.adminLn != nil {
+		return s.adminLn.Addr().String()
+	}
+	return s.Addr()
+}
+
+// Reload re-reads the API's TLS certificate and bearer tokens (SIGHUP). A
+// file that fails to load keeps what is in force; the error is logged and
+// returned.
+func (s *Server) Reload() error {
+	err := s.edge.reload()
+	if err != nil {
+		s.log.Error("reload failed: keeping the certificate and tokens in force", "err", err)
+		return err
+	}
+	s.log.Info("reloaded the API certificate and tokens")
+	return nil
+}
 
 // Metrics returns the node's collectors.
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
@@ -184,7 +255,7 @@ func (s *Server) ready() error {
 	}
 	if s.cluster != nil {
 		if err := s.cluster.Ready(); err != nil {
-			return err
+			return sequencer.Wrap(sequencer.CodeUnavailable, err, "cluster membership not ready")
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -207,6 +278,9 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Rout
 // their queues, then the worker-id lease is released and the store closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
 	var errs []error
 	if s.cluster != nil {
 		if err := s.cluster.Leave(ctx); err != nil {
@@ -216,6 +290,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.http != nil {
 		if err := s.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	if s.admin != nil {
+		if err := s.admin.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("admin: %w", err))
 		}
 	}
 	// Only now: sends forwarded before the leave needed it for their replies.
@@ -255,17 +334,12 @@ func (s *Server) closeAll(ctx context.Context) error {
 	if s.listener != nil && s.http == nil {
 		s.listener.Close()
 	}
+	if s.adminLn != nil && s.admin == nil {
+		s.adminLn.Close()
+	}
 	return errors.Join(errs...)
 }
 
-// Redact hides a --store DSN's password, for logs and messages.
-func Redact(store string) string {
-	if !IsPostgres(store) {
-		return store
-	}
-	u, err := url.Parse(store)
-	if err != nil {
-		return "postgres://(unparsable DSN)"
-	}
-	return u.Redacted()
-}
+// Redact hides a --store DSN's password (every form: URL userinfo, URL
+// query, keyword password=), for logs and messages.
+func Redact(store string) string { return open.Redact(store) }

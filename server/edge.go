@@ -1,0 +1,88 @@
+package server
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+
+	"github.com/sequencer-im/sequencer/api"
+)
+
+// edge holds the API's reloadable secrets: the TLS certificate and the
+// bearer tokens. Reload re-reads both (SIGHUP); a file that fails keeps what
+// is in force and the failure is returned (and logged by the caller).
+type edge struct {
+	cfg    Config
+	cert   atomic.Pointer[tls.Certificate] // nil without TLS
+	tokens *api.Tokens                     // nil without --auth-token-file
+}
+
+func newEdge(cfg Config) (*edge, error) {
+	e := &edge{cfg: cfg}
+	if cfg.TLSCert != "" {
+		if err := e.loadCert(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.AuthTokenFile != "" {
+		t, err := api.LoadTokens(cfg.AuthTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		e.tokens = t
+	}
+	return e, nil
+}
+
+func (e *edge) loadCert() error {
+	c, err := tls.LoadX509KeyPair(e.cfg.TLSCert, e.cfg.TLSKey)
+	if err != nil {
+		return fmt.Errorf("tls-cert/tls-key: %w", err)
+	}
+	e.cert.Store(&c)
+	return nil
+}
+
+// tlsConfig is the API's TLS configuration, nil without --tls-cert. The
+// certificate is looked up per handshake, so a reload applies to new
+// connections at once.
+func (e *edge) tlsConfig() (*tls.Config, error) {
+	if e.cert.Load() == nil {
+		return nil, nil
+	}
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return e.cert.Load(), nil
+		},
+	}
+	if e.cfg.ClientCA != "" {
+		pem, err := os.ReadFile(e.cfg.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client-ca %s: no PEM certificate in it", e.cfg.ClientCA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+// reload re-reads the certificate and the tokens.
+func (e *edge) reload() error {
+	var errs []error
+	if e.cfg.TLSCert != "" {
+		errs = append(errs, e.loadCert())
+	}
+	if e.tokens != nil {
+		errs = append(errs, e.tokens.Reload())
+	}
+	return errors.Join(errs...)
+}
