@@ -5,10 +5,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	stdlog "log"
+	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 
 	"github.com/sequencer-im/sequencer/api"
+	"github.com/sequencer-im/sequencer/ratelog"
 )
 
 // edge holds the API's reloadable secrets: the TLS certificate and the
@@ -86,3 +90,18 @@ func (e *edge) reload() error {
 	}
 	return errors.Join(errs...)
 }
+
+// httpErrorLog routes net/http's own error lines (refused TLS handshakes,
+// malformed requests) to log at WARN, at most one line per 10 s with the
+// count of the others: a port scanner must not flood the log.
+func httpErrorLog(log *slog.Logger, what string) *stdlog.Logger {
+	rl := ratelog.New(log, 0)
+	return stdlog.New(writerFunc(func(p []byte) (int, error) {
+		rl.Warn(what, what+" connection error", "err", strings.TrimSpace(string(p)))
+		return len(p), nil
+	}), "", 0)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

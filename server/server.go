@@ -197,9 +197,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		apiMux.Handle("/", adminMux)
 	} else {
 		s.admin = api.NewServer(cfg.AdminListen, adminMux)
+		s.admin.ErrorLog = httpErrorLog(log, "admin")
 		go func() { s.served <- s.admin.Serve(s.adminLn) }()
 	}
 	s.http = api.NewServer(cfg.Listen, apiMux)
+	s.http.ErrorLog = httpErrorLog(log, "api")
 	if tlsConf != nil {
 		s.http.TLSConfig = tlsConf
 		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()

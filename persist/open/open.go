@@ -160,4 +160,3 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		return s, nil
 	}
 }
-
