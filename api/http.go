@@ -15,7 +15,7 @@ import (
 	"github.com/rs/cors"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/ratelog"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
 // The HTTP side of a node has two parts:
@@ -88,14 +88,17 @@ func NewAPIMux(svc *Service, edge Edge) *http.ServeMux {
 //     domain message of the first *sequencer.Error in the chain (for example
 //     "store unavailable"), else "not ready"; the full error (which may name
 //     the store's host, user or database) is only logged, at WARN, once per
-//     reason per ratelog.DefaultInterval;
+//     reason per NotReadyLogEvery;
 //   - GET /metrics: reg in the Prometheus text format (not mounted when reg
 //     is nil).
 //
 // log nil means slog.Default(). See the comment at the top of this file for
 // adding handlers.
 func NewAdminMux(ready func() error, reg *prometheus.Registry, log *slog.Logger) *http.ServeMux {
-	rl := ratelog.New(log, 0)
+	if log == nil {
+		log = slog.Default()
+	}
+	rl := ratelog.New(log, NotReadyLogEvery)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
@@ -116,6 +119,9 @@ func NewAdminMux(ready func() error, reg *prometheus.Registry, log *slog.Logger)
 	}
 	return mux
 }
+
+// NotReadyLogEvery is how often /readyz logs one reason of not being ready.
+const NotReadyLogEvery = 10 * time.Second
 
 // ReadyReason is what /readyz shows of a readiness error: the Msg of the
 // first *sequencer.Error in its chain (a fixed domain text), else "not

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sequencer-im/sequencer/api"
-	"github.com/sequencer-im/sequencer/ratelog"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
 // edge holds the API's reloadable secrets: the TLS certificate and the
@@ -95,7 +95,7 @@ func (e *edge) reload() error {
 // malformed requests) to log at WARN, at most one line per 10 s with the
 // count of the others: a port scanner must not flood the log.
 func httpErrorLog(log *slog.Logger, what string) *stdlog.Logger {
-	rl := ratelog.New(log, 0)
+	rl := ratelog.New(log, logEvery)
 	return stdlog.New(writerFunc(func(p []byte) (int, error) {
 		rl.Warn(what, what+" connection error", "err", strings.TrimSpace(string(p)))
 		return len(p), nil

@@ -4,13 +4,13 @@ import (
 	"context"
 	"time"
 
-	"github.com/sequencer-im/sequencer/ratelog"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
 // watch logs the node's health as an operator needs it at the default
 // level: the store becoming unreachable and the worker-id lease being lost
-// are logged at once (WARN / ERROR), again once per ratelog interval while
-// they last (with how long), and their end at INFO. Sends failing meanwhile
+// are logged at once (WARN / ERROR), again once per logEvery while they
+// last (with how long), and their end at INFO. Sends failing meanwhile
 // are answered unavailable and are not logged one by one.
 //
 // It probes every interval: one store ping (bounded by the interval) and a
@@ -24,11 +24,15 @@ type watch struct {
 	leaseLostSince time.Time // zero while held
 }
 
-// watchInterval is how often the node probes its store and lease.
-const watchInterval = time.Second
+// watchInterval is how often the node probes its store and lease; logEvery
+// is how often one lasting condition is logged again.
+const (
+	watchInterval = time.Second
+	logEvery      = 10 * time.Second
+)
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	w := &watch{s: s, interval: interval, log: ratelog.New(s.log, 0)}
+	w := &watch{s: s, interval: interval, log: ratelog.New(s.log, logEvery)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
