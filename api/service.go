@@ -150,8 +150,8 @@ const compressMinBytes = 1024
 // ReadMaxBytes is the largest request message the handler reads by default:
 // room for a maximal Send body or a maximal SendBatch in base64 JSON (4/3)
 // with a wide margin, so an oversized body or batch is answered
-// invalid_argument by validation. Only requests beyond this are refused by
-// Connect itself before anything is decoded.
+// invalid_argument by validation. Requests beyond this are refused, also
+// invalid_argument, by NewAPIMux's size guard before anything is decoded.
 func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 64<<10 }
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
