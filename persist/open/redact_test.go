@@ -3,9 +3,14 @@ package open
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
 // CONTRACT.md §5: only the listed forms are stores; everything else is an
@@ -97,4 +102,23 @@ func TestOpenErrorHidesThePassword(t *testing.T) {
 			t.Errorf("open error leaks the password: %v", err)
 		}
 	}
+}
+
+// A libpq keyword DSN opens PostgreSQL.
+func TestKeywordDSNOpensPostgres(t *testing.T) {
+	u, err := url.Parse(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable password='not used by trust auth'",
+		u.Hostname(), u.Port(), u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	s, err := Store(context.Background(), dsn, Options{})
+	if err != nil {
+		t.Fatalf("open %s: %v", Redact(dsn), err)
+	}
+	defer s.Close()
+	if _, ok := s.(*postgres.Store); !ok {
+		t.Fatalf("keyword DSN opened %T", s)
+	}
+	roundTrip(t, s)
 }
