@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/sequencer-im/sequencer/internal/ratelog"
@@ -16,9 +17,12 @@ import (
 // It probes every interval: one store ping (bounded by the interval) and a
 // look at the lease.
 type watch struct {
-	s        *Server
-	interval time.Duration
-	log      *ratelog.Logger
+	ping      func(context.Context) error
+	leaseHeld func() bool
+	draining  func() bool
+	interval  time.Duration
+	log       *slog.Logger
+	limited   *ratelog.Logger
 
 	storeDownSince time.Time // zero while reachable
 	leaseLostSince time.Time // zero while held
@@ -32,7 +36,7 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	w := &watch{s: s, interval: interval, log: ratelog.New(s.log, logEvery)}
+	w := newWatch(s.store.Ping, s.lease.Ready, s.draining.Load, interval, s.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -51,13 +55,20 @@ func (s *Server) startWatch(interval time.Duration) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-func (w *watch) probe(ctx context.Context) {
-	if w.s.draining.Load() {
+func newWatch(ping func(context.Context) error, leaseHeld, draining func() bool, interval time.Duration, log *slog.Logger) *watch {
+	return &watch{ping: ping, leaseHeld: leaseHeld, draining: draining, interval: interval,
+		log: log, limited: ratelog.New(log, logEvery)}
+}
+
+// probe checks the store and the lease once, at now.
+func (w *watch) probe(ctx context.Context) { w.probeAt(ctx, time.Now()) }
+
+func (w *watch) probeAt(ctx context.Context, now time.Time) {
+	if w.draining() {
 		return
 	}
-	now := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, w.interval)
-	err := w.s.store.Ping(pctx)
+	err := w.ping(pctx)
 	cancel()
 	if ctx.Err() != nil {
 		return
@@ -65,23 +76,22 @@ func (w *watch) probe(ctx context.Context) {
 	switch {
 	case err != nil && w.storeDownSince.IsZero():
 		w.storeDownSince = now
-		w.log.Warn("store down", "store unreachable: sends fail with unavailable until it is back", "err", err)
+		w.limited.Warn("store down", "store unreachable: sends fail with unavailable until it is back", "err", err)
 	case err != nil:
-		w.log.Warn("store down", "store still unreachable", "for", now.Sub(w.storeDownSince).Round(time.Second), "err", err)
+		w.limited.Warn("store down", "store still unreachable", "for", now.Sub(w.storeDownSince).Round(time.Second), "err", err)
 	case !w.storeDownSince.IsZero():
-		w.s.log.Info("store reachable again", "was_down_for", now.Sub(w.storeDownSince).Round(time.Millisecond))
+		w.log.Info("store reachable again", "was_down_for", now.Sub(w.storeDownSince).Round(time.Millisecond))
 		w.storeDownSince = time.Time{}
 	}
-	held := w.s.lease.Ready()
+	held := w.leaseHeld()
 	switch {
 	case !held && w.leaseLostSince.IsZero():
 		w.leaseLostSince = now
-		w.log.Error("lease lost", "worker-id lease not held: no msg_id can be issued, sends fail with unavailable")
+		w.limited.Error("lease lost", "worker-id lease not held: no msg_id can be issued, sends fail with unavailable")
 	case !held:
-		w.log.Error("lease lost", "worker-id lease still not held", "for", now.Sub(w.leaseLostSince).Round(time.Second))
+		w.limited.Error("lease lost", "worker-id lease still not held", "for", now.Sub(w.leaseLostSince).Round(time.Second))
 	case !w.leaseLostSince.IsZero():
-		wid, _ := w.s.lease.WorkerID()
-		w.s.log.Info("worker-id lease held again", "worker_id", wid, "was_lost_for", now.Sub(w.leaseLostSince).Round(time.Millisecond))
+		w.log.Info("worker-id lease held again", "was_lost_for", now.Sub(w.leaseLostSince).Round(time.Millisecond))
 		w.leaseLostSince = time.Time{}
 	}
 }
