@@ -1,8 +1,9 @@
 // Package api is the sequencer's RPC edge: it owns request validation
 // (CONTRACT.md section 2), the mapping of domain error codes to Connect
 // statuses (status.go, the only such place), the Connect handler of
-// sequencer.v1.SequencerService, and the single HTTP port that also serves
-// /healthz, /readyz and /metrics.
+// sequencer.v1.SequencerService, the guards in front of it (bearer tokens,
+// request size, CORS: http.go, auth.go) and the admin endpoints /healthz,
+// /readyz and /metrics (on the API port or their own).
 //
 // It must never assign seqs or msg_ids, decide ownership, or talk to a store
 // or the actor system directly: it validates, calls the small interfaces
