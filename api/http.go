@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -146,20 +147,7 @@ func NewHTTPHandler(svc *Service, ready func() error, reg *prometheus.Registry) 
 // errTooLarge is the answer to a body above the limit: not retryable.
 func errTooLarge(limit int64) *connect.Error {
 	return connect.NewError(connect.CodeInvalidArgument,
-		errors.New("request: larger than the "+itoa(limit)+"-byte limit"))
-}
-
-func itoa(n int64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
+		errors.New("request: larger than the "+strconv.FormatInt(limit, 10)+"-byte limit"))
 }
 
 // limitBody answers a request body above limit with invalid_argument, in the

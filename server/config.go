@@ -61,7 +61,7 @@ type Config struct {
 	// are re-read on SIGHUP (Server.Reload).
 	TLSCert, TLSKey string
 	// ClientCA is a PEM file of CA certificates: with TLS, every API client
-	// must present a certificate signed by one of them.
+	// must present a certificate signed by one of them. Re-read on SIGHUP.
 	ClientCA string
 	// AuthTokenFile holds the bearer tokens the API accepts, one per line
 	// ('#' comments); when set, every RPC needs "Authorization: Bearer

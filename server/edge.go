@@ -15,12 +15,13 @@ import (
 	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
-// edge holds the API's reloadable secrets: the TLS certificate and the
-// bearer tokens. Reload re-reads both (SIGHUP); a file that fails keeps what
+// edge holds the API's reloadable secrets: the TLS certificate, the client
+// CAs and the bearer tokens. Reload re-reads both (SIGHUP); a file that fails keeps what
 // is in force and the failure is returned (and logged by the caller).
 type edge struct {
 	cfg    Config
 	cert   atomic.Pointer[tls.Certificate] // nil without TLS
+	cas    atomic.Pointer[x509.CertPool]   // nil without --client-ca
 	tokens *api.Tokens                     // nil without --auth-token-file
 }
 
@@ -28,6 +29,11 @@ func newEdge(cfg Config) (*edge, error) {
 	e := &edge{cfg: cfg}
 	if cfg.TLSCert != "" {
 		if err := e.loadCert(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ClientCA != "" {
+		if err := e.loadCAs(); err != nil {
 			return nil, err
 		}
 	}
@@ -50,9 +56,22 @@ func (e *edge) loadCert() error {
 	return nil
 }
 
+func (e *edge) loadCAs() error {
+	pem, err := os.ReadFile(e.cfg.ClientCA)
+	if err != nil {
+		return fmt.Errorf("client-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("client-ca %s: no PEM certificate in it", e.cfg.ClientCA)
+	}
+	e.cas.Store(pool)
+	return nil
+}
+
 // tlsConfig is the API's TLS configuration, nil without --tls-cert. The
-// certificate is looked up per handshake, so a reload applies to new
-// connections at once.
+// certificate and the client CAs are looked up per handshake, so a reload
+// applies to new connections at once.
 func (e *edge) tlsConfig() (*tls.Config, error) {
 	if e.cert.Load() == nil {
 		return nil, nil
@@ -64,17 +83,15 @@ func (e *edge) tlsConfig() (*tls.Config, error) {
 			return e.cert.Load(), nil
 		},
 	}
-	if e.cfg.ClientCA != "" {
-		pem, err := os.ReadFile(e.cfg.ClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client-ca %s: no PEM certificate in it", e.cfg.ClientCA)
-		}
-		tc.ClientCAs = pool
+	if e.cas.Load() != nil {
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
+		tc.ClientCAs = e.cas.Load()
+		base := tc.Clone()
+		tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := base.Clone()
+			c.ClientCAs = e.cas.Load()
+			return c, nil
+		}
 	}
 	return tc, nil
 }
@@ -84,6 +101,9 @@ func (e *edge) reload() error {
 	var errs []error
 	if e.cfg.TLSCert != "" {
 		errs = append(errs, e.loadCert())
+	}
+	if e.cfg.ClientCA != "" {
+		errs = append(errs, e.loadCAs())
 	}
 	if e.tokens != nil {
 		errs = append(errs, e.tokens.Reload())

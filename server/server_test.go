@@ -218,3 +218,43 @@ func TestTLSServesHTTP2AndHTTP1(t *testing.T) {
 		}
 	}
 }
+
+// Reload swaps the client CAs (and the certificate) for new handshakes.
+func TestReloadClientCA(t *testing.T) {
+	caA, caB := testcert.NewCA(t, "a"), testcert.NewCA(t, "b")
+	dir := t.TempDir()
+	pair := caA.Server(t)
+	caFile := testcert.Write(t, dir, "clients.pem", caA.PEM)
+	s := start(t, Config{
+		TLSCert:  testcert.Write(t, dir, "c.pem", pair.CertPEM),
+		TLSKey:   testcert.Write(t, dir, "k.pem", pair.KeyPEM),
+		ClientCA: caFile,
+	}, nil)
+	served := func(clientCA *testcert.CA) bool {
+		t.Helper()
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: caA.Pool(),
+			Certificates: []tls.Certificate{clientCA.Client(t, "logic").TLS}}}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Post("https://"+s.Addr()+"/sequencer.v1.SequencerService/GetHead",
+			"application/json", strings.NewReader(`{"convId":"g:1"}`))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}
+	if !served(caA) || served(caB) {
+		t.Fatal("before reload: want clients of CA a only")
+	}
+	testcert.Write(t, dir, "clients.pem", caB.PEM)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if served(caA) || !served(caB) {
+		t.Fatal("after reload: want clients of CA b only")
+	}
+	testcert.Write(t, dir, "clients.pem", []byte("not a certificate"))
+	if err := s.Reload(); err == nil || !served(caB) {
+		t.Fatalf("a bad CA file: reload %v; the CAs in force must stay", err)
+	}
+}

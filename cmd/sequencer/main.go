@@ -100,7 +100,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve the API with TLS (HTTP/2 via ALPN and HTTP/1.1); re-read on SIGHUP")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
-	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA")
+	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", "", "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
 	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz and /metrics (they then leave --listen)")
 	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
