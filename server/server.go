@@ -1,9 +1,11 @@
 // Package server wires one sequencer node together: the store, the worker-id
 // lease and msg_id generator, the conversation actors with their group-commit
-// writer, the RPC API with health, readiness and metrics on one port, and (in
-// cluster mode) membership, fenced partition ownership and forwarding. It owns
-// the order of start and of the graceful stop; it implements no sequencing,
-// storage or transport logic of its own.
+// writer, the RPC API (with TLS, bearer tokens, CORS) and the health,
+// readiness and metrics endpoints (on the API port or --admin-listen), the
+// reload of the API's secrets on SIGHUP, a watch that logs store outages and
+// a lost lease, and (in cluster mode) membership, fenced partition ownership
+// and forwarding. It owns the order of start and of the graceful stop; it
+// implements no sequencing, storage or transport logic of its own.
 package server
 
 import (
@@ -98,7 +100,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, metrics: metrics.New(), served: make(chan error, 1)}
+	s := &Server{cfg: cfg, log: log, metrics: metrics.New(), served: make(chan error, 2)} // API and admin servers
 	var err error
 	ok := false
 	defer func() {
@@ -230,16 +232,16 @@ func (s *Server) AdminAddr() string {
 	return s.Addr()
 }
 
-// Reload re-reads the API's TLS certificate and bearer tokens (SIGHUP). A
-// file that fails to load keeps what is in force; the error is logged and
-// returned.
+// Reload re-reads the API's TLS certificate, client CAs and bearer tokens
+// (Run calls it on SIGHUP). A file that fails to load keeps what it held in
+// force; the error is logged at ERROR and returned.
 func (s *Server) Reload() error {
 	err := s.edge.reload()
 	if err != nil {
-		s.log.Error("reload failed: keeping the certificate and tokens in force", "err", err)
+		s.log.Error("reload failed: what could not be read stays as it was", "err", err)
 		return err
 	}
-	s.log.Info("reloaded the API certificate and tokens")
+	s.log.Info("reloaded the API's TLS certificate, client CAs and tokens")
 	return nil
 }
 
