@@ -89,6 +89,17 @@ func parseKeywordDSN(dsn string) ([]kv, error) {
 	}
 }
 
+// userinfoEnd returns the index of the '@' ending a URL DSN's userinfo in
+// rest (the DSN after "://"), or -1: the last '@' before the query. A
+// password with an unescaped '/' or '@' (invalid, but it happens) is still
+// taken as part of the userinfo, so it is hidden too.
+func userinfoEnd(rest string) int {
+	if j := strings.IndexAny(rest, "?#"); j >= 0 {
+		rest = rest[:j]
+	}
+	return strings.LastIndex(rest, "@")
+}
+
 // urlQueryPassword matches a password query parameter of a URL DSN.
 var urlQueryPassword = regexp.MustCompile(`(?i)([?&]password=)[^&#]*`)
 
@@ -99,15 +110,8 @@ var urlQueryPassword = regexp.MustCompile(`(?i)([?&]password=)[^&#]*`)
 func Redact(spec string) string {
 	spec = strings.TrimSpace(spec)
 	if scheme, rest, ok := strings.Cut(spec, "://"); ok {
-		// userinfo is everything before the last '@' of the authority (the
-		// authority ends at the first '/', '?' or '#').
-		auth := rest
-		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
-			auth = rest[:j]
-		}
-		if at := strings.LastIndex(auth, "@"); at >= 0 {
-			user := auth[:at]
-			if u, _, hasPW := strings.Cut(user, ":"); hasPW {
+		if at := userinfoEnd(rest); at >= 0 {
+			if u, _, hasPW := strings.Cut(rest[:at], ":"); hasPW {
 				rest = u + ":" + hidden + rest[at:]
 			}
 		}
@@ -139,12 +143,8 @@ func passwords(dsn string) []string {
 		}
 	}
 	if _, rest, ok := strings.Cut(dsn, "://"); ok {
-		auth := rest
-		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
-			auth = rest[:j]
-		}
-		if at := strings.LastIndex(auth, "@"); at >= 0 {
-			if _, pw, has := strings.Cut(auth[:at], ":"); has {
+		if at := userinfoEnd(rest); at >= 0 {
+			if _, pw, has := strings.Cut(rest[:at], ":"); has {
 				add(pw)
 				if d, err := url.PathUnescape(pw); err == nil {
 					add(d)
