@@ -45,7 +45,7 @@ func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) e
 		return usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
+		return usagef("unexpected argument %q: every setting is a --flag", fs.Arg(0))
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
