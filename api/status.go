@@ -88,8 +88,8 @@ func contextCode(err error) (sequencer.Code, bool) {
 // ToConnectError turns err (non-nil) into the error a handler returns. The
 // message the client reads is:
 //   - invalid_argument, not_found, already_exists: err's text down to the
-//     first *sequencer.Error's Msg (built from the request: field, rule,
-//     length, the request's own ids), without the cause wrapped below it (a
+//     end of the first *sequencer.Error's Msg (built from the request: field,
+//     rule, length, the request's own ids), without anything after it (a
 //     store's or another node's text never reaches the client);
 //   - unavailable, resource_exhausted: the short domain reason only (e.g.
 //     "store unavailable"), never the cause below it (addresses, SQL);
@@ -126,20 +126,18 @@ func clientMessage(code sequencer.Code, err error) string {
 	}
 }
 
-// withoutCause is err's text without the cause below its first
-// *sequencer.Error: the wrappers above it (context about the request) and
-// the domain message stay.
+// withoutCause is err's text up to the end of its first *sequencer.Error's
+// Msg: the wrappers above it (context about the request) and the domain
+// message stay; whatever follows (a wrapped cause, or a store's error joined
+// beside it as in "%w (%w)") is dropped.
 func withoutCause(err error) string {
 	text := err.Error()
 	var se *sequencer.Error
-	if !errors.As(err, &se) {
+	if !errors.As(err, &se) || se.Msg == "" {
 		return text
 	}
-	if se.Err != nil {
-		if t, ok := strings.CutSuffix(text, ": "+se.Err.Error()); ok {
-			return t
-		}
-		return se.Msg
+	if i := strings.Index(text, se.Msg); i >= 0 {
+		return text[:i+len(se.Msg)]
 	}
-	return text
+	return se.Msg
 }
