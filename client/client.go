@@ -123,17 +123,17 @@ func New(cfg Config) (*Client, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		httpc:   cfg.HTTPClient,
-		opts:    cfg.Protocol.clientOptions(),
+		opts:    cfg.clientOptions(),
 		routes:  newRouteCache(cfg.RouteCacheSize),
 		learned: map[string]*node{},
 	}
 	if c.httpc == nil {
-		c.transport = defaultTransport()
+		c.transport = defaultTransport(cfg.TLSConfig)
 		c.httpc = &http.Client{Transport: c.transport}
 	}
 	seen := map[string]bool{}
 	for _, a := range cfg.Addrs {
-		u, _ := baseURL(a) // validated
+		u, _ := cfg.nodeURL(a) // validated
 		if seen[u] {
 			continue
 		}

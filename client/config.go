@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -92,8 +94,9 @@ const (
 
 // Config configures a Client. Only Addrs is required.
 type Config struct {
-	// Addrs are one or more node API addresses: "host:port" (plain HTTP/2,
-	// cleartext) or a "http://host:port" / "https://host:port" URL. Any node
+	// Addrs are one or more node API addresses: "host:port" (HTTP/2 over
+	// TLS when TLSConfig is set, else cleartext h2c) or a "http://host:port"
+	// / "https://host:port" URL. Any node
 	// serves any request (it forwards to the owner), so these are only the
 	// entry points; the owners of conversations are learned with Route.
 	Addrs []string
@@ -103,6 +106,18 @@ type Config struct {
 	// connections. Close closes its idle connections; a caller-supplied
 	// client is left alone.
 	HTTPClient connect.HTTPClient
+	// TLSConfig is the TLS configuration of the default transport (server
+	// CAs in RootCAs, a client certificate in Certificates for nodes started
+	// with --client-ca). When set, "host:port" addresses mean https://.
+	// Ignored with a caller-supplied HTTPClient (configure its transport).
+	// Default nil: cleartext, unless an address says https:// (then the
+	// system's roots).
+	TLSConfig *tls.Config
+	// Token is the bearer token sent on every call ("Authorization: Bearer
+	// <Token>"), for nodes started with --auth-token-file. A call refused for
+	// a missing or wrong token fails with unauthenticated and is not retried.
+	// Default empty: no Authorization header.
+	Token string
 	// Protocol is the wire protocol. Default ProtocolGRPC.
 	Protocol Protocol
 	// Retry is the retry policy of every call.
@@ -191,9 +206,12 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("addrs: at least one node address is required"))
 	}
 	for _, a := range c.Addrs {
-		if _, err := baseURL(a); err != nil {
+		if _, err := c.nodeURL(a); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if strings.ContainsAny(c.Token, " \t\r\n") {
+		errs = append(errs, errors.New("token: must not contain white space"))
 	}
 	if c.Protocol < ProtocolGRPC || c.Protocol > ProtocolGRPCWeb {
 		errs = append(errs, fmt.Errorf("protocol %v: unknown", c.Protocol))
@@ -244,6 +262,36 @@ func baseURL(addr string) (string, error) {
 	return "http://" + net.JoinHostPort(host, port), nil
 }
 
+// nodeURL is baseURL with the scheme of c: "host:port" is https:// when
+// TLSConfig is set.
+func (c Config) nodeURL(addr string) (string, error) {
+	u, err := baseURL(addr)
+	if err != nil {
+		return "", err
+	}
+	a := strings.TrimSpace(addr)
+	if c.TLSConfig != nil && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
+		u = "https://" + strings.TrimPrefix(u, "http://")
+	}
+	return u, nil
+}
+
+// clientOptions are the connect options of every node client: the protocol
+// and, with a Token, the Authorization header.
+func (c Config) clientOptions() []connect.ClientOption {
+	opts := c.Protocol.clientOptions()
+	if c.Token != "" {
+		header := "Bearer " + c.Token
+		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Authorization", header)
+				return next(ctx, req)
+			}
+		})))
+	}
+	return opts
+}
+
 // ownerURL turns the address a node gave for an owner (host:port, as Route
 // answers it) into a base URL, taking the scheme from the node that answered
 // and, when the owner listens on an unspecified host (":7070", "0.0.0.0:7070",
@@ -275,8 +323,9 @@ func ownerURL(addr, answeredBy string) string {
 }
 
 // defaultTransport speaks HTTP/2 only: h2c with prior knowledge on http://
-// (as gRPC needs) and HTTP/2 over TLS on https://.
-func defaultTransport() *http.Transport {
+// (as gRPC needs) and HTTP/2 over TLS on https://, with tlsConf (nil: the
+// system's defaults).
+func defaultTransport(tlsConf *tls.Config) *http.Transport {
 	var protocols http.Protocols
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
@@ -286,6 +335,7 @@ func defaultTransport() *http.Transport {
 			Timeout:   5 * time.Second,
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
+		TLSClientConfig:     tlsConf.Clone(),
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 10 * time.Second,
 		HTTP2: &http.HTTP2Config{

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +58,10 @@ func classify(err error, attemptTimedOut bool) failure {
 		return answered(sequencer.ParseCode(ce.Code().String()))
 	}
 	// Synthesized by the client: the request failed locally or in transit.
+	if tlsRefused(err) {
+		// A certificate the other side refuses will be refused again.
+		return failure{code: sequencer.CodeUnavailable}
+	}
 	switch ce.Code() {
 	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
 		if _, byContext := contextCode(err); !byContext && transportErr(err) {
@@ -91,6 +97,23 @@ func answered(code sequencer.Code) failure {
 	default:
 		return failure{code: code}
 	}
+}
+
+// tlsRefused reports a TLS handshake that failed on a certificate: the
+// node's did not verify here, or the node refused ours (a TLS alert such as
+// "certificate required" or "unknown certificate authority").
+func tlsRefused(err error) bool {
+	var (
+		cv  *tls.CertificateVerificationError
+		ua  x509.UnknownAuthorityError
+		he  x509.HostnameError
+		ci  x509.CertificateInvalidError
+		ope *net.OpError
+	)
+	if errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci) {
+		return true
+	}
+	return errors.As(err, &ope) && ope.Op == "remote error" && ope.Err != nil && strings.HasPrefix(ope.Err.Error(), "tls: ")
 }
 
 // transportErr reports errors of the connection rather than of the request.

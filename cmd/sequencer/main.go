@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,11 +71,16 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "sequencer: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "sequencer: unknown command %q (see 'sequencer help')\n", cmd)
 		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "sequencer %s: %v (see 'sequencer %s --help')\n", cmd, oneLine(ue.err), cmd)
+		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sequencer %s: %v\n", cmd, err)
@@ -87,8 +93,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 // variable). Defaults shown are server.Config's.
 func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	d := server.Config{NodeID: "x"}.WithDefaults()
-	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics)")
-	fs.StringVar(&c.Store, "store", d.Store, "postgres://... DSN for PostgreSQL, or a file path / sqlite:PATH for the embedded store")
+	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics unless --admin-listen)")
+	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); embedded store: sqlite:PATH or a path without ://; anything else is refused")
 	fs.StringVar(&c.ClusterListen, "cluster-listen", "", "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
 	fs.StringVar(&c.NodeID, "node-id", "", "stable name of this node in the cluster (default: hostname plus a random suffix)")
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
@@ -107,6 +113,12 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Var(admin.Duration{D: &c.Retention}, "retention", "delete messages older than this (90d, 36h; heads are kept, seqs never go back); 0 keeps everything")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve the API with TLS (HTTP/2 via ALPN and HTTP/1.1); re-read on SIGHUP")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
+	fs.StringVar(&c.AuthTokenFile, "auth-token-file", "", "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
+	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz and /metrics (they then leave --listen)")
+	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) error {
@@ -122,11 +134,11 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	}
 	logger, err := newLogger(stderr, level, *format)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return err
+		return usageError{err}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -141,6 +153,9 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err
 	}
+	if _, err := open.Parse(*store); err != nil {
+		return usageError{err}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s, err := open.Store(ctx, *store, open.Options{})
@@ -149,6 +164,11 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	}
 	fmt.Fprintf(stdout, "migrated %s\n", server.Redact(*store))
 	return s.Close()
+}
+
+// oneLine joins a multi-line error (errors.Join) with "; ".
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
