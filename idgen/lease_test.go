@@ -24,6 +24,17 @@ func newTestLease(t *testing.T, store persist.WorkerLeases, holder string, clk c
 	return l
 }
 
+// newFakeClockLease is a lease on a real store driven by a fake clock: the
+// store's own clock check is off (the fake clock is not the store's time).
+func newFakeClockLease(t *testing.T, store persist.WorkerLeases, holder string, clk clock.Clock, m *metrics.Set) *Lease {
+	t.Helper()
+	l, err := NewLease(store, LeaseConfig{Holder: holder, Clock: clk, Metrics: m, MaxStoreSkew: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 func mustRenew(t *testing.T, l *Lease) {
 	t.Helper()
 	if err := l.RenewOnce(context.Background()); err != nil {

@@ -137,6 +137,15 @@ type WorkerLease struct {
 	Token    uint64    // bumped on every acquire; renew/release must match it
 	Expires  time.Time // lease end
 	LastMs   int64     // see AcquireWorker / RenewWorker
+	// StoreMs is the store's own clock (unix ms) when it answered, 0 when
+	// the store has no clock apart from this machine's (the embedded store).
+	// The lease checks that its clock is not behind it.
+	StoreMs int64
+	// HighWaterMs (AcquireWorker only) is the highest LastMs recorded for
+	// any worker id under this holder (on the embedded store, which one
+	// process uses at a time: under any holder). A clock well below it moved
+	// back since an earlier run, even when the lease is for another id.
+	HighWaterMs int64
 }
 
 // ConflictKey names the unique key a conflicting row hit.
