@@ -16,8 +16,8 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/persist/postgres"
-	"github.com/sequencer-im/sequencer/ring"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
+	"github.com/sequencer-im/sequencer/ring"
 )
 
 // Several nodes in one process, each with its own PostgreSQL pool, worker
