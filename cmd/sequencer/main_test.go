@@ -77,4 +77,16 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 		!strings.Contains(errb.String(), "PostgreSQL") {
 		t.Fatalf("cluster mode on the embedded store: exit %d %q, want 1 and a PostgreSQL hint", code, errb.String())
 	}
+	// A cluster port reachable from other machines needs mutual TLS, or an
+	// explicit --cluster-insecure.
+	errb.Reset()
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "0.0.0.0:7946"}, &out, &errb, env(nil)); code != 1 ||
+		!strings.Contains(errb.String(), "--cluster-insecure") || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+		t.Fatalf("non-loopback cluster listen without TLS: exit %d %q, want 1 and one line naming the flags", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "127.0.0.1:0", "--cluster-tls-cert", "c.pem"}, &out, &errb, env(nil)); code != 1 ||
+		!strings.Contains(errb.String(), "go together") {
+		t.Fatalf("cluster TLS cert without key and CA: exit %d %q", code, errb.String())
+	}
 }
