@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -200,7 +201,9 @@ func (t *ConnectTransport) Start(h Handler) (string, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(clusterv1connect.NewClusterServiceHandler(&clusterService{h: h},
-		connect.WithReadMaxBytes(t.cfg.MaxRequestBytes)))
+		connect.WithReadMaxBytes(t.cfg.MaxRequestBytes),
+		// Nodes are close (a LAN): compression costs more CPU than it saves.
+		connect.WithCompressMinBytes(math.MaxInt)))
 	var protocols http.Protocols
 	srv := &http.Server{
 		Handler:           mux,
@@ -241,7 +244,8 @@ func (t *ConnectTransport) peer(addr string) (clusterv1connect.ClusterServiceCli
 	c, ok := t.clients[addr]
 	if !ok {
 		c = clusterv1connect.NewClusterServiceClient(t.client, t.scheme+addr,
-			connect.WithReadMaxBytes(t.cfg.MaxRequestBytes), connect.WithSendMaxBytes(t.cfg.MaxRequestBytes))
+			connect.WithReadMaxBytes(t.cfg.MaxRequestBytes), connect.WithSendMaxBytes(t.cfg.MaxRequestBytes),
+			connect.WithAcceptCompression("gzip", nil, nil)) // no compression between nodes
 		t.clients[addr] = c
 	}
 	return c, nil

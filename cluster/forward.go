@@ -46,14 +46,21 @@ func (n *Node) newFwdItem(ctx context.Context, req sequencer.SendRequest) *fwdIt
 	return &fwdItem{ctx: ctx, req: req, done: make(chan fwdOutcome, 1)}
 }
 
-// peerQueue holds the items waiting for one peer. While a batch to the peer
-// is in flight, new items queue; when it returns, everything queued goes
-// out in the next batch (adaptive, like the group commit: no timer).
+// peerQueue holds the items waiting for one peer. Up to
+// MaxForwardsInFlight batches to a peer are in flight at once (the owner
+// commits them in parallel); past that, new items queue, and each batch that
+// returns takes everything queued meanwhile (adaptive, like the group
+// commit: no timer). A unit (the items of one call for this peer) is never
+// split between concurrent batches, so items of one conversation from one
+// call reach the owner in order.
 type peerQueue struct {
 	addr    string
 	pending [][]*fwdItem // units, in arrival order
-	busy    bool         // a drain goroutine runs
+	workers int          // drain goroutines running (<= MaxForwardsInFlight)
 }
+
+// MaxForwardsInFlight bounds the concurrent batches to one peer.
+const MaxForwardsInFlight = 16
 
 // enqueue queues one unit of items (in their order) for the peer at addr.
 func (n *Node) enqueue(addr string, unit []*fwdItem) {
@@ -64,8 +71,10 @@ func (n *Node) enqueue(addr string, unit []*fwdItem) {
 		n.peers[addr] = pq
 	}
 	pq.pending = append(pq.pending, unit)
-	start := !pq.busy
-	pq.busy = true
+	start := pq.workers < MaxForwardsInFlight
+	if start {
+		pq.workers++
+	}
 	n.fwdMu.Unlock()
 	if start {
 		go n.drain(pq)
@@ -78,6 +87,7 @@ func (n *Node) drain(pq *peerQueue) {
 	for {
 		n.fwdMu.Lock()
 		var batch []*fwdItem
+		var big []*fwdItem // a unit past the limits alone: sent in pieces, in order, by this goroutine
 		bytes := 0
 		for len(pq.pending) > 0 {
 			unit := pq.pending[0]
@@ -94,24 +104,15 @@ func (n *Node) drain(pq *peerQueue) {
 			}
 			pq.pending = pq.pending[1:]
 			if len(batch) == 0 && (len(live) > MaxForwardItems || ub > MaxForwardBytes) {
-				// A unit past the limits alone: split it.
-				k, b := 0, 0
-				for k < len(live) && k < MaxForwardItems && (k == 0 || b+itemSize(live[k].req) <= MaxForwardBytes) {
-					b += itemSize(live[k].req)
-					k++
-				}
-				batch = live[:k]
-				if k < len(live) {
-					pq.pending = append([][]*fwdItem{live[k:]}, pq.pending...)
-				}
+				big = live
 				break
 			}
 			batch = append(batch, live...)
 			bytes += ub
 		}
-		if len(batch) == 0 && len(pq.pending) == 0 {
-			pq.busy = false
-			if n.peers[pq.addr] == pq {
+		if len(batch) == 0 && len(big) == 0 {
+			pq.workers--
+			if pq.workers == 0 && n.peers[pq.addr] == pq {
 				delete(n.peers, pq.addr)
 			}
 			n.fwdMu.Unlock()
@@ -120,6 +121,15 @@ func (n *Node) drain(pq *peerQueue) {
 		n.fwdMu.Unlock()
 		if len(batch) > 0 {
 			n.forwardBatch(pq.addr, batch)
+		}
+		for len(big) > 0 {
+			k, b := 0, 0
+			for k < len(big) && k < MaxForwardItems && (k == 0 || b+itemSize(big[k].req) <= MaxForwardBytes) {
+				b += itemSize(big[k].req)
+				k++
+			}
+			n.forwardBatch(pq.addr, big[:k])
+			big = big[k:]
 		}
 	}
 }

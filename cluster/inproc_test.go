@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,6 +253,7 @@ func TestInProcessForwardBatches(t *testing.T) {
 	// Concurrent unary sends through a: what queues while a batch is in
 	// flight goes out together.
 	before := ct.batches.Load()
+	ct.maxItems.Store(0)
 	var wg sync.WaitGroup
 	errc := make(chan error, 200)
 	for g := range 200 {
@@ -467,4 +470,76 @@ func TestInProcessWakeRateLimit(t *testing.T) {
 	if accepted > wakeBurst+2 || accepted == 0 {
 		t.Fatalf("%d of 1000 wake-ups in a burst accepted (burst %d)", accepted, wakeBurst)
 	}
+}
+
+// TestInProcessForwardThroughput measures durable sends/s on a 2-node
+// cluster in one process (PostgreSQL, connect transport over 127.0.0.1):
+// closed-loop senders calling the owner directly, then calling the other
+// node (every send forwarded), as unary sends and as 50-item batches. It
+// only runs with SEQUENCER_FORWARD_BENCH=1 (a measurement, not a check):
+//
+//	SEQUENCER_FORWARD_BENCH=1 go test -run TestInProcessForwardThroughput -v ./cluster/
+func TestInProcessForwardThroughput(t *testing.T) {
+	if os.Getenv("SEQUENCER_FORWARD_BENCH") == "" {
+		t.Skip("measurement: set SEQUENCER_FORWARD_BENCH=1")
+	}
+	pc := newProcCluster(t)
+	a := pc.startInProcess("a", ipOptions{})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	convs := convsOwnedBy(t, a, "a", "bench", 1000)
+	const batch = 50
+	senders := 256
+	if n, err := strconv.Atoi(os.Getenv("SEQUENCER_FORWARD_BENCH_SENDERS")); err == nil && n > 0 {
+		senders = n
+	}
+	window := 5 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("SEQUENCER_FORWARD_BENCH_WINDOW")); err == nil {
+		window = d
+	}
+	var run atomic.Int64
+	measure := func(name string, via *ipNode, items int) float64 {
+		r := run.Add(1)
+		var acked atomic.Int64
+		ctx, cancel := context.WithTimeout(context.Background(), window)
+		defer cancel()
+		var wg sync.WaitGroup
+		for g := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				reqs := make([]sequencer.SendRequest, items)
+				out := make([]sequencer.SendOutcome, items)
+				for i := 0; ctx.Err() == nil; i++ {
+					for k := range reqs {
+						reqs[k] = sequencer.SendRequest{ConvID: convs[(g*7+i*items+k)%len(convs)], FromUID: 7,
+							ClientMsgID: fmt.Sprintf("%d-%d-%d-%d", r, g, i, k), MsgType: 1, Body: []byte("hello, world")}
+					}
+					if items == 1 {
+						if _, err := via.cn.Send(ctx, reqs[0]); err == nil {
+							acked.Add(1)
+						}
+						continue
+					}
+					via.cn.SendBatch(ctx, reqs, out)
+					for _, o := range out {
+						if o.Err == nil {
+							acked.Add(1)
+						}
+					}
+				}
+			}()
+		}
+		start := time.Now()
+		wg.Wait()
+		rate := float64(acked.Load()) / time.Since(start).Seconds()
+		t.Logf("%-32s %8.0f sends/s", name, rate)
+		return rate
+	}
+	t.Logf("2 nodes in one process, %d closed-loop senders, %d conversations owned by a, %v each", senders, len(convs), window)
+	du := measure("unary, direct to the owner", a, 1)
+	fu := measure("unary, forwarded by the other", b, 1)
+	db := measure("batches of 50, direct", a, batch)
+	fb := measure("batches of 50, forwarded", b, batch)
+	t.Logf("forwarded/direct: unary %.0f%%, batches %.0f%%", 100*fu/du, 100*fb/db)
 }
