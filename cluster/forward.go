@@ -128,7 +128,14 @@ func (n *Node) drain(pq *peerQueue) {
 				b += itemSize(big[k].req)
 				k++
 			}
-			n.forwardBatch(pq.addr, big[:k])
+			if err := n.forwardBatch(pq.addr, big[:k]); err != nil {
+				// The rest of the unit is not sent after a piece without
+				// an answer: its items would overtake the piece's.
+				for _, it := range big[k:] {
+					it.done <- fwdOutcome{kind: fwdNoAnswer, err: err}
+				}
+				break
+			}
 			big = big[k:]
 		}
 	}
@@ -138,8 +145,9 @@ func itemSize(r sequencer.SendRequest) int {
 	return len(r.ConvID) + len(r.ClientMsgID) + len(r.Body) + 32
 }
 
-// forwardBatch sends one batch and hands every item its outcome.
-func (n *Node) forwardBatch(addr string, batch []*fwdItem) {
+// forwardBatch sends one batch and hands every item its outcome. It returns
+// the error when the batch got no per-item answer.
+func (n *Node) forwardBatch(addr string, batch []*fwdItem) error {
 	// The batch waits as long as its most patient item.
 	var deadline time.Time
 	for _, it := range batch {
@@ -191,7 +199,7 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) {
 			n.met.forward(result)
 			it.done <- o
 		}
-		return
+		return o.err
 	}
 	for i, it := range batch {
 		r := reply.Results[i]
@@ -217,6 +225,7 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) {
 		}
 		it.done <- o
 	}
+	return nil
 }
 
 // await waits for it's outcome; it gives up (no answer) when ctx ends or the
@@ -388,8 +397,8 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		n.enqueue(addr, items)
 		fwd = append(fwd, sent{owners[addr], idx, items})
 	}
-	// retry: items to send again one by one (an answer that is not final).
-	retry := make([]bool, len(reqs))
+	// retry: items to send again one by one (no final answer yet).
+	retry := make([]retryKind, len(reqs))
 	if len(local) > 0 {
 		lreqs := make([]sequencer.SendRequest, len(local))
 		lout := make([]sequencer.SendOutcome, len(local))
@@ -400,7 +409,7 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		for k, i := range local {
 			out[i] = lout[k]
 			if lout[k].Err != nil && ownershipErr(lout[k].Err) {
-				retry[i] = true
+				retry[i] = retryNotStored
 			}
 		}
 	}
@@ -408,29 +417,41 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		for k, i := range f.idx {
 			o := n.await(ctx, f.owner, f.items[k])
 			out[i] = sequencer.SendOutcome{Result: o.res, Err: o.err}
-			if o.kind != fwdAnswered {
-				retry[i] = true
+			switch o.kind {
+			case fwdRetry:
+				retry[i] = retryNotStored
+			case fwdNoAnswer:
+				retry[i] = retryUnknown
 			}
 		}
 	}
 	for _, i := range slow {
-		retry[i] = true
+		retry[i] = retryNotStored
 	}
 	n.sendSlow(ctx, reqs, out, retry, forwarded)
 }
 
-// sendSlow sends the items marked retry one by one through send, the items
-// of one conversation in item order, conversations in parallel. An item is
-// not sent again when a later item of its conversation already succeeded
-// (its seq would come after); its last error answers it then (nothing was
-// stored, or its outcome is unknown and it says so). After an item of a
-// conversation fails with a retryable error, the later items of that
-// conversation are answered the same without being tried.
-func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, retry []bool, forwarded bool) {
+type retryKind uint8
+
+const (
+	retryNone      retryKind = iota // answered
+	retryNotStored                  // not stored (or never tried): may be answered with its error
+	retryUnknown                    // outcome unknown: only an answer or the end of ctx ends it
+)
+
+// sendSlow sends the items marked in retry one by one through send, the
+// items of one conversation in item order, conversations in parallel. A
+// not-stored item is not sent again when a later item of its conversation
+// already succeeded (its seq would come after); its error answers it then
+// (final: nothing was stored). After an item of a conversation fails with a
+// retryable error, the later items of that conversation are answered the
+// same without being tried. Once ctx ended, items not answered get ctx's
+// error (not an answer: the outcome is unknown).
+func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, retry []retryKind, forwarded bool) {
 	byConv := map[string][]int{}
 	var order []string
 	for i := range reqs {
-		if !retry[i] {
+		if retry[i] == retryNone {
 			continue
 		}
 		c := reqs[i].ConvID
@@ -446,7 +467,7 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 	// without a retry.
 	lastOK := map[string]int{}
 	for i := range reqs {
-		if !retry[i] && out[i].Err == nil {
+		if retry[i] == retryNone && out[i].Err == nil {
 			lastOK[reqs[i].ConvID] = i
 		}
 	}
@@ -455,11 +476,17 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 		last, hasLast := lastOK[c]
 		for _, i := range byConv[c] {
 			switch {
-			case hasLast && last > i:
+			case ctx.Err() != nil:
+				if out[i].Err != nil {
+					out[i] = sequencer.SendOutcome{Err: fmt.Errorf("%w (%v)", ctx.Err(), out[i].Err)}
+				} else {
+					out[i] = sequencer.SendOutcome{Err: ctx.Err()}
+				}
+			case hasLast && last > i && retry[i] == retryNotStored:
 				if out[i].Err == nil {
 					out[i].Err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner, "not sent again: a later message of its conversation was stored first")
 				}
-			case failed != nil:
+			case failed != nil && retry[i] == retryNotStored:
 				out[i] = sequencer.SendOutcome{Err: failed}
 			default:
 				res, err := n.send(ctx, reqs[i], forwarded)

@@ -250,9 +250,28 @@ func TestInProcessForwardBatches(t *testing.T) {
 		t.Fatalf("one SendBatch forwarded %d items in %d batches, want %d in 1", ct.items.Load(), ct.batches.Load(), len(remote)*40)
 	}
 
+	// A call past the batch limits (here 6 MiB for one conversation) goes
+	// out in pieces, one after the other, in item order.
+	before := ct.batches.Load()
+	big := make([]sequencer.SendRequest, 100)
+	for i := range big {
+		big[i] = sequencer.SendRequest{ConvID: remote[0], FromUID: 7, ClientMsgID: fmt.Sprintf("big-%d", i), MsgType: 1, Body: make([]byte, 60<<10)}
+	}
+	bout := make([]sequencer.SendOutcome, len(big))
+	a.cn.SendBatch(ctx, big, bout)
+	for i, o := range bout {
+		if o.Err != nil || o.Result.Seq != 41+uint64(i) {
+			t.Fatalf("big item %d: %+v", i, o)
+		}
+		ack(big[i], o.Result)
+	}
+	if n := ct.batches.Load() - before; n != 2 {
+		t.Fatalf("6 MiB forwarded in %d batches, want 2 (4 MiB each at most)", n)
+	}
+
 	// Concurrent unary sends through a: what queues while a batch is in
 	// flight goes out together.
-	before := ct.batches.Load()
+	before = ct.batches.Load()
 	ct.maxItems.Store(0)
 	var wg sync.WaitGroup
 	errc := make(chan error, 200)
