@@ -13,16 +13,17 @@ import (
 type Set struct {
 	Registry *prometheus.Registry
 
-	Sends          *prometheus.CounterVec   // sequencer_sends_total{code}
-	DedupHits      prometheus.Counter       // sequencer_dedup_hits_total
-	BatchMessages  prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
-	BatchConvs     prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
-	CommitSeconds  *prometheus.HistogramVec // sequencer_commit_seconds{result}
-	LiveConvs      prometheus.Gauge         // sequencer_conversation_actors
-	Passivations   prometheus.Counter       // sequencer_passivations_total
-	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
-	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
-	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	Sends           *prometheus.CounterVec   // sequencer_sends_total{code}
+	DedupHits       prometheus.Counter       // sequencer_dedup_hits_total
+	BatchMessages   prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
+	BatchConvs      prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
+	CommitSeconds   *prometheus.HistogramVec // sequencer_commit_seconds{result}
+	LiveConvs       prometheus.Gauge         // sequencer_conversation_actors
+	Passivations    prometheus.Counter       // sequencer_passivations_total
+	ClockRollbacks  *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
+	WorkerLease     prometheus.Gauge         // sequencer_worker_lease_held (1/0)
+	Requests        *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -64,8 +65,12 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.HeadRegressions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_head_regressions_total",
+		Help: "Conversations refused because the store's head fell below a seq this node acked (the store lost acknowledged messages).",
+	})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions} {
 		f(c)
 	}
 	return s
