@@ -33,6 +33,8 @@ type ipNode struct {
 	store *postgres.Store
 	lease *idgen.Lease
 	tr    Transport // the transport given in Config (nil: the default)
+	// crashed: halted like a kill -9 (no leave; its member row expires)
+	crashed atomic.Bool
 }
 
 // ipOptions shape one node.
@@ -82,7 +84,11 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 	t.Cleanup(func() {
 		lctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := errors.Join(n.cn.Leave(lctx), n.an.Close(lctx), n.cn.Close(), lease.Close(lctx)); err != nil {
+		leave := n.cn.Leave
+		if n.crashed.Load() {
+			leave = func(context.Context) error { return nil }
+		}
+		if err := errors.Join(leave(lctx), n.an.Close(lctx), n.cn.Close(), lease.Close(lctx)); err != nil {
 			t.Errorf("stop %s: %v", id, err)
 		}
 		store.Close()
@@ -177,13 +183,18 @@ type countingTransport struct {
 	maxItems       atomic.Int64
 	loseReplies    atomic.Int64 // batches whose reply is lost after delivery
 	dropRequests   atomic.Int64 // batches dropped before delivery
+	hang           atomic.Bool  // batches wait for their context and get no answer
 }
 
 func (c *countingTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+	c.batches.Add(1)
+	if c.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if c.dropRequests.Add(-1) >= 0 {
 		return nil, errors.New("test: connection reset before the request was sent")
 	}
-	c.batches.Add(1)
 	n := int64(len(req.Items))
 	c.items.Add(n)
 	for {
@@ -358,6 +369,56 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 	}
 	ct.dropRequests.Store(0)
 	pc.checkStored(acks)
+}
+
+// TestInProcessOwnerCrashesMidForward: the owner of a conversation stops
+// answering (its forward hangs) and then crashes; once it drops out of the
+// membership, the forward is abandoned and the send is retried at the new
+// owner (this node), not answered unavailable.
+func TestInProcessOwnerCrashesMidForward(t *testing.T) {
+	pc := newProcCluster(t)
+	var ct *countingTransport
+	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	conv := convsOwnedBy(t, a, "b", "crash", 1)[0]
+	ct.hang.Store(true)
+	type result struct {
+		res sequencer.SendResult
+		err error
+	}
+	done := make(chan result, 1)
+	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "mid-forward", MsgType: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		res, err := a.cn.Send(ctx, req)
+		done <- result{res, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for ct.batches.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the forward never left")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition: the forward is in flight
+	}
+	ct.batches.Store(0)
+	b.crashed.Store(true)
+	t0 := time.Now()
+	b.cn.halt()
+	t.Logf("halted in %v", time.Since(t0))
+	r := <-done
+	t.Logf("answered %v after the crash", time.Since(t0))
+	if r.err != nil || r.res.Seq != 1 {
+		t.Fatalf("send whose owner crashed mid-forward: %+v %v", r.res, r.err)
+	}
+	if loc, _ := a.cn.Locate(conv); loc.NodeID != "a" {
+		t.Fatalf("after the crash %s is owned by %s", conv, loc.NodeID)
+	}
+	pc.checkStored(map[string]acked{req.ClientMsgID: {conv: conv, msgID: r.res.MsgID, seq: r.res.Seq}})
 }
 
 // TestInProcessForgedForwards plays an attacker on the cluster port of a

@@ -163,6 +163,9 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 				err = o.err
 				retryAfter = backoff
 				noAnswer = true
+				// The handoff wait starts over: the conversation may be
+				// moving now (its owner dropped out).
+				wait.Reset(n.cfg.HandoffWait)
 			}
 		}
 
