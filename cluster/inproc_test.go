@@ -617,6 +617,10 @@ func TestInProcessForwardThroughput(t *testing.T) {
 		return rate
 	}
 	t.Logf("2 nodes in one process, %d closed-loop senders, %d conversations owned by a, %v each", senders, len(convs), window)
+	if os.Getenv("SEQUENCER_FORWARD_BENCH_ONLY") == "unary-forwarded" {
+		measure("unary, forwarded by the other", b, 1)
+		return
+	}
 	du := measure("unary, direct to the owner", a, 1)
 	fu := measure("unary, forwarded by the other", b, 1)
 	db := measure("batches of 50, direct", a, batch)
