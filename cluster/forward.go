@@ -77,13 +77,13 @@ func (n *Node) enqueue(addr string, unit []*fwdItem) {
 	}
 	n.fwdMu.Unlock()
 	if start {
-		go n.drain(pq)
+		go n.drainPeer(pq)
 	}
 }
 
-// drain sends the peer's queued items, one batch at a time, until none are
+// drainPeer sends the peer's queued items, one batch at a time, until none are
 // left.
-func (n *Node) drain(pq *peerQueue) {
+func (n *Node) drainPeer(pq *peerQueue) {
 	for {
 		n.fwdMu.Lock()
 		var batch []*fwdItem

@@ -100,6 +100,8 @@ type Node struct {
 	viewReads *rate.Limiter // membership re-reads asked by forwarded batches
 	wakeMu    sync.Mutex
 	wakes     map[string]*rate.Limiter // wake-ups accepted, by sender
+	drainOnce sync.Once
+	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
 
 	reconcileMu sync.Mutex // serializes reconcile, step-down and leave
 	wakeBeat    chan struct{}
@@ -153,6 +155,7 @@ func New(cfg Config) (*Node, error) {
 		peers:      map[string]*peerQueue{},
 		viewReads:  rate.NewLimiter(rate.Limit(10), 10),
 		wakes:      map[string]*rate.Limiter{},
+		drain:      make(chan struct{}),
 	}
 	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
 	n.parts = make([]partState, n.partitions)
@@ -347,6 +350,12 @@ func (n *Node) beat(ctx context.Context) {
 	case err == nil:
 		n.beatErr = nil
 		n.applyViewLocked(v, sent)
+		if m, ok := v.Member(self.NodeID); ok && m.Leaving && m.Incarnation == self.Incarnation && n.phase == phaseActive {
+			n.drainOnce.Do(func() {
+				n.log.Info("drain requested: the member row was marked leaving by an operator; leaving gracefully")
+				close(n.drain)
+			})
+		}
 		return
 	case errors.Is(err, membership.ErrSuperseded):
 		if !n.superseded {
@@ -716,6 +725,13 @@ func (n *Node) Ready() error {
 	}
 	return nil
 }
+
+// DrainRequested is closed when this node's heartbeat finds its own member
+// row marked leaving by someone else (`sequencer admin drain`,
+// membership.Store.RequestDrain). The node is then out of the ring and hands
+// its partitions off by itself; the owner of the process should stop it as
+// on SIGTERM (Leave, then Close), which is what package server does.
+func (n *Node) DrainRequested() <-chan struct{} { return n.drain }
 
 // Leave leaves the cluster gracefully: the node leaves the ring (others
 // route to the new owners), hands off every partition (in-flight batches

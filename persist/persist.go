@@ -79,6 +79,15 @@ type Store interface {
 	// Trim deletes conv's messages with seq <= throughSeq (retention). The
 	// head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
+	// TrimBefore is one step of a retention pass over every conversation:
+	// for up to limit conversations whose conv_id sorts after `after` (in
+	// the store's own conv_id order; "" starts a pass), it deletes the
+	// longest prefix of stored messages (lowest seqs first) whose server_at
+	// is before `before`. A message at or after `before` and every later seq
+	// are kept, so the stored seqs stay one contiguous range ending at the
+	// head; heads are never touched. It returns the cursor for the next
+	// step ("" when the pass is complete) and the number of rows deleted.
+	TrimBefore(ctx context.Context, before time.Time, after string, limit int) (next string, deleted int, err error)
 
 	// Settle returns once every transaction of an earlier Commit that
 	// returned sequencer.ErrUnknownOutcome is finished on the server
