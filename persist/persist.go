@@ -122,7 +122,11 @@ type WorkerLeases interface {
 	// lowers the stored value). It fails with sequencer.ErrWorkerLeaseLost if
 	// the lease was taken over or expired before now.
 	RenewWorker(ctx context.Context, lease WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (WorkerLease, error)
-	// ReleaseWorker ends the lease (if still held) and records lastMs.
+	// ReleaseWorker ends the lease if still held and sets LastMs to lastMs,
+	// the highest unix-ms the holder actually issued ids for: the unused
+	// part of its reservation is given back, so a successor is not held off
+	// by a future reservation. A release of a lease no longer held (taken
+	// over, expired, released) only raises the stored LastMs.
 	ReleaseWorker(ctx context.Context, lease WorkerLease, lastMs int64) error
 }
 

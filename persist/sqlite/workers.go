@@ -58,11 +58,14 @@ func (s *Store) RenewWorker(ctx context.Context, lease persist.WorkerLease, last
 	return lease, nil
 }
 
-// ReleaseWorker frees lease if it is still held and raises last_ms to lastMs
-// either way (a higher last_ms only makes later holders more careful).
+// ReleaseWorker frees lease if it is still held, setting last_ms to lastMs
+// (the holder's last issued ms: its unused reservation is given back); a
+// stale release only raises last_ms (a higher last_ms only makes later
+// holders more careful).
 func (s *Store) ReleaseWorker(ctx context.Context, lease persist.WorkerLease, lastMs int64) error {
 	_, err := s.w.ExecContext(ctx, `UPDATE worker_lease
-		SET last_ms = MAX(last_ms, ?4),
+		SET last_ms = CASE WHEN holder = ?2 AND token = ?3 AND expires_at IS NOT NULL THEN ?4
+		                   ELSE MAX(last_ms, ?4) END,
 		    expires_at = CASE WHEN holder = ?2 AND token = ?3 THEN NULL ELSE expires_at END
 		WHERE worker_id = ?1`, lease.WorkerID, lease.Holder, int64(lease.Token), lastMs)
 	if err != nil {
