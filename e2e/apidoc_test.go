@@ -1,0 +1,390 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// apiDoc is the user-facing API description whose curl examples
+// TestAPIDocCurlExamples runs.
+const apiDoc = "../docs/API.md"
+
+// The address the examples call, and the one Route answers there; the test
+// substitutes the node's.
+const (
+	docHost      = "localhost:7070"
+	docRouteAddr = "127.0.0.1:7070"
+)
+
+// docExample is one `$ curl ...` command of docs/API.md and the output
+// printed under it.
+type docExample struct {
+	line    int // of the command's first line in the file
+	command string
+	output  []string
+}
+
+var (
+	fenceRe     = regexp.MustCompile("^```")
+	curlWordRe  = regexp.MustCompile(`(^|[\s$])curl\s`)
+	rpcPathRe   = regexp.MustCompile(`/sequencer\.v1\.SequencerService/([A-Za-z]+)`)
+	serveLineRe = regexp.MustCompile(`^\$ sequencer serve (.*?)\s*&$`)
+)
+
+// parseAPIDoc returns the serve command's flags and the curl examples of doc:
+// every ```sh block that holds a curl command calling
+// /sequencer.v1.SequencerService/. In such a block a line starting with "$ "
+// starts a command, which goes on while its line ends with a backslash or a
+// single quote is open; the lines after it up to a blank line, a comment or
+// the next command are its expected output. Any command there that is not
+// curl is an error: the block is documentation the test cannot check.
+func parseAPIDoc(doc string) (serveArgs []string, examples []docExample, err error) {
+	lines := strings.Split(doc, "\n")
+	for i := 0; i < len(lines); i++ {
+		if !fenceRe.MatchString(lines[i]) {
+			continue
+		}
+		lang := strings.TrimSpace(strings.TrimPrefix(lines[i], "```"))
+		start := i + 1
+		end := start
+		for end < len(lines) && !fenceRe.MatchString(lines[end]) {
+			end++
+		}
+		i = end
+		block := lines[start:end]
+		text := strings.Join(block, "\n")
+		if lang != "sh" {
+			continue
+		}
+		for _, l := range block {
+			if m := serveLineRe.FindStringSubmatch(l); m != nil && serveArgs == nil {
+				serveArgs = strings.Fields(m[1])
+			}
+		}
+		if !curlWordRe.MatchString(text) || !rpcPathRe.MatchString(text) {
+			continue
+		}
+		var cur *docExample
+		for j := 0; j < len(block); j++ {
+			l := block[j]
+			switch {
+			case strings.HasPrefix(l, "$ "):
+				cmd := []string{strings.TrimPrefix(l, "$ ")}
+				first := start + j + 1
+				for (strings.HasSuffix(cmd[len(cmd)-1], `\`) || strings.Count(strings.Join(cmd, "\n"), "'")%2 == 1) && j+1 < len(block) {
+					j++
+					cmd = append(cmd, block[j])
+				}
+				c := strings.Join(cmd, "\n")
+				if !strings.HasPrefix(c, "curl ") {
+					return nil, nil, fmt.Errorf("%s:%d: a block with curl examples holds a command the test cannot run: %q", apiDoc, first, c)
+				}
+				examples = append(examples, docExample{line: first, command: c})
+				cur = &examples[len(examples)-1]
+			case strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#"):
+				cur = nil
+			case cur != nil:
+				cur.output = append(cur.output, l)
+			default:
+				return nil, nil, fmt.Errorf("%s:%d: output line without a command above it: %q", apiDoc, start+j+1, l)
+			}
+		}
+	}
+	return serveArgs, examples, nil
+}
+
+// docBindings maps the ids and times the document shows to the ones the
+// running node answered, so later commands (GetMessage of a documented
+// msgId) and later answers (the resend's ids) are checked against the run.
+type docBindings struct {
+	msgID     map[string]string // documented msgId -> actual
+	actualMsg map[string]string // actual msgId -> documented (ids map one to one)
+	serverAt  map[string]string // actual msgId -> actual serverAt
+	docAt     map[string]string // documented msgId -> documented serverAt
+}
+
+// compareJSON checks that got has the same shape and values as want: the
+// same keys at every level and equal values, except that a msgId may be any
+// id (0 < id < 2^63) and a serverAt any RFC 3339 UTC time, as long as each
+// documented msgId stands for one actual msgId everywhere and one message's
+// serverAt never changes.
+func (b *docBindings) compareJSON(path string, want, got any) error {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return fmt.Errorf("%s: documented an object, got %v", path, got)
+		}
+		if wk, gk := keys(w), keys(g); !slices.Equal(wk, gk) {
+			return fmt.Errorf("%s: documented keys %v, got keys %v", path, wk, gk)
+		}
+		for _, k := range keys(w) {
+			if k == "msgId" || k == "serverAt" {
+				continue
+			}
+			if err := b.compareJSON(path+"."+k, w[k], g[k]); err != nil {
+				return err
+			}
+		}
+		if wid, ok := w["msgId"]; ok {
+			if err := b.bindMsgID(path+".msgId", wid, g["msgId"]); err != nil {
+				return err
+			}
+		}
+		if wat, ok := w["serverAt"]; ok {
+			if err := b.bindServerAt(path+".serverAt", w["msgId"], g["msgId"], wat, g["serverAt"]); err != nil {
+				return err
+			}
+		}
+		return nil
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return fmt.Errorf("%s: documented %d elements, got %v", path, len(w), got)
+		}
+		for i := range w {
+			if err := b.compareJSON(fmt.Sprintf("%s[%d]", path, i), w[i], g[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		if !reflect.DeepEqual(want, got) {
+			return fmt.Errorf("%s: documented %#v, got %#v", path, want, got)
+		}
+		return nil
+	}
+}
+
+func (b *docBindings) bindMsgID(path string, want, got any) error {
+	w, ok1 := want.(string)
+	g, ok2 := got.(string)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("%s: msgId must be a decimal string: documented %#v, got %#v", path, want, got)
+	}
+	for _, s := range []string{w, g} {
+		if n, err := strconv.ParseUint(s, 10, 64); err != nil || n == 0 || n >= 1<<63 {
+			return fmt.Errorf("%s: %q is not a msg_id (a decimal string, 0 < id < 2^63)", path, s)
+		}
+	}
+	if prev, ok := b.msgID[w]; ok && prev != g {
+		return fmt.Errorf("%s: the document shows msgId %s again, but the node answered %s where it had answered %s", path, w, g, prev)
+	}
+	if prev, ok := b.actualMsg[g]; ok && prev != w {
+		return fmt.Errorf("%s: the node answered msgId %s for documented ids %s and %s", path, g, prev, w)
+	}
+	b.msgID[w], b.actualMsg[g] = g, w
+	return nil
+}
+
+func (b *docBindings) bindServerAt(path string, wantID, gotID, want, got any) error {
+	w, ok1 := want.(string)
+	g, ok2 := got.(string)
+	if !ok1 || !ok2 {
+		return fmt.Errorf("%s: serverAt must be a string: documented %#v, got %#v", path, want, got)
+	}
+	for _, s := range []string{w, g} {
+		if _, err := time.Parse(time.RFC3339Nano, s); err != nil || !strings.HasSuffix(s, "Z") {
+			return fmt.Errorf("%s: %q is not an RFC 3339 UTC time", path, s)
+		}
+	}
+	if id, ok := wantID.(string); ok {
+		if prev, ok := b.docAt[id]; ok && prev != w {
+			return fmt.Errorf("%s: the document shows msgId %s with serverAt %s and %s", path, id, prev, w)
+		}
+		b.docAt[id] = w
+	}
+	if id, ok := gotID.(string); ok {
+		if prev, ok := b.serverAt[id]; ok && prev != g {
+			return fmt.Errorf("%s: the node answered msgId %s with serverAt %s, earlier %s", path, id, g, prev)
+		}
+		b.serverAt[id] = g
+	}
+	return nil
+}
+
+func keys(m map[string]any) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// TestAPIDocCurlExamples runs every curl example of docs/API.md, in order,
+// against a real `sequencer serve` (the flags of the document's own serve
+// line, the embedded store in a temp dir, a random port) with the real curl,
+// and checks each answer against the output printed under the command: the
+// same JSON keys, values, codes, messages and HTTP status lines; only msgId
+// and serverAt values may differ (consistently). It fails when the document
+// and the code drift apart, and when the examples stop covering every RPC,
+// an error answer, a resend, a Pull with hasMore and max_bytes, or a mixed
+// SendBatch.
+func TestAPIDocCurlExamples(t *testing.T) {
+	raw, err := os.ReadFile(apiDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkAPIDoc(t, string(raw)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAPIDocCheckCatchesDrift feeds checkAPIDoc the document with one
+// answer, status, message or request changed, as drift would, and requires
+// each to fail.
+func TestAPIDocCheckCatchesDrift(t *testing.T) {
+	raw, err := os.ReadFile(apiDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	for _, m := range []struct{ name, old, new string }{
+		{"a seq in a batch answer", `"seq":"3","serverAt"`, `"seq":"4","serverAt"`},
+		{"a renamed answer field", `"hasMore":true}`, `"more":true}`},
+		{"a dropped answer field", `,"duplicate":true}`, `}`},
+		{"an error message", `must hold 1..1000 items`, `must hold 1..100 items`},
+		{"an error code", `{"code":"not_found"`, `{"code":"unavailable"`},
+		{"an HTTP status", "}\nHTTP 409\n", "}\nHTTP 400\n"},
+		{"a renamed request field", `-d '{"convId":"g:42"}'`, `-d '{"conversationId":"g:42"}'`},
+		{"a msgId of another message", `-d '{"msgId":"385807565520371712"}'`, `-d '{"msgId":"385807565491011584"}'`},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			if !strings.Contains(doc, m.old) {
+				t.Fatalf("%s no longer holds %q: update this test's mutations", apiDoc, m.old)
+			}
+			err := checkAPIDoc(t, strings.Replace(doc, m.old, m.new, 1))
+			if err == nil {
+				t.Fatalf("replacing %q by %q went unnoticed", m.old, m.new)
+			}
+			t.Logf("caught: %v", err)
+		})
+	}
+}
+
+// checkAPIDoc starts the document's node and runs its curl examples (see
+// TestAPIDocCurlExamples); it returns the first difference.
+func checkAPIDoc(t *testing.T, doc string) error {
+	t.Helper()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatalf("curl not found: the docs test runs the documented commands with it (apt-get install -y curl; .ci/run installs it)")
+	}
+	serveArgs, examples, err := parseAPIDoc(doc)
+	if err != nil {
+		return err
+	}
+	if serveArgs == nil {
+		return fmt.Errorf("%s: no `$ sequencer serve ... &` line: the examples' node is undocumented", apiDoc)
+	}
+	// The document's flags, with a fresh store and the harness's --listen.
+	var args []string
+	for i := 0; i < len(serveArgs); i++ {
+		switch serveArgs[i] {
+		case "--store", "--listen":
+			i++ // replaced below / by startNode
+		default:
+			args = append(args, serveArgs[i])
+		}
+	}
+	args = append(args, "--store", filepath.Join(t.TempDir(), "data"))
+	n := startNode(t, "node", args...)
+
+	b := &docBindings{msgID: map[string]string{}, actualMsg: map[string]string{}, serverAt: map[string]string{}, docAt: map[string]string{}}
+	methods := map[string]bool{}
+	var sawError, sawMixedBatch, sawHasMore, sawDuplicate bool
+	for _, ex := range examples {
+		name := fmt.Sprintf("%s:%d", apiDoc, ex.line)
+		if len(ex.output) == 0 {
+			return fmt.Errorf("%s: a curl example without the answer it prints", name)
+		}
+		for _, m := range rpcPathRe.FindAllStringSubmatch(ex.command, -1) {
+			methods[m[1]] = true
+		}
+		if !strings.Contains(ex.command, docHost) {
+			return fmt.Errorf("%s: the example does not call %s: %s", name, docHost, ex.command)
+		}
+		cmd := strings.ReplaceAll(ex.command, docHost, n.Addr)
+		// Ids the document showed earlier are the node's ids now.
+		for docID, id := range b.msgID {
+			cmd = strings.ReplaceAll(cmd, docID, id)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c := exec.CommandContext(ctx, "sh", "-c", cmd)
+		var stdout, stderr bytes.Buffer
+		c.Stdout, c.Stderr = &stdout, &stderr
+		err := c.Run()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %v\n%s\nstderr: %s", name, err, cmd, stderr.String())
+		}
+		got := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
+		if len(got) != len(ex.output) {
+			return fmt.Errorf("%s: the document shows %d output lines, curl printed %d:\n%s\ndocumented:\n%s",
+				name, len(ex.output), len(got), stdout.String(), strings.Join(ex.output, "\n"))
+		}
+		for i, want := range ex.output {
+			want = strings.ReplaceAll(want, docRouteAddr, n.Addr)
+			var wj, gj any
+			if json.Unmarshal([]byte(want), &wj) != nil {
+				if strings.TrimSpace(got[i]) != strings.TrimSpace(want) {
+					return fmt.Errorf("%s: documented %q, curl printed %q", name, want, got[i])
+				}
+				continue
+			}
+			if err := json.Unmarshal([]byte(got[i]), &gj); err != nil {
+				return fmt.Errorf("%s: documented JSON, curl printed %q", name, got[i])
+			}
+			if err := b.compareJSON("answer", wj, gj); err != nil {
+				return fmt.Errorf("%s: %v\ndocumented: %s\ncurl printed: %s", name, err, want, got[i])
+			}
+			obj, _ := gj.(map[string]any)
+			if _, ok := obj["code"]; ok {
+				sawError = true
+			}
+			if obj["hasMore"] == true {
+				sawHasMore = true
+			}
+			if obj["duplicate"] == true {
+				sawDuplicate = true
+			}
+			if rs, ok := obj["results"].([]any); ok {
+				var ok, bad bool
+				for _, r := range rs {
+					rm, _ := r.(map[string]any)
+					_, ok1 := rm["ok"]
+					_, bad1 := rm["error"]
+					ok, bad = ok || ok1, bad || bad1
+				}
+				sawMixedBatch = sawMixedBatch || (ok && bad)
+			}
+		}
+		t.Logf("%s: ok", name)
+	}
+	for _, m := range []string{"Send", "SendBatch", "Pull", "GetHead", "GetMessage", "Route"} {
+		if !methods[m] {
+			return fmt.Errorf("%s: no curl example calls %s", apiDoc, m)
+		}
+	}
+	if !sawError || !sawMixedBatch || !sawHasMore || !sawDuplicate {
+		return fmt.Errorf("%s: the examples must show an error answer (%v), a SendBatch with ok and error results (%v), a Pull with hasMore (%v) and a resend with duplicate (%v)",
+			apiDoc, sawError, sawMixedBatch, sawHasMore, sawDuplicate)
+	}
+	if !regexp.MustCompile(`"maxBytes":\d+`).MatchString(doc) {
+		return fmt.Errorf("%s: no Pull example with maxBytes", apiDoc)
+	}
+	return nil
+}
