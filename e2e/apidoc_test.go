@@ -388,3 +388,36 @@ func checkAPIDoc(t *testing.T, doc string) error {
 	}
 	return nil
 }
+
+// TestAPIDocSchemaIsTheMigration checks that the im_message table docs/API.md
+// shows is the one PostgreSQL gets from the first migration (comments and
+// spacing aside).
+func TestAPIDocSchemaIsTheMigration(t *testing.T) {
+	doc, err := os.ReadFile(apiDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig, err := os.ReadFile("../persist/postgres/migrations/0001_init.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)```sql\n(.*?)```").FindSubmatch(doc)
+	if block == nil {
+		t.Fatalf("%s: no ```sql block with the storage schema", apiDoc)
+	}
+	table := regexp.MustCompile(`(?s)CREATE TABLE im_message \(.*?\n\);`)
+	want := table.Find(mig)
+	got := table.Find(block[1])
+	if want == nil || got == nil {
+		t.Fatalf("CREATE TABLE im_message not found (migration: %v, %s: %v)", want != nil, apiDoc, got != nil)
+	}
+	if w, g := normalizeSQL(string(want)), normalizeSQL(string(got)); w != g {
+		t.Fatalf("%s shows another im_message than the migration:\n%s\nmigration:\n%s", apiDoc, g, w)
+	}
+}
+
+// normalizeSQL drops -- comments and collapses white space.
+func normalizeSQL(s string) string {
+	s = regexp.MustCompile(`--[^\n]*`).ReplaceAllString(s, "")
+	return strings.Join(strings.Fields(s), " ")
+}
