@@ -153,3 +153,18 @@ func TestCORSOriginsFlag(t *testing.T) {
 		t.Fatalf("cors origins %q", cfg.CORSOrigins)
 	}
 }
+
+// A cluster port reachable from other machines needs mutual TLS, or an
+// explicit --cluster-insecure.
+func TestClusterPortNeedsTLS(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "0.0.0.0:7946"}, &out, &errb, env(nil)); code != 2 ||
+		!strings.Contains(errb.String(), "--cluster-insecure") || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+		t.Fatalf("non-loopback cluster listen without TLS: exit %d %q, want 2 (a usage error) and one line naming the flags", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "127.0.0.1:0", "--cluster-tls-cert", "c.pem"}, &out, &errb, env(nil)); code != 2 ||
+		!strings.Contains(errb.String(), "go together") {
+		t.Fatalf("cluster TLS cert without key and CA: exit %d %q", code, errb.String())
+	}
+}
