@@ -42,6 +42,7 @@ var (
 	curlWordRe  = regexp.MustCompile(`(^|[\s$])curl\s`)
 	rpcPathRe   = regexp.MustCompile(`/sequencer\.v1\.SequencerService/([A-Za-z]+)`)
 	serveLineRe = regexp.MustCompile(`^\$ sequencer serve (.*?)\s*&$`)
+	makeRunRe   = regexp.MustCompile(`^\$ make run &$`) // sequencer serve with the defaults
 )
 
 // parseAPIDoc returns the serve command's flags and the curl examples of doc:
@@ -51,7 +52,9 @@ var (
 // single quote is open; the lines after it up to a blank line, a comment or
 // the next command are its expected output. Any command there that is not
 // curl is an error: the block is documentation the test cannot check.
-func parseAPIDoc(doc string) (serveArgs []string, examples []docExample, err error) {
+//
+// name is the file's name for messages; line numbers count from lineOffset+1.
+func parseAPIDoc(name, doc string, lineOffset int) (serveArgs []string, examples []docExample, err error) {
 	lines := strings.Split(doc, "\n")
 	for i := 0; i < len(lines); i++ {
 		if !fenceRe.MatchString(lines[i]) {
@@ -73,6 +76,9 @@ func parseAPIDoc(doc string) (serveArgs []string, examples []docExample, err err
 			if m := serveLineRe.FindStringSubmatch(l); m != nil && serveArgs == nil {
 				serveArgs = strings.Fields(m[1])
 			}
+			if makeRunRe.MatchString(l) && serveArgs == nil {
+				serveArgs = []string{}
+			}
 		}
 		if !curlWordRe.MatchString(text) || !rpcPathRe.MatchString(text) {
 			continue
@@ -81,16 +87,18 @@ func parseAPIDoc(doc string) (serveArgs []string, examples []docExample, err err
 		for j := 0; j < len(block); j++ {
 			l := block[j]
 			switch {
+			case serveLineRe.MatchString(l) || makeRunRe.MatchString(l):
+				cur = nil // the node the examples run against
 			case strings.HasPrefix(l, "$ "):
 				cmd := []string{strings.TrimPrefix(l, "$ ")}
-				first := start + j + 1
+				first := lineOffset + start + j + 1
 				for (strings.HasSuffix(cmd[len(cmd)-1], `\`) || strings.Count(strings.Join(cmd, "\n"), "'")%2 == 1) && j+1 < len(block) {
 					j++
 					cmd = append(cmd, block[j])
 				}
 				c := strings.Join(cmd, "\n")
 				if !strings.HasPrefix(c, "curl ") {
-					return nil, nil, fmt.Errorf("%s:%d: a block with curl examples holds a command the test cannot run: %q", apiDoc, first, c)
+					return nil, nil, fmt.Errorf("%s:%d: a block with curl examples holds a command the test cannot run: %q", name, first, c)
 				}
 				examples = append(examples, docExample{line: first, command: c})
 				cur = &examples[len(examples)-1]
@@ -99,7 +107,7 @@ func parseAPIDoc(doc string) (serveArgs []string, examples []docExample, err err
 			case cur != nil:
 				cur.output = append(cur.output, l)
 			default:
-				return nil, nil, fmt.Errorf("%s:%d: output line without a command above it: %q", apiDoc, start+j+1, l)
+				return nil, nil, fmt.Errorf("%s:%d: output line without a command above it: %q", name, lineOffset+start+j+1, l)
 			}
 		}
 	}
@@ -276,19 +284,76 @@ func TestAPIDocCheckCatchesDrift(t *testing.T) {
 	}
 }
 
+// TestREADMEExampleSession runs the curl examples of the README's "Example
+// session" (a node as `make run` starts it) like TestAPIDocCurlExamples.
+func TestREADMEExampleSession(t *testing.T) {
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "\n## Example session\n")
+	if start < 0 {
+		t.Fatal("README.md has no \"## Example session\" section")
+	}
+	start++
+	end := strings.Index(doc[start+1:], "\n## ")
+	if end < 0 {
+		end = len(doc) - start - 1
+	}
+	section := doc[start : start+1+end]
+	if !strings.Contains(section, "docs/API.md") {
+		t.Errorf("README.md's example session does not point to docs/API.md")
+	}
+	err = checkDoc(t, docCheck{
+		name: "../README.md", text: section, lineOffset: strings.Count(doc[:start], "\n"),
+		serveArgs:   []string{}, // make run: sequencer serve with the defaults
+		minExamples: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // checkAPIDoc starts the document's node and runs its curl examples (see
 // TestAPIDocCurlExamples); it returns the first difference.
 func checkAPIDoc(t *testing.T, doc string) error {
 	t.Helper()
+	return checkDoc(t, docCheck{name: apiDoc, text: doc, coverage: true, minExamples: 10})
+}
+
+// docCheck is a document (or a part of one) whose curl examples run.
+type docCheck struct {
+	name       string
+	text       string
+	lineOffset int // lines of the file before text
+	// serveArgs are the node's flags when text has no `$ sequencer serve`
+	// line; nil requires one.
+	serveArgs []string
+	// coverage requires examples of every RPC, an error, a resend, a mixed
+	// batch, hasMore and maxBytes.
+	coverage    bool
+	minExamples int
+}
+
+func checkDoc(t *testing.T, d docCheck) error {
+	t.Helper()
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatalf("curl not found: the docs test runs the documented commands with it (apt-get install -y curl; .ci/run installs it)")
 	}
-	serveArgs, examples, err := parseAPIDoc(doc)
+	apiDoc, doc := d.name, d.text
+	serveArgs, examples, err := parseAPIDoc(d.name, d.text, d.lineOffset)
 	if err != nil {
 		return err
 	}
 	if serveArgs == nil {
+		serveArgs = d.serveArgs
+	}
+	if serveArgs == nil {
 		return fmt.Errorf("%s: no `$ sequencer serve ... &` line: the examples' node is undocumented", apiDoc)
+	}
+	if len(examples) < d.minExamples {
+		return fmt.Errorf("%s: %d curl examples found, want at least %d (is the block still ```sh with `$ curl` lines?)", apiDoc, len(examples), d.minExamples)
 	}
 	// The document's flags, with a fresh store and the harness's --listen.
 	var args []string
@@ -373,6 +438,9 @@ func checkAPIDoc(t *testing.T, doc string) error {
 			}
 		}
 		t.Logf("%s: ok", name)
+	}
+	if !d.coverage {
+		return nil
 	}
 	for _, m := range []string{"Send", "SendBatch", "Pull", "GetHead", "GetMessage", "Route"} {
 		if !methods[m] {
