@@ -16,6 +16,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
 // apiDoc is the user-facing API description whose curl examples
@@ -488,4 +492,98 @@ func TestAPIDocSchemaIsTheMigration(t *testing.T) {
 func normalizeSQL(s string) string {
 	s = regexp.MustCompile(`--[^\n]*`).ReplaceAllString(s, "")
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// TestAPIDocProtoMatchesTheProto checks the ```proto blocks of docs/API.md
+// against the compiled proto/sequencer/v1/sequencer.proto: every message of
+// the package is shown with exactly its fields (cardinality, type, name,
+// number) and the service block lists exactly its RPCs with their types.
+func TestAPIDocProtoMatchesTheProto(t *testing.T) {
+	raw, err := os.ReadFile(apiDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var proto strings.Builder
+	for _, m := range regexp.MustCompile("(?s)```proto\\n(.*?)```").FindAllStringSubmatch(string(raw), -1) {
+		proto.WriteString(m[1])
+	}
+	doc := proto.String()
+
+	fieldRe := regexp.MustCompile(`(?:(repeated)\s+)?([\w.]+)\s+(\w+)\s*=\s*(\d+)\s*;`)
+	docMsgs := map[string][]string{}
+	msgRe := regexp.MustCompile(`message\s+(\w+)\s*\{`)
+	for _, loc := range msgRe.FindAllStringSubmatchIndex(doc, -1) {
+		name := doc[loc[2]:loc[3]]
+		depth, end := 1, loc[1]
+		for ; end < len(doc) && depth > 0; end++ {
+			switch doc[end] {
+			case '{':
+				depth++
+			case '}':
+				depth--
+			}
+		}
+		var fields []string
+		for _, f := range fieldRe.FindAllStringSubmatch(doc[loc[1]:end], -1) {
+			fields = append(fields, strings.TrimSpace(f[1]+" "+f[2]+" "+f[3]+" = "+f[4]))
+		}
+		sort.Strings(fields)
+		if _, dup := docMsgs[name]; dup {
+			t.Errorf("%s: message %s is shown twice", apiDoc, name)
+		}
+		docMsgs[name] = fields
+	}
+	var docRPCs []string
+	for _, m := range regexp.MustCompile(`rpc\s+(\w+)\s*\(\s*(\w+)\s*\)\s*returns\s*\(\s*(\w+)\s*\)`).FindAllStringSubmatch(doc, -1) {
+		docRPCs = append(docRPCs, m[1]+"("+m[2]+") "+m[3])
+	}
+	sort.Strings(docRPCs)
+
+	fd := sequencerv1.File_sequencer_v1_sequencer_proto
+	typeName := func(f protoreflect.FieldDescriptor) string {
+		if f.Kind() == protoreflect.MessageKind {
+			if f.Message().ParentFile().Path() == fd.Path() {
+				return string(f.Message().Name())
+			}
+			return string(f.Message().FullName())
+		}
+		return f.Kind().String()
+	}
+	msgs := fd.Messages()
+	for i := 0; i < msgs.Len(); i++ {
+		md := msgs.Get(i)
+		var want []string
+		fs := md.Fields()
+		for j := 0; j < fs.Len(); j++ {
+			f := fs.Get(j)
+			card := ""
+			if f.Cardinality() == protoreflect.Repeated {
+				card = "repeated "
+			}
+			want = append(want, fmt.Sprintf("%s%s %s = %d", card, typeName(f), f.Name(), f.Number()))
+		}
+		sort.Strings(want)
+		got, ok := docMsgs[string(md.Name())]
+		if !ok {
+			t.Errorf("%s does not show message %s", apiDoc, md.Name())
+			continue
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: message %s shows fields %q, the proto has %q", apiDoc, md.Name(), got, want)
+		}
+		delete(docMsgs, string(md.Name()))
+	}
+	for name := range docMsgs {
+		t.Errorf("%s shows message %s, which the proto does not have", apiDoc, name)
+	}
+	var want []string
+	methods := fd.Services().ByName("SequencerService").Methods()
+	for i := 0; i < methods.Len(); i++ {
+		m := methods.Get(i)
+		want = append(want, fmt.Sprintf("%s(%s) %s", m.Name(), m.Input().Name(), m.Output().Name()))
+	}
+	sort.Strings(want)
+	if !slices.Equal(docRPCs, want) {
+		t.Errorf("%s: the service shows %q, the proto has %q", apiDoc, docRPCs, want)
+	}
 }
