@@ -40,7 +40,7 @@ func TestEveryServeFlagReadsItsEnvironmentVariable(t *testing.T) {
 	if cfg.NodeID != "from-flag" {
 		t.Fatalf("node id %q, want the command line's", cfg.NodeID)
 	}
-	// Every flag has the SEQUENCER_<FLAG> name of CONTRACT.md section 3.
+	// Every flag has the SEQUENCER_<FLAG> name of docs/API.md ("Command line").
 	fs.VisitAll(func(f *flag.Flag) {
 		want := "SEQUENCER_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if envName(f.Name) != want {
@@ -81,7 +81,7 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 	}
 }
 
-// CONTRACT.md §5: a usage error (unknown flag, stray positional argument,
+// docs/API.md, "Command line": a usage error (unknown flag, stray positional argument,
 // bad value, a --store outside the allow-list) exits 2 with ONE line, not
 // the usage; nothing is started.
 func TestUsageErrorsExit2WithOneLine(t *testing.T) {
