@@ -78,7 +78,6 @@ const (
 	sqlUnfenced     = "SQ003"
 )
 
-
 // insertSQL writes all rows of a commit in one statement.
 const insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
 SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::int2[], $6::bytea[], $7::text[], $8::timestamptz[])`
