@@ -84,7 +84,7 @@ func TestSendBatchJSON(t *testing.T) {
 		item("g:1", "7", "k2", "aGk="),
 		item("g:1", "7", "k1", "aGk="), // k1 again in the same batch: a resend
 		item("g:2", "7", "k3", "aGk="),
-		item("g:9", "7", "k0", "aGk="),  // k0 in another conversation
+		item("g:9", "7", "k0", "aGk="), // k0 in another conversation
 		item("g:1", "7", "k4", "b3RoZXI="),
 		item("g:1", "7", "k4", "Y2hhbmdlZA=="), // k4 again with another body
 		item("g:1", "7", "k5", "aGk="),
