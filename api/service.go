@@ -1,8 +1,9 @@
 // Package api is the sequencer's RPC edge: it owns request validation
-// (CONTRACT.md section 2), the mapping of domain error codes to Connect
+// (docs/API.md, "Validation"), the mapping of domain error codes to Connect
 // statuses (status.go, the only such place), the Connect handler of
-// sequencer.v1.SequencerService, and the single HTTP port that also serves
-// /healthz, /readyz and /metrics.
+// sequencer.v1.SequencerService, the guards in front of it (bearer tokens,
+// request size, CORS: http.go, auth.go) and the admin endpoints /healthz,
+// /readyz and /metrics (on the API port or their own).
 //
 // It must never assign seqs or msg_ids, decide ownership, or talk to a store
 // or the actor system directly: it validates, calls the small interfaces
@@ -150,8 +151,8 @@ const compressMinBytes = 1024
 // ReadMaxBytes is the largest request message the handler reads by default:
 // room for a maximal Send body or a maximal SendBatch in base64 JSON (4/3)
 // with a wide margin, so an oversized body or batch is answered
-// invalid_argument by validation. Only requests beyond this are refused by
-// Connect itself before anything is decoded.
+// invalid_argument by validation. Requests beyond this are refused, also
+// invalid_argument, by NewAPIMux's size guard before anything is decoded.
 func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 64<<10 }
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
@@ -283,12 +284,9 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 	// after_seq at or past the head has nothing to read (this also keeps
 	// after_seq >= 2^63 away from BIGINT stores).
 	if q.AfterSeq < head {
-		rows, err := s.reader.ReadRange(ctx, q.ConvID, q.AfterSeq, q.Limit)
+		rows, full, err := s.readPage(ctx, q)
 		if err != nil {
 			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q after seq %d: %w", q.ConvID, q.AfterSeq, err), "conv_id", q.ConvID)
-		}
-		if len(rows) > q.Limit {
-			rows = rows[:q.Limit]
 		}
 		resp.Messages = make([]*sequencerv1.Message, len(rows))
 		for i := range rows {
@@ -299,11 +297,52 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 			if last > resp.HeadSeq {
 				resp.HeadSeq = last
 			}
-			resp.HasMore = n == q.Limit && last < resp.HeadSeq
+			resp.HasMore = full && last < resp.HeadSeq
 		}
 	}
 	s.ok(methodPull)
 	return connect.NewResponse(resp), nil
+}
+
+// pullChunk is the most rows Pull reads from the store at once: its memory
+// stays near max_bytes plus one chunk even when the rows are large.
+const pullChunk = 128
+
+// readPage reads the rows of one Pull page: at most q.Limit rows and, after
+// the first, no row that would take the page past q.MaxBytes (messageSize).
+// full reports that the page stopped at a limit (rows or bytes) rather than
+// at the end of the stored rows.
+func (s *Service) readPage(ctx context.Context, q PullQuery) (rows []sequencer.Message, full bool, err error) {
+	after, size := q.AfterSeq, 0
+	for len(rows) < q.Limit {
+		want := min(q.Limit-len(rows), pullChunk)
+		chunk, err := s.reader.ReadRange(ctx, q.ConvID, after, want)
+		if err != nil {
+			return nil, false, err
+		}
+		for i := range chunk {
+			if len(rows) == q.Limit {
+				return rows, true, nil
+			}
+			n := messageSize(&chunk[i])
+			if len(rows) > 0 && size+n > q.MaxBytes {
+				return rows, true, nil
+			}
+			rows = append(rows, chunk[i])
+			size += n
+		}
+		if len(chunk) < want {
+			return rows, false, nil // the end of the stored rows
+		}
+		after = chunk[len(chunk)-1].Seq
+	}
+	return rows, true, nil
+}
+
+// messageSize is what a message counts against Pull's max_bytes: its
+// variable fields plus a fixed 64 bytes for the numbers and framing.
+func messageSize(m *sequencer.Message) int {
+	return len(m.Body) + len(m.ConvID) + len(m.ClientMsgID) + 64
 }
 
 // GetHead answers the highest committed seq of a conversation (0 if none).
@@ -407,6 +446,18 @@ func (s *Service) logFailure(ctx context.Context, method string, err error, attr
 }
 
 func (s *Service) ok(method string) { s.count(method, "ok") }
+
+// refuse counts an RPC refused by a guard in front of the handler (token,
+// size) under its method and code.
+func (s *Service) refuse(r *http.Request, code connect.Code) {
+	method := procedureMethod(r.URL.Path)
+	switch method {
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute:
+	default:
+		method = "unknown" // the label set stays bounded whatever the path
+	}
+	s.count(method, code.String())
+}
 
 func (s *Service) count(method, code string) {
 	if s.metrics != nil {

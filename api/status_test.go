@@ -54,7 +54,11 @@ func TestToConnectError(t *testing.T) {
 	}{
 		{"validation", bg, sequencer.Errorf(sequencer.CodeInvalidArgument, "conv_id: must be 1..64 bytes, got 65"), connect.CodeInvalidArgument, "conv_id: must be 1..64 bytes, got 65"},
 		{"not found wrapped", bg, fmt.Errorf("get 7: %w", sequencer.ErrNotFound), connect.CodeNotFound, "get 7: not found"},
-		{"already exists", bg, fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), connect.CodeAlreadyExists, "send: client_msg_id already used in another conversation"},
+		{"already exists", bg, fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), connect.CodeAlreadyExists, "send: client_msg_id was already used for different content (another conversation, msg_type or body)"},
+		{"invalid argument hides its cause", bg, sequencer.Wrap(sequencer.CodeInvalidArgument, secret, "conv_id: rejected by the store"), connect.CodeInvalidArgument, "conv_id: rejected by the store"},
+		{"invalid argument keeps the request's context", bg, fmt.Errorf("conv %q: %w", "g:1", sequencer.Wrap(sequencer.CodeInvalidArgument, secret, "conv_id: rejected")), connect.CodeInvalidArgument, `conv "g:1": conv_id: rejected`},
+		{"a store refusal hides the store's text", bg, fmt.Errorf("postgres: commit: %w (%w)", persist.ErrRejected, errors.New(`ERROR: duplicate key (client_msg_id)=(other-user) (SQLSTATE 23505)`)), connect.CodeInvalidArgument, "postgres: commit: the store refused this message"},
+		{"already exists hides its cause", bg, fmt.Errorf("send: %w", sequencer.Wrap(sequencer.CodeAlreadyExists, errors.New("key used in conversation g:secret"), "client_msg_id already used")), connect.CodeAlreadyExists, "send: client_msg_id already used"},
 		{"store unavailable hides cause", bg, sequencer.Wrap(sequencer.CodeUnavailable, secret, "store unavailable"), connect.CodeUnavailable, "store unavailable"},
 		{"store sentinel wrapped", bg, fmt.Errorf("commit g:1 (%v): %w", secret, sequencer.ErrStoreUnavailable), connect.CodeUnavailable, "store unavailable"},
 		{"unknown outcome", bg, sequencer.ErrUnknownOutcome, connect.CodeUnavailable, "commit outcome unknown"},

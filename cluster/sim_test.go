@@ -141,6 +141,14 @@ func (l *simLocal) Send(ctx context.Context, req sequencer.SendRequest) (sequenc
 	return sequencer.SendResult{MsgID: m.MsgID, Seq: m.Seq, Duplicate: m.ClientMsgID == req.ClientMsgID && m.Seq <= head}, nil
 }
 
+// SendBatch sends the items one by one, in order.
+func (l *simLocal) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+	for i := range reqs {
+		res, err := l.Send(ctx, reqs[i])
+		out[i] = sequencer.SendOutcome{Result: res, Err: err}
+	}
+}
+
 // prepare takes a fence and a head now for a commit sent later (flush).
 func (l *simLocal) prepare(req sequencer.SendRequest) error {
 	f, err := l.node.Fence(req.ConvID)
@@ -462,8 +470,15 @@ func (s *sim) send(via string, conv string) error {
 	s.t.Helper()
 	s.seq++
 	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: fmt.Sprintf("m%d", s.seq), MsgType: 1}
-	res, err := s.nodes[via].node.Send(context.Background(), req)
+	// A forward to a frozen node gets no answer: it is retried until the
+	// context ends, which is not an answer either.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	res, err := s.nodes[via].node.Send(ctx, req)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
 		if errors.Is(err, errSimHeadMismatch) {
 			s.t.Fatalf("send via %s to %s hit a stale cached head: %v", via, conv, err)
 		}
@@ -962,4 +977,68 @@ func simSeeds() uint64 {
 		return v
 	}
 	return 12
+}
+
+// TestSimOperatorDrain: an operator marks b leaving in the table
+// (RequestDrain, `sequencer admin drain b`). b's next heartbeat sees it and
+// signals DrainRequested (only b's); b's partitions move while b leaves
+// like on SIGTERM; nothing acked is lost.
+func TestSimOperatorDrain(t *testing.T) {
+	s := newSim(t)
+	for _, id := range []string{"a", "b", "c"} {
+		s.start(id)
+	}
+	s.settle(6)
+	for p := range simPartitions {
+		if err := s.send("a", simConvs[p]); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	b := s.nodes["b"]
+	if b.node.countHeld() == 0 {
+		t.Fatal("b holds nothing before the drain")
+	}
+	if _, err := s.mem.RequestDrain(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.node.DrainRequested():
+		t.Fatal("drain signalled before b read the table")
+	default:
+	}
+	s.round()
+	select {
+	case <-b.node.DrainRequested():
+	default:
+		t.Fatalf("b did not notice the drain request:\n%s", s.dump())
+	}
+	for _, id := range []string{"a", "c"} {
+		select {
+		case <-s.nodes[id].node.DrainRequested():
+			t.Fatalf("%s signalled a drain meant for b", id)
+		default:
+		}
+	}
+	if err := b.node.Leave(context.Background()); err != nil {
+		t.Fatalf("leave after the drain request: %v", err)
+	}
+	b.dead = true
+	s.check()
+	s.settle(4)
+	if got := b.node.countHeld(); got != 0 {
+		t.Fatalf("b holds %d partitions after the drain", got)
+	}
+	v, _ := s.mem.View(context.Background())
+	if _, ok := v.Member("b"); ok {
+		t.Fatal("b's member row is still there after the drain")
+	}
+	for p := range simPartitions {
+		if err := s.send("c", simConvs[p]); err != nil {
+			t.Fatalf("send to partition %d after b was drained: %v", p, err)
+		}
+		if h := s.db.head(simConvs[p]); h != 2 {
+			t.Fatalf("partition %d head %d, want 2", p, h)
+		}
+	}
+	s.checkAcked()
 }

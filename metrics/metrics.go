@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"github.com/sequencer-im/sequencer/buildinfo"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -13,16 +15,36 @@ import (
 type Set struct {
 	Registry *prometheus.Registry
 
-	Sends          *prometheus.CounterVec   // sequencer_sends_total{code}
-	DedupHits      prometheus.Counter       // sequencer_dedup_hits_total
-	BatchMessages  prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
-	BatchConvs     prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
-	CommitSeconds  *prometheus.HistogramVec // sequencer_commit_seconds{result}
-	LiveConvs      prometheus.Gauge         // sequencer_conversation_actors
-	Passivations   prometheus.Counter       // sequencer_passivations_total
-	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
-	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
-	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	Sends           *prometheus.CounterVec   // sequencer_sends_total{code}
+	DedupHits       prometheus.Counter       // sequencer_dedup_hits_total
+	BatchMessages   prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
+	BatchConvs      prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
+	CommitSeconds   *prometheus.HistogramVec // sequencer_commit_seconds{result}
+	LiveConvs       prometheus.Gauge         // sequencer_conversation_actors
+	Passivations    prometheus.Counter       // sequencer_passivations_total
+	ClockRollbacks  *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
+	WorkerLease     prometheus.Gauge         // sequencer_worker_lease_held (1/0)
+	Requests        *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
+	Trimmed         prometheus.Counter       // sequencer_trimmed_messages_total
+	BuildInfo       *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
+}
+
+// SetReadiness registers sequencer_ready, 1 while ready returns nil (what
+// /readyz answers), else 0; it is evaluated on every scrape. Alerts on
+// readiness flapping use it. Call it once, when ready can be called.
+func (s *Set) SetReadiness(ready func() error) {
+	if s == nil {
+		return
+	}
+	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sequencer_ready", Help: "1 while the node accepts sends (/readyz answers 200), else 0; evaluated per scrape.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -64,8 +86,20 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.HeadRegressions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_head_regressions_total",
+		Help: "Conversations refused because the store's head fell below a seq this node acked (the store lost acknowledged messages).",
+	})
+	s.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sequencer_build_info", Help: "Always 1; the labels say which build runs (sequencer version).",
+	}, []string{"version", "commit", "goversion"})
+	bi := buildinfo.Get()
+	s.BuildInfo.WithLabelValues(bi.Version, bi.Commit, bi.GoVersion).Set(1)
+	s.Trimmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
+	})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed, s.BuildInfo} {
 		f(c)
 	}
 	return s

@@ -57,8 +57,9 @@ func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages
 //   - an error wrapping sequencer.ErrHeadMismatch (*HeadMismatchError) or
 //     sequencer.ErrStaleEpoch (*StaleFenceError): nothing was written;
 //   - an error wrapping sequencer.ErrUnknownOutcome: the commit may or may
-//     not have landed (connection lost during COMMIT, timeout); the caller must
-//     re-read the truth before assigning another seq;
+//     not have landed (connection lost during COMMIT, timeout), and may even
+//     land later; the caller must call Settle, then re-read the truth, before
+//     it answers the senders or assigns another seq;
 //   - an error wrapping sequencer.ErrStoreUnavailable: nothing was written
 //     (failed before the commit was sent).
 type Store interface {
@@ -78,6 +79,24 @@ type Store interface {
 	// Trim deletes conv's messages with seq <= throughSeq (retention). The
 	// head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
+	// TrimBefore is one step of a retention pass over every conversation:
+	// for up to limit conversations whose conv_id sorts after `after` (in
+	// the store's own conv_id order; "" starts a pass), it deletes the
+	// longest prefix of stored messages (lowest seqs first) whose server_at
+	// is before `before`. A message at or after `before` and every later seq
+	// are kept, so the stored seqs stay one contiguous range ending at the
+	// head; heads are never touched. It returns the cursor for the next
+	// step ("" when the pass is complete) and the number of rows deleted.
+	TrimBefore(ctx context.Context, before time.Time, after string, limit int) (next string, deleted int, err error)
+
+	// Settle returns once every transaction of an earlier Commit that
+	// returned sequencer.ErrUnknownOutcome is finished on the server
+	// (committed or rolled back), so that reads made after it see the final
+	// outcome: a transaction that outlived its connection (a stalled backend
+	// that ignored the cancel) cannot commit after Settle returned. It fails
+	// (retryably) when it cannot tell yet. Stores whose commits cannot
+	// outlive the Commit call (SQLite, in-memory) return nil at once.
+	Settle(ctx context.Context) error
 
 	WorkerLeases
 
@@ -103,7 +122,11 @@ type WorkerLeases interface {
 	// lowers the stored value). It fails with sequencer.ErrWorkerLeaseLost if
 	// the lease was taken over or expired before now.
 	RenewWorker(ctx context.Context, lease WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (WorkerLease, error)
-	// ReleaseWorker ends the lease (if still held) and records lastMs.
+	// ReleaseWorker ends the lease if still held and sets LastMs to lastMs,
+	// the highest unix-ms the holder actually issued ids for: the unused
+	// part of its reservation is given back, so a successor is not held off
+	// by a future reservation. A release of a lease no longer held (taken
+	// over, expired, released) only raises the stored LastMs.
 	ReleaseWorker(ctx context.Context, lease WorkerLease, lastMs int64) error
 }
 
@@ -114,6 +137,15 @@ type WorkerLease struct {
 	Token    uint64    // bumped on every acquire; renew/release must match it
 	Expires  time.Time // lease end
 	LastMs   int64     // see AcquireWorker / RenewWorker
+	// StoreMs is the store's own clock (unix ms) when it answered, 0 when
+	// the store has no clock apart from this machine's (the embedded store).
+	// The lease checks that its clock is not behind it.
+	StoreMs int64
+	// HighWaterMs (AcquireWorker only) is the highest LastMs recorded for
+	// any worker id under this holder (on the embedded store, which one
+	// process uses at a time: under any holder). A clock well below it moved
+	// back since an earlier run, even when the lease is for another id.
+	HighWaterMs int64
 }
 
 // ConflictKey names the unique key a conflicting row hit.
@@ -187,6 +219,55 @@ func (e *StaleFenceError) Error() string {
 	return fmt.Sprintf("%v: %v", sequencer.ErrStaleEpoch, e.Fences)
 }
 func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
+
+// ErrUnfenced refuses an unfenced commit (a node running without a cluster)
+// in a store whose partitions a cluster holds: such a node would write
+// conversations that cluster nodes own, outside their fences. Nothing was
+// written. It wraps sequencer.ErrStaleEpoch (retryable, not landed).
+var ErrUnfenced = fmt.Errorf("%w: this database is used by a cluster (partition leases are held); a node without --cluster-listen may not write to it", sequencer.ErrStaleEpoch)
+
+// ErrRejected is a store's refusal of the data of a commit (a value the
+// schema cannot hold: a data or integrity error other than the unique keys
+// ConflictError names). Nothing was written. It names no conversation, so
+// the group-commit writer splits the transaction to find the bad rows, and
+// only their senders get it (invalid_argument: sending it again cannot
+// help).
+var ErrRejected = &sequencer.Error{Code: sequencer.CodeInvalidArgument, Msg: "the store refused this message"}
+
+// Outcome is what a Commit's error means for the rows it carried.
+type Outcome int
+
+const (
+	Landed    Outcome = iota // nil error: every row is durably stored
+	NotLanded                // nothing was written (and nothing will be)
+	Unknown                  // the rows may have landed, or may land later: Settle, then re-read
+)
+
+func (o Outcome) String() string {
+	return [...]string{"landed", "not landed", "unknown"}[o]
+}
+
+// OutcomeOf is the ONE place that says what a Commit's error means (see
+// Store.Commit): refusals (conflict, head mismatch, stale fence, rejected
+// data) and failures before COMMIT was sent (ErrStoreUnavailable) did not
+// land; ErrUnknownOutcome and any error the contract does not name may
+// have.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return Landed
+	case errors.Is(err, sequencer.ErrUnknownOutcome):
+		return Unknown
+	}
+	if _, ok := AsConflict(err); ok {
+		return NotLanded
+	}
+	if errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
+		errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, ErrRejected) {
+		return NotLanded
+	}
+	return Unknown
+}
 
 // AsConflict returns the *ConflictError in err's chain, if any.
 func AsConflict(err error) (*ConflictError, bool) {

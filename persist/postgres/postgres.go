@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,6 +102,11 @@ const copyMinRows = 1000
 type Store struct {
 	pool *pgxpool.Pool
 	mode insertMode
+
+	settleMu  sync.Mutex
+	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
+
+	beforeCommit func(pid uint32) // tests: called with the backend pid before each commit is sent
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -122,6 +128,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if cfg.ConnConfig.ConnectTimeout <= 0 { // not set by the DSN
 		cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	}
+	cfg.AfterConnect = afterConnect
 	if _, set := cfg.ConnConfig.RuntimeParams[idleInTxParam]; !set {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
@@ -173,10 +180,17 @@ func forFailover(cfg *pgxpool.Config) {
 		noCancelRequests(&cc.Config)
 		return nil
 	}
+	next := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		pref.connected(c.PgConn().Conn())
 		established(c.PgConn().Conn())
-		return c.PgConn().Conn().SetDeadline(time.Time{})
+		if err := c.PgConn().Conn().SetDeadline(time.Time{}); err != nil {
+			return err
+		}
+		if next != nil {
+			return next(ctx, c)
+		}
+		return nil
 	}
 	// A server that refuses writes (a primary demoted or fenced read-only,
 	// or a standby reached without target_session_attrs=read-write)
@@ -276,13 +290,13 @@ func unknownOutcome(op string, err error) error {
 }
 
 // classify maps an error of a statement that changed nothing: server-side
-// data errors (class 22, 23) are bugs in the caller and not retryable; every
-// other error (connection, timeout, cancel, deadlock, shutdown) is
-// ErrStoreUnavailable.
+// data errors (class 22, 23) are persist.ErrRejected (the data cannot be
+// stored; not retryable); every other error (connection, timeout, cancel,
+// deadlock, shutdown) is ErrStoreUnavailable.
 func classify(op string, err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && len(pg.Code) == 5 && (pg.Code[:2] == "22" || pg.Code[:2] == "23") {
-		return fmt.Errorf("postgres: %s: %w", op, err)
+		return fmt.Errorf("postgres: %s: %w (%w)", op, persist.ErrRejected, err)
 	}
 	return unavailable(op, err)
 }

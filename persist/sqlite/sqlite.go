@@ -38,6 +38,14 @@ type Options struct {
 	BusyTimeout time.Duration
 	// ReadConns is the size of the read pool. Default 4.
 	ReadConns int
+	// LockHolder names this process in the lock file (the node id); see
+	// lock.go.
+	LockHolder string
+	// Shared opens without taking the exclusive lock: for operator tools
+	// (sequencer admin: head, trim, backup) next to a running node. SQLite's
+	// own locking keeps their statements safe; the exclusive lock exists to
+	// keep a second node from serving the same store.
+	Shared bool
 }
 
 func (o Options) withDefaults() Options {
@@ -55,6 +63,7 @@ type Store struct {
 	path string
 	w    *sql.DB // the one writer connection
 	r    *sql.DB // readers
+	lock *dirLock
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -70,8 +79,30 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+	// A directory Open creates is private (0700); the files are 0600 (SQLite
+	// gives the -wal and -shm files the database file's mode).
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
 		return nil, unavailable("create directory", err)
+	}
+	var lock *dirLock
+	if !opts.Shared {
+		if lock, err = lockDB(abs, opts.LockHolder); err != nil {
+			return nil, err
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.release()
+		}
+	}()
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, unavailable("create "+abs, err)
+	}
+	f.Close()
+	for _, name := range []string{abs, abs + "-wal", abs + "-shm"} {
+		_ = os.Chmod(name, 0o600) // files of an older version were 0644
 	}
 	busy := strconv.FormatInt(opts.BusyTimeout.Milliseconds(), 10)
 	file := "file:" + (&url.URL{Path: abs}).EscapedPath()
@@ -107,13 +138,19 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(opts.ReadConns)
 	r.SetMaxIdleConns(opts.ReadConns)
-	return &Store{path: abs, w: w, r: r}, nil
+	ok = true
+	return &Store{path: abs, w: w, r: r, lock: lock}, nil
 }
 
 // Path returns the database file's absolute path.
 func (s *Store) Path() string { return s.path }
 
 // Ping checks the file can be read.
+// Settle returns nil: a SQLite commit runs inside the Commit call of this
+// process, so once Commit returned its transaction is committed or rolled
+// back, whatever Commit reported.
+func (s *Store) Settle(context.Context) error { return nil }
+
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
@@ -125,7 +162,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes both pools (the WAL is checkpointed by SQLite on the last
 // close).
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.w.Close(), s.lock.release())
 }
 
 func unavailable(op string, err error) error {
