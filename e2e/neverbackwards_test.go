@@ -1,14 +1,3 @@
-//go:build never_backwards
-
-// This test is out of the default run until the conversation writer's
-// "never backwards" detection (issue 10 §4: a head read from the store below
-// a seq this node acked refuses sends with unavailable, logs an ERROR and
-// counts sequencer_head_regressions_total) is on main. Run it with
-//
-//	go test -tags never_backwards -run TestAsyncStandbyPromotedNeverBackwards ./e2e/
-//
-// and delete the build line above once the detection has landed.
-
 package e2e
 
 import (
@@ -31,7 +20,8 @@ const headRegressions = "sequencer_head_regressions_total"
 // The store's head of those conversations is now below seqs the node acked.
 // The node must refuse sends to them with unavailable (never answer a seq at
 // or below one it acked), log an ERROR and count it; other conversations
-// keep working.
+// keep working. (Without the detection a node answered seq 6 for a
+// conversation it had acked up to 9.)
 func TestAsyncStandbyPromotedNeverBackwards(t *testing.T) {
 	primary, standby, dsn := replicaPair(t, false)
 	defer primary.Kill9()
@@ -112,7 +102,7 @@ func TestAsyncStandbyPromotedNeverBackwards(t *testing.T) {
 	// The lost ones are refused, every time, and never get a seq the node
 	// already handed out.
 	if !strings.Contains(metricsText(t, n.Addr), headRegressions) {
-		t.Fatalf("/metrics has no %s: the never-backwards detection is missing (issue 10 §4)", headRegressions)
+		t.Fatalf("/metrics has no %s", headRegressions)
 	}
 	for _, conv := range lost {
 		for i := 0; i < 5; i++ {
