@@ -85,8 +85,13 @@ func (s *Store) Settle(ctx context.Context) error {
 
 func (s *Store) settleOne(ctx context.Context, b backendKey) error {
 	// Without pg_signal_backend (or the same role) the terminate is refused:
-	// then wait for the backend to end by itself.
-	_, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`,
+	// then wait for the backend to end by itself. A backend waiting for a
+	// synchronous standby (wait_event SyncRep) has committed locally;
+	// terminating it would end the wait and publish a commit no standby has
+	// (a failover would lose it), so it is left to finish: it ends once a
+	// standby confirms, and Settle waits for that.
+	_, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE pid = $1 AND backend_start = $2 AND wait_event IS DISTINCT FROM 'SyncRep'`,
 		int64(b.pid), b.start)
 	var pg *pgconn.PgError
 	if err != nil && !(errors.As(err, &pg) && pg.Code == "42501") {

@@ -17,6 +17,7 @@ import (
 // wait (pgx sends a cancel request when a connection breaks): a cancelled
 // wait makes the transaction visible on the primary although no standby has
 // it, so later reads would take it as stored and a failover would lose it.
+// Nor may Settle (which the writer calls before it re-reads) terminate it.
 // The transaction must stay invisible until the standby is back, then land
 // on both.
 func TestSyncStandbyDownTimedOutCommitStaysInvisible(t *testing.T) {
@@ -64,10 +65,24 @@ func TestSyncStandbyDownTimedOutCommitStaysInvisible(t *testing.T) {
 	if h, err := st.LoadHead(ctx, "c"); err != nil || h != 1 {
 		t.Fatalf("head %d (%v) while the commit waits for the standby, want 1: an unreplicated commit became visible", h, err)
 	}
+	// Settle (the writer's step before it re-reads) must not end the wait
+	// either: it waits, and says the outcome is not final yet.
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	err = st.Settle(sctx)
+	scancel()
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("Settle with the commit waiting for the standby: %v, want unavailable (still running)", err)
+	}
+	if h, err := st.LoadHead(ctx, "c"); err != nil || h != 1 {
+		t.Fatalf("head %d (%v) after Settle while the standby is down, want 1: Settle published an unreplicated commit", h, err)
+	}
 
-	// The standby comes back: the commit lands, on both.
+	// The standby comes back: the commit lands, on both, and Settle returns.
 	if err := standby.Start(); err != nil {
 		t.Fatal(err)
+	}
+	if err := st.Settle(ctx); err != nil {
+		t.Fatalf("Settle once the standby is back: %v", err)
 	}
 	for {
 		h, err := st.LoadHead(ctx, "c")
