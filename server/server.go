@@ -70,10 +70,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var drain <-chan struct{} // nil on a single node: never ready
+	var drain, superseded <-chan struct{} // nil on a single node: never ready
 	if s.cluster != nil {
-		drain = s.cluster.DrainRequested()
+		drain, superseded = s.cluster.DrainRequested(), s.cluster.Superseded()
 	}
+	var exitErr error
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -84,6 +85,10 @@ wait:
 			break wait
 		case <-drain:
 			log.Info("drain requested by an operator (sequencer admin drain): stopping as on SIGTERM")
+			break wait
+		case <-superseded:
+			exitErr = errors.New("another process took this node id (--node-id): stopped serving")
+			log.Error("superseded: another live process runs with this --node-id; exiting", "node_id", s.cfg.NodeID)
 			break wait
 		case <-hup:
 			s.Reload()
@@ -97,7 +102,7 @@ wait:
 	log.Info("draining", "timeout", s.cfg.DrainTimeout)
 	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
 	defer cancel()
-	return s.Shutdown(dctx)
+	return errors.Join(exitErr, s.Shutdown(dctx))
 }
 
 // Start builds the node and starts serving; it returns once the API listens.
