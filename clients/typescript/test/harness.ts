@@ -68,11 +68,11 @@ export async function startSingle(): Promise<{ node: NodeProc; stop: () => Promi
   };
 }
 
-const pgURL = process.env.SEQUENCER_TEST_PG ?? "postgres://postgres@127.0.0.1:5432";
+// The server the Go tests use (README, "make test"); each test gets its own database on it.
+const pgURL = new URL(process.env.SEQUENCER_TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");
 
 function psql(sql: string): void {
-  const u = new URL(pgURL);
-  execFileSync("psql", ["-h", u.hostname, "-p", u.port || "5432", "-U", u.username || "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql], {
+  execFileSync("psql", ["-d", pgURL.toString(), "-v", "ON_ERROR_STOP=1", "-q", "-c", sql], {
     stdio: ["ignore", "ignore", "inherit"],
   });
 }
@@ -81,8 +81,10 @@ function psql(sql: string): void {
 export function freshDatabase(): { dsn: string; drop: () => void } {
   const name = "seq_ts_" + randomBytes(6).toString("hex");
   psql(`CREATE DATABASE ${name}`);
+  const dsn = new URL(pgURL);
+  dsn.pathname = "/" + name;
   return {
-    dsn: `${pgURL}/${name}`,
+    dsn: dsn.toString(),
     drop: () => psql(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`),
   };
 }
