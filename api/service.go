@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -172,6 +173,7 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 // Send validates the request and hands it to the Sender; the answer carries
 // the stored message's ids (the first send's on a resend, duplicate: true).
 func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
+	defer s.observeSend(methodSend, time.Now())
 	in, err := ValidateSend(req.Msg, s.maxBody)
 	if err != nil {
 		return nil, s.fail(ctx, methodSend, err)
@@ -190,6 +192,7 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 // request as a whole (no items, more than MaxBatchItems, more than
 // MaxBatchBytes) fails the RPC, with invalid_argument.
 func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
+	defer s.observeSend(methodSendBatch, time.Now())
 	items := req.Msg.GetItems()
 	switch n := len(items); {
 	case n == 0:
@@ -407,6 +410,13 @@ func (s *Service) logFailure(ctx context.Context, method string, err error, attr
 }
 
 func (s *Service) ok(method string) { s.count(method, "ok") }
+
+// observeSend records the latency of a Send or SendBatch started at start.
+func (s *Service) observeSend(method string, start time.Time) {
+	if s.metrics != nil {
+		s.metrics.SendSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	}
+}
 
 func (s *Service) count(method, code string) {
 	if s.metrics != nil {

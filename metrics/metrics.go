@@ -23,6 +23,7 @@ type Set struct {
 	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
 	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
 	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	SendSeconds    *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -64,8 +65,12 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.SendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"method"})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.SendSeconds} {
 		f(c)
 	}
 	return s

@@ -21,6 +21,7 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -44,6 +45,7 @@ type Server struct {
 	lease    *idgen.Lease
 	node     *actor.Node
 	cluster  *cluster.Node // nil on a single node
+	console  *console.Console
 	http     *http.Server
 	listener net.Listener
 	served   chan error
@@ -158,7 +160,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,
 	})
-	s.http = api.NewServer(cfg.Listen, api.NewHTTPHandler(svc, s.ready, s.metrics.Registry))
+	s.http = api.NewServer(cfg.Listen, s.withConsole(api.NewHTTPHandler(svc, s.ready, s.metrics.Registry)))
 	go func() { s.served <- s.http.Serve(s.listener) }()
 	wid, _ := s.lease.WorkerID()
 	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
@@ -237,6 +239,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) closeAll(ctx context.Context) error {
 	var errs []error
+	if s.console != nil {
+		s.console.Close()
+	}
 	if s.node != nil {
 		if err := s.node.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("conversations: %w", err))
