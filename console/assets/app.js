@@ -6,6 +6,8 @@
   const palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"];
   const colors = new Map(); // node id -> colour, stable for the page's life
   const lastOwner = []; // partition -> owner at the previous poll
+  const movedAt = []; // partition -> when the page saw its owner change
+  const movedFor = 10000; // how long a moved partition stays outlined (ms)
   const $ = (id) => document.getElementById(id);
 
   function colorOf(node) {
@@ -43,7 +45,7 @@
     for (const p of parts.partitions) if (p.owner) held.set(p.owner, (held.get(p.owner) || 0) + 1);
     m.members.slice().sort((a, b) => a.nodeId.localeCompare(b.nodeId)).forEach((x) => colorOf(x.nodeId));
     const rows = m.members.map((x) => {
-      const stale = x.heartbeatAgeMs > 3000;
+      const stale = x.heartbeatAgeMs > 1500; // the default heartbeat is 1 s
       return el("tr", { "data-node": x.nodeId },
         el("td", {}, el("span", { class: "swatch", style: "background:" + colorOf(x.nodeId) }), x.nodeId),
         el("td", {}, x.apiAddr || "—"),
@@ -75,13 +77,14 @@
       c.dataset.epoch = p.epoch;
       c.style.background = p.owner ? colorOf(p.owner) : "";
       c.title = `partition ${i} · owner ${p.owner || "none"} · epoch ${p.epoch}` + (p.ringOwner && p.ringOwner !== p.owner ? ` · moving to ${p.ringOwner}` : "");
-      const changed = lastOwner[i] !== undefined && lastOwner[i] !== p.owner;
-      c.classList.toggle("moved", changed);
-      if (changed) moved++;
+      if (lastOwner[i] !== undefined && lastOwner[i] !== p.owner) movedAt[i] = Date.now();
+      const recent = movedAt[i] !== undefined && Date.now() - movedAt[i] < movedFor;
+      c.classList.toggle("moved", recent);
+      if (recent) moved++;
       lastOwner[i] = p.owner;
       counts.set(p.owner || "", (counts.get(p.owner || "") || 0) + 1);
     });
-    $("partsummary").textContent = `${ps.length} partitions` + (moved ? ` · ${moved} changed owner in the last second` : "");
+    $("partsummary").textContent = `${ps.length} partitions` + (moved ? ` · ${moved} changed owner in the last ${movedFor / 1000} s (outlined)` : "");
     $("legend").replaceChildren(...[...counts.entries()].sort().map(([o, n]) =>
       el("span", { "data-legend": o }, el("span", { class: "swatch", style: o ? "background:" + colorOf(o) : "background:#cfd6dd" }), `${o || "no owner"}: ${n}`)));
   }
