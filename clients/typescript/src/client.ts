@@ -173,9 +173,11 @@ function baseURL(addr: string): string {
   return `http://${u.host}`;
 }
 
-// ownerURL is where to reach an owner whose API address Route named; an
-// unspecified host is the host of the node that answered.
-function ownerURL(addr: string, answeredBy: string): string {
+/**
+ * ownerURL is where to reach an owner whose API address Route named; an
+ * unspecified host is the host of the node that answered. (Internal; exported for tests.)
+ */
+export function ownerURL(addr: string, answeredBy: string): string {
   if (addr === "") {
     return "";
   }
@@ -193,6 +195,20 @@ function ownerURL(addr: string, answeredBy: string): string {
     host = via.hostname;
   }
   return `${via.protocol}//${host}:${port}`;
+}
+
+/**
+ * backoffMs is the wait after the attempt-th failed attempt: base doubled per
+ * attempt, capped at max, jittered into [d/2, d]. (Internal; exported for tests.)
+ */
+export function backoffMs(attempt: number, base: number, max: number): number {
+  let d = base;
+  for (let i = 1; i < attempt && d < max; i++) {
+    d *= 2;
+  }
+  d = Math.min(d, max);
+  const half = d / 2;
+  return half + Math.random() * (d - half);
 }
 
 function toUint64(v: bigint | string, field: string): bigint {
@@ -553,14 +569,7 @@ export class SequencerClient {
   }
 
   private backoff(attempt: number): number {
-    const r = this.retry;
-    let d = r.baseBackoffMs;
-    for (let i = 1; i < attempt && d < r.maxBackoffMs; i++) {
-      d *= 2;
-    }
-    d = Math.min(d, r.maxBackoffMs);
-    const half = d / 2;
-    return half + Math.random() * (d - half);
+    return backoffMs(attempt, this.retry.baseBackoffMs, this.retry.maxBackoffMs);
   }
 
   // withRetry runs attempts until one succeeds, a failure is not retryable,

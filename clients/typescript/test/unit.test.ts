@@ -1,0 +1,69 @@
+// Unit cases of docs/CLIENTS.md that need no server.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { backoffMs, ownerURL, SequencerClient } from "../src/client.js";
+import { classify, ItemError, AttemptTimeout } from "../src/errors.js";
+import { RouteCache } from "../src/route.js";
+
+describe("unit", () => {
+  test("U1 backoff doubles from 20 ms, caps at 1 s, jittered into [d/2, d]", () => {
+    for (const [attempt, d] of [[1, 20], [2, 40], [3, 80], [6, 640], [7, 1000], [30, 1000]] as const) {
+      for (let i = 0; i < 200; i++) {
+        const w = backoffMs(attempt, 20, 1000);
+        assert.ok(w >= d / 2 && w <= d, `attempt ${attempt}: ${w} not in [${d / 2}, ${d}]`);
+      }
+    }
+  });
+
+  test("U2 route cache: an older membership view does not replace a newer owner; forget by conversation and by node", () => {
+    const c = new RouteCache<string>(2);
+    assert.equal(c.learn("a", 1, { node: "n2", nodeId: "n2", epoch: 3n, membershipVersion: 5n }), "n2");
+    assert.equal(c.learn("a", 1, { node: "n1", nodeId: "n1", epoch: 9n, membershipVersion: 4n }), "n2", "lagging node ignored");
+    assert.equal(c.learn("b", 1, { node: "n3", nodeId: "n3", epoch: 4n, membershipVersion: 5n }), "n3", "same view, newer epoch");
+    assert.equal(c.lookup("a"), "n3", "a and b share partition 1");
+    c.forgetConv("a");
+    assert.equal(c.lookup("b"), undefined);
+    c.learn("c", 2, { node: "n3", nodeId: "n3", epoch: 1n, membershipVersion: 6n });
+    assert.equal(c.size, 2, "least recently used conversation forgotten");
+    assert.equal(c.forgetNode("n3"), 1);
+    assert.equal(c.lookup("c"), undefined);
+  });
+
+  test("U3 an owner on an unspecified host is reached on the host that answered", () => {
+    assert.equal(ownerURL("[::]:7071", "http://10.0.0.5:7070"), "http://10.0.0.5:7071");
+    assert.equal(ownerURL("0.0.0.0:7071", "https://seq.example:7070"), "https://seq.example:7071");
+    assert.equal(ownerURL(":7071", "http://10.0.0.5:7070"), "http://10.0.0.5:7071");
+    assert.equal(ownerURL("10.0.0.7:7071", "http://10.0.0.5:7070"), "http://10.0.0.7:7071");
+    assert.equal(ownerURL("", "http://10.0.0.5:7070"), "");
+  });
+
+  test("U4 classify: what is retried", () => {
+    const reset = new ConnectError("read ECONNRESET", Code.Aborted, undefined, undefined, Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }));
+    const cases: [string, unknown, boolean, { code: string; retry: boolean; transport: boolean; timeout: boolean }][] = [
+      ["answered unavailable", new ConnectError("moving", Code.Unavailable), false, { code: "unavailable", retry: true, transport: false, timeout: false }],
+      ["answered resource_exhausted", new ConnectError("full", Code.ResourceExhausted), false, { code: "resource_exhausted", retry: true, transport: false, timeout: false }],
+      ["connection reset", reset, false, { code: "unavailable", retry: true, transport: true, timeout: false }],
+      ["stream reset (node died)", new ConnectError("http/2 stream closed with error code CANCEL (0x8)", Code.Canceled), false, { code: "unavailable", retry: true, transport: true, timeout: false }],
+      ["attempt timer", new Error("aborted"), true, { code: "deadline_exceeded", retry: true, transport: false, timeout: true }],
+      ["batch timeout", new AttemptTimeout("no answer"), false, { code: "deadline_exceeded", retry: true, transport: false, timeout: true }],
+      ["invalid_argument", new ConnectError("bad", Code.InvalidArgument), false, { code: "invalid_argument", retry: false, transport: false, timeout: false }],
+      ["already_exists", new ConnectError("dup", Code.AlreadyExists), false, { code: "already_exists", retry: false, transport: false, timeout: false }],
+      ["not_found", new ConnectError("no", Code.NotFound), false, { code: "not_found", retry: false, transport: false, timeout: false }],
+      ["internal", new ConnectError("bug", Code.Internal), false, { code: "internal", retry: false, transport: false, timeout: false }],
+      ["unauthenticated", new ConnectError("token", Code.Unauthenticated), false, { code: "unauthenticated", retry: false, transport: false, timeout: false }],
+      ["batch item unavailable", new ItemError("unavailable", "moving"), false, { code: "unavailable", retry: true, transport: false, timeout: false }],
+      ["batch item invalid", new ItemError("invalid_argument", "bad"), false, { code: "invalid_argument", retry: false, transport: false, timeout: false }],
+    ];
+    for (const [name, err, timedOut, want] of cases) {
+      assert.deepEqual(classify(err, timedOut), want, name);
+    }
+  });
+
+  test("U5 config is checked", () => {
+    assert.throws(() => new SequencerClient({ addrs: [] }), { code: "invalid_argument" });
+    assert.throws(() => new SequencerClient({ addrs: ["nohost"] }), { code: "invalid_argument" });
+    assert.throws(() => new SequencerClient({ addrs: ["127.0.0.1:1"], maxBatchItems: 1001 }), { code: "invalid_argument" });
+  });
+});
