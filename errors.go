@@ -76,7 +76,7 @@ func Wrap(c Code, err error, msg string) error {
 // Sentinel errors of the domain. Test with errors.Is; read the code with ErrorCode.
 var (
 	ErrNotFound            = &Error{Code: CodeNotFound, Msg: "not found"}
-	ErrAlreadyExists       = &Error{Code: CodeAlreadyExists, Msg: "client_msg_id already used in another conversation"}
+	ErrAlreadyExists       = &Error{Code: CodeAlreadyExists, Msg: "client_msg_id was already used for different content (another conversation, msg_type or body)"}
 	ErrStoreUnavailable    = &Error{Code: CodeUnavailable, Msg: "store unavailable"}
 	ErrUnknownOutcome      = &Error{Code: CodeUnavailable, Msg: "commit outcome unknown"}
 	ErrClockMovedBackwards = &Error{Code: CodeUnavailable, Msg: "clock moved backwards"}
@@ -87,6 +87,11 @@ var (
 	ErrHeadMismatch        = &Error{Code: CodeUnavailable, Msg: "conversation head changed under the writer"}
 	ErrOverloaded          = &Error{Code: CodeResourceExhausted, Msg: "overloaded"}
 	ErrShuttingDown        = &Error{Code: CodeUnavailable, Msg: "node is shutting down"}
+	// ErrHeadRegressed: the store's head of a conversation is below a seq
+	// this node acked, so the store lost acknowledged messages (an
+	// asynchronous replica was promoted, a backup was restored over live
+	// data). The conversation refuses sends until an operator repairs it.
+	ErrHeadRegressed = &Error{Code: CodeUnavailable, Msg: "conversation head went backwards in the store (acknowledged messages lost)"}
 )
 
 // ErrorCode returns the Code of the first *Error in err's chain, CodeInternal

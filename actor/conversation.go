@@ -120,6 +120,12 @@ func (a *convActor) recoverPanic() {
 	}
 }
 
+// resolveBackoff is the wait before the attempt-th retry of a re-read after
+// an unknown outcome: 50 ms doubling, at most 1 s.
+func resolveBackoff(attempt int) time.Duration {
+	return min(50*time.Millisecond<<min(attempt-1, 5), time.Second)
+}
+
 // orphanActor ignores every message (see the shard's producer).
 type orphanActor struct{}
 
@@ -129,6 +135,13 @@ func (orphanActor) Receive(pa.Context) {}
 func (a *convActor) execute(ctx pa.Context) {
 	rd := a.core.Ready()
 	n := a.node
+	if rd.Regressed != nil {
+		n.log.Error("conversation refused: the store lost acknowledged messages (see docs: never backwards)",
+			"conv_id", a.core.ConvID(), "err", rd.Regressed)
+		if n.m != nil {
+			n.m.HeadRegressions.Inc()
+		}
+	}
 	for _, r := range rd.Replies {
 		n.pending.Add(-1) // before the reply: a caller that resends at once is not counted twice
 		switch t := r.Token.(type) {
@@ -152,14 +165,26 @@ func (a *convActor) execute(ctx pa.Context) {
 	case rd.Commit != nil:
 		n.writer.Submit(*rd.Commit, func(err error) { root.Send(self, &committed{err: err}) })
 	case rd.Resolve != nil:
-		after, count := rd.Resolve.AfterSeq, rd.Resolve.Count
+		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {
+			if attempt > 0 {
+				time.Sleep(resolveBackoff(attempt))
+			}
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.CommitTimeout)
 			defer cancel()
-			head, err := n.cfg.Store.LoadHead(sctx, convID)
+			// The old transaction must be finished before the re-read, or
+			// the answer could be a guess (persist.Store.Settle).
+			err := n.cfg.Store.Settle(sctx)
+			var head uint64
 			var rows []sequencer.Message
 			if err == nil {
+				head, err = n.cfg.Store.LoadHead(sctx, convID)
+			}
+			if err == nil {
 				rows, err = n.cfg.Store.ReadRange(sctx, convID, after, count)
+			}
+			if err != nil {
+				n.logs.Warn("store", "a commit's outcome is still unknown; its senders wait", "conv_id", convID, "attempt", attempt+1, "err", err)
 			}
 			root.Send(self, &resolved{head: head, rows: rows, err: err})
 		}()
@@ -170,6 +195,7 @@ func (a *convActor) execute(ctx pa.Context) {
 			defer cancel()
 			results := make([]conv.LookupResult, len(keys))
 			for i, k := range keys {
+				results[i].Key = k
 				results[i].Msg, results[i].Err = n.cfg.Store.FindByClientKey(sctx, k)
 			}
 			root.Send(self, &lookedUp{results: results})

@@ -122,3 +122,5 @@ func (s *memStore) convs() []string {
 	sort.Strings(out)
 	return out
 }
+
+func (s *memStore) Settle(context.Context) error { return nil }

@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
@@ -70,6 +71,10 @@ type Config struct {
 	CommitWorkers    int           // parallel store transactions; default 4
 	MaxBatchMessages int           // rows per store transaction; default 4000
 	CommitTimeout    time.Duration // per store call; a commit that times out is an unknown outcome; default 5s
+	// MaxFloors bounds how many passivated conversations' highest acked seqs
+	// the node remembers to detect a store that went backwards (about 80
+	// bytes each). Default 100,000; past it the oldest are forgotten.
+	MaxFloors int
 }
 
 const shardCount = 64
@@ -84,8 +89,10 @@ type Node struct {
 	seed   maphash.Seed
 	shards [shardCount]shard
 
-	pending atomic.Int64 // sends admitted and not yet answered
-	live    atomic.Int64 // conversation actors in the router
+	floors  floors          // highest acked seq of passivated conversations (never backwards)
+	logs    *ratelog.Logger // rate-limited warnings
+	pending atomic.Int64    // sends admitted and not yet answered
+	live    atomic.Int64    // conversation actors in the router
 	closed  atomic.Bool
 
 	// Passivation: one sweeper per node (not a timer per actor) posts
@@ -144,6 +151,7 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), epoch: time.Now(),
+		floors: newFloors(cfg.MaxFloors), logs: ratelog.New(log, 10*time.Second),
 		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
 	// protoactor logs dead letters and supervision at info; keep warnings.
 	n.system = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
@@ -328,7 +336,7 @@ func (n *Node) spawn(sh *shard, convID string) (*convActor, error) {
 		fence = func() (persist.Fence, error) { return o.Fence(convID) }
 	}
 	core, err := conv.New(conv.Config{ConvID: convID, IDs: n.cfg.IDs, Clock: n.cfg.Clock, Fence: fence,
-		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.MaxBatchMessages})
+		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.MaxBatchMessages, Floor: n.floors.get(convID)})
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
 	}
@@ -357,6 +365,7 @@ func (n *Node) leave(a *convActor, passivated bool) bool {
 	if sh.convs[convID] == a {
 		delete(sh.convs, convID)
 	}
+	n.floors.put(convID, a.core.Floor())
 	a.left = true
 	if a.gone != nil {
 		close(a.gone)

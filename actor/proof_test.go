@@ -29,6 +29,9 @@ type sendLog struct {
 	successes map[sequencer.ClientKey][]success
 	sentTo    map[sequencer.ClientKey]string // the conversation a key was first sent to
 	keys      []sequencer.ClientKey
+	// refused holds the keys of one-shot sends (never resent by anyone)
+	// whose only answer was an error: they must never be stored.
+	refused map[sequencer.ClientKey]error
 }
 
 type success struct {
@@ -44,7 +47,10 @@ type success struct {
 //   - acked == stored: every acked (msg_id, seq) is stored at that seq with
 //     that key, and every stored row was acked to someone;
 //   - each conversation's stored seqs are exactly 1..head;
-//   - no msg_id repeats; every resend got the first send's ids.
+//   - no msg_id repeats; every resend got the first send's ids;
+//   - an error answer is final: a one-shot send (never resent) answered with
+//     an error other than canceled / deadline_exceeded is never stored, not
+//     even by a commit that lands after the answer (faulty.LandLate).
 func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 	fs := faulty.New(inner, pc.Seed, pc.Rates)
 	m := metrics.New()
@@ -54,11 +60,12 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	lg := &sendLog{successes: map[sequencer.ClientKey][]success{}, sentTo: map[sequencer.ClientKey]string{}}
+	lg := &sendLog{successes: map[sequencer.ClientKey][]success{}, sentTo: map[sequencer.ClientKey]string{},
+		refused: map[sequencer.ClientKey]error{}}
 
 	// send resends key to conv until it is stored or refused as
 	// already_exists, like a client SDK.
-	send := func(rng *rand.Rand, conv string, key sequencer.ClientKey) {
+	send := func(rng *rand.Rand, conv string, key sequencer.ClientKey, oneShot bool) {
 		r := sequencer.SendRequest{ConvID: conv, FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte(key.ClientMsgID)}
 		for attempt := 0; ; attempt++ {
 			if attempt == 500 {
@@ -85,6 +92,13 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 				return
 			}
 			switch code := sequencer.ErrorCode(err); {
+			case oneShot && code != sequencer.CodeCanceled && code != sequencer.CodeDeadlineExceeded:
+				lg.mu.Lock()
+				lg.refused[key] = err
+				lg.mu.Unlock()
+				return
+			case oneShot:
+				return // outcome unknown: nothing to check
 			case code == sequencer.CodeAlreadyExists:
 				return
 			case code.Retryable(), code == sequencer.CodeCanceled, code == sequencer.CodeDeadlineExceeded:
@@ -108,18 +122,21 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 				conv := fmt.Sprintf("g:%d", rng.IntN(pc.Convs))
 				key := sequencer.ClientKey{FromUID: uint64(s + 1), ClientMsgID: fmt.Sprintf("s%d-%d", s, i)}
 				lg.mu.Lock()
+				oneShot := false
 				switch p := rng.IntN(100); {
 				case p < 15 && len(lg.keys) > 0: // resend someone's key to its conversation
 					key = lg.keys[rng.IntN(len(lg.keys))]
 					conv = lg.sentTo[key]
 				case p < 18 && len(lg.keys) > 0: // the same key in another conversation
 					key = lg.keys[rng.IntN(len(lg.keys))]
+				case p < 30: // a fresh key sent once: its answer must be the truth
+					oneShot = true
 				default:
 					lg.keys = append(lg.keys, key)
 					lg.sentTo[key] = conv
 				}
 				lg.mu.Unlock()
-				send(rng, conv, key)
+				send(rng, conv, key, oneShot)
 			}
 		}()
 	}
@@ -133,6 +150,7 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 	if p := n.pending.Load(); p != 0 {
 		t.Fatalf("%d sends never answered by their actor", p)
 	}
+	fs.WaitLate() // every late commit has run: the store is final
 	if t.Failed() {
 		return
 	}
@@ -201,19 +219,29 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 			t.Fatalf("%v answered as a first send %d times", key, firsts)
 		}
 	}
+	for key, err := range lg.refused {
+		if m, ok := byKey[key]; ok {
+			t.Fatalf("one-shot send %v was answered %q but is stored at %s/%d", key, err, m.ConvID, m.Seq)
+		}
+	}
 	for key := range byKey {
 		if len(lg.successes[key]) == 0 {
+			if _, resent := lg.sentTo[key]; !resent {
+				continue // a one-shot send whose caller gave up: it may be stored
+			}
 			t.Fatalf("stored %v was never acked", key)
 		}
 	}
 	_, ctf := fs.Count(faulty.OpCommit, faulty.CommitThenFail)
 	commits, drops := fs.Count(faulty.OpCommit, faulty.Drop)
 	_, fails := fs.Count(faulty.OpCommit, faulty.FailBefore)
-	if pc.Rates != (faulty.Rates{}) && (ctf == 0 || drops == 0 || fails == 0) {
-		t.Fatalf("the fault schedule did not exercise every commit fault: %d commit-then-fail, %d drops, %d fail-before", ctf, drops, fails)
+	_, late := fs.Count(faulty.OpCommit, faulty.LandLate)
+	if pc.Rates != (faulty.Rates{}) && (ctf == 0 || drops == 0 || fails == 0 || late == 0 || len(lg.refused) == 0) {
+		t.Fatalf("the fault schedule did not exercise every commit fault: %d commit-then-fail, %d drops, %d fail-before, %d land-late, %d refused one-shot sends",
+			ctf, drops, fails, late, len(lg.refused))
 	}
-	t.Logf("%d rows in %d conversations, %d acks (%d keys); %d commits: %d commit-then-fail, %d drops, %d fail-before; mean batch %.1f rows",
-		rows, pc.Convs, acks, len(lg.successes), commits, ctf, drops, fails, meanBatch(t, m))
+	t.Logf("%d rows in %d conversations, %d acks (%d keys), %d one-shot sends refused; %d commits: %d commit-then-fail, %d drops, %d fail-before, %d land-late; mean batch %.1f rows",
+		rows, pc.Convs, acks, len(lg.successes), len(lg.refused), commits, ctf, drops, fails, late, meanBatch(t, m))
 }
 
 func meanBatch(t testing.TB, m *metrics.Set) float64 {
@@ -233,7 +261,7 @@ func meanBatch(t testing.TB, m *metrics.Set) float64 {
 	return 0
 }
 
-var proofRates = faulty.Rates{FailBefore: 0.05, Delay: 0.05, CommitThenFail: 0.05, Drop: 0.05, MaxDelay: 2 * time.Millisecond}
+var proofRates = faulty.Rates{FailBefore: 0.05, Delay: 0.05, CommitThenFail: 0.05, Drop: 0.05, LandLate: 0.05, MaxDelay: 2 * time.Millisecond}
 
 func TestProofMemStore(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {

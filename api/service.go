@@ -286,12 +286,9 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 	// after_seq at or past the head has nothing to read (this also keeps
 	// after_seq >= 2^63 away from BIGINT stores).
 	if q.AfterSeq < head {
-		rows, err := s.reader.ReadRange(ctx, q.ConvID, q.AfterSeq, q.Limit)
+		rows, full, err := s.readPage(ctx, q)
 		if err != nil {
 			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q after seq %d: %w", q.ConvID, q.AfterSeq, err), "conv_id", q.ConvID)
-		}
-		if len(rows) > q.Limit {
-			rows = rows[:q.Limit]
 		}
 		resp.Messages = make([]*sequencerv1.Message, len(rows))
 		for i := range rows {
@@ -302,11 +299,52 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 			if last > resp.HeadSeq {
 				resp.HeadSeq = last
 			}
-			resp.HasMore = n == q.Limit && last < resp.HeadSeq
+			resp.HasMore = full && last < resp.HeadSeq
 		}
 	}
 	s.ok(methodPull)
 	return connect.NewResponse(resp), nil
+}
+
+// pullChunk is the most rows Pull reads from the store at once: its memory
+// stays near max_bytes plus one chunk even when the rows are large.
+const pullChunk = 128
+
+// readPage reads the rows of one Pull page: at most q.Limit rows and, after
+// the first, no row that would take the page past q.MaxBytes (messageSize).
+// full reports that the page stopped at a limit (rows or bytes) rather than
+// at the end of the stored rows.
+func (s *Service) readPage(ctx context.Context, q PullQuery) (rows []sequencer.Message, full bool, err error) {
+	after, size := q.AfterSeq, 0
+	for len(rows) < q.Limit {
+		want := min(q.Limit-len(rows), pullChunk)
+		chunk, err := s.reader.ReadRange(ctx, q.ConvID, after, want)
+		if err != nil {
+			return nil, false, err
+		}
+		for i := range chunk {
+			if len(rows) == q.Limit {
+				return rows, true, nil
+			}
+			n := messageSize(&chunk[i])
+			if len(rows) > 0 && size+n > q.MaxBytes {
+				return rows, true, nil
+			}
+			rows = append(rows, chunk[i])
+			size += n
+		}
+		if len(chunk) < want {
+			return rows, false, nil // the end of the stored rows
+		}
+		after = chunk[len(chunk)-1].Seq
+	}
+	return rows, true, nil
+}
+
+// messageSize is what a message counts against Pull's max_bytes: its
+// variable fields plus a fixed 64 bytes for the numbers and framing.
+func messageSize(m *sequencer.Message) int {
+	return len(m.Body) + len(m.ConvID) + len(m.ClientMsgID) + 64
 }
 
 // GetHead answers the highest committed seq of a conversation (0 if none).

@@ -292,7 +292,7 @@ func TestErrorStatusOverHTTP(t *testing.T) {
 		wantCode   string
 		wantMsg    string
 	}{
-		{"already exists", fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), 409, "already_exists", "send: client_msg_id already used in another conversation"},
+		{"already exists", fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), 409, "already_exists", "send: client_msg_id was already used for different content (another conversation, msg_type or body)"},
 		{"store unavailable", sequencer.Wrap(sequencer.CodeUnavailable, errors.New("dial tcp 10.0.0.1:5432"), "store unavailable"), 503, "unavailable", "store unavailable"},
 		{"ownership moving", sequencer.ErrOwnershipMoving, 503, "unavailable", "conversation ownership is moving"},
 		{"clock moved back", sequencer.ErrClockMovedBackwards, 503, "unavailable", "clock moved backwards"},
@@ -363,7 +363,8 @@ func TestPull(t *testing.T) {
 		{name: "after_seq max uint64", head: 5, stored: []uint64{1, 2, 3, 4, 5}, afterSeq: ^uint64(0), wantHead: 5},
 		{name: "empty conversation", wantHead: 0},
 		{name: "limit 0 means 100", head: 5, stored: []uint64{1, 2, 3, 4, 5}, wantSeqs: []uint64{1, 2, 3, 4, 5}, wantHead: 5, wantLimit: 100},
-		{name: "limit above 1000 clamped", head: 5, stored: []uint64{1, 2, 3, 4, 5}, limit: 5000, wantSeqs: []uint64{1, 2, 3, 4, 5}, wantHead: 5, wantLimit: 1000},
+		// Clamped to 1000, read in chunks of at most pullChunk rows.
+		{name: "limit above 1000 clamped", head: 5, stored: []uint64{1, 2, 3, 4, 5}, limit: 5000, wantSeqs: []uint64{1, 2, 3, 4, 5}, wantHead: 5, wantLimit: pullChunk},
 		// Retention trimmed 1..3: the client sees the gap (first seq 4) and
 		// still pages honestly.
 		{name: "trimmed prefix", head: 6, stored: []uint64{4, 5, 6}, limit: 2, wantSeqs: []uint64{4, 5}, wantHead: 6, wantMore: true, wantLimit: 2},
@@ -401,6 +402,44 @@ func TestPull(t *testing.T) {
 				t.Fatalf("ReadRange %+v (called %v), want after %d limit %d", rc, called, tt.afterSeq, tt.wantLimit)
 			}
 		})
+	}
+}
+
+// Pull's max_bytes: a page stops before the message that would pass it, but
+// always holds at least one message, and says has_more.
+func TestPullMaxBytes(t *testing.T) {
+	h := newHarness(t)
+	var rows []sequencer.Message
+	for i := uint64(1); i <= 300; i++ {
+		m := msgs("c", i)[0]
+		m.Body = make([]byte, 1000)
+		rows = append(rows, m)
+	}
+	h.reader.put(300, rows...)
+	per := messageSize(&rows[0])
+	pull := func(after uint64, limit, maxBytes uint32) *sequencerv1.PullResponse {
+		t.Helper()
+		resp, err := h.client().Pull(context.Background(), connect.NewRequest(&sequencerv1.PullRequest{ConvId: "c", AfterSeq: after, Limit: limit, MaxBytes: maxBytes}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg
+	}
+	// Room for 2.5 messages: 2 returned.
+	if r := pull(0, 100, uint32(per*5/2)); len(r.Messages) != 2 || !r.HasMore || r.Messages[1].Seq != 2 {
+		t.Fatalf("2.5 messages of room: got %d messages, has_more %v", len(r.Messages), r.HasMore)
+	}
+	// Less than one message of room: still one.
+	if r := pull(5, 100, 1); len(r.Messages) != 1 || !r.HasMore || r.Messages[0].Seq != 6 {
+		t.Fatalf("1 byte of room: got %d messages, has_more %v", len(r.Messages), r.HasMore)
+	}
+	// Room for everything the limit allows: the limit decides, across chunks.
+	if r := pull(0, 1000, 4<<20); len(r.Messages) != 300 || r.HasMore {
+		t.Fatalf("whole conversation: got %d messages, has_more %v", len(r.Messages), r.HasMore)
+	}
+	// The default max_bytes (1 MiB) holds all 300 (about 320 KB).
+	if r := pull(0, 1000, 0); len(r.Messages) != 300 {
+		t.Fatalf("default max_bytes: %d messages", len(r.Messages))
 	}
 }
 

@@ -54,7 +54,7 @@ func TestToConnectError(t *testing.T) {
 	}{
 		{"validation", bg, sequencer.Errorf(sequencer.CodeInvalidArgument, "conv_id: must be 1..64 bytes, got 65"), connect.CodeInvalidArgument, "conv_id: must be 1..64 bytes, got 65"},
 		{"not found wrapped", bg, fmt.Errorf("get 7: %w", sequencer.ErrNotFound), connect.CodeNotFound, "get 7: not found"},
-		{"already exists", bg, fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), connect.CodeAlreadyExists, "send: client_msg_id already used in another conversation"},
+		{"already exists", bg, fmt.Errorf("send: %w", sequencer.ErrAlreadyExists), connect.CodeAlreadyExists, "send: client_msg_id was already used for different content (another conversation, msg_type or body)"},
 		{"store unavailable hides cause", bg, sequencer.Wrap(sequencer.CodeUnavailable, secret, "store unavailable"), connect.CodeUnavailable, "store unavailable"},
 		{"store sentinel wrapped", bg, fmt.Errorf("commit g:1 (%v): %w", secret, sequencer.ErrStoreUnavailable), connect.CodeUnavailable, "store unavailable"},
 		{"unknown outcome", bg, sequencer.ErrUnknownOutcome, connect.CodeUnavailable, "commit outcome unknown"},

@@ -11,7 +11,14 @@ type PullQuery struct {
 	ConvID   string
 	AfterSeq uint64
 	Limit    int
+	MaxBytes int // defaulted and clamped: 1 MiB by default, at most 4 MiB
 }
+
+// Page byte limits of Pull.
+const (
+	DefaultPullMaxBytes = 1 << 20
+	MaxPullMaxBytes     = 4 << 20
+)
 
 // ValidateSend checks a Send against the validation rules
 // (sequencer.NewSendRequest) and returns the domain request with msg_type
@@ -22,8 +29,9 @@ func ValidateSend(req *sequencerv1.SendRequest, maxBody int) (sequencer.SendRequ
 	return sequencer.NewSendRequest(req.GetConvId(), req.GetFromUid(), req.GetClientMsgId(), req.GetMsgType(), req.GetBody(), maxBody)
 }
 
-// ValidatePull checks a Pull's conv_id and defaults its limit: 0 means
-// sequencer.DefaultPullLimit, above sequencer.MaxPullLimit is clamped.
+// ValidatePull checks a Pull's conv_id and defaults its limits: limit 0
+// means sequencer.DefaultPullLimit, above sequencer.MaxPullLimit is clamped;
+// max_bytes 0 means DefaultPullMaxBytes, above MaxPullMaxBytes is clamped.
 // after_seq takes any value.
 func ValidatePull(req *sequencerv1.PullRequest) (PullQuery, error) {
 	if err := ValidateConvID(req.GetConvId()); err != nil {
@@ -36,7 +44,11 @@ func ValidatePull(req *sequencerv1.PullRequest) (PullQuery, error) {
 	case limit > sequencer.MaxPullLimit:
 		limit = sequencer.MaxPullLimit
 	}
-	return PullQuery{ConvID: req.GetConvId(), AfterSeq: req.GetAfterSeq(), Limit: limit}, nil
+	maxBytes := int(min(req.GetMaxBytes(), MaxPullMaxBytes))
+	if maxBytes == 0 {
+		maxBytes = DefaultPullMaxBytes
+	}
+	return PullQuery{ConvID: req.GetConvId(), AfterSeq: req.GetAfterSeq(), Limit: limit, MaxBytes: maxBytes}, nil
 }
 
 // ValidateConvID checks a conv_id (Send, Pull, GetHead, Route).

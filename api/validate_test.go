@@ -118,12 +118,15 @@ func TestValidatePull(t *testing.T) {
 		want    PullQuery
 		wantErr string
 	}{
-		{name: "limit 0 means 100", req: &sequencerv1.PullRequest{ConvId: "c", AfterSeq: 5}, want: PullQuery{"c", 5, 100}},
-		{name: "limit 1", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1}, want: PullQuery{"c", 0, 1}},
-		{name: "limit 1000", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1000}, want: PullQuery{"c", 0, 1000}},
-		{name: "limit 1001 clamped", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1001}, want: PullQuery{"c", 0, 1000}},
-		{name: "limit max uint32 clamped", req: &sequencerv1.PullRequest{ConvId: "c", Limit: ^uint32(0)}, want: PullQuery{"c", 0, 1000}},
-		{name: "after_seq max", req: &sequencerv1.PullRequest{ConvId: "c", AfterSeq: ^uint64(0)}, want: PullQuery{"c", ^uint64(0), 100}},
+		{name: "limit 0 means 100", req: &sequencerv1.PullRequest{ConvId: "c", AfterSeq: 5}, want: PullQuery{"c", 5, 100, 1 << 20}},
+		{name: "limit 1", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1}, want: PullQuery{"c", 0, 1, 1 << 20}},
+		{name: "limit 1000", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1000}, want: PullQuery{"c", 0, 1000, 1 << 20}},
+		{name: "limit 1001 clamped", req: &sequencerv1.PullRequest{ConvId: "c", Limit: 1001}, want: PullQuery{"c", 0, 1000, 1 << 20}},
+		{name: "limit max uint32 clamped", req: &sequencerv1.PullRequest{ConvId: "c", Limit: ^uint32(0)}, want: PullQuery{"c", 0, 1000, 1 << 20}},
+		{name: "after_seq max", req: &sequencerv1.PullRequest{ConvId: "c", AfterSeq: ^uint64(0)}, want: PullQuery{"c", ^uint64(0), 100, 1 << 20}},
+		{name: "max_bytes 0 means 1 MiB", req: &sequencerv1.PullRequest{ConvId: "c", MaxBytes: 0}, want: PullQuery{"c", 0, 100, 1 << 20}},
+		{name: "max_bytes 1", req: &sequencerv1.PullRequest{ConvId: "c", MaxBytes: 1}, want: PullQuery{"c", 0, 100, 1}},
+		{name: "max_bytes clamped to 4 MiB", req: &sequencerv1.PullRequest{ConvId: "c", MaxBytes: 5 << 20}, want: PullQuery{"c", 0, 100, 4 << 20}},
 		{name: "conv_id empty", req: &sequencerv1.PullRequest{}, wantErr: "conv_id: must be 1..64 bytes, got 0"},
 		{name: "conv_id 65", req: &sequencerv1.PullRequest{ConvId: strings.Repeat("x", 65)}, wantErr: "conv_id: must be 1..64 bytes, got 65"},
 		{name: "conv_id control", req: &sequencerv1.PullRequest{ConvId: "a\rb"}, wantErr: "conv_id: must not contain control characters"},

@@ -6,7 +6,10 @@
 // A failed shared transaction blames only the conversations the error names:
 // a *ConflictError, *HeadMismatchError or *StaleFenceError fails the named
 // conversations (or fences) and the others are committed again at once
-// without them. Any other error reaches every member.
+// without them. A refusal of the data that names no conversation
+// (persist.ErrRejected: one bad row) splits the group in halves, down to
+// single conversations, so only the conversations with bad rows fail. Any
+// other error reaches every member (a store outage concerns them all).
 //
 // The writer never assigns seqs or ids, never retries a batch whose outcome
 // is unknown (its conversation must re-read the truth first), and never holds
@@ -23,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
@@ -60,8 +64,9 @@ type item struct {
 
 // Writer is the group-commit writer. Safe for concurrent use.
 type Writer struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	logs *ratelog.Logger
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -88,6 +93,7 @@ func New(cfg Config) (*Writer, error) {
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
+	w.logs = ratelog.New(w.log, 10*time.Second)
 	w.cond = sync.NewCond(&w.mu)
 	w.wg.Add(cfg.Workers)
 	for range cfg.Workers {
@@ -197,9 +203,23 @@ func (w *Writer) commit(group []*item) {
 			return
 		}
 		blamed := blame(err, group)
+		if len(blamed) == 0 && errors.Is(err, persist.ErrRejected) && len(group) > 1 {
+			// A bad row somewhere: find it by halves; the others commit.
+			w.logs.Warn("rejected", "the store refused a row of a group commit; splitting the group to fail only its conversation",
+				"conversations", len(group), "messages", rows, "err", err)
+			half := len(group) / 2
+			w.commit(group[:half:half])
+			w.commit(group[half:])
+			return
+		}
 		if len(blamed) == 0 || len(blamed) == len(group) {
-			if !nothingWritten(err) {
-				w.log.Warn("group commit failed", "conversations", len(group), "messages", rows, "err", err)
+			switch {
+			case errors.Is(err, persist.ErrRejected):
+				w.logs.Warn("rejected", "the store refused a conversation's rows", "conv_id", group[0].batch.ConvID, "err", err)
+			case !nothingWritten(err):
+				w.logs.Warn("unknown", "group commit outcome unknown; its conversations re-read the store", "conversations", len(group), "messages", rows, "err", err)
+			case errors.Is(err, sequencer.ErrStoreUnavailable):
+				w.logs.Warn("unavailable", "group commit failed: store unavailable", "conversations", len(group), "messages", rows, "err", err)
 			}
 			for _, it := range group {
 				it.done(err)
@@ -261,14 +281,7 @@ func blame(err error, group []*item) map[*item]bool {
 
 // nothingWritten reports errors after which the store guarantees nothing of
 // the commit was written.
-func nothingWritten(err error) bool {
-	if errors.Is(err, sequencer.ErrUnknownOutcome) {
-		return false
-	}
-	_, conflict := persist.AsConflict(err)
-	return conflict || errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
-		errors.Is(err, sequencer.ErrStoreUnavailable)
-}
+func nothingWritten(err error) bool { return persist.OutcomeOf(err) == persist.NotLanded }
 
 // Result labels of metrics.CommitSeconds.
 func result(err error) string {

@@ -301,3 +301,58 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// One bad row among many: the store names no conversation (ErrRejected), so
+// the writer splits the group by halves; every good conversation commits,
+// only the poisoned one fails, and the split takes O(log n) extra
+// transactions per bad conversation, not one per conversation.
+func TestRejectedRowFailsAlone(t *testing.T) {
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	stored := map[string]bool{}
+	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+		if call == 0 {
+			<-gate
+		}
+		for _, b := range bs {
+			if b.ConvID == "poison" {
+				return fmt.Errorf("postgres: commit: %w (value too long for type character varying(64))", persist.ErrRejected)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, b := range bs {
+			stored[b.ConvID] = true
+		}
+		return nil
+	}}
+	w, err := New(Config{Store: st, Workers: 1, MaxMessages: 4000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	a := newAnswers(n + 2)
+	w.Submit(batch("first", 1), a.done("first"))
+	waitFor(t, func() bool { return len(st.Calls()) == 1 })
+	for i := range n {
+		if i == 137 {
+			w.Submit(batch("poison", 2), a.done("poison"))
+		}
+		w.Submit(batch(fmt.Sprint("c", i), 2), a.done(fmt.Sprint("c", i)))
+	}
+	close(gate)
+	a.wait(t)
+	if err := a.err(t, "poison"); !errors.Is(err, persist.ErrRejected) || sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
+		t.Fatalf("poison: %v (code %s)", err, sequencer.ErrorCode(err))
+	}
+	for i := range n {
+		c := fmt.Sprint("c", i)
+		if err := a.err(t, c); err != nil || !stored[c] {
+			t.Fatalf("%s: %v, stored %v", c, err, stored[c])
+		}
+	}
+	// 1 (first) + 1 (whole group) + about 2 per level of the split.
+	if calls := len(st.Calls()); calls > 2+2*9 {
+		t.Fatalf("%d transactions to isolate one bad conversation among %d", calls, n+1)
+	}
+}

@@ -16,9 +16,11 @@
 package conv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -58,6 +60,11 @@ type Config struct {
 	// answer resends without a store round trip (older ones are answered
 	// through the store's uk_from_client). Default 64.
 	MemoSize int
+	// Floor is the highest seq a previous writer of this conversation on
+	// this node acked (0: none known). A head read from the store below it
+	// means the store lost acknowledged messages: the core refuses to write
+	// (see Ready.Regressed) instead of reusing their seqs.
+	Floor uint64
 }
 
 // Reply answers one Send. Exactly one Reply is produced for every Send.
@@ -68,11 +75,16 @@ type Reply struct {
 }
 
 // Resolve asks the caller to read the truth after a commit whose outcome is
-// unknown: the conversation's head (LoadHead) and up to Count messages with
-// seq > AfterSeq (ReadRange), answered with Resolved.
+// unknown: first make sure the old transaction is finished (Store.Settle),
+// then read the conversation's head (LoadHead) and up to Count messages with
+// seq > AfterSeq (ReadRange), answered with Resolved. Attempt counts the
+// earlier tries that failed (0 on the first); the caller waits a backoff
+// before a retry. The batch's senders get no answer until it is resolved:
+// an error answer must mean "not stored", and only the store can say.
 type Resolve struct {
 	AfterSeq uint64
 	Count    int
+	Attempt  int
 }
 
 // Ready holds the effects the caller must execute. Replies may be delivered
@@ -83,18 +95,24 @@ type Ready struct {
 	LoadHead bool                  // read the head, answer HeadLoaded
 	Commit   *persist.ConvBatch    // commit this batch, answer Committed
 	Resolve  *Resolve              // re-read after an unknown outcome, answer Resolved
-	Lookup   []sequencer.ClientKey // FindByClientKey each key, answer LookedUp in the same order
+	Lookup   []sequencer.ClientKey // FindByClientKey each key, answer LookedUp
 	Replies  []Reply
+	// Regressed is set once, when the store's head fell below a seq this
+	// conversation acked (sequencer.ErrHeadRegressed): the caller logs it
+	// loudly and counts it. The core refuses every send from then on.
+	Regressed error
 }
 
 // Empty reports whether r has nothing to do.
 func (r *Ready) Empty() bool {
-	return !r.LoadHead && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0
+	return !r.LoadHead && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0 && r.Regressed == nil
 }
 
 // LookupResult is the answer to one key of Ready.Lookup: the stored message
-// or an error (sequencer.ErrNotFound when the key is free).
+// or an error (sequencer.ErrNotFound when the key is free). Results are
+// matched to entries by Key, in any order.
 type LookupResult struct {
+	Key sequencer.ClientKey
 	Msg sequencer.Message
 	Err error
 }
@@ -133,6 +151,9 @@ type Core struct {
 
 	head      uint64 // last committed seq, valid when headKnown
 	headKnown bool
+	floor     uint64 // highest seq acked on this node: the store's head may never be below it
+	regressed error  // set when the store's head fell below floor: refuse everything
+	attempt   int    // failed re-reads of the batch being resolved
 
 	op        op
 	queue     []*entry           // not yet assigned a seq, in arrival order
@@ -171,6 +192,7 @@ func New(cfg Config) (*Core, error) {
 		cfg:   cfg,
 		clock: clock.Or(cfg.Clock),
 		memo:  newMemo(cfg.MemoSize),
+		floor: cfg.Floor,
 	}, nil
 }
 
@@ -180,6 +202,10 @@ func (c *Core) ConvID() string { return c.cfg.ConvID }
 // Head returns the last committed seq and whether it is known (loaded and
 // not in doubt).
 func (c *Core) Head() (uint64, bool) { return c.head, c.headKnown }
+
+// Floor returns the highest seq acked by this conversation's writers on this
+// node (to hand to the next core as Config.Floor).
+func (c *Core) Floor() uint64 { return c.floor }
 
 // Held returns the number of sends the core holds (queued or in flight).
 func (c *Core) Held() int { return c.held }
@@ -208,8 +234,16 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 			"conv %q: send for conversation %q routed here", c.cfg.ConvID, req.ConvID))
 		return
 	}
+	if c.regressed != nil {
+		c.reply(token, sequencer.SendResult{}, c.regressed)
+		return
+	}
 	key := req.Key()
-	if res, ok := c.memo.get(key); ok {
+	if res, fp, ok := c.memo.get(key); ok {
+		if fp != fingerprint(&req) {
+			c.reply(token, sequencer.SendResult{}, errDifferentContent)
+			return
+		}
 		res.Duplicate = true
 		c.reply(token, res, nil)
 		return
@@ -220,6 +254,11 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 	}
 	c.held++
 	if e, ok := c.pending[key]; ok {
+		if !sameContent(&e.req, &req) {
+			c.held--
+			c.reply(token, sequencer.SendResult{}, errDifferentContent)
+			return
+		}
 		// A resend of a key still queued or in flight: answered when the
 		// original's row is written (or fails).
 		e.waiters = append(e.waiters, waiter{token: token, ctx: ctx, resend: true})
@@ -242,6 +281,10 @@ func (c *Core) HeadLoaded(head uint64, err error) {
 	c.op = opNone
 	if err != nil {
 		c.failQueue(retryable(err, "load head"))
+		return
+	}
+	if head < c.floor {
+		c.regress(head)
 		return
 	}
 	c.head, c.headKnown = head, true
@@ -268,11 +311,13 @@ func (c *Core) Committed(err error) {
 		// re-read it before the next batch.
 		c.headKnown = false
 		c.failBatch(retryable(err, "commit"))
-	case errors.Is(err, sequencer.ErrStoreUnavailable):
-		// Nothing was written: the head stays at the last committed seq.
+	case persist.OutcomeOf(err) == persist.NotLanded:
+		// Nothing was written (store unavailable before COMMIT, or the data
+		// refused): the head stays at the last committed seq.
 		c.failBatch(retryable(err, "commit"))
 	default:
-		// An error the store contract does not name: it may have landed.
+		// Unknown, or an error the store contract does not name: it may
+		// have landed.
 		c.resolve(err)
 	}
 	c.advance()
@@ -290,10 +335,18 @@ func (c *Core) Resolved(head uint64, rows []sequencer.Message, err error) {
 	c.commitErr = nil
 	switch {
 	case err != nil:
-		// Still unknown: fail the batch (a resend finds the row if it
-		// landed) and re-read the head before any further seq.
-		c.headKnown = false
-		c.failBatch(retryable(cause, "commit outcome unknown (re-read failed: "+err.Error()+")"))
+		// Still unknown: the batch's senders keep waiting (an error answer
+		// would be a guess); the sends queued behind it were never sent to
+		// the store, so they fail now. Try again after a backoff.
+		c.failQueue(retryable(err, "conversation waits for the store to tell a commit's outcome"))
+		c.attempt++
+		c.commitErr = cause
+		c.op = opResolve
+		c.ready.Resolve = &Resolve{AfterSeq: b.PrevHead, Count: len(b.Messages), Attempt: c.attempt}
+		return
+	case head < c.floor:
+		c.regress(head)
+		return
 	case head >= b.LastSeq() && sameRows(rows, b.Messages):
 		c.land(head)
 	default:
@@ -311,7 +364,10 @@ func (c *Core) LookedUp(results []LookupResult) {
 		return
 	}
 	c.op = opNone
-	i := 0
+	byKey := make(map[sequencer.ClientKey]LookupResult, len(results))
+	for _, r := range results {
+		byKey[r.Key] = r
+	}
 	var retry []*entry
 	for _, e := range c.batch {
 		if !e.lookup {
@@ -321,23 +377,23 @@ func (c *Core) LookedUp(results []LookupResult) {
 			continue
 		}
 		e.lookup = false
-		var r LookupResult
-		if i < len(results) {
-			r = results[i]
-		} else {
-			r.Err = sequencer.Errorf(sequencer.CodeInternal, "lookup answered %d of the keys", len(results))
+		r, ok := byKey[e.req.Key()]
+		if !ok {
+			r.Err = sequencer.Errorf(sequencer.CodeUnavailable, "lookup of a resend key got no answer")
 		}
-		i++
 		switch {
+		case r.Err == nil && r.Msg.ConvID == c.cfg.ConvID && !storedSame(&r.Msg, &e.req):
+			c.fail(e, errDifferentContent)
 		case r.Err == nil && r.Msg.ConvID == c.cfg.ConvID:
 			// Committed by an earlier send (before a restart or beyond the
 			// memo): every waiter is a resend.
 			res := resultOf(&r.Msg)
-			c.memo.put(e.req.Key(), res)
+			c.memo.put(e.req.Key(), res, fingerprint(&e.req))
 			c.answer(e, res, true)
 		case r.Err == nil:
-			c.fail(e, fmt.Errorf("conv %q: from_uid %d client_msg_id %q is used in conversation %q: %w",
-				c.cfg.ConvID, e.req.FromUID, e.req.ClientMsgID, r.Msg.ConvID, sequencer.ErrAlreadyExists))
+			// Used in another conversation: never name it (its id is
+			// another user's data).
+			c.fail(e, errDifferentContent)
 		case errors.Is(r.Err, sequencer.ErrNotFound):
 			// The key is free (the conflicting row did not land): retry it.
 			retry = append(retry, e)
@@ -422,9 +478,10 @@ func (c *Core) form() {
 // land acks the in-flight batch: the head moved to head.
 func (c *Core) land(head uint64) {
 	c.head, c.headKnown = head, true
+	c.floor = max(c.floor, c.inflight.LastSeq())
 	for _, e := range c.batch {
 		res := resultOf(&e.msg)
-		c.memo.put(e.req.Key(), res)
+		c.memo.put(e.req.Key(), res, fingerprint(&e.req))
 		c.answer(e, res, false)
 	}
 	c.batch, c.inflight = nil, nil
@@ -434,6 +491,7 @@ func (c *Core) land(head uint64) {
 func (c *Core) resolve(err error) {
 	c.headKnown = false
 	c.commitErr = err
+	c.attempt = 0
 	c.op = opResolve
 	c.ready.Resolve = &Resolve{AfterSeq: c.inflight.PrevHead, Count: len(c.inflight.Messages)}
 }
@@ -641,6 +699,48 @@ func canceled(ctx context.Context) error {
 	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
 }
 
+// regress refuses every send from now on: the store's head (head) is below
+// a seq this node acked (c.floor), so the store lost acknowledged messages
+// (for example an asynchronous replica was promoted). Writing on would give
+// new messages the seqs of acked ones.
+func (c *Core) regress(head uint64) {
+	c.regressed = fmt.Errorf("conversation %q: store head %d is below acked seq %d: %w",
+		c.cfg.ConvID, head, c.floor, sequencer.ErrHeadRegressed)
+	c.headKnown = false
+	c.ready.Regressed = c.regressed
+	c.failBatch(c.regressed)
+	c.failQueue(c.regressed)
+}
+
+// errDifferentContent answers a send whose (from_uid, client_msg_id) was
+// already used for a different message: another conversation, msg_type or
+// body. It names nothing of the other message.
+var errDifferentContent error = sequencer.ErrAlreadyExists
+
+// sameContent reports whether two sends of one key carry the same message.
+func sameContent(a, b *sequencer.SendRequest) bool {
+	return a.ConvID == b.ConvID && a.MsgType == b.MsgType && bytes.Equal(a.Body, b.Body)
+}
+
+// storedSame reports whether the stored message m is what req sends.
+func storedSame(m *sequencer.Message, req *sequencer.SendRequest) bool {
+	return m.ConvID == req.ConvID && m.MsgType == req.MsgType && bytes.Equal(m.Body, req.Body)
+}
+
+// fingerprintSeed keys the memo's content fingerprints (per process).
+var fingerprintSeed = maphash.MakeSeed()
+
+// fingerprint is a 64-bit hash of what a resend must repeat (msg_type and
+// body; the memo is per conversation): the memo keeps it instead of the body.
+func fingerprint(r *sequencer.SendRequest) uint64 {
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	h.WriteByte(byte(r.MsgType))
+	h.WriteByte(byte(r.MsgType >> 8))
+	h.Write(r.Body)
+	return h.Sum64()
+}
+
 // memo remembers the results of the last size committed resend keys
 // (FIFO). It is a ring searched linearly (size is small, 64 by default) and
 // grows on demand: an idle conversation that committed one message holds one
@@ -654,6 +754,7 @@ type memo struct {
 type memoSlot struct {
 	key sequencer.ClientKey
 	res sequencer.SendResult
+	fp  uint64 // fingerprint of the message
 }
 
 func newMemo(size int) memo { return memo{size: size} }
@@ -667,22 +768,22 @@ func (m *memo) find(k sequencer.ClientKey) int {
 	return -1
 }
 
-func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, bool) {
+func (m *memo) get(k sequencer.ClientKey) (sequencer.SendResult, uint64, bool) {
 	if i := m.find(k); i >= 0 {
-		return m.ring[i].res, true
+		return m.ring[i].res, m.ring[i].fp, true
 	}
-	return sequencer.SendResult{}, false
+	return sequencer.SendResult{}, 0, false
 }
 
-func (m *memo) put(k sequencer.ClientKey, r sequencer.SendResult) {
+func (m *memo) put(k sequencer.ClientKey, r sequencer.SendResult, fp uint64) {
 	if i := m.find(k); i >= 0 {
-		m.ring[i].res = r
+		m.ring[i].res, m.ring[i].fp = r, fp
 		return
 	}
 	if len(m.ring) < m.size {
-		m.ring = append(m.ring, memoSlot{key: k, res: r})
+		m.ring = append(m.ring, memoSlot{key: k, res: r, fp: fp})
 		return
 	}
-	m.ring[m.next] = memoSlot{key: k, res: r}
+	m.ring[m.next] = memoSlot{key: k, res: r, fp: fp}
 	m.next = (m.next + 1) % len(m.ring)
 }

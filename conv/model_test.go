@@ -184,11 +184,11 @@ func runModel(t *testing.T, seed uint64) {
 			var rs []LookupResult
 			for _, k := range rd.Lookup {
 				if fault == 1 {
-					rs = append(rs, LookupResult{Err: sequencer.ErrStoreUnavailable})
+					rs = append(rs, LookupResult{Key: k, Err: sequencer.ErrStoreUnavailable})
 				} else if m, ok := st.keys[k]; ok {
-					rs = append(rs, LookupResult{Msg: m})
+					rs = append(rs, LookupResult{Key: k, Msg: m})
 				} else {
-					rs = append(rs, LookupResult{Err: sequencer.ErrNotFound})
+					rs = append(rs, LookupResult{Key: k, Err: sequencer.ErrNotFound})
 				}
 			}
 			c.LookedUp(rs)

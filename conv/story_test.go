@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,12 +148,12 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]context.CancelFunc{}}
-	h.newCore("c1", 0, 0, 0)
+	h.newCore("c1", 0, 0, 0, 0)
 	return h
 }
 
-func (h *harness) newCore(conv string, maxQueue, maxBatch, memo int) {
-	c, err := New(Config{ConvID: conv, IDs: h.ids, Clock: h.clk, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo,
+func (h *harness) newCore(conv string, maxQueue, maxBatch, memo int, floor uint64) {
+	c, err := New(Config{ConvID: conv, IDs: h.ids, Clock: h.clk, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo, Floor: floor,
 		Fence: func() (persist.Fence, error) { return h.fence, h.fenceErr }})
 	if err != nil {
 		h.t.Fatal(err)
@@ -175,7 +176,7 @@ func (h *harness) do(line string) string {
 	c := h.core
 	switch cmd {
 	case "new":
-		h.newCore(or(kv["conv"], "c1"), h.atoi(kv["max-queue"]), h.atoi(kv["max-batch"]), h.atoi(kv["memo"]))
+		h.newCore(or(kv["conv"], "c1"), h.atoi(kv["max-queue"]), h.atoi(kv["max-batch"]), h.atoi(kv["memo"]), uint64(h.atoi(kv["floor"])))
 		return ""
 	case "send":
 		// send <token> <client> [uid=N] [conv=X] [ctx=done]
@@ -188,8 +189,12 @@ func (h *harness) do(line string) string {
 		if kv["ctx"] == "done" {
 			cancel()
 		}
+		body := pos[1]
+		if b, ok := kv["body"]; ok {
+			body = b
+		}
 		c.Send(ctx, pos[0], sequencer.SendRequest{ConvID: or(kv["conv"], c.ConvID()), FromUID: uid,
-			ClientMsgID: pos[1], MsgType: 1, Body: []byte(pos[1])})
+			ClientMsgID: pos[1], MsgType: 1, Body: []byte(body)})
 	case "cancel":
 		for _, tok := range pos {
 			h.cancels[tok]()
@@ -233,10 +238,15 @@ func (h *harness) do(line string) string {
 			_, v, _ := strings.Cut(a, "=")
 			key := h.lookup[i]
 			parts := strings.Split(v, ":")
+			n := len(rs)
 			switch parts[0] {
 			case "same":
 				rs = append(rs, LookupResult{Msg: sequencer.Message{MsgID: uint64(h.atoi(parts[1])), Seq: uint64(h.atoi(parts[2])),
-					ConvID: c.ConvID(), FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, ServerAt: h.start}})
+					ConvID: c.ConvID(), FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte(key.ClientMsgID), ServerAt: h.start}})
+			case "changed":
+				// Same conversation and key, another body: not a resend.
+				rs = append(rs, LookupResult{Msg: sequencer.Message{MsgID: 66, Seq: 1, ConvID: c.ConvID(), FromUID: key.FromUID,
+					ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("another body")}})
 			case "other":
 				rs = append(rs, LookupResult{Msg: sequencer.Message{MsgID: 77, Seq: 1, ConvID: "elsewhere", FromUID: key.FromUID, ClientMsgID: key.ClientMsgID}})
 			case "notfound":
@@ -244,7 +254,10 @@ func (h *harness) do(line string) string {
 			default:
 				rs = append(rs, LookupResult{Err: h.storeErr(parts[0])})
 			}
+			rs[n].Key = key
 		}
+		// Answer in reverse order: results are matched by key, not position.
+		slices.Reverse(rs)
 		c.LookedUp(rs)
 	case "ids":
 		h.ids.fail = h.atoi(kv["fail"])
@@ -275,7 +288,7 @@ func (h *harness) do(line string) string {
 		return strconv.FormatBool(c.Idle())
 	case "state":
 		head, known := c.Head()
-		return fmt.Sprintf("head=%d known=%v held=%d queued=%d", head, known, c.Held(), len(c.queue))
+		return fmt.Sprintf("head=%d known=%v held=%d queued=%d floor=%d", head, known, c.Held(), len(c.queue), c.Floor())
 	default:
 		h.t.Fatalf("unknown command %q", cmd)
 	}
@@ -300,7 +313,11 @@ func (h *harness) printReady() string {
 		}
 	}
 	if rd.Resolve != nil {
-		fmt.Fprintf(&b, "resolve after=%d count=%d\n", rd.Resolve.AfterSeq, rd.Resolve.Count)
+		fmt.Fprintf(&b, "resolve after=%d count=%d", rd.Resolve.AfterSeq, rd.Resolve.Count)
+		if rd.Resolve.Attempt > 0 {
+			fmt.Fprintf(&b, " attempt=%d", rd.Resolve.Attempt)
+		}
+		b.WriteString("\n")
 	}
 	if len(rd.Lookup) > 0 {
 		h.lookup = rd.Lookup
@@ -309,6 +326,9 @@ func (h *harness) printReady() string {
 			fmt.Fprintf(&b, " %d/%s", k.FromUID, k.ClientMsgID)
 		}
 		b.WriteString("\n")
+	}
+	if rd.Regressed != nil {
+		fmt.Fprintf(&b, "regressed: %v\n", rd.Regressed)
 	}
 	for _, r := range rd.Replies {
 		switch {

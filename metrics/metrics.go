@@ -13,17 +13,18 @@ import (
 type Set struct {
 	Registry *prometheus.Registry
 
-	Sends          *prometheus.CounterVec   // sequencer_sends_total{code}
-	DedupHits      prometheus.Counter       // sequencer_dedup_hits_total
-	BatchMessages  prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
-	BatchConvs     prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
-	CommitSeconds  *prometheus.HistogramVec // sequencer_commit_seconds{result}
-	LiveConvs      prometheus.Gauge         // sequencer_conversation_actors
-	Passivations   prometheus.Counter       // sequencer_passivations_total
-	ClockRollbacks *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
-	WorkerLease    prometheus.Gauge         // sequencer_worker_lease_held (1/0)
-	Requests       *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
-	SendSeconds    *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
+	Sends           *prometheus.CounterVec   // sequencer_sends_total{code}
+	DedupHits       prometheus.Counter       // sequencer_dedup_hits_total
+	BatchMessages   prometheus.Histogram     // sequencer_commit_batch_messages: rows per store transaction
+	BatchConvs      prometheus.Histogram     // sequencer_commit_batch_conversations: conversations per store transaction
+	CommitSeconds   *prometheus.HistogramVec // sequencer_commit_seconds{result}
+	LiveConvs       prometheus.Gauge         // sequencer_conversation_actors
+	Passivations    prometheus.Counter       // sequencer_passivations_total
+	ClockRollbacks  *prometheus.CounterVec   // sequencer_clock_rollbacks_total{outcome="waited|refused"}
+	WorkerLease     prometheus.Gauge         // sequencer_worker_lease_held (1/0)
+	Requests        *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
+	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
+	SendSeconds     *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -65,12 +66,16 @@ func New() *Set {
 	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sequencer_rpc_requests_total", Help: "RPCs by method and result code.",
 	}, []string{"method", "code"})
+	s.HeadRegressions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_head_regressions_total",
+		Help: "Conversations refused because the store's head fell below a seq this node acked (the store lost acknowledged messages).",
+	})
 	s.SendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"method"})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.SendSeconds} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.SendSeconds} {
 		f(c)
 	}
 	return s

@@ -57,8 +57,9 @@ func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages
 //   - an error wrapping sequencer.ErrHeadMismatch (*HeadMismatchError) or
 //     sequencer.ErrStaleEpoch (*StaleFenceError): nothing was written;
 //   - an error wrapping sequencer.ErrUnknownOutcome: the commit may or may
-//     not have landed (connection lost during COMMIT, timeout); the caller must
-//     re-read the truth before assigning another seq;
+//     not have landed (connection lost during COMMIT, timeout), and may even
+//     land later; the caller must call Settle, then re-read the truth, before
+//     it answers the senders or assigns another seq;
 //   - an error wrapping sequencer.ErrStoreUnavailable: nothing was written
 //     (failed before the commit was sent).
 type Store interface {
@@ -78,6 +79,15 @@ type Store interface {
 	// Trim deletes conv's messages with seq <= throughSeq (retention). The
 	// head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
+
+	// Settle returns once every transaction of an earlier Commit that
+	// returned sequencer.ErrUnknownOutcome is finished on the server
+	// (committed or rolled back), so that reads made after it see the final
+	// outcome: a transaction that outlived its connection (a stalled backend
+	// that ignored the cancel) cannot commit after Settle returned. It fails
+	// (retryably) when it cannot tell yet. Stores whose commits cannot
+	// outlive the Commit call (SQLite, in-memory) return nil at once.
+	Settle(ctx context.Context) error
 
 	WorkerLeases
 
@@ -187,6 +197,49 @@ func (e *StaleFenceError) Error() string {
 	return fmt.Sprintf("%v: %v", sequencer.ErrStaleEpoch, e.Fences)
 }
 func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
+
+// ErrRejected is a store's refusal of the data of a commit (a value the
+// schema cannot hold: a data or integrity error other than the unique keys
+// ConflictError names). Nothing was written. It names no conversation, so
+// the group-commit writer splits the transaction to find the bad rows, and
+// only their senders get it (invalid_argument: sending it again cannot
+// help).
+var ErrRejected = &sequencer.Error{Code: sequencer.CodeInvalidArgument, Msg: "the store refused this message"}
+
+// Outcome is what a Commit's error means for the rows it carried.
+type Outcome int
+
+const (
+	Landed    Outcome = iota // nil error: every row is durably stored
+	NotLanded                // nothing was written (and nothing will be)
+	Unknown                  // the rows may have landed, or may land later: Settle, then re-read
+)
+
+func (o Outcome) String() string {
+	return [...]string{"landed", "not landed", "unknown"}[o]
+}
+
+// OutcomeOf is the ONE place that says what a Commit's error means (see
+// Store.Commit): refusals (conflict, head mismatch, stale fence, rejected
+// data) and failures before COMMIT was sent (ErrStoreUnavailable) did not
+// land; ErrUnknownOutcome and any error the contract does not name may
+// have.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return Landed
+	case errors.Is(err, sequencer.ErrUnknownOutcome):
+		return Unknown
+	}
+	if _, ok := AsConflict(err); ok {
+		return NotLanded
+	}
+	if errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
+		errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, ErrRejected) {
+		return NotLanded
+	}
+	return Unknown
+}
 
 // AsConflict returns the *ConflictError in err's chain, if any.
 func AsConflict(err error) (*ConflictError, bool) {

@@ -5,7 +5,13 @@
 //
 // Faults of Commit: fail before writing (sequencer.ErrStoreUnavailable),
 // delay, commit then report sequencer.ErrUnknownOutcome (the rows ARE
-// stored), and drop (report sequencer.ErrUnknownOutcome, nothing stored).
+// stored), drop (report sequencer.ErrUnknownOutcome, nothing stored), and
+// land late (report sequencer.ErrUnknownOutcome at once, then commit a moment
+// later in the background, like a stalled PostgreSQL backend that ignored
+// the cancel). Settle waits for the late commits, as the real store's Settle
+// ends a stalled backend; SetBrokenSettle makes it return at once, to show
+// that a writer that answered without settling breaks "an error answer is
+// final".
 // Reads (LoadHead, ReadRange, FindByClientKey, GetMessage) can fail with
 // sequencer.ErrStoreUnavailable or be delayed. The wrapper never changes
 // what the inner store stores or answers on the calls it lets through.
@@ -31,6 +37,7 @@ const (
 	Delay                       // wait (Rates.MaxDelay, or until ctx ends) then pass through
 	CommitThenFail              // Commit only: commit, then return ErrUnknownOutcome
 	Drop                        // Commit only: return ErrUnknownOutcome without committing
+	LandLate                    // Commit only: return ErrUnknownOutcome now, commit a moment later
 )
 
 func (f Fault) String() string {
@@ -45,6 +52,8 @@ func (f Fault) String() string {
 		return "commit-then-fail"
 	case Drop:
 		return "drop"
+	case LandLate:
+		return "land-late"
 	}
 	return fmt.Sprintf("fault(%d)", int(f))
 }
@@ -67,6 +76,7 @@ type Rates struct {
 	Delay          float64
 	CommitThenFail float64 // commits only
 	Drop           float64 // commits only
+	LandLate       float64 // commits only
 	MaxDelay       time.Duration
 }
 
@@ -91,6 +101,61 @@ type Store struct {
 	events  []Event
 	calls   map[Op]int
 	durable map[uint64]bool // msg_ids of rows the inner store committed
+
+	late         []chan struct{} // LandLate commits: closed once each has run
+	brokenSettle bool
+}
+
+// SetBrokenSettle makes Settle return at once without waiting for late
+// commits (a store that breaks its contract), for tests that show the
+// damage.
+func (s *Store) SetBrokenSettle(broken bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.brokenSettle = broken
+}
+
+// Settle waits until every LandLate commit has run (or ctx ends), then asks
+// the inner store.
+func (s *Store) Settle(ctx context.Context) error {
+	s.mu.Lock()
+	broken := s.brokenSettle
+	s.mu.Unlock()
+	if !broken {
+		for _, done := range s.lateCommits() {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return fmt.Errorf("faulty: settle: %w: %w", sequencer.ErrStoreUnavailable, ctx.Err())
+			}
+		}
+	}
+	return s.Store.Settle(ctx)
+}
+
+// lateCommits returns the LandLate commits started so far, dropping the
+// finished ones from the list.
+func (s *Store) lateCommits() []chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pending := s.late[:0]
+	for _, c := range s.late {
+		select {
+		case <-c:
+		default:
+			pending = append(pending, c)
+		}
+	}
+	s.late = pending
+	return append([]chan struct{}(nil), pending...)
+}
+
+// WaitLate waits until every LandLate commit has run (tests call it before
+// reading the inner store back).
+func (s *Store) WaitLate() {
+	for _, done := range s.lateCommits() {
+		<-done
+	}
 }
 
 // New wraps inner with a random schedule seeded by seed (zero Rates: no
@@ -171,6 +236,10 @@ func (s *Store) next(op Op) Fault {
 	if x < r.Drop {
 		return Drop
 	}
+	x -= r.Drop
+	if x < r.LandLate {
+		return LandLate
+	}
 	return None
 }
 
@@ -218,6 +287,25 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	case Drop:
 		s.record(ev)
 		return fmt.Errorf("faulty: commit dropped: %w", sequencer.ErrUnknownOutcome)
+	case LandLate:
+		s.record(ev)
+		s.mu.Lock()
+		d := time.Duration(s.rng.Int64N(int64(2*time.Millisecond))) + time.Millisecond
+		s.mu.Unlock()
+		rows := make([]persist.ConvBatch, len(batches))
+		copy(rows, batches)
+		done := make(chan struct{})
+		s.mu.Lock()
+		s.late = append(s.late, done)
+		s.mu.Unlock()
+		go func() {
+			defer close(done)
+			time.Sleep(d)
+			if err := s.Store.Commit(context.Background(), rows); err == nil {
+				s.markDurable(rows)
+			}
+		}()
+		return fmt.Errorf("faulty: commit stalled, the answer is lost, it lands later: %w", sequencer.ErrUnknownOutcome)
 	case Delay:
 		if err := s.delay(ctx); err != nil {
 			s.record(ev)
@@ -226,13 +314,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	}
 	err := s.Store.Commit(ctx, batches)
 	if err == nil {
-		s.mu.Lock()
-		for _, b := range batches {
-			for _, m := range b.Messages {
-				s.durable[m.MsgID] = true
-			}
-		}
-		s.mu.Unlock()
+		s.markDurable(batches)
 	}
 	if f != None {
 		ev.InnerErr = err
@@ -245,6 +327,16 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 		return fmt.Errorf("faulty: committed, then the answer was lost: %w", sequencer.ErrUnknownOutcome)
 	}
 	return err
+}
+
+func (s *Store) markDurable(batches []persist.ConvBatch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range batches {
+		for _, m := range b.Messages {
+			s.durable[m.MsgID] = true
+		}
+	}
 }
 
 // read applies the next read fault of op; nil means call the inner store.

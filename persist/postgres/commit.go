@@ -170,7 +170,20 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 		return unavailable("commit: acquire connection", err)
 	}
 	defer conn.Release() // destroys the connection if a transaction is left open
-	return s.commitOn(ctx, conn, batches)
+	backend := backendOf(conn.Conn().PgConn())
+	if s.beforeCommit != nil {
+		s.beforeCommit(backend.pid)
+	}
+	err = s.commitOn(ctx, conn, batches)
+	if errors.Is(err, sequencer.ErrUnknownOutcome) {
+		// The transaction may still commit on the server: Settle must end
+		// it before anyone re-reads. Never reuse this connection.
+		s.unsettle(backend)
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
+	}
+	return err
 }
 
 func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch) error {

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,6 +86,11 @@ const copyMinRows = 1000
 type Store struct {
 	pool *pgxpool.Pool
 	mode insertMode
+
+	settleMu  sync.Mutex
+	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
+
+	beforeCommit func(pid uint32) // tests: called with the backend pid before each commit is sent
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -101,6 +107,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	cfg.AfterConnect = afterConnect
 	if _, set := cfg.ConnConfig.RuntimeParams[idleInTxParam]; !set {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
@@ -145,13 +152,13 @@ func unknownOutcome(op string, err error) error {
 }
 
 // classify maps an error of a statement that changed nothing: server-side
-// data errors (class 22, 23) are bugs in the caller and not retryable; every
-// other error (connection, timeout, cancel, deadlock, shutdown) is
-// ErrStoreUnavailable.
+// data errors (class 22, 23) are persist.ErrRejected (the data cannot be
+// stored; not retryable); every other error (connection, timeout, cancel,
+// deadlock, shutdown) is ErrStoreUnavailable.
 func classify(op string, err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && len(pg.Code) == 5 && (pg.Code[:2] == "22" || pg.Code[:2] == "23") {
-		return fmt.Errorf("postgres: %s: %w", op, err)
+		return fmt.Errorf("postgres: %s: %w (%w)", op, persist.ErrRejected, err)
 	}
 	return unavailable(op, err)
 }

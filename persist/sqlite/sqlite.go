@@ -114,6 +114,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 func (s *Store) Path() string { return s.path }
 
 // Ping checks the file can be read.
+// Settle returns nil: a SQLite commit runs inside the Commit call of this
+// process, so once Commit returned its transaction is committed or rolled
+// back, whatever Commit reported.
+func (s *Store) Settle(context.Context) error { return nil }
+
 func (s *Store) Ping(ctx context.Context) error {
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {

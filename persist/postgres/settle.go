@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// A commit whose outcome is unknown (the connection was lost or timed out
+// after COMMIT went out) may still be running on the server: a backend that
+// stalled (descheduled, fsync, a replication wait) ignores the cancel and
+// the closed socket until it runs again, and then it can commit. If the
+// writer re-read the head before that, it would answer "not stored" for a
+// message that lands a moment later. So the store remembers the backend of
+// every such commit, and Settle terminates it and waits until it is gone:
+// from then on its transaction is committed or rolled back for good.
+//
+// A backend is named by its pid and its backend_start (read once per
+// connection), so a pid reused by a later, unrelated session is never
+// terminated.
+
+// backendKey identifies one server session.
+type backendKey struct {
+	pid   uint32
+	start time.Time
+}
+
+const backendStartKey = "sequencer.backend_start"
+
+// afterConnect records the new session's backend_start on the connection.
+func afterConnect(ctx context.Context, c *pgx.Conn) error {
+	var start time.Time
+	if err := c.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&start); err != nil {
+		return fmt.Errorf("read backend_start: %w", err)
+	}
+	c.PgConn().CustomData()[backendStartKey] = start
+	return nil
+}
+
+// backendOf returns the session key of a connection.
+func backendOf(c *pgconn.PgConn) backendKey {
+	start, _ := c.CustomData()[backendStartKey].(time.Time)
+	return backendKey{pid: c.PID(), start: start}
+}
+
+// unsettle remembers that b may still commit.
+func (s *Store) unsettle(b backendKey) {
+	s.settleMu.Lock()
+	defer s.settleMu.Unlock()
+	if s.unsettled == nil {
+		s.unsettled = make(map[backendKey]bool)
+	}
+	s.unsettled[b] = true
+}
+
+// settlePoll is how often Settle looks whether a terminated backend is gone.
+const settlePoll = 20 * time.Millisecond
+
+// Settle implements persist.Store: it terminates the backend of every commit
+// whose outcome was unknown and waits until each is gone (see above). A
+// backend stopped by the OS (SIGSTOP) is gone only after it runs again, so
+// Settle can take as long as the stall; it returns ctx's error (wrapped as
+// unavailable) when ctx ends first, and the caller tries again later.
+func (s *Store) Settle(ctx context.Context) error {
+	s.settleMu.Lock()
+	pending := make([]backendKey, 0, len(s.unsettled))
+	for b := range s.unsettled {
+		pending = append(pending, b)
+	}
+	s.settleMu.Unlock()
+	for _, b := range pending {
+		if err := s.settleOne(ctx, b); err != nil {
+			return err
+		}
+		s.settleMu.Lock()
+		delete(s.unsettled, b)
+		s.settleMu.Unlock()
+	}
+	return nil
+}
+
+func (s *Store) settleOne(ctx context.Context, b backendKey) error {
+	// Without pg_signal_backend (or the same role) the terminate is refused:
+	// then wait for the backend to end by itself.
+	_, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2`,
+		int64(b.pid), b.start)
+	var pg *pgconn.PgError
+	if err != nil && !(errors.As(err, &pg) && pg.Code == "42501") {
+		return unavailable("settle: terminate the backend of an unknown commit", err)
+	}
+	for {
+		var alive bool
+		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)`,
+			int64(b.pid), b.start).Scan(&alive)
+		if err != nil {
+			return unavailable("settle: wait for the backend of an unknown commit", err)
+		}
+		if !alive {
+			return nil
+		}
+		t := time.NewTimer(settlePoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return unavailable("settle: the backend of an unknown commit is still running", ctx.Err())
+		}
+	}
+}
