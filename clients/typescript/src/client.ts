@@ -211,14 +211,51 @@ export function backoffMs(attempt: number, base: number, max: number): number {
   return half + Math.random() * (d - half);
 }
 
+const maxUint64 = (1n << 64n) - 1n;
+
+// A local check failed: nothing was sent (0 attempts).
+function invalid(msg: string): SequencerError {
+  return new SequencerError("invalid_argument", msg, { attempts: 0 });
+}
+
 function toUint64(v: bigint | string, field: string): bigint {
+  let n: bigint | undefined;
   if (typeof v === "bigint") {
-    return v;
+    n = v;
+  } else if (typeof v === "string" && /^[0-9]{1,20}$/.test(v)) {
+    n = BigInt(v);
   }
-  if (typeof v === "string" && /^[0-9]{1,20}$/.test(v)) {
-    return BigInt(v);
+  if (n === undefined || n < 0n || n > maxUint64) {
+    throw invalid(`${field}: want a bigint or a decimal string in 0..2^64-1, got ${typeof v} ${String(v)}`);
   }
-  throw new SequencerError("invalid_argument", `${field}: want a bigint or a decimal string, got ${typeof v} ${String(v)}`);
+  return n;
+}
+
+function checkInt(v: number, lo: number, hi: number, field: string): number {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < lo || v > hi) {
+    throw invalid(`${field}: want an integer in ${lo}..${hi}, got ${typeof v} ${String(v)}`);
+  }
+  return v;
+}
+
+function checkString(v: unknown, field: string): string {
+  if (typeof v !== "string") {
+    throw invalid(`${field}: want a string, got ${typeof v}`);
+  }
+  return v;
+}
+
+function bodyBytes(b: unknown): Uint8Array {
+  if (b === undefined) {
+    return new Uint8Array();
+  }
+  if (typeof b === "string") {
+    return utf8.encode(b);
+  }
+  if (b instanceof Uint8Array) {
+    return b;
+  }
+  throw invalid(`body: want a Uint8Array or a string, got ${typeof b}`);
 }
 
 const utf8 = new TextEncoder();
@@ -336,13 +373,15 @@ export class SequencerClient {
    * back with duplicate true and the first ids).
    */
   async send(input: SendInput, opts: CallOptions = {}): Promise<SendResult> {
-    const key = input.clientMsgId || newClientMsgId();
+    // Only what protobuf cannot encode is checked here (one unencodable
+    // item would fail its whole SendBatch); the server checks the rest.
+    const key = input.clientMsgId ? checkString(input.clientMsgId, "clientMsgId") : newClientMsgId();
     const req = create(SendRequestSchema, {
-      convId: input.convId,
+      convId: checkString(input.convId, "convId"),
       fromUid: toUint64(input.fromUid, "fromUid"),
       clientMsgId: key,
-      msgType: input.msgType ?? 0,
-      body: typeof input.body === "string" ? utf8.encode(input.body) : (input.body ?? new Uint8Array()),
+      msgType: checkInt(input.msgType ?? 0, -(2 ** 31), 2 ** 31 - 1, "msgType"),
+      body: bodyBytes(input.body),
     });
     const size = req.convId.length + key.length + req.body.length + 32;
     const call: CallInfo = {
@@ -396,6 +435,7 @@ export class SequencerClient {
    */
   async pull(convId: string, afterSeq: bigint | string, limit = 0, opts: CallOptions = {}): Promise<PullResult> {
     const after = toUint64(afterSeq, "afterSeq");
+    checkInt(limit, 0, 2 ** 32 - 1, "limit");
     const call: CallInfo = { op: "pull", convId, subject: `conv_id ${JSON.stringify(convId)} after_seq ${after}` };
     const resp = await this.withRetry(call, opts, (at) => {
       at.target = this.anyNode();

@@ -98,8 +98,23 @@ describe("single node", () => {
       assert.equal(await c.getHead("ts:c04"), 0n, "no seq consumed");
       // A body above the limit is invalid_argument too, never retryable.
       await assert.rejects(c.send({ convId: "ts:c04", fromUid: 1n, body: new Uint8Array(65_537) }), { code: "invalid_argument" });
-      // JS numbers are refused for ids: they would round above 2^53.
-      await assert.rejects(c.send({ convId: "ts:c04", fromUid: 5 as unknown as bigint, body: "x" }), { code: "invalid_argument" });
+      // JS numbers are refused for ids: they would round above 2^53. What
+      // protobuf cannot encode fails before anything is sent (0 attempts),
+      // and never fails the other items of a burst.
+      const before = rec.count("SendBatch");
+      const burst = await c.sendMany([
+        { convId: "ts:c04", fromUid: 5 as unknown as bigint, body: "x" },
+        { convId: "ts:c04", fromUid: -1n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n << 64n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, msgType: 1.5, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, body: 42 as unknown as string },
+        { convId: 7 as unknown as string, fromUid: 1n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, clientMsgId: "c04-ok", body: "fine" },
+      ]);
+      assert.deepEqual(burst.map((o) => (o.ok ? "ok" : `${o.error.code}/${o.error.attempts}`)),
+        ["invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "ok"]);
+      assert.equal(rec.count("SendBatch") - before, 1, "only the good item was sent");
+      await assert.rejects(c.pull("ts:c04", 0n, -1), { code: "invalid_argument" });
     } finally {
       c.close();
     }
