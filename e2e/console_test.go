@@ -142,6 +142,9 @@ func TestConsoleShowsFailover(t *testing.T) {
 
 	do("open the console", 30*time.Second, chromedp.Navigate("http://"+n1.Addr+"/console/"))
 	waitJS("both members listed", `document.querySelectorAll('#members tbody tr[data-node="n1"], #members tbody tr[data-node="n2"]').length === 2`, 30*time.Second)
+	// Both nodes heartbeat every 250 ms: the ages shown stay well below the TTL.
+	waitJS("heartbeat ages below the member TTL",
+		fmt.Sprintf(`[...document.querySelectorAll('#members td[data-age-ms]')].every(td => +td.dataset.ageMs >= 0 && +td.dataset.ageMs < %d)`, ttl.Milliseconds()), 10*time.Second)
 	waitJS("271 partitions split between n1 and n2",
 		fmt.Sprintf(`document.querySelectorAll('#partmap .cell').length === 271 && %s > 0 && %s > 0 && %s + %s === 271`,
 			owners("n1"), owners("n2"), owners("n1"), owners("n2")), 30*time.Second)

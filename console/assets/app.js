@@ -50,7 +50,7 @@
         el("td", {}, el("span", { class: "swatch", style: "background:" + colorOf(x.nodeId) }), x.nodeId),
         el("td", {}, x.apiAddr || "—"),
         el("td", {}, x.clusterAddr || "—"),
-        el("td", { class: stale ? "stale" : "" }, age(x.heartbeatAgeMs)),
+        el("td", { class: stale ? "stale" : "", "data-age-ms": String(x.heartbeatAgeMs) }, age(x.heartbeatAgeMs)),
         el("td", {}, parts.partitions.length ? String(held.get(x.nodeId) || 0) : "all"),
         el("td", {}, x.self ? el("span", { class: "tag" }, "this node") : "", x.leaving ? el("span", { class: "tag" }, "leaving") : ""));
     });
