@@ -54,6 +54,18 @@ describe("single node", () => {
     }
   });
 
+  test("C01 over the Connect protocol (HTTP/2) too", async () => {
+    const c = client({ protocol: "connect" });
+    try {
+      const r = await c.send({ convId: "ts:c01-connect", fromUid: 1n, clientMsgId: "k1", body: "hi" });
+      assert.equal(r.seq, 1n);
+      assert.equal((await c.send({ convId: "ts:c01-connect", fromUid: 1n, clientMsgId: "k1", body: "hi" })).duplicate, true);
+      await assert.rejects(c.getMessage(1n), { code: "not_found" });
+    } finally {
+      c.close();
+    }
+  });
+
   test("C03 a lost answer is retried with the same generated key and stored once", async () => {
     let lose = 1;
     const lossy: Interceptor = (next) => async (req) => {
