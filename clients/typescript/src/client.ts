@@ -11,7 +11,6 @@ import {
   SequencerService,
   SendRequestSchema,
   type Message as PbMessage,
-  type SendRequest,
   type SendResponse,
 } from "./gen/sequencer/v1/sequencer_pb.js";
 import { Batcher, type Pending } from "./batcher.js";

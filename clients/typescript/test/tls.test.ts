@@ -33,7 +33,7 @@ before(async () => {
   const handler = connectNodeAdapter({
     routes: (router) =>
       router.service(SequencerService, {
-        route(req, ctx) {
+        route(_req, ctx) {
           check(ctx.requestHeader.get("authorization"));
           return { nodeId: "tls", address: addr, partition: 1, epoch: 1n, membershipVersion: 1n };
         },
