@@ -6,6 +6,9 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { backoffMs, ownerURL, SequencerClient } from "../src/client.js";
 import { classify, ItemError, AttemptTimeout } from "../src/errors.js";
 import { RouteCache } from "../src/route.js";
+import { Batcher, type Pending } from "../src/batcher.js";
+import { create } from "@bufbuild/protobuf";
+import { SendRequestSchema, SendResponseSchema } from "../src/gen/sequencer/v1/sequencer_pb.js";
 
 describe("unit", () => {
   test("U1 backoff doubles from 20 ms, caps at 1 s, jittered into [d/2, d]", () => {
@@ -65,5 +68,32 @@ describe("unit", () => {
     assert.throws(() => new SequencerClient({ addrs: [] }), { code: "invalid_argument" });
     assert.throws(() => new SequencerClient({ addrs: ["nohost"] }), { code: "invalid_argument" });
     assert.throws(() => new SequencerClient({ addrs: ["127.0.0.1:1"], maxBatchItems: 1001 }), { code: "invalid_argument" });
+  });
+
+  test("U6 batcher: one request in flight, items and bytes bounded, abandoned items skipped, a failed request fails each item", async () => {
+    const sizes: number[] = [];
+    let fail = false;
+    const b = new Batcher(async (items) => {
+      sizes.push(items.length);
+      await new Promise((r) => setTimeout(r, 5));
+      if (fail) {
+        throw new Error("read ECONNRESET");
+      }
+      return items.map((_, i) => (i % 2 ? { error: { code: "invalid_argument", message: "odd" } } : { ok: create(SendResponseSchema, { seq: BigInt(i + 1) }) }));
+    }, 3, 250, 1000);
+    const put = (size: number) => new Promise<unknown>((resolve) => {
+      const p: Pending = { req: create(SendRequestSchema, {}), size, done: false, resolve: (r) => resolve(r), reject: (e) => resolve(e) };
+      b.enqueue(p);
+    });
+    const all = [put(10), put(10), put(10), put(10), put(200), put(100)];
+    const abandoned: Pending = { req: create(SendRequestSchema, {}), size: 1, done: true, resolve: () => assert.fail("abandoned"), reject: () => assert.fail("abandoned") };
+    b.enqueue(abandoned);
+    const out = await Promise.all(all);
+    // 3 items max; then 10+200 fit under 250 bytes, 100 does not join them.
+    assert.deepEqual(sizes, [3, 2, 1]);
+    assert.ok(out[1] instanceof ItemError && out[1].code === "invalid_argument");
+    fail = true;
+    const failed = await Promise.all([put(1), put(1)]);
+    assert.ok(failed.every((e) => e instanceof Error && /ECONNRESET/.test(e.message)));
   });
 });
