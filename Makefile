@@ -2,16 +2,21 @@
 GO      ?= go
 BIN     := bin
 PKGS    := ./...
+# The version `sequencer version` and sequencer_build_info report: the newest
+# v* tag (git describe), else "dev"; the commit is HEAD (-dirty with local changes).
+VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X github.com/sequencer-im/sequencer/buildinfo.commit=$(COMMIT)
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean
+.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/sequencer
-	$(GO) build -o $(BIN)/sequencer ./cmd/sequencer
+build: ## build bin/sequencer (version and commit stamped, see VERSION)
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sequencer ./cmd/sequencer
 
 run: build ## run one node on the embedded store under ./data (127.0.0.1:7070)
 	./$(BIN)/sequencer serve
@@ -54,6 +59,15 @@ bench: build ## short benchmark run of every engine and scenario, report in benc
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
+
+image: ## container image localhost/sequencer:dev FROM scratch with podman (deploy/Containerfile)
+	bash scripts/image.sh
+
+image-test: ## build the image and run it on PostgreSQL and on a volume (scripts/image-test.sh)
+	bash scripts/image-test.sh
+
+deploy-check: ## validate deploy/ (promtool, compose config, systemd-analyze) and run a real Prometheus against real nodes
+	bash scripts/deploy-check.sh
 
 clean:
 	rm -rf $(BIN)

@@ -1,32 +1,115 @@
 package api
 
 import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
+	"connectrpc.com/connect"
+	connectcors "connectrpc.com/cors"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/cors"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
-// NewHTTPHandler serves everything on one port:
-//   - the Connect service at /sequencer.v1.SequencerService/ (gRPC, gRPC-Web,
-//     Connect binary and JSON);
+// The HTTP side of a node has two parts:
+//
+//   - the API (NewAPIMux): the Connect service at /sequencer.v1.SequencerService/
+//     (gRPC, gRPC-Web, Connect binary and JSON), behind the guards of Edge
+//     (bearer tokens, request size, CORS);
+//   - the admin endpoints (NewAdminMux): GET /healthz, GET /readyz and
+//     GET /metrics, never behind a token.
+//
+// Without --admin-listen both are served on the API port (the admin mux is
+// mounted at "/" of the API mux); with it, the admin mux has its own port
+// and the API port serves only the RPCs.
+//
+// To add an operator endpoint (for example a web console), build the admin
+// mux and register on it before serving:
+//
+//	admin := api.NewAdminMux(ready, reg, log)
+//	admin.Handle("/console/", consoleHandler)
+//
+// Patterns follow net/http.ServeMux (Go 1.22 syntax: "GET /path", "/dir/").
+// Whatever is registered there is reachable wherever the admin mux is served
+// (the admin port, or the API port when --admin-listen is not set) and is
+// not behind the API's bearer token: protect it with its own check or keep
+// the admin port private.
+
+// Edge configures the guards in front of the RPCs (NewAPIMux). The zero
+// value guards nothing but the request size.
+type Edge struct {
+	// Tokens, when set, makes every RPC need "Authorization: Bearer <token>"
+	// with a token of the set; other calls are answered unauthenticated
+	// (HTTP 401) before anything is read or decoded.
+	Tokens *Tokens
+	// CORSOrigins are the browser origins allowed to call the API
+	// ("https://app.example.com"; "*" allows any). Empty: no CORS headers,
+	// browsers on other origins cannot call.
+	CORSOrigins []string
+	// MaxRequestBytes bounds an RPC's HTTP body. A larger body is answered
+	// invalid_argument (never a retryable code). Default (<= 0): the
+	// service's ReadMaxBytes.
+	MaxRequestBytes int
+}
+
+// NewAPIMux returns a mux serving svc's RPCs behind edge's guards, in this
+// order: CORS (answers preflights), bearer token, request size, then the
+// Connect handler.
+func NewAPIMux(svc *Service, edge Edge) *http.ServeMux {
+	limit := edge.MaxRequestBytes
+	if limit <= 0 {
+		limit = svc.ReadMaxBytes()
+	}
+	path, h := svc.Handler(connect.WithReadMaxBytes(limit))
+	ew := connect.NewErrorWriter()
+	h = limitBody(svc, ew, int64(limit), h)
+	if edge.Tokens != nil {
+		h = requireToken(svc, ew, edge.Tokens, h)
+	}
+	if len(edge.CORSOrigins) > 0 {
+		h = withCORS(edge.CORSOrigins, h)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(path, h)
+	return mux
+}
+
+// NewAdminMux returns a mux serving:
 //   - GET /healthz: 200 "ok" while the process runs;
-//   - GET /readyz: 200 "ready" when ready() returns nil, else 503 with the
-//     reason (ready nil means always ready);
+//   - GET /readyz: 200 "ready" when ready() returns nil (ready nil means
+//     always ready), else 503 "not ready: <reason>". The reason is the
+//     domain message of the first *sequencer.Error in the chain (for example
+//     "store unavailable"), else "not ready"; the full error (which may name
+//     the store's host, user or database) is only logged, at WARN, once per
+//     reason per NotReadyLogEvery;
 //   - GET /metrics: reg in the Prometheus text format (not mounted when reg
 //     is nil).
-func NewHTTPHandler(svc *Service, ready func() error, reg *prometheus.Registry) http.Handler {
+//
+// log nil means slog.Default(). See the comment at the top of this file for
+// adding handlers.
+func NewAdminMux(ready func() error, reg *prometheus.Registry, log *slog.Logger) *http.ServeMux {
+	if log == nil {
+		log = slog.Default()
+	}
+	rl := ratelog.New(log, NotReadyLogEvery)
 	mux := http.NewServeMux()
-	path, h := svc.Handler()
-	mux.Handle(path, h)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if ready != nil {
 			if err := ready(); err != nil {
-				writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+				reason := ReadyReason(err)
+				rl.Warn("readyz:"+reason, "not ready", "reason", reason, "err", err)
+				writeText(w, http.StatusServiceUnavailable, "not ready: "+reason)
 				return
 			}
 		}
@@ -36,6 +119,95 @@ func NewHTTPHandler(svc *Service, ready func() error, reg *prometheus.Registry) 
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	}
 	return mux
+}
+
+// NotReadyLogEvery is how often /readyz logs one reason of not being ready.
+const NotReadyLogEvery = 10 * time.Second
+
+// ReadyReason is what /readyz shows of a readiness error: the Msg of the
+// first *sequencer.Error in its chain (a fixed domain text), else "not
+// ready". Never the cause below it.
+func ReadyReason(err error) string {
+	var se *sequencer.Error
+	if errors.As(err, &se) && se.Msg != "" {
+		return se.Msg
+	}
+	return "not ready"
+}
+
+// NewHTTPHandler serves everything on one port with no guards but the
+// request size: the RPCs and the admin endpoints (see NewAdminMux). It is
+// NewAPIMux(svc, Edge{}) with NewAdminMux mounted at "/".
+func NewHTTPHandler(svc *Service, ready func() error, reg *prometheus.Registry) http.Handler {
+	mux := NewAPIMux(svc, Edge{})
+	mux.Handle("/", NewAdminMux(ready, reg, svc.log))
+	return mux
+}
+
+// errTooLarge is the answer to a body above the limit: not retryable.
+func errTooLarge(limit int64) *connect.Error {
+	return connect.NewError(connect.CodeInvalidArgument,
+		errors.New("request: larger than the "+strconv.FormatInt(limit, 10)+"-byte limit"))
+}
+
+// limitBody answers a request body above limit with invalid_argument, in the
+// protocol the client speaks (Connect, gRPC, gRPC-Web), before the Connect
+// handler sees it: Connect's own read limit answers resource_exhausted,
+// which clients retry. The body is read here whole (the handler would buffer
+// it anyway; every RPC is unary) and handed on as a byte reader.
+func limitBody(svc *Service, ew *connect.ErrorWriter, limit int64, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > limit {
+			svc.refuse(r, connect.CodeInvalidArgument)
+			_ = ew.Write(w, r, errTooLarge(limit))
+			return
+		}
+		var buf bytes.Buffer
+		if r.ContentLength > 0 {
+			buf.Grow(int(r.ContentLength))
+		}
+		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		if err != nil {
+			svc.refuse(r, connect.CodeCanceled)
+			_ = ew.Write(w, r, connect.NewError(connect.CodeCanceled, errors.New("request body not received")))
+			return
+		}
+		if n > limit {
+			svc.refuse(r, connect.CodeInvalidArgument)
+			_ = ew.Write(w, r, errTooLarge(limit))
+			return
+		}
+		r.Body = io.NopCloser(&buf)
+		r.ContentLength = n
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireToken answers a request without a valid bearer token with
+// unauthenticated (HTTP 401), saying nothing about the tokens.
+func requireToken(svc *Service, ew *connect.ErrorWriter, tokens *Tokens, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tokens.Check(r.Header.Get("Authorization")) {
+			svc.refuse(r, connect.CodeUnauthenticated)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sequencer"`)
+			_ = ew.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errNoToken))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// withCORS answers browser preflights from origins and adds the CORS
+// response headers Connect, gRPC-Web and the bearer token need.
+func withCORS(origins []string, next http.Handler) http.Handler {
+	c := cors.New(cors.Options{
+		AllowedOrigins: origins,
+		AllowedMethods: connectcors.AllowedMethods(),
+		AllowedHeaders: append(connectcors.AllowedHeaders(), "Authorization"),
+		ExposedHeaders: connectcors.ExposedHeaders(),
+		MaxAge:         7200, // seconds
+	})
+	return c.Handler(next)
 }
 
 func writeText(w http.ResponseWriter, status int, text string) {
@@ -57,8 +229,9 @@ const (
 
 // NewServer returns an http.Server for addr serving h over HTTP/1.1 and
 // HTTP/2 cleartext (h2c with prior knowledge, as gRPC clients speak it) and,
-// if the caller serves TLS, HTTP/2 over TLS. Timeouts are the constants
-// above; the caller may change the returned server's fields before serving.
+// when served with TLS (ServeTLS, or TLSConfig with certificates), HTTP/2
+// negotiated by ALPN and HTTP/1.1. Timeouts are the constants above; the
+// caller may change the returned server's fields before serving.
 func NewServer(addr string, h http.Handler) *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)

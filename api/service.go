@@ -1,8 +1,9 @@
 // Package api is the sequencer's RPC edge: it owns request validation
 // (CONTRACT.md section 2), the mapping of domain error codes to Connect
 // statuses (status.go, the only such place), the Connect handler of
-// sequencer.v1.SequencerService, and the single HTTP port that also serves
-// /healthz, /readyz and /metrics.
+// sequencer.v1.SequencerService, the guards in front of it (bearer tokens,
+// request size, CORS: http.go, auth.go) and the admin endpoints /healthz,
+// /readyz and /metrics (on the API port or their own).
 //
 // It must never assign seqs or msg_ids, decide ownership, or talk to a store
 // or the actor system directly: it validates, calls the small interfaces
@@ -151,8 +152,8 @@ const compressMinBytes = 1024
 // ReadMaxBytes is the largest request message the handler reads by default:
 // room for a maximal Send body or a maximal SendBatch in base64 JSON (4/3)
 // with a wide margin, so an oversized body or batch is answered
-// invalid_argument by validation. Only requests beyond this are refused by
-// Connect itself before anything is decoded.
+// invalid_argument by validation. Requests beyond this are refused, also
+// invalid_argument, by NewAPIMux's size guard before anything is decoded.
 func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 64<<10 }
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
@@ -448,6 +449,18 @@ func (s *Service) logFailure(ctx context.Context, method string, err error, attr
 }
 
 func (s *Service) ok(method string) { s.count(method, "ok") }
+
+// refuse counts an RPC refused by a guard in front of the handler (token,
+// size) under its method and code.
+func (s *Service) refuse(r *http.Request, code connect.Code) {
+	method := procedureMethod(r.URL.Path)
+	switch method {
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute:
+	default:
+		method = "unknown" // the label set stays bounded whatever the path
+	}
+	s.count(method, code.String())
+}
 
 // observeSend records the latency of a Send or SendBatch started at start.
 func (s *Service) observeSend(method string, start time.Time) {

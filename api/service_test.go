@@ -558,9 +558,17 @@ func TestHealthReadyMetrics(t *testing.T) {
 	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
-	h.setNotReady(errors.New("worker id not leased"))
-	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "worker id not leased") {
-		t.Fatalf("/readyz not ready: %d %q", code, body)
+	// The store's address, user and database stay in the server's log.
+	h.setNotReady(fmt.Errorf("%w: failed to connect to `user=alice database=prod`: db.internal:5432", sequencer.ErrStoreUnavailable))
+	if code, body := get("/readyz"); code != 503 || body != "not ready: store unavailable\n" {
+		t.Fatalf("/readyz store down: %d %q", code, body)
+	}
+	if !strings.Contains(h.logs.String(), "db.internal") {
+		t.Fatalf("the detail of not ready was not logged: %q", h.logs.String())
+	}
+	h.setNotReady(errors.New("cluster: membership not renewed (last error: dial db.internal)"))
+	if code, body := get("/readyz"); code != 503 || body != "not ready: not ready\n" {
+		t.Fatalf("/readyz with an uncoded error: %d %q", code, body)
 	}
 	if code, _ := get("/healthz"); code != 200 {
 		t.Fatalf("/healthz while not ready: %d", code)

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -86,8 +87,10 @@ func contextCode(err error) (sequencer.Code, bool) {
 
 // ToConnectError turns err (non-nil) into the error a handler returns. The
 // message the client reads is:
-//   - invalid_argument, not_found, already_exists: err's text (built from the
-//     request: field, rule, id);
+//   - invalid_argument, not_found, already_exists: err's text down to the
+//     end of the first *sequencer.Error's Msg (built from the request: field,
+//     rule, length, the request's own ids), without anything after it (a
+//     store's or another node's text never reaches the client);
 //   - unavailable, resource_exhausted: the short domain reason only (e.g.
 //     "store unavailable"), never the cause below it (addresses, SQL);
 //   - canceled, deadline_exceeded: a fixed text;
@@ -107,7 +110,7 @@ func ToConnectError(ctx context.Context, err error) *connect.Error {
 func clientMessage(code sequencer.Code, err error) string {
 	switch code {
 	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists:
-		return err.Error()
+		return withoutCause(err)
 	case sequencer.CodeUnavailable, sequencer.CodeResourceExhausted:
 		var se *sequencer.Error
 		if errors.As(err, &se) {
@@ -121,4 +124,20 @@ func clientMessage(code sequencer.Code, err error) string {
 	default:
 		return "internal error"
 	}
+}
+
+// withoutCause is err's text up to the end of its first *sequencer.Error's
+// Msg: the wrappers above it (context about the request) and the domain
+// message stay; whatever follows (a wrapped cause, or a store's error joined
+// beside it as in "%w (%w)") is dropped.
+func withoutCause(err error) string {
+	text := err.Error()
+	var se *sequencer.Error
+	if !errors.As(err, &se) || se.Msg == "" {
+		return text
+	}
+	if i := strings.Index(text, se.Msg); i >= 0 {
+		return text[:i+len(se.Msg)]
+	}
+	return se.Msg
 }

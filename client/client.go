@@ -123,17 +123,17 @@ func New(cfg Config) (*Client, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		httpc:   cfg.HTTPClient,
-		opts:    cfg.Protocol.clientOptions(),
+		opts:    cfg.clientOptions(),
 		routes:  newRouteCache(cfg.RouteCacheSize),
 		learned: map[string]*node{},
 	}
 	if c.httpc == nil {
-		c.transport = defaultTransport()
+		c.transport = defaultTransport(cfg.TLSConfig)
 		c.httpc = &http.Client{Transport: c.transport}
 	}
 	seen := map[string]bool{}
 	for _, a := range cfg.Addrs {
-		u, _ := baseURL(a) // validated
+		u, _ := cfg.nodeURL(a) // validated
 		if seen[u] {
 			continue
 		}
@@ -144,7 +144,11 @@ func New(cfg Config) (*Client, error) {
 }
 
 func (c *Client) newNode(url string, seed bool) *node {
-	return &node{url: url, seed: seed, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
+	n := &node{url: url, seed: seed, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
+	if !c.cfg.Batching.Disabled {
+		n.batch = newBatcher(n, c.cfg.Batching, c.cfg.Retry.AttemptTimeout)
+	}
+	return n
 }
 
 // Close stops the client: later calls fail with ErrClosed, and the idle
@@ -162,8 +166,22 @@ func (c *Client) Close() error {
 // retries retryable failures with the same client_msg_id; if an earlier
 // attempt was stored but its answer lost, the result has Duplicate true and
 // the first attempt's ids. invalid_argument and already_exists are never
-// retried.
+// retried. Concurrent Sends to one node share SendBatch requests (see
+// BatchPolicy); each still gets its own result, error and retries.
 func (c *Client) Send(ctx context.Context, req SendRequest) (SendResult, error) {
+	return c.send(ctx, req, nil)
+}
+
+// send is Send; queued (optional) is called once, when the first attempt has
+// queued the message (or failed before), so SendMany can keep item order.
+func (c *Client) send(ctx context.Context, req SendRequest, queued func()) (SendResult, error) {
+	var once sync.Once
+	signal := func() {
+		if queued != nil {
+			once.Do(queued)
+		}
+	}
+	defer signal()
 	key := req.ClientMsgID
 	if key == "" {
 		key = NewClientMsgID()
@@ -183,19 +201,55 @@ func (c *Client) Send(ctx context.Context, req SendRequest) (SendResult, error) 
 		if err != nil {
 			return target, err
 		}
-		resp, err := target.rpc.Send(ctx, connect.NewRequest(msg))
+		var out *sequencerv1.SendResponse
+		if target.batch != nil && !target.batch.unsupported.Load() {
+			out, err = target.batch.send(ctx, msg, signal)
+		} else {
+			signal()
+			var resp *connect.Response[sequencerv1.SendResponse]
+			if resp, err = target.rpc.Send(ctx, connect.NewRequest(msg)); err == nil {
+				out = resp.Msg
+			}
+		}
 		if err != nil {
 			return target, err
 		}
-		res.MsgID = resp.Msg.GetMsgId()
-		res.Seq = resp.Msg.GetSeq()
-		res.Duplicate = resp.Msg.GetDuplicate()
-		if ts := resp.Msg.GetServerAt(); ts != nil {
+		res.MsgID = out.GetMsgId()
+		res.Seq = out.GetSeq()
+		res.Duplicate = out.GetDuplicate()
+		if ts := out.GetServerAt(); ts != nil {
 			res.ServerAt = ts.AsTime()
 		}
 		return target, nil
 	})
 	return res, err
+}
+
+// SendMany stores every request independently, as Send would (same routing,
+// batching and retries per item), and returns results[i] and errs[i] for
+// reqs[i]. The items of one conversation are queued in slice order, so on
+// their first attempt they get increasing seqs; an item that is retried may
+// land after later items of its conversation.
+func (c *Client) SendMany(ctx context.Context, reqs []SendRequest) (results []SendResult, errs []error) {
+	results = make([]SendResult, len(reqs))
+	errs = make([]error, len(reqs))
+	var wg sync.WaitGroup
+	prev := make(map[string]chan struct{}) // the previous item of the same conversation has been queued
+	for i := range reqs {
+		queuedCh := make(chan struct{})
+		after := prev[reqs[i].ConvID]
+		prev[reqs[i].ConvID] = queuedCh
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if after != nil {
+				<-after
+			}
+			results[i], errs[i] = c.send(ctx, reqs[i], func() { close(queuedCh) })
+		}()
+	}
+	wg.Wait()
+	return results, errs
 }
 
 // Pull returns the messages of convID with seq > afterSeq, ascending, at

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -83,12 +85,18 @@ const (
 	DefaultBaseBackoff    = 20 * time.Millisecond
 	DefaultMaxBackoff     = time.Second
 	DefaultRouteCacheSize = 65536
+
+	DefaultBatchMaxItems       = 1000
+	DefaultBatchMaxBytes       = 3 << 20
+	DefaultBatchMaxQueuedItems = 10000
+	DefaultBatchMaxQueuedBytes = 32 << 20
 )
 
 // Config configures a Client. Only Addrs is required.
 type Config struct {
-	// Addrs are one or more node API addresses: "host:port" (plain HTTP/2,
-	// cleartext) or a "http://host:port" / "https://host:port" URL. Any node
+	// Addrs are one or more node API addresses: "host:port" (HTTP/2 over
+	// TLS when TLSConfig is set, else cleartext h2c) or a "http://host:port"
+	// / "https://host:port" URL. Any node
 	// serves any request (it forwards to the owner), so these are only the
 	// entry points; the owners of conversations are learned with Route.
 	Addrs []string
@@ -98,6 +106,18 @@ type Config struct {
 	// connections. Close closes its idle connections; a caller-supplied
 	// client is left alone.
 	HTTPClient connect.HTTPClient
+	// TLSConfig is the TLS configuration of the default transport (server
+	// CAs in RootCAs, a client certificate in Certificates for nodes started
+	// with --client-ca). When set, "host:port" addresses mean https://.
+	// Ignored with a caller-supplied HTTPClient (configure its transport).
+	// Default nil: cleartext, unless an address says https:// (then the
+	// system's roots).
+	TLSConfig *tls.Config
+	// Token is the bearer token sent on every call ("Authorization: Bearer
+	// <Token>"), for nodes started with --auth-token-file. A call refused for
+	// a missing or wrong token fails with unauthenticated and is not retried.
+	// Default empty: no Authorization header.
+	Token string
 	// Protocol is the wire protocol. Default ProtocolGRPC.
 	Protocol Protocol
 	// Retry is the retry policy of every call.
@@ -113,12 +133,53 @@ type Config struct {
 	// Logger receives the client's Debug logs (retries, route changes). The
 	// client never logs above Debug. Default slog.Default().
 	Logger *slog.Logger
+	// Batching says how concurrent Sends to one node are coalesced into
+	// SendBatch requests.
+	Batching BatchPolicy
+}
+
+// BatchPolicy coalesces concurrent Sends to the same node into SendBatch
+// requests, adaptively like the server's group commit: while one request to
+// a node is in flight, the next Sends queue and go out together when it
+// returns. Each Send still gets its own result and error, and is retried on
+// its own with its own client_msg_id. The zero value of every field means its
+// documented default.
+type BatchPolicy struct {
+	// Disabled sends every message in its own Send RPC. Default false.
+	Disabled bool
+	// Linger is how long a request waits for more messages before it goes
+	// out when none is in flight. Default 0: at once.
+	Linger time.Duration
+	// MaxItems is the most messages in one request (the server takes 1,000).
+	// Default 1000.
+	MaxItems int
+	// MaxBytes bounds one request's message bytes (bodies and keys; the
+	// server's --max-batch-bytes defaults to 4 MiB). Default 3 MiB.
+	MaxBytes int
+	// MaxQueuedItems and MaxQueuedBytes bound what waits for one node; past
+	// them Send blocks until there is room or its ctx ends. Defaults 10,000
+	// and 32 MiB.
+	MaxQueuedItems int
+	MaxQueuedBytes int
 }
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.Retry.Deadline == 0 {
 		c.Retry.Deadline = DefaultDeadline
+	}
+	b := &c.Batching
+	if b.MaxItems == 0 {
+		b.MaxItems = DefaultBatchMaxItems
+	}
+	if b.MaxBytes == 0 {
+		b.MaxBytes = DefaultBatchMaxBytes
+	}
+	if b.MaxQueuedItems == 0 {
+		b.MaxQueuedItems = DefaultBatchMaxQueuedItems
+	}
+	if b.MaxQueuedBytes == 0 {
+		b.MaxQueuedBytes = DefaultBatchMaxQueuedBytes
 	}
 	if c.Retry.AttemptTimeout == 0 {
 		c.Retry.AttemptTimeout = DefaultAttemptTimeout
@@ -145,9 +206,12 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("addrs: at least one node address is required"))
 	}
 	for _, a := range c.Addrs {
-		if _, err := baseURL(a); err != nil {
+		if _, err := c.nodeURL(a); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if strings.ContainsAny(c.Token, " \t\r\n") {
+		errs = append(errs, errors.New("token: must not contain white space"))
 	}
 	if c.Protocol < ProtocolGRPC || c.Protocol > ProtocolGRPCWeb {
 		errs = append(errs, fmt.Errorf("protocol %v: unknown", c.Protocol))
@@ -169,6 +233,9 @@ func (c Config) validate() error {
 	}
 	if c.RouteCacheSize < 0 {
 		errs = append(errs, fmt.Errorf("route_cache_size %d: must be >= 0", c.RouteCacheSize))
+	}
+	if b := c.Batching; b.MaxItems < 0 || b.MaxItems > 1000 || b.MaxBytes < 0 || b.MaxQueuedItems < 0 || b.MaxQueuedBytes < 0 || b.Linger < 0 {
+		errs = append(errs, fmt.Errorf("batching %+v: max_items must be 1..1000 and the other bounds >= 0", b))
 	}
 	return errors.Join(errs...)
 }
@@ -193,6 +260,36 @@ func baseURL(addr string) (string, error) {
 		return "", fmt.Errorf("address %q: missing port", addr)
 	}
 	return "http://" + net.JoinHostPort(host, port), nil
+}
+
+// nodeURL is baseURL with the scheme of c: "host:port" is https:// when
+// TLSConfig is set.
+func (c Config) nodeURL(addr string) (string, error) {
+	u, err := baseURL(addr)
+	if err != nil {
+		return "", err
+	}
+	a := strings.TrimSpace(addr)
+	if c.TLSConfig != nil && !strings.HasPrefix(a, "http://") && !strings.HasPrefix(a, "https://") {
+		u = "https://" + strings.TrimPrefix(u, "http://")
+	}
+	return u, nil
+}
+
+// clientOptions are the connect options of every node client: the protocol
+// and, with a Token, the Authorization header.
+func (c Config) clientOptions() []connect.ClientOption {
+	opts := c.Protocol.clientOptions()
+	if c.Token != "" {
+		header := "Bearer " + c.Token
+		opts = append(opts, connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Authorization", header)
+				return next(ctx, req)
+			}
+		})))
+	}
+	return opts
 }
 
 // ownerURL turns the address a node gave for an owner (host:port, as Route
@@ -226,8 +323,9 @@ func ownerURL(addr, answeredBy string) string {
 }
 
 // defaultTransport speaks HTTP/2 only: h2c with prior knowledge on http://
-// (as gRPC needs) and HTTP/2 over TLS on https://.
-func defaultTransport() *http.Transport {
+// (as gRPC needs) and HTTP/2 over TLS on https://, with tlsConf (nil: the
+// system's defaults).
+func defaultTransport(tlsConf *tls.Config) *http.Transport {
 	var protocols http.Protocols
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
@@ -237,6 +335,7 @@ func defaultTransport() *http.Transport {
 			Timeout:   5 * time.Second,
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
+		TLSClientConfig:     tlsConf.Clone(),
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 10 * time.Second,
 		HTTP2: &http.HTTP2Config{

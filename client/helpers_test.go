@@ -89,7 +89,7 @@ func h2cTransport() *http.Transport {
 type attempt struct {
 	host        string
 	method      string // "Send", "Route", ...
-	clientMsgID string // Send only, when the body is plain protobuf (Connect protocol)
+	clientMsgID string // Send (or a SendBatch of one item) only, when the body is plain protobuf (Connect protocol)
 	err         error  // the transport's error, nil if a response came back
 }
 
@@ -118,16 +118,26 @@ func newRecorder(t *testing.T) *recorder {
 
 func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	a := attempt{host: req.URL.Host, method: req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]}
-	if a.method == "Send" && req.Header.Get("Content-Type") == "application/proto" {
+	if (a.method == "Send" || a.method == "SendBatch") && req.Header.Get("Content-Type") == "application/proto" {
 		body, err := io.ReadAll(req.Body)
 		if err != nil {
 			return nil, err
 		}
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		var m sequencerv1.SendRequest
-		if err := proto.Unmarshal(body, &m); err == nil {
+		var b sequencerv1.SendBatchRequest
+		switch {
+		case a.method == "Send" && proto.Unmarshal(body, &m) == nil:
 			a.clientMsgID = m.GetClientMsgId()
+		case a.method == "SendBatch" && proto.Unmarshal(body, &b) == nil && len(b.GetItems()) == 1:
+			a.clientMsgID = b.GetItems()[0].GetClientMsgId()
 		}
+	}
+	if a.method == "SendBatch" {
+		// The client batches by default; these tests send one message at a
+		// time, so a batch is one send attempt and the retry tests hold on
+		// both paths.
+		a.method = "Send"
 	}
 	lose := r.loseAnswer != nil && r.loseAnswer(a)
 	resp, err := r.base.RoundTrip(req)

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +29,10 @@ type failure struct {
 // classify reads a failed attempt. attemptTimedOut tells that the attempt's
 // own deadline passed while the call's budget remained.
 func classify(err error, attemptTimedOut bool) failure {
+	if ie, ok := asItemError(err); ok {
+		// A batch item the node answered: the same rules as a Send's answer.
+		return answered(ie.code)
+	}
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		// Not from connect: our own errors carry a domain code.
@@ -49,17 +55,13 @@ func classify(err error, attemptTimedOut bool) failure {
 		// The node answered. unavailable and resource_exhausted are retryable
 		// by contract; deadline_exceeded is the node seeing the attempt's
 		// deadline (propagated by the protocol) pass.
-		code := sequencer.ParseCode(ce.Code().String())
-		switch {
-		case code.Retryable():
-			return failure{code: code, retry: true}
-		case code == sequencer.CodeDeadlineExceeded:
-			return failure{code: code, retry: true, timeout: true}
-		default:
-			return failure{code: code}
-		}
+		return answered(sequencer.ParseCode(ce.Code().String()))
 	}
 	// Synthesized by the client: the request failed locally or in transit.
+	if tlsRefused(err) {
+		// A certificate the other side refuses will be refused again.
+		return failure{code: sequencer.CodeUnavailable}
+	}
 	switch ce.Code() {
 	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
 		if _, byContext := contextCode(err); !byContext && transportErr(err) {
@@ -81,6 +83,37 @@ func classify(err error, attemptTimedOut bool) failure {
 		}
 	}
 	return failure{code: sequencer.ParseCode(ce.Code().String())}
+}
+
+// answered classifies a code a node answered: unavailable and
+// resource_exhausted are retryable by contract; deadline_exceeded is the
+// node seeing the attempt's deadline (propagated by the protocol) pass.
+func answered(code sequencer.Code) failure {
+	switch {
+	case code.Retryable():
+		return failure{code: code, retry: true}
+	case code == sequencer.CodeDeadlineExceeded:
+		return failure{code: code, retry: true, timeout: true}
+	default:
+		return failure{code: code}
+	}
+}
+
+// tlsRefused reports a TLS handshake that failed on a certificate: the
+// node's did not verify here, or the node refused ours (a TLS alert such as
+// "certificate required" or "unknown certificate authority").
+func tlsRefused(err error) bool {
+	var (
+		cv  *tls.CertificateVerificationError
+		ua  x509.UnknownAuthorityError
+		he  x509.HostnameError
+		ci  x509.CertificateInvalidError
+		ope *net.OpError
+	)
+	if errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci) {
+		return true
+	}
+	return errors.As(err, &ope) && ope.Op == "remote error" && ope.Err != nil && strings.HasPrefix(ope.Err.Error(), "tls: ")
 }
 
 // transportErr reports errors of the connection rather than of the request.

@@ -23,6 +23,7 @@ type Route struct {
 type node struct {
 	url       string
 	rpc       sequencerv1connect.SequencerServiceClient
+	batch     *batcher // nil when batching is disabled
 	seed      bool
 	downUntil atomic.Int64 // unix nanos; the node failed at the transport level until then
 }

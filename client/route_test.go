@@ -34,6 +34,7 @@ type fakeNode struct {
 	routes   []string                                                // conv_ids asked
 	sendKeys []string                                                // client_msg_ids received
 	stored   map[string]uint64                                       // client_msg_id -> seq
+	noBatch  bool                                                    // answer SendBatch unimplemented (an older server)
 }
 
 func startFake(t *testing.T) *fakeNode {
@@ -102,6 +103,29 @@ func (f *fakeNode) Send(_ context.Context, req *connect.Request[sequencerv1.Send
 		f.stored[key] = seq
 	}
 	return connect.NewResponse(&sequencerv1.SendResponse{MsgId: 1000 + seq, Seq: seq, ServerAt: timestamppb.Now(), Duplicate: dup}), nil
+}
+
+// SendBatch answers each item as Send would (an error of the n-th send
+// becomes that item's error).
+func (f *fakeNode) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
+	f.mu.Lock()
+	old := f.noBatch
+	f.mu.Unlock()
+	if old {
+		return f.UnimplementedSequencerServiceHandler.SendBatch(ctx, req)
+	}
+	out := &sequencerv1.SendBatchResponse{}
+	for _, it := range req.Msg.GetItems() {
+		resp, err := f.Send(ctx, connect.NewRequest(it))
+		if err != nil {
+			ce := err.(*connect.Error)
+			out.Results = append(out.Results, &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Error{
+				Error: &sequencerv1.SendError{Code: ce.Code().String(), Message: ce.Message()}}})
+			continue
+		}
+		out.Results = append(out.Results, &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Ok{Ok: resp.Msg}})
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (f *fakeNode) counts() (routes, sends int) {
@@ -274,5 +298,30 @@ func TestOverloadedOwnerRetriedInPlace(t *testing.T) {
 	}
 	if r, _ := entry.counts(); r != 1 {
 		t.Fatalf("entry saw %d routes, want 1", r)
+	}
+}
+
+// A node without SendBatch (an older server): the client falls back to one
+// Send per message for that node, and the message is stored once.
+func TestBatchFallsBackToSendOnOlderNode(t *testing.T) {
+	f := startFake(t)
+	f.mu.Lock()
+	f.noBatch = true
+	f.mu.Unlock()
+	rec := newRecorder(t)
+	c := newClient(t, client.Config{Addrs: []string{f.addr}, HTTPClient: &http.Client{Transport: rec}, DisableRouting: true})
+	send(t, c, "g:1", "k1")
+	send(t, c, "g:1", "k2")
+	if got := f.keys(); !slices.Equal(got, []string{"k1", "k2"}) {
+		t.Fatalf("node stored %v", got)
+	}
+	var methods []string
+	for _, a := range rec.all() {
+		methods = append(methods, a.method)
+	}
+	// One SendBatch attempt (recorded as "Send") answered unimplemented,
+	// then unary Sends only.
+	if !slices.Equal(methods, []string{"Send", "Send", "Send"}) {
+		t.Fatalf("requests %v", methods)
 	}
 }

@@ -87,6 +87,9 @@ type Node struct {
 	superseded bool          // the node id belongs to another live incarnation
 	fenced     bool          // a commit of the current incarnation was refused for a stale fence
 
+	drainOnce sync.Once
+	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
+
 	reconcileMu sync.Mutex // serializes reconcile, step-down and leave
 	wakeBeat    chan struct{}
 	wakeRecon   chan struct{}
@@ -123,6 +126,7 @@ func New(cfg Config) (*Node, error) {
 		changed:    make(chan struct{}),
 		wakeBeat:   make(chan struct{}, 1),
 		wakeRecon:  make(chan struct{}, 1),
+		drain:      make(chan struct{}),
 	}
 	n.parts = make([]partState, n.partitions)
 	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr}
@@ -316,6 +320,12 @@ func (n *Node) beat(ctx context.Context) {
 	case err == nil:
 		n.beatErr = nil
 		n.applyViewLocked(v, sent)
+		if m, ok := v.Member(self.NodeID); ok && m.Leaving && m.Incarnation == self.Incarnation && n.phase == phaseActive {
+			n.drainOnce.Do(func() {
+				n.log.Info("drain requested: the member row was marked leaving by an operator; leaving gracefully")
+				close(n.drain)
+			})
+		}
 		return
 	case errors.Is(err, membership.ErrSuperseded):
 		if !n.superseded {
@@ -652,6 +662,13 @@ func (n *Node) Ready() error {
 	}
 	return nil
 }
+
+// DrainRequested is closed when this node's heartbeat finds its own member
+// row marked leaving by someone else (`sequencer admin drain`,
+// membership.Store.RequestDrain). The node is then out of the ring and hands
+// its partitions off by itself; the owner of the process should stop it as
+// on SIGTERM (Leave, then Close), which is what package server does.
+func (n *Node) DrainRequested() <-chan struct{} { return n.drain }
 
 // Leave leaves the cluster gracefully: the node leaves the ring (others
 // route to the new owners), hands off every partition (in-flight batches

@@ -963,3 +963,67 @@ func simSeeds() uint64 {
 	}
 	return 12
 }
+
+// TestSimOperatorDrain: an operator marks b leaving in the table
+// (RequestDrain, `sequencer admin drain b`). b's next heartbeat sees it and
+// signals DrainRequested (only b's); b's partitions move while b leaves
+// like on SIGTERM; nothing acked is lost.
+func TestSimOperatorDrain(t *testing.T) {
+	s := newSim(t)
+	for _, id := range []string{"a", "b", "c"} {
+		s.start(id)
+	}
+	s.settle(6)
+	for p := range simPartitions {
+		if err := s.send("a", simConvs[p]); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	b := s.nodes["b"]
+	if b.node.countHeld() == 0 {
+		t.Fatal("b holds nothing before the drain")
+	}
+	if _, err := s.mem.RequestDrain(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.node.DrainRequested():
+		t.Fatal("drain signalled before b read the table")
+	default:
+	}
+	s.round()
+	select {
+	case <-b.node.DrainRequested():
+	default:
+		t.Fatalf("b did not notice the drain request:\n%s", s.dump())
+	}
+	for _, id := range []string{"a", "c"} {
+		select {
+		case <-s.nodes[id].node.DrainRequested():
+			t.Fatalf("%s signalled a drain meant for b", id)
+		default:
+		}
+	}
+	if err := b.node.Leave(context.Background()); err != nil {
+		t.Fatalf("leave after the drain request: %v", err)
+	}
+	b.dead = true
+	s.check()
+	s.settle(4)
+	if got := b.node.countHeld(); got != 0 {
+		t.Fatalf("b holds %d partitions after the drain", got)
+	}
+	v, _ := s.mem.View(context.Background())
+	if _, ok := v.Member("b"); ok {
+		t.Fatal("b's member row is still there after the drain")
+	}
+	for p := range simPartitions {
+		if err := s.send("c", simConvs[p]); err != nil {
+			t.Fatalf("send to partition %d after b was drained: %v", p, err)
+		}
+		if h := s.db.head(simConvs[p]); h != 2 {
+			t.Fatalf("partition %d head %d, want 2", p, h)
+		}
+	}
+	s.checkAcked()
+}

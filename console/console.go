@@ -7,7 +7,8 @@
 //	GET /console/api/partitions       every partition's owner and epoch
 //	GET /console/api/metrics          commits/s, acked messages/s, send latency over the last minutes
 //	GET /console/api/conversation?conv_id=ID[&limit=N]
-//	                                  head and the last N messages' ids and times (never bodies)
+//	                                  head and the last N messages' ids and times (never bodies);
+//	                                  needs the API's bearer token when the node has tokens
 //
 // It reads through small interfaces (ClusterView, Reader, a Prometheus
 // Gatherer), so it depends on no other package of the node, and it never
@@ -79,6 +80,11 @@ type Config struct {
 	SampleEvery time.Duration
 	Keep        int
 	Logger      *slog.Logger
+	// Authorize, when set, guards the conversation lookup (message ids,
+	// senders and keys: what the API's bearer token protects); a request it
+	// refuses is answered 401. Members, partitions and metrics are open,
+	// like /metrics on the admin mux.
+	Authorize func(*http.Request) bool
 }
 
 // Console serves the page and its API. Close stops its sampler.
@@ -181,6 +187,13 @@ type MessageInfo struct {
 const MaxLookup = 100
 
 func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Authorize != nil && !c.cfg.Authorize(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sequencer"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{
+			"error": "unauthenticated: this node needs a bearer token (Authorization: Bearer <token>) for conversation lookups",
+		})
+		return
+	}
 	conv := r.URL.Query().Get("conv_id")
 	if err := sequencer.CheckConvID(conv); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})

@@ -116,6 +116,26 @@ func TestAPI(t *testing.T) {
 	}
 }
 
+func TestConversationLookupNeedsTheToken(t *testing.T) {
+	c := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{},
+		Authorize: func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer s3cret" }})
+	defer c.Close()
+	if code, body := get(t, c, "/console/api/conversation?conv_id=g:1"); code != http.StatusUnauthorized || !strings.Contains(body, "bearer token") || strings.Contains(body, "msgId") {
+		t.Fatalf("without a token: %d %s", code, body)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/console/api/conversation?conv_id=g:1", nil)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	rec := httptest.NewRecorder()
+	c.ServeHTTP(rec, req)
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"headSeq":"30"`) {
+		t.Fatalf("with the token: %d %s", rec.Code, rec.Body.String())
+	}
+	// The cluster picture stays open, like /metrics.
+	if code, _ := get(t, c, "/console/api/members"); code != 200 {
+		t.Fatalf("members: %d", code)
+	}
+}
+
 func TestRatesFromTheRegistry(t *testing.T) {
 	m := metrics.New()
 	t0 := time.Unix(1000, 0)

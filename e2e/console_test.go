@@ -171,4 +171,21 @@ func TestConsoleShowsFailover(t *testing.T) {
 	t.Logf("partitions moved to n1 on the page %v after the kill (member TTL %v)", time.Since(killed).Round(100*time.Millisecond), ttl)
 	waitJS("n2 gone from the members", `document.querySelectorAll('#members tbody tr').length === 1 && !!document.querySelector('#members tbody tr[data-node="n1"]')`, bound)
 	shot("console-after-failover.png")
+
+	// A node with --auth-token-file: the lookup asks for the token, then works.
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("console-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	solo := startNode(t, "solo", "--store", filepath.Join(t.TempDir(), "db"), "--auth-token-file", tokens)
+	do("open the console of a node with tokens", 30*time.Second, chromedp.Navigate("http://"+solo.Addr+"/console/"))
+	waitJS("single node listed", `!!document.querySelector('#members tbody tr td') && document.querySelector('#partmap').innerText.includes('single node')`, 30*time.Second)
+	do("lookup without a token", 20*time.Second,
+		chromedp.SetValue(chromedp.CSS("#conv"), "g:1"),
+		chromedp.Click(chromedp.CSS("#lookup button")))
+	waitJS("the token field appears after a 401", `!document.querySelector('#token').hidden && document.querySelector('#convresult').innerText.includes('bearer token')`, 10*time.Second)
+	do("lookup with the token", 20*time.Second,
+		chromedp.SetValue(chromedp.CSS("#token"), "console-secret"),
+		chromedp.Click(chromedp.CSS("#lookup button")))
+	waitJS("lookup answered with the token", `document.querySelector('#headseq')?.textContent === '0'`, 10*time.Second)
 }

@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"github.com/sequencer-im/sequencer/buildinfo"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -24,7 +26,26 @@ type Set struct {
 	WorkerLease     prometheus.Gauge         // sequencer_worker_lease_held (1/0)
 	Requests        *prometheus.CounterVec   // sequencer_rpc_requests_total{method,code}
 	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
+	Trimmed         prometheus.Counter       // sequencer_trimmed_messages_total
+	BuildInfo       *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
 	SendSeconds     *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
+}
+
+// SetReadiness registers sequencer_ready, 1 while ready returns nil (what
+// /readyz answers), else 0; it is evaluated on every scrape. Alerts on
+// readiness flapping use it. Call it once, when ready can be called.
+func (s *Set) SetReadiness(ready func() error) {
+	if s == nil {
+		return
+	}
+	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sequencer_ready", Help: "1 while the node accepts sends (/readyz answers 200), else 0; evaluated per scrape.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 }
 
 // New builds a Set on a fresh registry (with Go and process collectors).
@@ -70,12 +91,20 @@ func New() *Set {
 		Name: "sequencer_head_regressions_total",
 		Help: "Conversations refused because the store's head fell below a seq this node acked (the store lost acknowledged messages).",
 	})
+	s.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sequencer_build_info", Help: "Always 1; the labels say which build runs (sequencer version).",
+	}, []string{"version", "commit", "goversion"})
+	bi := buildinfo.Get()
+	s.BuildInfo.WithLabelValues(bi.Version, bi.Commit, bi.GoVersion).Set(1)
+	s.Trimmed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
+	})
 	s.SendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"method"})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.SendSeconds} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed, s.BuildInfo, s.SendSeconds} {
 		f(c)
 	}
 	return s

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Migration is one schema change embedded in a store's binary: the file
@@ -48,4 +49,11 @@ func LoadMigrations(fsys fs.FS, dir string) ([]Migration, error) {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
+}
+
+// AppliedMigration is one row of a store's schema_version table.
+type AppliedMigration struct {
+	Version   int
+	Name      string
+	AppliedAt time.Time
 }

@@ -79,6 +79,15 @@ type Store interface {
 	// Trim deletes conv's messages with seq <= throughSeq (retention). The
 	// head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
+	// TrimBefore is one step of a retention pass over every conversation:
+	// for up to limit conversations whose conv_id sorts after `after` (in
+	// the store's own conv_id order; "" starts a pass), it deletes the
+	// longest prefix of stored messages (lowest seqs first) whose server_at
+	// is before `before`. A message at or after `before` and every later seq
+	// are kept, so the stored seqs stay one contiguous range ending at the
+	// head; heads are never touched. It returns the cursor for the next
+	// step ("" when the pass is complete) and the number of rows deleted.
+	TrimBefore(ctx context.Context, before time.Time, after string, limit int) (next string, deleted int, err error)
 
 	// Settle returns once every transaction of an earlier Commit that
 	// returned sequencer.ErrUnknownOutcome is finished on the server
@@ -113,7 +122,11 @@ type WorkerLeases interface {
 	// lowers the stored value). It fails with sequencer.ErrWorkerLeaseLost if
 	// the lease was taken over or expired before now.
 	RenewWorker(ctx context.Context, lease WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (WorkerLease, error)
-	// ReleaseWorker ends the lease (if still held) and records lastMs.
+	// ReleaseWorker ends the lease if still held and sets LastMs to lastMs,
+	// the highest unix-ms the holder actually issued ids for: the unused
+	// part of its reservation is given back, so a successor is not held off
+	// by a future reservation. A release of a lease no longer held (taken
+	// over, expired, released) only raises the stored LastMs.
 	ReleaseWorker(ctx context.Context, lease WorkerLease, lastMs int64) error
 }
 
@@ -124,6 +137,15 @@ type WorkerLease struct {
 	Token    uint64    // bumped on every acquire; renew/release must match it
 	Expires  time.Time // lease end
 	LastMs   int64     // see AcquireWorker / RenewWorker
+	// StoreMs is the store's own clock (unix ms) when it answered, 0 when
+	// the store has no clock apart from this machine's (the embedded store).
+	// The lease checks that its clock is not behind it.
+	StoreMs int64
+	// HighWaterMs (AcquireWorker only) is the highest LastMs recorded for
+	// any worker id under this holder (on the embedded store, which one
+	// process uses at a time: under any holder). A clock well below it moved
+	// back since an earlier run, even when the lease is for another id.
+	HighWaterMs int64
 }
 
 // ConflictKey names the unique key a conflicting row hit.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist/open"
 )
 
 // Config is everything a node needs. The zero value of every field means its
@@ -18,10 +19,13 @@ import (
 // flags and SEQUENCER_* environment variables.
 type Config struct {
 	// Listen is the API address: Connect, gRPC, gRPC-Web and JSON, plus
-	// /healthz, /readyz and /metrics. Default 127.0.0.1:7070.
+	// /healthz, /readyz and /metrics unless AdminListen is set. Default
+	// 127.0.0.1:7070.
 	Listen string
-	// Store is a postgres:// DSN, or a file path / sqlite:PATH for the
-	// embedded store. Default ./data (embedded, ./data/sequencer.db).
+	// Store is a postgres:// or postgresql:// URL or a libpq keyword DSN for
+	// PostgreSQL, or sqlite:PATH / a path without "://" for the embedded
+	// store (the allow-list of persist/open.Parse; anything else is refused).
+	// Default ./data (embedded, ./data/sequencer.db).
 	Store string
 	// ClusterListen is the inter-node address; empty runs a single node.
 	ClusterListen string
@@ -50,6 +54,26 @@ type Config struct {
 	// DrainTimeout bounds the graceful stop on SIGTERM. Default 30s.
 	DrainTimeout time.Duration
 
+	// API security (docs/SECURITY.md).
+
+	// TLSCert and TLSKey are PEM files: when set (both), the API is served
+	// with TLS (HTTP/2 via ALPN, and HTTP/1.1) instead of cleartext. They
+	// are re-read on SIGHUP (Server.Reload).
+	TLSCert, TLSKey string
+	// ClientCA is a PEM file of CA certificates: with TLS, every API client
+	// must present a certificate signed by one of them. Re-read on SIGHUP.
+	ClientCA string
+	// AuthTokenFile holds the bearer tokens the API accepts, one per line
+	// ('#' comments); when set, every RPC needs "Authorization: Bearer
+	// <token>". Re-read on SIGHUP; a bad file keeps the previous tokens.
+	AuthTokenFile string
+	// AdminListen, when set, serves /healthz, /readyz and /metrics on this
+	// address instead of Listen.
+	AdminListen string
+	// CORSOrigins are the browser origins allowed to call the API
+	// (comma-separated on the command line). Default none.
+	CORSOrigins []string
+
 	// Cluster mode only (ClusterListen set).
 
 	// ClusterAdvertise is the inter-node address other nodes dial. Default:
@@ -67,6 +91,15 @@ type Config struct {
 	// HandoffWait bounds how long a send waits for a moving conversation to
 	// become writable before it fails with unavailable. Default 2s.
 	HandoffWait time.Duration
+
+	// Retention, when > 0, makes the node delete messages whose server_at
+	// is older than now-Retention (persist.TrimAll; heads are kept), once
+	// shortly after start and then every RetentionEvery. 0 keeps
+	// everything. At least one hour.
+	Retention time.Duration
+	// RetentionEvery is the time between retention passes (jittered by
+	// +-10%). Default 1h.
+	RetentionEvery time.Duration
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -104,6 +137,7 @@ func (c Config) WithDefaults() Config {
 	defDur(&c.Heartbeat, time.Second)
 	defInt(&c.Partitions, 271)
 	defDur(&c.HandoffWait, 2*time.Second)
+	defDur(&c.RetentionEvery, time.Hour)
 	return c
 }
 
@@ -112,6 +146,25 @@ func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
+	}
+	if _, err := open.Parse(c.Store); err != nil {
+		errs = append(errs, err)
+	}
+	if c.AdminListen != "" {
+		if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+			errs = append(errs, fmt.Errorf("admin-listen %q: %w", c.AdminListen, err))
+		}
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("tls-cert and tls-key go together"))
+	}
+	if c.ClientCA != "" && c.TLSCert == "" {
+		errs = append(errs, errors.New("client-ca needs tls-cert and tls-key (client certificates are checked in the TLS handshake)"))
+	}
+	for _, o := range c.CORSOrigins {
+		if o != "*" && !strings.HasPrefix(o, "http://") && !strings.HasPrefix(o, "https://") {
+			errs = append(errs, fmt.Errorf("cors-origins %q: want an origin like https://app.example.com, or *", o))
+		}
 	}
 	if c.ClusterListen != "" {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
@@ -140,10 +193,14 @@ func (c Config) Validate() error {
 	if c.MemberTTL <= 2*c.Heartbeat {
 		errs = append(errs, fmt.Errorf("member-ttl %v must exceed 2 x heartbeat %v", c.MemberTTL, c.Heartbeat))
 	}
+	if c.Retention != 0 && c.Retention < time.Hour {
+		errs = append(errs, fmt.Errorf("retention %v: must be 0 (keep forever) or at least 1h", c.Retention))
+	}
 	for name, d := range map[string]time.Duration{
 		"passivate-after": c.PassivateAfter, "commit-timeout": c.CommitTimeout,
 		"worker-lease-ttl": c.WorkerLeaseTTL, "drain-timeout": c.DrainTimeout,
 		"member-ttl": c.MemberTTL, "heartbeat": c.Heartbeat, "handoff-wait": c.HandoffWait,
+		"retention interval": c.RetentionEvery,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))
@@ -152,9 +209,11 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// IsPostgres reports whether a --store value names PostgreSQL.
+// IsPostgres reports whether a --store value names PostgreSQL (a URL or a
+// keyword DSN).
 func IsPostgres(store string) bool {
-	return strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://")
+	sp, err := open.Parse(store)
+	return err == nil && sp.Kind == open.KindPostgres
 }
 
 func generatedNodeID() string {

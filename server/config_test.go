@@ -32,6 +32,7 @@ func TestConfigValidation(t *testing.T) {
 		"body too large":       {func(c *Config) { c.MaxBody = 1 << 30 }, "max-body"},
 		"node id too long":     {func(c *Config) { c.NodeID = strings.Repeat("n", 65) }, "node-id"},
 		"negative drain bound": {func(c *Config) { c.DrainTimeout = -time.Second }, "drain-timeout"},
+		"retention too short":  {func(c *Config) { c.Retention = 30 * time.Minute }, "retention"},
 	} {
 		c := Config{}.WithDefaults()
 		tc.mod(&c)

@@ -43,18 +43,20 @@ func (v singleView) Members() []console.Member {
 }
 func (v singleView) Partitions() []console.Partition { return nil }
 
-// withConsole serves the web console under /console/ and everything else
-// with api. (The console moves to the admin listener once there is one.)
-func (s *Server) withConsole(api http.Handler) http.Handler {
+// startConsole builds the read-only web console (/console/), served on the
+// admin mux: on --admin-listen when set, else on the API port (with its
+// TLS). Like /metrics it needs no token, except the conversation lookup
+// when --auth-token-file is set.
+func (s *Server) startConsole() *console.Console {
 	var view console.ClusterView = singleView{s}
 	if s.cluster != nil {
 		view = clusterView{s.cluster}
 	}
-	s.console = console.New(console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store,
-		Gatherer: s.metrics.Registry, Logger: s.log})
-	mux := http.NewServeMux()
-	mux.Handle("/console/", s.console)
-	mux.Handle("/console", s.console)
-	mux.Handle("/", api)
-	return mux
+	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log}
+	if tokens := s.edge.tokens; tokens != nil {
+		// Conversation lookups show message metadata: the API's token guards them.
+		cfg.Authorize = func(r *http.Request) bool { return tokens.Check(r.Header.Get("Authorization")) }
+	}
+	s.console = console.New(cfg)
+	return s.console
 }

@@ -1,9 +1,11 @@
 // Package server wires one sequencer node together: the store, the worker-id
 // lease and msg_id generator, the conversation actors with their group-commit
-// writer, the RPC API with health, readiness and metrics on one port, and (in
-// cluster mode) membership, fenced partition ownership and forwarding. It owns
-// the order of start and of the graceful stop; it implements no sequencing,
-// storage or transport logic of its own.
+// writer, the RPC API (with TLS, bearer tokens, CORS) and the health,
+// readiness and metrics endpoints (on the API port or --admin-listen), the
+// reload of the API's secrets on SIGHUP, a watch that logs store outages and
+// a lost lease, and (in cluster mode) membership, fenced partition ownership
+// and forwarding. It owns the order of start and of the graceful stop; it
+// implements no sequencing, storage or transport logic of its own.
 package server
 
 import (
@@ -11,10 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
+	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -27,6 +32,7 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist/sqlite"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -38,32 +44,56 @@ var (
 
 // Server is a running node.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	metrics  *metrics.Set
-	store    persist.Store
-	lease    *idgen.Lease
-	node     *actor.Node
-	cluster  *cluster.Node // nil on a single node
-	console  *console.Console
-	http     *http.Server
-	listener net.Listener
-	served   chan error
-	draining atomic.Bool
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics.Set
+	store     persist.Store
+	lease     *idgen.Lease
+	node      *actor.Node
+	cluster   *cluster.Node // nil on a single node
+	console   *console.Console
+	http      *http.Server
+	listener  net.Listener
+	admin     *http.Server // nil without AdminListen
+	adminLn   net.Listener
+	edge      *edge
+	stopWatch func()
+	served    chan error
+	draining  atomic.Bool
+	stopTrim  context.CancelFunc // nil without --retention
+	trimDone  chan struct{}
 }
 
-// Run starts a node and serves until ctx ends, then drains (see Shutdown)
-// within cfg.DrainTimeout.
+// Run starts a node and serves until ctx ends or (cluster mode) an operator
+// requests a drain of this node through the membership table, then drains
+// (see Shutdown) within cfg.DrainTimeout.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s, err := Start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-s.served:
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("api server stopped", "err", err)
+	var drain <-chan struct{} // nil on a single node: never ready
+	if s.cluster != nil {
+		drain = s.cluster.DrainRequested()
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case <-drain:
+			log.Info("drain requested by an operator (sequencer admin drain): stopping as on SIGTERM")
+			break wait
+		case <-hup:
+			s.Reload()
+		case err := <-s.served:
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("api server stopped", "err", err)
+			}
+			break wait
 		}
 	}
 	log.Info("draining", "timeout", s.cfg.DrainTimeout)
@@ -83,7 +113,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log, metrics: metrics.New(), served: make(chan error, 1)}
+	s := &Server{cfg: cfg, log: log, metrics: metrics.New(), served: make(chan error, 2)} // API and admin servers
+	var err error
 	ok := false
 	defer func() {
 		if !ok {
@@ -95,9 +126,18 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 	}()
 
+	s.edge, err = newEdge(cfg)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := s.edge.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := open.Store(octx, cfg.Store, open.Options{})
+	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID}})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -115,6 +155,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.AdminListen != "" {
+		s.adminLn, err = net.Listen("tcp", cfg.AdminListen)
+		if err != nil {
+			return nil, fmt.Errorf("admin-listen %s: %w", cfg.AdminListen, err)
+		}
 	}
 
 	acfg := actor.Config{
@@ -156,14 +202,39 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		sender, router = s.cluster, s.cluster
 	}
+	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
 
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,
 	})
-	s.http = api.NewServer(cfg.Listen, s.withConsole(api.NewHTTPHandler(svc, s.ready, s.metrics.Registry)))
-	go func() { s.served <- s.http.Serve(s.listener) }()
+	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
+	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
+	adminMux.Handle("/console/", s.startConsole())
+	if s.adminLn == nil {
+		apiMux.Handle("/", adminMux)
+	} else {
+		s.admin = api.NewServer(cfg.AdminListen, adminMux)
+		s.admin.ErrorLog = httpErrorLog(log, "admin")
+		go func() { s.served <- s.admin.Serve(s.adminLn) }()
+	}
+	s.http = api.NewServer(cfg.Listen, apiMux)
+	s.http.ErrorLog = httpErrorLog(log, "api")
+	if tlsConf != nil {
+		s.http.TLSConfig = tlsConf
+		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
+	} else {
+		go func() { s.served <- s.http.Serve(s.listener) }()
+	}
+	s.stopWatch = s.startWatch(watchInterval)
+	if cfg.Retention > 0 {
+		tctx, stop := context.WithCancel(context.Background())
+		s.stopTrim, s.trimDone = stop, make(chan struct{})
+		go s.retain(tctx)
+	}
 	wid, _ := s.lease.WorkerID()
-	log.Info("serving", "listen", s.listener.Addr().String(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
+	log.Info("serving", "listen", s.listener.Addr().String(), "tls", tlsConf != nil,
+		"client_certs", tlsConf != nil && tlsConf.ClientCAs != nil, "auth_tokens", s.edge.tokens != nil,
+		"admin_listen", s.AdminAddr(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
 		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
 	ok = true
 	return s, nil
@@ -171,6 +242,28 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 // Addr is the API address the node listens on.
 func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// AdminAddr is the address of /healthz, /readyz and /metrics: the admin
+// listener's with AdminListen, else the API's.
+func (s *Server) AdminAddr() string {
+	if s.adminLn != nil {
+		return s.adminLn.Addr().String()
+	}
+	return s.Addr()
+}
+
+// Reload re-reads the API's TLS certificate, client CAs and bearer tokens
+// (Run calls it on SIGHUP). A file that fails to load keeps what it held in
+// force; the error is logged at ERROR and returned.
+func (s *Server) Reload() error {
+	err := s.edge.reload()
+	if err != nil {
+		s.log.Error("reload failed: what could not be read stays as it was", "err", err)
+		return err
+	}
+	s.log.Info("reloaded the API's TLS certificate, client CAs and tokens")
+	return nil
+}
 
 // Metrics returns the node's collectors.
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
@@ -186,7 +279,7 @@ func (s *Server) ready() error {
 	}
 	if s.cluster != nil {
 		if err := s.cluster.Ready(); err != nil {
-			return err
+			return sequencer.Wrap(sequencer.CodeUnavailable, err, "cluster membership not ready")
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -209,6 +302,10 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Rout
 // their queues, then the worker-id lease is released and the store closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.stopRetention()
+	if s.stopWatch != nil {
+		s.stopWatch()
+	}
 	var errs []error
 	if s.cluster != nil {
 		if err := s.cluster.Leave(ctx); err != nil {
@@ -218,6 +315,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.http != nil {
 		if err := s.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("api: %w", err))
+		}
+	}
+	if s.admin != nil {
+		if err := s.admin.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("admin: %w", err))
 		}
 	}
 	// Only now: sends forwarded before the leave needed it for their replies.
@@ -260,17 +362,53 @@ func (s *Server) closeAll(ctx context.Context) error {
 	if s.listener != nil && s.http == nil {
 		s.listener.Close()
 	}
+	if s.adminLn != nil && s.admin == nil {
+		s.adminLn.Close()
+	}
 	return errors.Join(errs...)
 }
 
-// Redact hides a --store DSN's password, for logs and messages.
-func Redact(store string) string {
-	if !IsPostgres(store) {
-		return store
+// retain runs the retention passes until ctx ends: the first after a random
+// wait of up to a tenth of RetentionEvery (at most 30s), so nodes started
+// together do not trim at once, then every RetentionEvery +-10%. Every node
+// of a cluster with --retention runs its own passes over all conversations;
+// a pass is idempotent, so a second node's pass only reads.
+func (s *Server) retain(ctx context.Context) {
+	defer close(s.trimDone)
+	every := s.cfg.RetentionEvery
+	wait := rand.N(min(every/10, 30*time.Second) + 1)
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		before := time.Now().Add(-s.cfg.Retention)
+		start := time.Now()
+		n, err := persist.TrimAll(ctx, s.store, before, 0, func(n int) { s.metrics.Trimmed.Add(float64(n)) })
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			s.log.Warn("retention pass failed; the next pass finishes it", "before", before, "deleted", n, "err", err)
+		default:
+			s.log.Info("retention pass", "before", before, "deleted", n, "took", time.Since(start).Round(time.Millisecond))
+		}
+		wait = every - every/10 + rand.N(every/5+1)
 	}
-	u, err := url.Parse(store)
-	if err != nil {
-		return "postgres://(unparsable DSN)"
-	}
-	return u.Redacted()
 }
+
+// stopRetention stops the retention loop and waits for it.
+func (s *Server) stopRetention() {
+	if s.stopTrim != nil {
+		s.stopTrim()
+		<-s.trimDone
+		s.stopTrim = nil
+	}
+}
+
+// Redact hides a --store DSN's password (every form: URL userinfo, URL
+// query, keyword password=), for logs and messages.
+func Redact(store string) string { return open.Redact(store) }

@@ -229,6 +229,35 @@ func (s *Mem) View(ctx context.Context) (View, error) {
 	return s.view(s.clock.Now()), nil
 }
 
+func (s *Mem) Rows(ctx context.Context) ([]Member, time.Time, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("Rows"); err != nil {
+		return nil, time.Time{}, err
+	}
+	ms := slices.Collect(maps.Values(s.members))
+	slices.SortFunc(ms, func(a, b Member) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	return ms, s.clock.Now(), nil
+}
+
+func (s *Mem) RequestDrain(ctx context.Context, nodeID string) (Member, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.fail("RequestDrain"); err != nil {
+		return Member{}, err
+	}
+	m, ok := s.members[nodeID]
+	if !ok || !live(m, s.clock.Now()) {
+		return Member{}, fmt.Errorf("drain %s: %w", nodeID, ErrNoSuchMember)
+	}
+	if !m.Leaving {
+		m.Leaving = true
+		s.members[nodeID] = m
+		s.version++
+	}
+	return m, nil
+}
+
 // Fenced runs write atomically with a check of every non-zero fence, as a
 // PostgreSQL commit does (SELECT ... FOR SHARE on the lease rows, then the
 // writes, in one transaction): write runs only if every fence still holds,

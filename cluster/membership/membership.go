@@ -40,6 +40,8 @@ var (
 	// newer process started with the same node id). This incarnation must
 	// stay out.
 	ErrSuperseded = errors.New("membership: node id taken by another live incarnation")
+	// ErrNoSuchMember: RequestDrain found no live member row of that node id.
+	ErrNoSuchMember = errors.New("membership: no live member with that node id")
 )
 
 // Member is one node of the cluster.
@@ -167,4 +169,15 @@ type Store interface {
 	Release(ctx context.Context, leases []Lease) error
 	// View reads the current view without changing anything.
 	View(ctx context.Context) (View, error)
+	// Rows reads every member row, expired ones not yet removed included,
+	// sorted by NodeID, and the store's clock (operators: `sequencer admin
+	// members`, `forget`). Nothing changes.
+	Rows(ctx context.Context) ([]Member, time.Time, error)
+	// RequestDrain marks the live row of nodeID leaving on behalf of someone
+	// else (an operator): like Leave, the member leaves the ring (Version
+	// bumped, unless it was leaving already) while its incarnation stays
+	// live. The node sees its own row leaving at its next heartbeat and
+	// leaves gracefully (package cluster). It returns the row, or
+	// ErrNoSuchMember when nodeID has no live row.
+	RequestDrain(ctx context.Context, nodeID string) (Member, error)
 }

@@ -1,5 +1,6 @@
 // Command sequencer runs the message sequencer: `sequencer serve` runs a node,
-// `sequencer migrate` applies the store's schema, `sequencer bench` measures.
+// `sequencer migrate` applies the store's schema, `sequencer admin` runs
+// operator commands (package admin), `sequencer bench` measures.
 // It only parses configuration, builds, runs and stops; the wiring lives in
 // package server.
 package main
@@ -13,9 +14,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sequencer-im/sequencer/admin"
+	"github.com/sequencer-im/sequencer/buildinfo"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -25,7 +29,11 @@ const usage = `sequencer: one writer per conversation, contiguous seqs, acks onl
 Usage:
   sequencer serve   [flags]   run a node (embedded store under ./data by default)
   sequencer migrate [flags]   apply the store's schema migrations and exit
+  sequencer admin   COMMAND   operator commands: members, partitions, head, route, drain,
+                              forget, migrate status, trim, backup (sequencer admin --help)
   sequencer bench   [flags]   run the benchmarks (see docs/BENCHMARKS.md)
+  sequencer health  [flags]   exit 0 when a node's /readyz (or --url) answers 200 (container health checks)
+  sequencer version           print the version, commit and Go version (also --version)
   sequencer help    [command]
 
 Run 'sequencer COMMAND --help' for a command's flags.
@@ -49,6 +57,13 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		err = migrate(rest, stdout, stderr, getenv)
 	case "bench":
 		err = benchCmd(rest, stdout, stderr)
+	case "admin":
+		err = adminCmd(rest, stdout, stderr, getenv)
+	case "health":
+		err = health(rest, stdout, stderr, getenv)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, buildinfo.Get())
+		return 0
 	case "help", "-h", "--help":
 		if len(rest) > 0 {
 			return run([]string{rest[0], "--help"}, stdout, stderr, getenv)
@@ -56,11 +71,16 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "sequencer: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "sequencer: unknown command %q (see 'sequencer help')\n", cmd)
 		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "sequencer %s: %v (see 'sequencer %s --help')\n", cmd, oneLine(ue.err), cmd)
+		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sequencer %s: %v\n", cmd, err)
@@ -73,8 +93,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 // variable). Defaults shown are server.Config's.
 func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	d := server.Config{NodeID: "x"}.WithDefaults()
-	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics)")
-	fs.StringVar(&c.Store, "store", d.Store, "postgres://... DSN for PostgreSQL, or a file path / sqlite:PATH for the embedded store")
+	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics and the web console /console/ unless --admin-listen)")
+	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); embedded store: sqlite:PATH or a path without ://; anything else is refused")
 	fs.StringVar(&c.ClusterListen, "cluster-listen", "", "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
 	fs.StringVar(&c.NodeID, "node-id", "", "stable name of this node in the cluster (default: hostname plus a random suffix)")
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
@@ -92,6 +112,13 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Partitions, "partitions", d.Partitions, "cluster: fixed partition count of the ring, the same on every node")
 	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Var(admin.Duration{D: &c.Retention}, "retention", "delete messages older than this (90d, 36h; heads are kept, seqs never go back); 0 keeps everything")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve the API with TLS (HTTP/2 via ALPN and HTTP/1.1); re-read on SIGHUP")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
+	fs.StringVar(&c.AuthTokenFile, "auth-token-file", "", "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
+	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz, /metrics and the web console /console/ (they then leave --listen)")
+	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) error {
@@ -100,17 +127,18 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	var cfg server.Config
 	var level string
 	serveFlags(fs, &cfg, &level)
+	format := fs.String("log-format", "text", "text (key=value lines) or json (one JSON object per line)")
 	fs.Usage = usageWithEnv(fs, "sequencer serve [flags]: run a node")
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err
 	}
-	logger, err := newLogger(stderr, level)
+	logger, err := newLogger(stderr, level, *format)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return err
+		return usageError{err}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -125,6 +153,9 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err
 	}
+	if _, err := open.Parse(*store); err != nil {
+		return usageError{err}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s, err := open.Store(ctx, *store, open.Options{})
@@ -135,10 +166,22 @@ func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string
 	return s.Close()
 }
 
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+// oneLine joins a multi-line error (errors.Join) with "; ".
+func oneLine(err error) string {
+	return strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("log-level %q: %w", level, err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log-format %q: want text or json", format)
 }

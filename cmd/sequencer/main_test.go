@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -73,8 +75,81 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 		t.Fatalf("unknown command exit %d, want 2", code)
 	}
 	errb.Reset()
-	if code := run([]string{"serve", "--cluster-listen", "127.0.0.1:1"}, &out, &errb, env(nil)); code != 1 ||
+	if code := run([]string{"serve", "--cluster-listen", "127.0.0.1:1"}, &out, &errb, env(nil)); code != 2 ||
 		!strings.Contains(errb.String(), "PostgreSQL") {
-		t.Fatalf("cluster mode on the embedded store: exit %d %q, want 1 and a PostgreSQL hint", code, errb.String())
+		t.Fatalf("cluster mode on the embedded store: exit %d %q, want 2 and a PostgreSQL hint", code, errb.String())
+	}
+}
+
+// CONTRACT.md §5: a usage error (unknown flag, stray positional argument,
+// bad value, a --store outside the allow-list) exits 2 with ONE line, not
+// the usage; nothing is started.
+func TestUsageErrorsExit2WithOneLine(t *testing.T) {
+	t.Chdir(t.TempDir()) // nothing may create ./data
+	for name, tc := range map[string]struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		"unknown flag":      {[]string{"serve", "--no-such-flag"}, nil, "no-such-flag"},
+		"stray argument":    {[]string{"serve", "--listen", "127.0.0.1:0", "extra", "--store", "x"}, nil, `unexpected argument "extra"`},
+		"bad duration":      {[]string{"serve", "--member-ttl", "soon"}, nil, "member-ttl"},
+		"bad env value":     {[]string{"serve"}, map[string]string{"SEQUENCER_MAX_BODY": "lots"}, "SEQUENCER_MAX_BODY"},
+		"bad listen":        {[]string{"serve", "--listen", "nope"}, nil, "listen"},
+		"mysql store":       {[]string{"serve", "--store", "mysql://root:pw-m@db/seq"}, nil, `unsupported scheme "mysql"`},
+		"typo scheme":       {[]string{"serve", "--store", "postgress://u:pw-t@h/db"}, nil, `unsupported scheme "postgress"`},
+		"upper-case scheme": {[]string{"serve", "--store", "POSTGRES://u:pw-u@h/db"}, nil, `unsupported scheme "POSTGRES"`},
+		"store from env":    {[]string{"serve"}, map[string]string{"SEQUENCER_STORE": "mysql://x:pw-e@h/db"}, "unsupported scheme"},
+		"migrate bad store": {[]string{"migrate", "--store", "mysql://x:pw-g@h/db"}, nil, "unsupported scheme"},
+		"migrate stray":     {[]string{"migrate", "now"}, nil, `unexpected argument "now"`},
+		"tls half":          {[]string{"serve", "--tls-cert", "c.pem"}, nil, "tls-key"},
+		"client-ca no tls":  {[]string{"serve", "--client-ca", "ca.pem"}, nil, "client-ca"},
+		"bad cors origin":   {[]string{"serve", "--cors-origins", "app.example.com"}, nil, "cors-origins"},
+		"bad log level":     {[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
+		"unknown command":   {[]string{"frobnicate"}, nil, "unknown command"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(tc.args, &out, &errb, env(tc.env))
+		text := errb.String()
+		if code != 2 || !strings.Contains(text, tc.want) {
+			t.Errorf("%s: exit %d %q, want 2 and %q", name, code, text, tc.want)
+			continue
+		}
+		if n := strings.Count(text, "\n"); n != 1 {
+			t.Errorf("%s: %d lines, want one: %q", name, n, text)
+		}
+		if strings.Contains(text, "pw-") {
+			t.Errorf("%s: the password is printed: %q", name, text)
+		}
+	}
+	if _, err := os.Stat("data"); err == nil {
+		t.Fatal("a refused start created ./data")
+	}
+}
+
+// A stray argument no longer hides the flags after it: they are refused,
+// not ignored.
+func TestFlagsAfterAPositionalAreNotIgnored(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var cfg server.Config
+	var level string
+	serveFlags(fs, &cfg, &level)
+	err := parseWithEnv(fs, []string{"stray", "--store", "postgres://x@127.0.0.1/db"}, env(nil))
+	var ue usageError
+	if !errors.As(err, &ue) {
+		t.Fatalf("got %v, want a usage error", err)
+	}
+}
+
+func TestCORSOriginsFlag(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var cfg server.Config
+	var level string
+	serveFlags(fs, &cfg, &level)
+	if err := parseWithEnv(fs, nil, env(map[string]string{"SEQUENCER_CORS_ORIGINS": "https://a.example.com, https://b.example.com"})); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.CORSOrigins) != 2 || cfg.CORSOrigins[1] != "https://b.example.com" {
+		t.Fatalf("cors origins %q", cfg.CORSOrigins)
 	}
 }

@@ -27,10 +27,21 @@
     return e;
   }
 
+  // The bearer token for conversation lookups on a node with
+  // --auth-token-file; kept for this tab only.
+  const tokenKey = "sequencer-console-token";
+
   async function getJSON(path) {
-    const r = await fetch(api + path, { cache: "no-store" });
+    const headers = {};
+    const token = sessionStorage.getItem(tokenKey);
+    if (token) headers.Authorization = "Bearer " + token;
+    const r = await fetch(api + path, { cache: "no-store", headers });
     const body = await r.json().catch(() => ({}));
-    if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
+    if (!r.ok) {
+      const e = new Error(body.error || r.status + " " + r.statusText);
+      e.status = r.status;
+      throw e;
+    }
     return body;
   }
 
@@ -139,6 +150,8 @@
   $("lookup").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const out = $("convresult");
+    const tok = $("token");
+    if (!tok.hidden && tok.value) sessionStorage.setItem(tokenKey, tok.value.trim());
     try {
       const c = await getJSON("conversation?conv_id=" + encodeURIComponent($("conv").value));
       const rows = c.messages.map((m) => el("tr", { "data-seq": m.seq },
@@ -148,6 +161,11 @@
         el("p", {}, "head seq ", el("b", { id: "headseq" }, c.headSeq), c.messages.length ? ` · last ${c.messages.length} messages, newest first` : " · no messages"),
         el("table", {}, el("thead", {}, el("tr", {}, ...["seq", "msg_id", "from_uid", "type", "client_msg_id", "server_at", "body"].map((h) => el("th", {}, h)))), el("tbody", {}, ...rows)));
     } catch (e) {
+      if (e.status === 401) {
+        sessionStorage.removeItem(tokenKey);
+        tok.hidden = false;
+        tok.focus();
+      }
       out.replaceChildren(el("p", { class: "stale" }, e.message));
     }
   });

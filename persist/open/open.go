@@ -1,21 +1,31 @@
 // Package open turns the `--store` setting into a ready persist.Store: it
-// owns the spelling of store specs (CONTRACT.md §3) and the choice of
-// implementation, and migrates the schema on open. It never holds state of
-// its own and is the only package besides cmd/ that imports both stores.
+// owns the spelling of store specs (CONTRACT.md §5), their redaction for logs
+// and errors, the choice of implementation, the lock on the embedded store's
+// directory, and migrates the schema on open. It never holds state of its
+// own besides that lock and is the only package besides cmd/ that imports
+// both stores.
 //
-// Specs:
-//   - "postgres://..." or "postgresql://...": persist/postgres with that DSN;
-//   - "sqlite:PATH", or any other string: persist/sqlite on the file PATH;
-//     when PATH is a directory (an existing one, one ending in a path
-//     separator, or any path whose last element has no .db/.sqlite/.sqlite3
-//     extension) the file is PATH/sequencer.db;
+// Specs (an allow-list; anything else is refused by Parse):
+//   - "postgres://..." or "postgresql://..." (the scheme in lower case, as
+//     libpq and pgx spell it): persist/postgres with that URL DSN;
+//   - a libpq keyword/value DSN ("host=db dbname=seq user=app"): the first
+//     word is "key=": persist/postgres with that DSN;
+//   - "sqlite:PATH" (also "sqlite://PATH"), or a filesystem path without
+//     "://": persist/sqlite on the file PATH; when PATH is a directory (an
+//     existing one, one ending in a path separator, or any path whose last
+//     element has no .db/.sqlite/.sqlite3 extension) the file is
+//     PATH/sequencer.db;
 //   - "": the embedded store under ./data (./data/sequencer.db).
+//
+// Refused: any other "scheme://" ("mysql://", "postgress://", "POSTGRES://",
+// "file://"); a keyword DSN that does not parse. No form of a password is
+// ever part of a Spec's String, of Redact's answer or of an error this
+// package returns.
 package open
 
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +61,7 @@ type Spec struct {
 // String describes the spec without secrets (a DSN's password is hidden).
 func (s Spec) String() string {
 	if s.Kind == KindPostgres {
-		return "postgres " + redact(s.DSN)
+		return "postgres " + Redact(s.DSN)
 	}
 	return "sqlite " + s.Path
 }
@@ -67,7 +77,8 @@ type Options struct {
 	SQLite sqlite.Options
 }
 
-// Parse reads a store spec (see the package comment).
+// Parse reads a store spec (see the package comment). Its errors name the
+// spec redacted and say what is accepted.
 func Parse(spec string) (Spec, error) {
 	spec = strings.TrimSpace(spec)
 	switch {
@@ -75,15 +86,23 @@ func Parse(spec string) (Spec, error) {
 		return Spec{Kind: KindPostgres, DSN: spec}, nil
 	case spec == "":
 		return Spec{Kind: KindSQLite, Path: filepath.Join(DefaultDir, DBFile)}, nil
+	case isKeywordDSN(spec):
+		if _, err := parseKeywordDSN(spec); err != nil {
+			return Spec{}, fmt.Errorf("store: keyword DSN %s: %w", Redact(spec), err)
+		}
+		return Spec{Kind: KindPostgres, DSN: spec}, nil
 	}
 	path := spec
 	if p, ok := strings.CutPrefix(spec, "sqlite://"); ok {
 		path = p
 	} else if p, ok := strings.CutPrefix(spec, "sqlite:"); ok {
 		path = p
+	} else if scheme, _, ok := strings.Cut(spec, "://"); ok {
+		return Spec{}, fmt.Errorf("store %s: unsupported scheme %q; use postgres://, postgresql://, a libpq keyword DSN (host=... dbname=...), sqlite:PATH or a directory path",
+			Redact(spec), scheme)
 	}
 	if path == "" {
-		return Spec{}, fmt.Errorf("open: store spec %q has no path", spec)
+		return Spec{}, fmt.Errorf("store spec %q has no path", spec)
 	}
 	if isDir(path) {
 		path = filepath.Join(path, DBFile)
@@ -114,14 +133,16 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 	}
 	switch sp.Kind {
 	case KindPostgres:
+		// A driver error may echo the DSN: every spelling of its password
+		// is scrubbed from the text.
 		s, err := postgres.Open(ctx, sp.DSN, opts.Postgres)
 		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", sp, err)
+			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}
 		if !opts.NoMigrate {
 			if err := s.Migrate(ctx); err != nil {
 				s.Close()
-				return nil, fmt.Errorf("open %s: migrate: %w", sp, err)
+				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
 			}
 		}
 		return s, nil
@@ -138,16 +159,4 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		}
 		return s, nil
 	}
-}
-
-// redact hides the password of a URL DSN.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "(unparsable DSN)"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
 }

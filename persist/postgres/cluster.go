@@ -104,7 +104,8 @@ func (c *ClusterStore) inTx(ctx context.Context, op, lock string, f func(tx pgx.
 		}
 		return f(tx, uint64(version), now.UTC())
 	})
-	if err == nil || errors.Is(err, membership.ErrMemberGone) || errors.Is(err, membership.ErrSuperseded) {
+	if err == nil || errors.Is(err, membership.ErrMemberGone) || errors.Is(err, membership.ErrSuperseded) ||
+		errors.Is(err, membership.ErrNoSuchMember) {
 		return err
 	}
 	return classify("cluster "+op, err)
@@ -490,4 +491,53 @@ func (c *ClusterStore) View(ctx context.Context) (membership.View, error) {
 		return err
 	})
 	return view, err
+}
+
+func (c *ClusterStore) Rows(ctx context.Context) ([]membership.Member, time.Time, error) {
+	var ms []membership.Member
+	var at time.Time
+	err := c.inTx(ctx, "rows", "", func(tx pgx.Tx, _ uint64, now time.Time) error {
+		at = now
+		rows, err := tx.Query(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until FROM cluster_member`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var m membership.Member
+			if err := rows.Scan(&m.NodeID, &m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil); err != nil {
+				return err
+			}
+			m.LeaseUntil = m.LeaseUntil.UTC()
+			ms = append(ms, m)
+		}
+		return rows.Err()
+	})
+	slices.SortFunc(ms, func(a, b membership.Member) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	return ms, at, err
+}
+
+func (c *ClusterStore) RequestDrain(ctx context.Context, nodeID string) (membership.Member, error) {
+	var m membership.Member
+	err := c.inTx(ctx, "request drain", "UPDATE", func(tx pgx.Tx, _ uint64, now time.Time) error {
+		r, ok, err := readMember(ctx, tx, nodeID)
+		switch {
+		case err != nil:
+			return err
+		case !ok || r.leaseUntil.Before(now):
+			return fmt.Errorf("drain %s: %w", nodeID, membership.ErrNoSuchMember)
+		}
+		if !r.leaving {
+			if _, err := tx.Exec(ctx, `UPDATE cluster_member SET leaving = true WHERE node_id = $1 AND incarnation = $2`, nodeID, r.incarnation); err != nil {
+				return err
+			}
+			if _, err := bump(ctx, tx); err != nil {
+				return err
+			}
+		}
+		m = membership.Member{NodeID: nodeID, Incarnation: r.incarnation, ClusterAddr: r.clusterAddr, APIAddr: r.apiAddr,
+			Leaving: true, LeaseUntil: r.leaseUntil.UTC()}
+		return nil
+	})
+	return m, err
 }

@@ -88,3 +88,33 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	}
 	return v, nil
 }
+
+// AppliedMigrations returns the rows of schema_version in version order
+// (none when the database was never migrated). It changes nothing.
+func (s *Store) AppliedMigrations(ctx context.Context) ([]persist.AppliedMigration, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('schema_version') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT version, name, applied_at FROM schema_version ORDER BY version`)
+	if err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	defer rows.Close()
+	var out []persist.AppliedMigration
+	for rows.Next() {
+		var m persist.AppliedMigration
+		if err := rows.Scan(&m.Version, &m.Name, &m.AppliedAt); err != nil {
+			return nil, classify("applied migrations", err)
+		}
+		m.AppliedAt = m.AppliedAt.UTC()
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	return out, nil
+}

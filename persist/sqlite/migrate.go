@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/sequencer-im/sequencer/persist"
 )
@@ -83,4 +85,51 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 		return 0, classify("schema version", err)
 	}
 	return v, nil
+}
+
+// AppliedMigrations returns the rows of schema_version in version order
+// (none when the file was never migrated). It changes nothing.
+func (s *Store) AppliedMigrations(ctx context.Context) ([]persist.AppliedMigration, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'`).Scan(&n); err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT version, name, applied_at FROM schema_version ORDER BY version`)
+	if err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	defer rows.Close()
+	var out []persist.AppliedMigration
+	for rows.Next() {
+		var m persist.AppliedMigration
+		var at string
+		if err := rows.Scan(&m.Version, &m.Name, &at); err != nil {
+			return nil, classify("applied migrations", err)
+		}
+		m.AppliedAt, _ = time.Parse("2006-01-02T15:04:05.999Z", at)
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("applied migrations", err)
+	}
+	return out, nil
+}
+
+// BackupTo writes a consistent copy of the whole database to the new file
+// path with `VACUUM INTO` (online: it reads one snapshot while commits go
+// on; the copy is compacted and has no WAL). path must not exist. It holds
+// this Store's writer connection while it runs, so a serving process should
+// back up through a Store of its own (`sequencer admin backup` opens one):
+// other processes' commits are not blocked, a WAL reader blocks no writer.
+func (s *Store) BackupTo(ctx context.Context, path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return fmt.Errorf("sqlite: backup: %s already exists", path)
+	}
+	if _, err := s.w.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("sqlite: backup to %s: %w", path, err)
+	}
+	return nil
 }

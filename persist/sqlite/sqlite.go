@@ -38,6 +38,9 @@ type Options struct {
 	BusyTimeout time.Duration
 	// ReadConns is the size of the read pool. Default 4.
 	ReadConns int
+	// LockHolder names this process in the lock file (the node id); see
+	// lock.go.
+	LockHolder string
 }
 
 func (o Options) withDefaults() Options {
@@ -55,6 +58,7 @@ type Store struct {
 	path string
 	w    *sql.DB // the one writer connection
 	r    *sql.DB // readers
+	lock *dirLock
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -70,8 +74,28 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+	// A directory Open creates is private (0700); the files are 0600 (SQLite
+	// gives the -wal and -shm files the database file's mode).
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
 		return nil, unavailable("create directory", err)
+	}
+	lock, err := lockDB(abs, opts.LockHolder)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.release()
+		}
+	}()
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, unavailable("create "+abs, err)
+	}
+	f.Close()
+	for _, name := range []string{abs, abs + "-wal", abs + "-shm"} {
+		_ = os.Chmod(name, 0o600) // files of an older version were 0644
 	}
 	busy := strconv.FormatInt(opts.BusyTimeout.Milliseconds(), 10)
 	file := "file:" + (&url.URL{Path: abs}).EscapedPath()
@@ -107,7 +131,8 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(opts.ReadConns)
 	r.SetMaxIdleConns(opts.ReadConns)
-	return &Store{path: abs, w: w, r: r}, nil
+	ok = true
+	return &Store{path: abs, w: w, r: r, lock: lock}, nil
 }
 
 // Path returns the database file's absolute path.
@@ -130,7 +155,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes both pools (the WAL is checkpointed by SQLite on the last
 // close).
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.w.Close(), s.lock.release())
 }
 
 func unavailable(op string, err error) error {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -136,63 +135,45 @@ func TestReopenKeepsEverything(t *testing.T) {
 	}
 }
 
-func TestTwoStoresOnOneFileMigrateAndCommit(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "sequencer.db")
+// One process owns the file: a second Open (flock is per open file
+// description, so a second Open in this process stands for a second
+// process) is refused at once and names the holder; after Close the file
+// opens again. The directory Open creates is 0700, the files 0600.
+func TestSecondOpenIsRefusedAndNamesTheHolder(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	path := filepath.Join(dir, "sequencer.db")
 	ctx := context.Background()
-	var stores []*Store
-	for i := 0; i < 2; i++ {
-		s, err := Open(ctx, path, Options{})
+	s1, err := Open(ctx, path, Options{LockHolder: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(ctx, path, Options{LockHolder: "node-b"})
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d node node-a", os.Getpid())) {
+		t.Fatalf("second open: %v, want ErrLocked naming pid %d node node-a", err, os.Getpid())
+	}
+	for name, want := range map[string]os.FileMode{dir: 0o700 | os.ModeDir, path: 0o600, path + "-wal": 0o600, LockFile(path): 0o600} {
+		fi, err := os.Stat(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { s.Close() })
-		stores = append(stores, s)
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Add(1)
-		go func(i int, s *Store) { defer wg.Done(); errs[i] = s.Migrate(ctx) }(i, s)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatalf("concurrent migrate: %v", err)
+		if fi.Mode() != want {
+			t.Errorf("%s: mode %v, want %v", name, fi.Mode(), want)
 		}
 	}
-	ms, _ := Migrations()
-	var n int
-	if err := stores[0].r.QueryRow(`SELECT count(*) FROM schema_version`).Scan(&n); err != nil || n != len(ms) {
-		t.Fatalf("schema_version rows %d (want %d), %v", n, len(ms), err)
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
 	}
-	// Both write, each its own conversation; the busy timeout covers the
-	// other store's write lock.
-	for i, s := range stores {
-		wg.Add(1)
-		go func(i int, s *Store) {
-			defer wg.Done()
-			conv := fmt.Sprintf("c%d", i)
-			for k := 0; k < 20; k++ {
-				id := uint64(i*1000 + k + 1)
-				b := persist.ConvBatch{ConvID: conv, PrevHead: uint64(k), Messages: []sequencer.Message{{MsgID: id,
-					ConvID: conv, Seq: uint64(k + 1), FromUID: 1, MsgType: 1, Body: []byte{1}, ClientMsgID: fmt.Sprint(id)}}}
-				if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
-					errs[i] = err
-					return
-				}
-			}
-		}(i, s)
+	s2, err := Open(ctx, path, Options{LockHolder: "node-b"})
+	if err != nil {
+		t.Fatalf("open after the holder closed: %v", err)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatalf("commit: %v", err)
-		}
-	}
-	for i := range stores {
-		if h, err := stores[1-i].LoadHead(ctx, fmt.Sprintf("c%d", i)); err != nil || h != 20 {
-			t.Fatalf("head of c%d seen by the other store = %d, %v", i, h, err)
-		}
+	defer s2.Close()
+	who, _ := os.ReadFile(LockFile(path))
+	if !strings.Contains(string(who), "node node-b") {
+		t.Fatalf("lock file holds %q, want node-b", who)
 	}
 }
 

@@ -13,7 +13,7 @@ import {
   type Message as PbMessage,
   type SendResponse,
 } from "./gen/sequencer/v1/sequencer_pb.js";
-import { Batcher, type Pending } from "./batcher.js";
+import { Batcher, itemSize, type BatchLimits, type Pending } from "./batcher.js";
 import { classify, SequencerError, type ErrorCode, type Failure } from "./errors.js";
 import { RouteCache, type Route } from "./route.js";
 
@@ -52,6 +52,11 @@ export interface ClientOptions {
   maxBatchItems?: number;
   /** About the most bytes in one SendBatch (default 3 MiB; the server's default limit is 4 MiB). */
   maxBatchBytes?: number;
+  /** Bounds of what waits for one node (default 10 000 items, 32 MiB); past them send waits for room. */
+  maxQueuedItems?: number;
+  maxQueuedBytes?: number;
+  /** Send every message in its own Send RPC (no SendBatch). */
+  disableBatching?: boolean;
   /** More Connect interceptors (after the bearer token one). */
   interceptors?: Interceptor[];
   /** Debug log of retries and route changes (default: none). */
@@ -116,6 +121,8 @@ const defaults = {
   maxBackoffMs: 1_000,
   routeCacheSize: 65_536,
   maxBatchBytes: 3 << 20,
+  maxQueuedItems: 10_000,
+  maxQueuedBytes: 32 << 20,
 };
 
 /** newClientMsgId returns a random UUID. */
@@ -133,9 +140,7 @@ class Node {
     readonly seed: boolean,
     private readonly sessions: Http2SessionManager,
     transport: Transport,
-    maxItems: number,
-    maxBytes: number,
-    attemptTimeoutMs: number,
+    limits: BatchLimits,
   ) {
     this.rpc = createClient(SequencerService, transport);
     this.batcher = new Batcher(
@@ -147,9 +152,8 @@ class Node {
           : {},
         );
       },
-      maxItems,
-      maxBytes,
-      attemptTimeoutMs,
+      (item, signal) => this.rpc.send(item, { signal }),
+      limits,
     );
   }
   down(now: number): boolean {
@@ -347,9 +351,13 @@ export class SequencerClient {
     const sessions = new Http2SessionManager(url, { pingIntervalMs: 15_000, pingTimeoutMs: 5_000, idleConnectionTimeoutMs: 60_000 }, nodeOptions);
     const common = { baseUrl: url, httpVersion: "2" as const, sessionManager: sessions, interceptors: this.interceptors };
     const transport = this.opts.protocol === "connect" ? createConnectTransport(common) : createGrpcTransport(common);
-    const r = this.retry;
-    return new Node(url, seed, sessions, transport, this.opts.maxBatchItems ?? MAX_BATCH_ITEMS,
-      this.opts.maxBatchBytes ?? defaults.maxBatchBytes, r.attemptTimeoutMs);
+    return new Node(url, seed, sessions, transport, {
+      maxItems: this.opts.maxBatchItems ?? MAX_BATCH_ITEMS,
+      maxBytes: this.opts.maxBatchBytes ?? defaults.maxBatchBytes,
+      maxQueuedItems: this.opts.maxQueuedItems ?? defaults.maxQueuedItems,
+      maxQueuedBytes: this.opts.maxQueuedBytes ?? defaults.maxQueuedBytes,
+      timeoutMs: this.retry.attemptTimeoutMs,
+    });
   }
 
   private debug(msg: string, fields: Record<string, unknown>): void {
@@ -382,7 +390,7 @@ export class SequencerClient {
       msgType: checkInt(input.msgType ?? 0, -(2 ** 31), 2 ** 31 - 1, "msgType"),
       body: bodyBytes(input.body),
     });
-    const size = req.convId.length + key.length + req.body.length + 32;
+    const size = itemSize(req);
     const call: CallInfo = {
       op: "send",
       convId: req.convId,
@@ -392,15 +400,21 @@ export class SequencerClient {
     const resp = await this.withRetry(call, opts, async (at) => {
       const target = await this.sendTarget(req.convId, at.signal);
       at.target = target;
-      return new Promise<SendResponse>((resolve, reject) => {
-        const p: Pending = {
+      if (this.opts.disableBatching) {
+        return target.rpc.send(req, { signal: at.signal });
+      }
+      let p!: Pending;
+      const answer = new Promise<SendResponse>((resolve, reject) => {
+        p = {
           req, size, done: false,
           resolve: (r) => { p.done = true; resolve(r); },
           reject: (e) => { p.done = true; reject(e); },
         };
-        at.signal.addEventListener("abort", () => p.reject(at.signal.reason), { once: true });
-        target.batcher.enqueue(p);
       });
+      answer.catch(() => {}); // observed below, or dropped when enqueue fails first
+      at.signal.addEventListener("abort", () => p.reject(at.signal.reason), { once: true });
+      await target.batcher.enqueue(p, at.signal);
+      return answer;
     });
     return {
       msgId: resp.msgId,

@@ -66,6 +66,19 @@ describe("single node", () => {
     }
   });
 
+  test("C01 with batching disabled: one Send RPC per message", async () => {
+    const rec = recorder();
+    const c = client({ disableBatching: true, interceptors: [rec.icpt] });
+    try {
+      const out = await c.sendMany([1, 2, 3].map((i): SendInput => ({ convId: "ts:c01-unary", fromUid: 1n, body: `m${i}` })));
+      assert.deepEqual(out.map((o) => (o.ok ? o.result.seq : -1n)).sort(), [1n, 2n, 3n]);
+      assert.equal(rec.count("Send"), 3);
+      assert.equal(rec.count("SendBatch"), 0);
+    } finally {
+      c.close();
+    }
+  });
+
   test("C03 a lost answer is retried with the same generated key and stored once", async () => {
     let lose = 1;
     const lossy: Interceptor = (next) => async (req) => {

@@ -80,14 +80,15 @@ describe("unit", () => {
         throw new Error("read ECONNRESET");
       }
       return items.map((_, i) => (i % 2 ? { error: { code: "invalid_argument", message: "odd" } } : { ok: create(SendResponseSchema, { seq: BigInt(i + 1) }) }));
-    }, 3, 250, 1000);
+    }, () => assert.fail("no unary Send"), { maxItems: 3, maxBytes: 250, maxQueuedItems: 100, maxQueuedBytes: 1 << 20, timeoutMs: 1000 });
+    const signal = new AbortController().signal;
     const put = (size: number) => new Promise<unknown>((resolve) => {
       const p: Pending = { req: create(SendRequestSchema, {}), size, done: false, resolve: (r) => resolve(r), reject: (e) => resolve(e) };
-      b.enqueue(p);
+      void b.enqueue(p, signal);
     });
     const all = [put(10), put(10), put(10), put(10), put(200), put(100)];
     const abandoned: Pending = { req: create(SendRequestSchema, {}), size: 1, done: true, resolve: () => assert.fail("abandoned"), reject: () => assert.fail("abandoned") };
-    b.enqueue(abandoned);
+    void b.enqueue(abandoned, signal);
     const out = await Promise.all(all);
     // 3 items max; then 10+200 fit under 250 bytes, 100 does not join them.
     assert.deepEqual(sizes, [3, 2, 1]);
@@ -95,5 +96,52 @@ describe("unit", () => {
     fail = true;
     const failed = await Promise.all([put(1), put(1)]);
     assert.ok(failed.every((e) => e instanceof Error && /ECONNRESET/.test(e.message)));
+  });
+
+  test("U7 batcher: a node without SendBatch gets unary Sends from then on", async () => {
+    let batches = 0;
+    let unary = 0;
+    const b = new Batcher(async () => {
+      batches++;
+      throw new ConnectError("unknown method", Code.Unimplemented);
+    }, async () => {
+      unary++;
+      return create(SendResponseSchema, { seq: BigInt(unary) });
+    }, { maxItems: 1000, maxBytes: 1 << 20, maxQueuedItems: 100, maxQueuedBytes: 1 << 20, timeoutMs: 1000 });
+    const signal = new AbortController().signal;
+    const put = () => new Promise<unknown>((resolve, reject) => {
+      void b.enqueue({ req: create(SendRequestSchema, {}), size: 1, done: false, resolve, reject }, signal);
+    });
+    await Promise.all([put(), put()]);
+    await put();
+    assert.equal(batches, 1);
+    assert.equal(unary, 3);
+    assert.ok(b.unsupported);
+  });
+
+  test("U8 batcher: a full queue makes enqueue wait for room, or for the signal", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const b = new Batcher(async (items) => {
+      await gate;
+      return items.map(() => ({ ok: create(SendResponseSchema, {}) }));
+    }, () => assert.fail("no unary Send"), { maxItems: 2, maxBytes: 1 << 20, maxQueuedItems: 2, maxQueuedBytes: 1 << 20, timeoutMs: 5000 });
+    const pend = (): Pending => ({ req: create(SendRequestSchema, {}), size: 1, done: false, resolve: () => {}, reject: () => {} });
+    const never = new AbortController().signal;
+    await b.enqueue(pend(), never); // goes out (held by the gate)
+    await new Promise((r) => setImmediate(r));
+    await b.enqueue(pend(), never);
+    await b.enqueue(pend(), never); // the queue holds 2 now
+    let third = false;
+    const waiting = b.enqueue(pend(), never).then(() => (third = true));
+    const ac = new AbortController();
+    const aborted = b.enqueue(pend(), ac.signal);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(third, false, "waits while the queue is full");
+    ac.abort(new Error("caller gave up"));
+    await assert.rejects(aborted, /caller gave up/);
+    release();
+    await waiting;
+    assert.equal(third, true, "queued once the in-flight request returned and made room");
   });
 });

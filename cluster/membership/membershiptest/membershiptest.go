@@ -39,6 +39,8 @@ func Run(t *testing.T, open Open) {
 		{"AcquireNeedsCurrentVersionAndLiveSelf", testAcquireGuards},
 		{"ReleaseExactLeaseOnly", testRelease},
 		{"ConcurrentAcquireOneWinner", testConcurrentAcquire},
+		{"RequestDrain", testRequestDrain},
+		{"RowsShowExpiredUntilRemoved", testRows},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -494,5 +496,99 @@ func testConcurrentAcquire(t *testing.T, s membership.Store, clk *clock.Fake) {
 		if !ok || l.Owner == "" || fmt.Sprint(owners[p]) == "" || l.Owner != owners[p]+"/1" {
 			t.Fatalf("partition %d: lease %+v, acquire said %q", p, l, owners[p])
 		}
+	}
+}
+
+func testRequestDrain(t *testing.T, s membership.Store, clk *clock.Fake) {
+	a, b := member("a"), member("b")
+	join(t, s, a)
+	v1 := join(t, s, b)
+	if got := acquire(t, s, b.Incarnation, v1.Version, 1); len(got) != 1 {
+		t.Fatalf("b took %v", got)
+	}
+	m, err := s.RequestDrain(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Incarnation != b.Incarnation || !m.Leaving {
+		t.Fatalf("drained row %+v", m)
+	}
+	v2 := view(t, s)
+	if v2.Version <= v1.Version {
+		t.Fatal("a drain request did not bump the version")
+	}
+	if mb, ok := v2.Member("b"); !ok || !mb.Leaving || !v2.Live(b.Incarnation) {
+		t.Fatalf("drained member in the view: %+v ok=%v", mb, ok)
+	}
+	if rm := v2.RingMembers(); len(rm) != 1 || rm[0].NodeID != "a" {
+		t.Fatalf("ring members while b is drained: %v", rm)
+	}
+	// Its own heartbeat sees the mark and keeps it; its leases stay until it
+	// releases them; it takes nothing new.
+	if vb := beat(t, s, b); !func() bool { mb, _ := vb.Member("b"); return mb.Leaving }() {
+		t.Fatal("heartbeat of a drained member cleared the leaving mark")
+	}
+	if got := acquire(t, s, a.Incarnation, v2.Version, 1); len(got) != 0 {
+		t.Fatalf("a took %v from drained b before it released", got)
+	}
+	if got := acquire(t, s, b.Incarnation, v2.Version, 2); len(got) != 0 {
+		t.Fatalf("drained b took %v", got)
+	}
+	// Twice: no new version. Its own Leave afterwards: no new version.
+	if _, err := s.RequestDrain(ctx, "b"); err != nil || view(t, s).Version != v2.Version {
+		t.Fatalf("second drain request: %v, version %d -> %d", err, v2.Version, view(t, s).Version)
+	}
+	if v3, err := s.Leave(ctx, b.NodeID, b.Incarnation); err != nil || v3.Version != v2.Version {
+		t.Fatalf("leave after a drain request: version %d err %v", v3.Version, err)
+	}
+	if _, err := s.RequestDrain(ctx, "nobody"); !errors.Is(err, membership.ErrNoSuchMember) {
+		t.Fatalf("drain of an unknown node: %v, want ErrNoSuchMember", err)
+	}
+	// A new incarnation of b joins as a normal member again.
+	b2 := b
+	b2.Incarnation = "b/2"
+	if v4, err := s.Join(ctx, b2, TTL, true); err != nil {
+		t.Fatal(err)
+	} else if mb, _ := v4.Member("b"); mb.Leaving {
+		t.Fatal("a new incarnation inherited the drain mark")
+	}
+	// An expired member cannot be drained.
+	clk.Advance(TTL + time.Second)
+	if _, err := s.RequestDrain(ctx, "a"); !errors.Is(err, membership.ErrNoSuchMember) {
+		t.Fatalf("drain of an expired node: %v, want ErrNoSuchMember", err)
+	}
+}
+
+func testRows(t *testing.T, s membership.Store, clk *clock.Fake) {
+	a, b := member("a"), member("b")
+	join(t, s, b)
+	join(t, s, a)
+	rows, now, err := s.Rows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].NodeID != "a" || rows[1].NodeID != "b" || rows[1].Incarnation != b.Incarnation ||
+		rows[1].ClusterAddr != b.ClusterAddr || rows[1].APIAddr != b.APIAddr || !now.Equal(clk.Now()) {
+		t.Fatalf("rows %+v at %v", rows, now)
+	}
+	// Nobody beats: both expire, and stay as rows until removed.
+	clk.Advance(TTL + time.Second)
+	v1 := view(t, s)
+	if len(v1.Members) != 0 {
+		t.Fatalf("expired members in the view: %v", ids(v1))
+	}
+	rows, now, err = s.Rows(ctx)
+	if err != nil || len(rows) != 2 || !rows[0].LeaseUntil.Before(now) {
+		t.Fatalf("rows after expiry: %+v at %v (%v)", rows, now, err)
+	}
+	// Forgetting a dead member: Remove by the incarnation its row shows.
+	if err := s.Remove(ctx, "b", rows[1].Incarnation); err != nil {
+		t.Fatal(err)
+	}
+	if v2 := view(t, s); v2.Version <= v1.Version {
+		t.Fatal("removing an expired row did not bump the version")
+	}
+	if rows, _, _ := s.Rows(ctx); len(rows) != 1 || rows[0].NodeID != "a" {
+		t.Fatalf("rows after removing b: %+v", rows)
 	}
 }

@@ -1,0 +1,220 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+)
+
+// batcher coalesces the Sends to one node into SendBatch requests: at most
+// one request in flight; whatever queued meanwhile goes out in the next
+// one (up to MaxItems / MaxBytes), so the batch size follows the load and
+// an idle client adds no delay.
+type batcher struct {
+	n      *node
+	policy BatchPolicy
+	budget time.Duration // each request's deadline (the attempt timeout)
+
+	// unsupported: the node answered SendBatch unimplemented (an older
+	// server); its Sends go one by one from then on.
+	unsupported atomic.Bool
+
+	mu       sync.Mutex
+	space    *sync.Cond // broadcast when the queue shrinks or a waiter's ctx ends
+	queue    []*queued
+	bytes    int
+	inflight bool
+}
+
+// queued is one Send waiting for its place in a request and its answer.
+type queued struct {
+	msg  *sequencerv1.SendRequest
+	size int
+	done chan itemAnswer // buffered 1
+}
+
+type itemAnswer struct {
+	resp *sequencerv1.SendResponse
+	err  error
+}
+
+// itemError is one batch item's error as the node answered it: the retry
+// rules treat it like the same code answered to a unary Send, and the
+// *connect.Error it wraps keeps the code and message for errors.As.
+type itemError struct {
+	code sequencer.Code
+	ce   *connect.Error
+}
+
+func newItemError(code, msg string) *itemError {
+	c := sequencer.ParseCode(code)
+	var cc connect.Code
+	if err := cc.UnmarshalText([]byte(code)); err != nil {
+		cc = connect.CodeInternal
+	}
+	return &itemError{code: c, ce: connect.NewError(cc, errors.New(msg))}
+}
+
+func (e *itemError) Error() string { return e.ce.Error() }
+func (e *itemError) Unwrap() error { return e.ce }
+
+func newBatcher(n *node, p BatchPolicy, budget time.Duration) *batcher {
+	b := &batcher{n: n, policy: p, budget: budget}
+	b.space = sync.NewCond(&b.mu)
+	return b
+}
+
+// itemSize is what an item counts against the byte bounds.
+func itemSize(m *sequencerv1.SendRequest) int {
+	return len(m.GetBody()) + len(m.GetConvId()) + len(m.GetClientMsgId()) + 32
+}
+
+// send queues msg for the node and waits for its answer (or ctx). A full
+// queue blocks until there is room or ctx ends. queuedHook is called once
+// msg is queued (or failed to be).
+func (b *batcher) send(ctx context.Context, msg *sequencerv1.SendRequest, queuedHook func()) (*sequencerv1.SendResponse, error) {
+	q := &queued{msg: msg, size: itemSize(msg), done: make(chan itemAnswer, 1)}
+	err := b.enqueue(ctx, q)
+	queuedHook()
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case a := <-q.done:
+		return a.resp, a.err
+	case <-ctx.Done():
+		// The request may still store it: the outcome is unknown, and the
+		// retry (same client_msg_id) tells.
+		return nil, ctx.Err()
+	}
+}
+
+func (b *batcher) enqueue(ctx context.Context, q *queued) error {
+	stop := context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		b.space.Broadcast()
+		b.mu.Unlock()
+	})
+	defer stop()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.queue) > 0 && (len(b.queue) >= b.policy.MaxQueuedItems || b.bytes+q.size > b.policy.MaxQueuedBytes) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b.space.Wait()
+	}
+	b.queue = append(b.queue, q)
+	b.bytes += q.size
+	if !b.inflight {
+		b.inflight = true
+		go b.flush()
+	}
+	return nil
+}
+
+// flush sends requests until the queue is empty.
+func (b *batcher) flush() {
+	if b.policy.Linger > 0 {
+		time.Sleep(b.policy.Linger)
+	}
+	for {
+		batch := b.take()
+		if batch == nil {
+			return
+		}
+		b.sendBatch(batch)
+	}
+}
+
+// take removes the next request's items from the queue (nil: queue empty,
+// and no request is in flight any more).
+func (b *batcher) take() []*queued {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.inflight = false
+		return nil
+	}
+	n, size := 0, 0
+	for n < len(b.queue) && n < b.policy.MaxItems {
+		if n > 0 && size+b.queue[n].size > b.policy.MaxBytes {
+			break
+		}
+		size += b.queue[n].size
+		n++
+	}
+	batch := make([]*queued, n)
+	copy(batch, b.queue)
+	rest := copy(b.queue, b.queue[n:])
+	clear(b.queue[rest:])
+	b.queue = b.queue[:rest]
+	b.bytes -= size
+	b.space.Broadcast()
+	return batch
+}
+
+func (b *batcher) sendBatch(batch []*queued) {
+	req := &sequencerv1.SendBatchRequest{Items: make([]*sequencerv1.SendRequest, len(batch))}
+	for i, q := range batch {
+		req.Items[i] = q.msg
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.budget)
+	defer cancel()
+	resp, err := b.n.rpc.SendBatch(ctx, connect.NewRequest(req))
+	var ce *connect.Error
+	if err != nil && errors.As(err, &ce) && connect.IsWireError(err) && ce.Code() == connect.CodeUnimplemented {
+		b.unsupported.Store(true)
+		b.sendEach(ctx, batch)
+		return
+	}
+	if err == nil && len(resp.Msg.GetResults()) != len(batch) {
+		err = sequencer.Errorf(sequencer.CodeInternal, "SendBatch answered %d results for %d items", len(resp.Msg.GetResults()), len(batch))
+	}
+	for i, q := range batch {
+		if err != nil {
+			q.done <- itemAnswer{err: err}
+			continue
+		}
+		switch r := resp.Msg.GetResults()[i].GetOutcome().(type) {
+		case *sequencerv1.SendResult_Ok:
+			q.done <- itemAnswer{resp: r.Ok}
+		case *sequencerv1.SendResult_Error:
+			q.done <- itemAnswer{err: newItemError(r.Error.GetCode(), r.Error.GetMessage())}
+		default:
+			q.done <- itemAnswer{err: sequencer.Errorf(sequencer.CodeInternal, "SendBatch result %d has no outcome", i)}
+		}
+	}
+}
+
+// sendEach sends the items one by one (a node without SendBatch).
+func (b *batcher) sendEach(ctx context.Context, batch []*queued) {
+	var wg sync.WaitGroup
+	for _, q := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := b.n.rpc.Send(ctx, connect.NewRequest(q.msg))
+			if err != nil {
+				q.done <- itemAnswer{err: err}
+				return
+			}
+			q.done <- itemAnswer{resp: resp.Msg}
+		}()
+	}
+	wg.Wait()
+}
+
+// asItemError reports whether err is a batch item's error.
+func asItemError(err error) (*itemError, bool) {
+	var ie *itemError
+	ok := errors.As(err, &ie)
+	return ie, ok
+}

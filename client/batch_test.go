@@ -1,0 +1,193 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/client"
+)
+
+// countingTransport counts the RPC requests by method.
+type countingTransport struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	m := req.URL.Path[strings.LastIndex(req.URL.Path, "/")+1:]
+	c.mu.Lock()
+	c.n[m]++
+	c.mu.Unlock()
+	return c.base.RoundTrip(req)
+}
+
+func (c *countingTransport) count(m string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[m]
+}
+
+// Concurrent Sends to one node share SendBatch requests, each gets its own
+// result; an invalid message among them fails alone and is not retried.
+func TestConcurrentSendsAreBatched(t *testing.T) {
+	ctx := ctxT(t)
+	node := startNode(t, t.TempDir(), "127.0.0.1:0")
+	tr := &countingTransport{base: h2cTransport(), n: map[string]int{}}
+	t.Cleanup(tr.base.(*http.Transport).CloseIdleConnections)
+	c := newClient(t, client.Config{Addrs: []string{node.Addr()}, HTTPClient: &http.Client{Transport: tr}})
+
+	const senders, each = 64, 20
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	results := make([][]client.SendResult, senders)
+	for s := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				req := client.SendRequest{ConvID: fmt.Sprintf("g:%d", s%8), FromUID: uint64(s + 1), ClientMsgID: fmt.Sprintf("s%d-%d", s, i), Body: []byte("x")}
+				if s == 3 && i == 7 {
+					req.ConvID = "bad\x01conv"
+				}
+				res, err := c.Send(ctx, req)
+				if req.ConvID == "bad\x01conv" {
+					if sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
+						t.Errorf("invalid item: %v", err)
+					}
+					bad.Add(1)
+					continue
+				}
+				if err != nil {
+					t.Errorf("send %s: %v", req.ClientMsgID, err)
+					return
+				}
+				results[s] = append(results[s], res)
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	total := 0
+	for _, rs := range results {
+		for _, r := range rs {
+			if seen[r.MsgID] {
+				t.Fatalf("msg_id %d answered twice", r.MsgID)
+			}
+			seen[r.MsgID] = true
+			total++
+		}
+	}
+	if total != senders*each-1 || bad.Load() != 1 {
+		t.Fatalf("%d acks, %d invalid", total, bad.Load())
+	}
+	batches := tr.count("SendBatch")
+	if tr.count("Send") != 0 || batches == 0 || batches >= total {
+		t.Fatalf("%d SendBatch and %d Send requests for %d messages: not coalesced", batches, tr.count("Send"), total)
+	}
+	// Every conversation holds 1..head, and the heads add up.
+	var heads uint64
+	for cv := range 8 {
+		head, err := c.GetHead(ctx, fmt.Sprintf("g:%d", cv))
+		if err != nil {
+			t.Fatal(err)
+		}
+		heads += head
+	}
+	if heads != uint64(total) {
+		t.Fatalf("heads add up to %d, want %d", heads, total)
+	}
+	t.Logf("%d messages in %d SendBatch requests", total, batches)
+}
+
+// SendMany: per-item results in order; the items of one conversation get
+// increasing seqs in item order; a bad item fails alone.
+func TestSendMany(t *testing.T) {
+	ctx := ctxT(t)
+	node := startNode(t, t.TempDir(), "127.0.0.1:0")
+	c := newClient(t, client.Config{Addrs: []string{node.Addr()}})
+	var reqs []client.SendRequest
+	for i := range 300 {
+		reqs = append(reqs, client.SendRequest{ConvID: fmt.Sprintf("g:%d", i%3), FromUID: 1, ClientMsgID: fmt.Sprint("m", i), Body: []byte(fmt.Sprint(i))})
+	}
+	reqs[100].MsgType = -5 // invalid
+	res, errs := c.SendMany(ctx, reqs)
+	last := map[string]uint64{}
+	for i := range reqs {
+		if i == 100 {
+			if sequencer.ErrorCode(errs[i]) != sequencer.CodeInvalidArgument {
+				t.Fatalf("item 100: %v", errs[i])
+			}
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("item %d: %v", i, errs[i])
+		}
+		if res[i].Seq <= last[reqs[i].ConvID] {
+			t.Fatalf("item %d of %s got seq %d after %d: not in item order", i, reqs[i].ConvID, res[i].Seq, last[reqs[i].ConvID])
+		}
+		last[reqs[i].ConvID] = res[i].Seq
+	}
+	// A resend of the whole batch: every item a duplicate with the same ids.
+	res2, errs2 := c.SendMany(ctx, reqs)
+	for i := range reqs {
+		if i == 100 {
+			continue
+		}
+		if errs2[i] != nil || !res2[i].Duplicate || res2[i].MsgID != res[i].MsgID || res2[i].Seq != res[i].Seq {
+			t.Fatalf("resend of item %d: %+v %v, first %+v", i, res2[i], errs2[i], res[i])
+		}
+	}
+}
+
+// A full queue for a node blocks Send until there is room or its ctx ends.
+func TestBatchQueueBoundBlocks(t *testing.T) {
+	f := startFake(t)
+	release, holding := make(chan struct{}), make(chan struct{})
+	f.setSend(func(n int) error {
+		if n == 1 {
+			close(holding)
+			<-release // the first request holds the node
+		}
+		return nil
+	})
+	c := newClient(t, client.Config{Addrs: []string{f.addr}, DisableRouting: true,
+		Batching: client.BatchPolicy{MaxQueuedItems: 2}})
+	ctx := ctxT(t)
+	go func() {
+		_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "first", Body: []byte("x")})
+	}()
+	<-holding
+	for i := range 2 { // fill the queue
+		go func() {
+			_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: fmt.Sprint("q", i), Body: []byte("x")})
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); client.QueuedAt(c, f.addr) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // both queue behind the held request
+			t.Fatal("the two sends did not queue")
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err := c.Send(sctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "over", Body: []byte("x")})
+	if code := sequencer.ErrorCode(err); code != sequencer.CodeDeadlineExceeded {
+		t.Fatalf("send past the queue bound: %v (code %s), want deadline_exceeded", err, code)
+	}
+	close(release)
+	if _, err := c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "after", Body: []byte("x")}); err != nil {
+		t.Fatalf("send after the queue drained: %v", err)
+	}
+	for _, k := range f.keys() {
+		if k == "over" {
+			t.Fatalf("the send that never got into the queue reached the node")
+		}
+	}
+}
