@@ -220,6 +220,12 @@ func (e *StaleFenceError) Error() string {
 }
 func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
 
+// ErrUnfenced refuses an unfenced commit (a node running without a cluster)
+// in a store whose partitions a cluster holds: such a node would write
+// conversations that cluster nodes own, outside their fences. Nothing was
+// written. It wraps sequencer.ErrStaleEpoch (retryable, not landed).
+var ErrUnfenced = fmt.Errorf("%w: this database is used by a cluster (partition leases are held); a node without --cluster-listen may not write to it", sequencer.ErrStaleEpoch)
+
 // ErrRejected is a store's refusal of the data of a commit (a value the
 // schema cannot hold: a data or integrity error other than the unique keys
 // ConflictError names). Nothing was written. It names no conversation, so

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/persist/open"
 )
 
@@ -91,6 +92,13 @@ type Config struct {
 	// HandoffWait bounds how long a send waits for a moving conversation to
 	// become writable before it fails with unavailable. Default 2s.
 	HandoffWait time.Duration
+	// ClusterTLSCert, ClusterTLSKey and ClusterCA (PEM files): mutual TLS
+	// between nodes; a node accepts and dials only peers whose certificate
+	// chains to ClusterCA. All three or none.
+	ClusterTLSCert, ClusterTLSKey, ClusterCA string
+	// ClusterInsecure allows a non-loopback ClusterListen without TLS
+	// (refused otherwise).
+	ClusterInsecure bool
 
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
@@ -169,6 +177,13 @@ func (c Config) Validate() error {
 	if c.ClusterListen != "" {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
 			errs = append(errs, fmt.Errorf("cluster-listen %q: %w", c.ClusterListen, err))
+		}
+		tlsSet := c.ClusterTLSCert != "" || c.ClusterTLSKey != "" || c.ClusterCA != ""
+		switch {
+		case tlsSet && (c.ClusterTLSCert == "" || c.ClusterTLSKey == "" || c.ClusterCA == ""):
+			errs = append(errs, errors.New("cluster-tls-cert, cluster-tls-key and cluster-ca go together"))
+		case !tlsSet && !c.ClusterInsecure && !cluster.IsLoopback(c.ClusterListen):
+			errs = append(errs, fmt.Errorf("cluster-listen %s is not a loopback address: mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure to allow plain HTTP/2)", c.ClusterListen))
 		}
 		if !IsPostgres(c.Store) {
 			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL store (--store postgres://...): nodes meet in the shared database"))

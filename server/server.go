@@ -180,6 +180,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			ClusterAdvertise: cfg.ClusterAdvertise, APIAddr: s.Addr(),
 			Ring:      ring.Config{Partitions: cfg.Partitions},
 			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
+			TLSCertFile: cfg.ClusterTLSCert, TLSKeyFile: cfg.ClusterTLSKey, TLSCAFile: cfg.ClusterCA,
+			Insecure: cfg.ClusterInsecure, MaxBody: cfg.MaxBody,
 			Logger: log, Metrics: s.metrics,
 		})
 		if err != nil {
