@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/persist/open"
 )
@@ -36,6 +37,9 @@ type Config struct {
 
 	// MaxBody is the largest accepted body in bytes. Default 65536.
 	MaxBody int
+	// MaxBatchBytes is the largest SendBatch request (its protobuf size) in
+	// bytes; larger ones are invalid_argument. Default 4 MiB.
+	MaxBatchBytes int
 	// PassivateAfter stops a conversation actor idle this long. Default 30s.
 	PassivateAfter time.Duration
 	// CommitWorkers is the number of parallel group-commit transactions. Default 4.
@@ -133,6 +137,7 @@ func (c Config) WithDefaults() Config {
 		c.NodeID = generatedNodeID()
 	}
 	defInt(&c.MaxBody, sequencer.DefaultMaxBody)
+	defInt(&c.MaxBatchBytes, api.DefaultMaxBatchBytes)
 	defDur(&c.PassivateAfter, 30*time.Second)
 	defInt(&c.CommitWorkers, 4)
 	defInt(&c.MaxBatchMessages, 4000)
@@ -194,6 +199,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBody < 1 || c.MaxBody > 64<<20 {
 		errs = append(errs, fmt.Errorf("max-body %d: must be 1..67108864", c.MaxBody))
+	}
+	if c.MaxBatchBytes < 1<<10 || c.MaxBatchBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("max-batch-bytes %d: must be 1024..67108864", c.MaxBatchBytes))
 	}
 	pos := func(name string, v int) {
 		if v < 1 {

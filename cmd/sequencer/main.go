@@ -98,6 +98,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.StringVar(&c.ClusterListen, "cluster-listen", "", "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
 	fs.StringVar(&c.NodeID, "node-id", "", "stable name of this node in the cluster (default: hostname plus a random suffix)")
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
+	fs.IntVar(&c.MaxBatchBytes, "max-batch-bytes", d.MaxBatchBytes, "largest SendBatch request in bytes (larger: invalid_argument)")
 	fs.DurationVar(&c.PassivateAfter, "passivate-after", d.PassivateAfter, "stop a conversation actor after it idled this long")
 	fs.IntVar(&c.CommitWorkers, "commit-workers", d.CommitWorkers, "parallel group-commit transactions")
 	fs.IntVar(&c.MaxBatchMessages, "max-batch-messages", d.MaxBatchMessages, "most messages in one store transaction")
