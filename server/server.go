@@ -26,6 +26,7 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -50,6 +51,7 @@ type Server struct {
 	lease     *idgen.Lease
 	node      *actor.Node
 	cluster   *cluster.Node // nil on a single node
+	console   *console.Console
 	http      *http.Server
 	listener  net.Listener
 	admin     *http.Server // nil without AdminListen
@@ -214,6 +216,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	})
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
+	adminMux.Handle("/console/", s.startConsole())
 	if s.adminLn == nil {
 		apiMux.Handle("/", adminMux)
 	} else {
@@ -345,6 +348,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) closeAll(ctx context.Context) error {
 	var errs []error
+	if s.console != nil {
+		s.console.Close()
+	}
 	if s.node != nil {
 		if err := s.node.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("conversations: %w", err))
