@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -102,6 +103,11 @@ type Node struct {
 	wakes     map[string]*rate.Limiter // wake-ups accepted, by sender
 	drainOnce sync.Once
 	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
+
+	// suspectUntil (unix nanos): a peer stopped answering at the transport
+	// level; until then the membership is read every suspectPoll, so its
+	// row's expiry (if it crashed) is seen at once.
+	suspectUntil atomic.Int64
 
 	supersededOnce sync.Once
 	supersededCh   chan struct{} // closed when another live process took this node id (Superseded)
@@ -279,14 +285,19 @@ func (n *Node) startLoops() {
 	n.beatDone, n.reconDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(n.beatDone)
-		t := time.NewTicker(n.cfg.Heartbeat)
-		defer t.Stop()
 		for {
+			d := n.cfg.Heartbeat
+			if time.Now().UnixNano() < n.suspectUntil.Load() {
+				d = min(d, suspectPoll)
+			}
+			t := time.NewTimer(d)
 			select {
 			case <-bctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
 			case <-n.wakeBeat:
+				t.Stop()
 			}
 			n.beat(bctx)
 		}
@@ -751,6 +762,18 @@ func (n *Node) Ready() error {
 // its partitions off by itself; the owner of the process should stop it as
 // on SIGTERM (Leave, then Close), which is what package server does.
 func (n *Node) DrainRequested() <-chan struct{} { return n.drain }
+
+// suspectPoll is the membership read interval while a peer is suspected.
+const suspectPoll = 100 * time.Millisecond
+
+// suspect notes that a peer failed at the transport level (connection
+// refused or lost): a crash looks like this. It never removes the peer (its
+// row must expire first), it only reads the membership more often until a
+// crashed peer's row would have expired.
+func (n *Node) suspect() {
+	n.suspectUntil.Store(time.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat).UnixNano())
+	n.poke(n.wakeBeat)
+}
 
 // Superseded is closed when another live process took this node's id: this
 // process has stepped down for good and should exit (non-zero).
