@@ -16,8 +16,16 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultMemberTTL      = 5 * time.Second
-	DefaultHeartbeat      = 1 * time.Second
+	// Failover defaults: safety comes from the fence in every commit, not
+	// from timing, so detection can be fast. A crashed node's row expires
+	// after DefaultMemberTTL; a peer whose forwards fail at the transport
+	// level polls the membership every suspectPoll until then, so the
+	// takeover follows the expiry closely. Six heartbeats fit in one TTL:
+	// a node must miss all of them (a stall of the process or of
+	// PostgreSQL longer than 1.5 s) to be presumed dead, and then it only
+	// steps down and rejoins; nothing is lost (cluster/README.md).
+	DefaultMemberTTL      = 1500 * time.Millisecond
+	DefaultHeartbeat      = 250 * time.Millisecond
 	DefaultHandoffWait    = 2 * time.Second
 	DefaultForwardTimeout = 10 * time.Second
 	DefaultStopTimeout    = 10 * time.Second
@@ -65,10 +73,10 @@ type Config struct {
 
 	// MemberTTL is how long a member row lives without a heartbeat (by the
 	// database clock); a node silent this long is presumed dead and its
-	// partitions are taken over. Default 5s. Must exceed 2*Heartbeat.
+	// partitions are taken over. Default 1.5s. Must exceed 2*Heartbeat.
 	MemberTTL time.Duration
 	// Heartbeat is the interval of lease renewals, and of the retries to take
-	// partitions this node should own. Default 1s.
+	// partitions this node should own. Default 250ms.
 	Heartbeat time.Duration
 	// HandoffWait bounds how long a Send waits for its partition to become
 	// writable (the owner by the ring has not taken the lease yet, or the

@@ -189,6 +189,9 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) error {
 		o := fwdOutcome{kind: fwdNoAnswer, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrUnknownOutcome,
 			fmt.Sprintf("forward to %s: %v", addr, err))}
 		result := "transport_error"
+		if !errors.As(err, &re) {
+			n.suspect()
+		}
 		if errors.As(err, &re) {
 			// Nothing stored: this node is not a live member in the
 			// receiver's view (it is presumed dead, or the receiver lags).

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -103,6 +104,14 @@ type Node struct {
 	drainOnce sync.Once
 	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
 
+	// suspectUntil (unix nanos): a peer stopped answering at the transport
+	// level; until then the membership is read every suspectPoll, so its
+	// row's expiry (if it crashed) is seen at once.
+	suspectUntil atomic.Int64
+
+	supersededOnce sync.Once
+	supersededCh   chan struct{} // closed when another live process took this node id (Superseded)
+
 	reconcileMu sync.Mutex // serializes reconcile, step-down and leave
 	wakeBeat    chan struct{}
 	wakeRecon   chan struct{}
@@ -141,25 +150,26 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 	n := &Node{
-		cfg:        cfg,
-		log:        cfg.Logger.With("node", cfg.NodeID),
-		clk:        cfg.Clock,
-		store:      cfg.Store,
-		tr:         tr,
-		partitions: empty.Partitions(),
-		met:        newClusterMetrics(cfg.Metrics),
-		ring:       empty,
-		changed:    make(chan struct{}),
-		wakeBeat:   make(chan struct{}, 1),
-		wakeRecon:  make(chan struct{}, 1),
-		peers:      map[string]*peerQueue{},
-		viewReads:  rate.NewLimiter(rate.Limit(10), 10),
-		wakes:      map[string]*rate.Limiter{},
-		drain:      make(chan struct{}),
+		cfg:          cfg,
+		log:          cfg.Logger.With("node", cfg.NodeID),
+		clk:          cfg.Clock,
+		store:        cfg.Store,
+		tr:           tr,
+		partitions:   empty.Partitions(),
+		met:          newClusterMetrics(cfg.Metrics),
+		ring:         empty,
+		changed:      make(chan struct{}),
+		wakeBeat:     make(chan struct{}, 1),
+		wakeRecon:    make(chan struct{}, 1),
+		peers:        map[string]*peerQueue{},
+		viewReads:    rate.NewLimiter(rate.Limit(10), 10),
+		wakes:        map[string]*rate.Limiter{},
+		drain:        make(chan struct{}),
+		supersededCh: make(chan struct{}),
 	}
 	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
 	n.parts = make([]partState, n.partitions)
-	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr}
+	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: empty.Partitions(), Protocol: ProtocolVersion}
 	return n, nil
 }
 
@@ -210,14 +220,28 @@ func (n *Node) start(ctx context.Context, local Local) error {
 	if n.cfg.ClusterAdvertise != "" {
 		addr = n.cfg.ClusterAdvertise
 	}
-	if err := n.join(ctx, addr, true); err != nil {
-		_ = n.tr.Close()
+	// A live member row with this node id is either a crashed predecessor
+	// (its lease runs out within MemberTTL) or another live process with the
+	// same --node-id: wait out one TTL, then refuse to start.
+	deadline := n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat)
+	for {
+		err := n.join(ctx, addr, false)
+		if err == nil {
+			return nil
+		}
+		retry := errors.Is(err, membership.ErrSuperseded) && n.clk.Now().Before(deadline) && ctx.Err() == nil
 		n.mu.Lock()
-		n.phase = phaseNew
+		n.phase, n.superseded = phaseNew, false
 		n.mu.Unlock()
-		return err
+		if !retry {
+			_ = n.tr.Close()
+			if errors.Is(err, membership.ErrSuperseded) {
+				return fmt.Errorf("%w: node id %q is held by a live member (another process runs with this --node-id)", err, n.cfg.NodeID)
+			}
+			return err
+		}
+		n.clk.Sleep(n.cfg.Heartbeat)
 	}
-	return nil
 }
 
 // join enters the membership table as a new incarnation.
@@ -261,14 +285,19 @@ func (n *Node) startLoops() {
 	n.beatDone, n.reconDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(n.beatDone)
-		t := time.NewTicker(n.cfg.Heartbeat)
-		defer t.Stop()
 		for {
+			d := n.cfg.Heartbeat
+			if time.Now().UnixNano() < n.suspectUntil.Load() {
+				d = min(d, suspectPoll)
+			}
+			t := time.NewTimer(d)
 			select {
 			case <-bctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
 			case <-n.wakeBeat:
+				t.Stop()
 			}
 			n.beat(bctx)
 		}
@@ -397,6 +426,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		n.phase = phaseSuperseded
 		n.notifyLocked()
 		n.mu.Unlock()
+		n.supersededOnce.Do(func() { close(n.supersededCh) })
 		return
 	case ph == phaseSteppingDown || gone || fenced:
 		if ph == phaseActive {
@@ -732,6 +762,22 @@ func (n *Node) Ready() error {
 // its partitions off by itself; the owner of the process should stop it as
 // on SIGTERM (Leave, then Close), which is what package server does.
 func (n *Node) DrainRequested() <-chan struct{} { return n.drain }
+
+// suspectPoll is the membership read interval while a peer is suspected.
+const suspectPoll = 100 * time.Millisecond
+
+// suspect notes that a peer failed at the transport level (connection
+// refused or lost): a crash looks like this. It never removes the peer (its
+// row must expire first), it only reads the membership more often until a
+// crashed peer's row would have expired.
+func (n *Node) suspect() {
+	n.suspectUntil.Store(time.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat).UnixNano())
+	n.poke(n.wakeBeat)
+}
+
+// Superseded is closed when another live process took this node's id: this
+// process has stepped down for good and should exit (non-zero).
+func (n *Node) Superseded() <-chan struct{} { return n.supersededCh }
 
 // Leave leaves the cluster gracefully: the node leaves the ring (others
 // route to the new owners), hands off every partition (in-flight batches

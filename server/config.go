@@ -88,7 +88,7 @@ type Config struct {
 	// heartbeat; a crashed node's conversations move after about this long.
 	// Default 5s. Must exceed 2*Heartbeat.
 	MemberTTL time.Duration
-	// Heartbeat is the membership lease renewal interval. Default 1s.
+	// Heartbeat is the membership lease renewal interval. Default 250ms.
 	Heartbeat time.Duration
 	// Partitions is the fixed partition count of the ring; every node of a
 	// cluster must use the same value. Default 271.
@@ -146,8 +146,8 @@ func (c Config) WithDefaults() Config {
 	defDur(&c.CommitTimeout, 5*time.Second)
 	defDur(&c.WorkerLeaseTTL, 10*time.Second)
 	defDur(&c.DrainTimeout, 30*time.Second)
-	defDur(&c.MemberTTL, 5*time.Second)
-	defDur(&c.Heartbeat, time.Second)
+	defDur(&c.MemberTTL, cluster.DefaultMemberTTL)
+	defDur(&c.Heartbeat, cluster.DefaultHeartbeat)
 	defInt(&c.Partitions, 271)
 	defDur(&c.HandoffWait, 2*time.Second)
 	defDur(&c.RetentionEvery, time.Hour)

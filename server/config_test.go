@@ -9,7 +9,7 @@ import (
 func TestConfigDefaults(t *testing.T) {
 	c := Config{}.WithDefaults()
 	if c.Listen != "127.0.0.1:7070" || c.Store != "./data" || c.NodeID == "" || c.MaxBody != 65536 ||
-		c.MemberTTL != 5*time.Second || c.Heartbeat != time.Second || c.Partitions != 271 {
+		c.MemberTTL != 1500*time.Millisecond || c.Heartbeat != 250*time.Millisecond || c.Partitions != 271 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if err := c.Validate(); err != nil {
