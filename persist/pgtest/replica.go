@@ -155,11 +155,15 @@ func (n *Node) Kill9() {
 	n.cur = nil
 }
 
-// Stop shuts the server down (fast shutdown), keeping its data.
+// Stop shuts the server down (fast shutdown), keeping its data. A frozen
+// server is resumed first, so it can shut down.
 func (n *Node) Stop() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cur != nil {
+		if n.cur.cmd.Process != nil {
+			_ = syscall.Kill(-n.cur.cmd.Process.Pid, syscall.SIGCONT)
+		}
 		n.cur.halt()
 		n.cur = nil
 	}
