@@ -15,8 +15,9 @@ TESTFLAGS ?= -race -count=1 -timeout 15m
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/sequencer (version and commit stamped, see VERSION)
+build: ## build bin/sequencer and bin/sequencer-bench (version and commit stamped, see VERSION)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sequencer ./cmd/sequencer
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sequencer-bench ./cmd/sequencer-bench
 
 run: build ## run one node on the embedded store under ./data (127.0.0.1:7070)
 	./$(BIN)/sequencer serve
@@ -49,7 +50,7 @@ BENCH_FLAGS  ?= --duration 5s --warmup 1s --memory-convs 200000
 BENCH_REPORT ?= bench-results/bench.md
 
 bench: build ## short benchmark run of every engine and scenario, report in bench-results/ (see docs/BENCHMARKS.md)
-	./$(BIN)/sequencer bench $(BENCH_FLAGS) --report $(BENCH_REPORT)
+	./$(BIN)/sequencer-bench $(BENCH_FLAGS) --report $(BENCH_REPORT)
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
