@@ -239,15 +239,18 @@ func networkTargets(results []Result) []TargetCheck {
 // summaryLine is the one line printed after each run.
 func summaryLine(r Result) string {
 	if r.Skipped != "" {
-		return fmt.Sprintf("%s %-7s skipped: %s", r.Engine, r.Scenario, r.Skipped)
+		return fmt.Sprintf("%-14s %-7s skipped: %s", r.Engine, r.Scenario, r.Skipped)
 	}
-	s := fmt.Sprintf("%s %-7s %10s msg/s  p50 %s  p99 %s  p99.9 %s ms  errors %s",
+	s := fmt.Sprintf("%-14s %-7s %10s msg/s  p50 %s  p99 %s  p99.9 %s ms  errors %s",
 		r.Engine, r.Scenario, fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P99), fmtMs(r.Latency.P999), fmtInt(r.Errors))
 	if r.MeanBatch > 0 {
 		s += fmt.Sprintf("  batch %.1f", r.MeanBatch)
 	}
 	if r.MeanCommitMs > 0 {
 		s += fmt.Sprintf("  commit %s ms", fmtMs(r.MeanCommitMs))
+	}
+	if r.CPUScope != "" {
+		s += "  CPU " + fmtCPU(r) + " us/msg"
 	}
 	if m := r.Memory; m != nil {
 		s += fmt.Sprintf("  | %s B/actor, peak live %s, peak RSS %s, live after %.0fs idle %s",
