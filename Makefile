@@ -43,8 +43,10 @@ proto-check: proto ## fail when committed generated code differs from `make prot
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make proto and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- proto/)" || { git status --porcelain -- proto/; echo "untracked generated files: run make proto and commit"; exit 1; }
 
-# `make bench` is a short version of docs/BENCHMARKS.md's run (every engine,
-# every scenario, 5 s each, 200,000 conversations in the memory scenario).
+# `make bench` is a short version of docs/BENCHMARKS.md's run (every engine:
+# the seed's baselines, the in-process engines and, through bin/sequencer, the
+# network ones, on PostgreSQL and SQLite; every scenario, 5 s each, 200,000
+# conversations in the memory scenario).
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres) and Redis at 127.0.0.1:6379.
 BENCH_FLAGS  ?= --duration 5s --warmup 1s --memory-convs 200000
 BENCH_REPORT ?= bench-results/bench.md

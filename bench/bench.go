@@ -169,8 +169,8 @@ func (c *Config) setDefaults() {
 			s := engines[k]
 			switch {
 			case !s.Remote:
-			case s.SQLite && c.ServeBin == "":
-				continue
+			case s.SQLite && (c.ServeBin == "" || c.Target != ""):
+				continue // the -sqlite e engines start their own server
 			case c.Target == "" && c.ServeBin == "":
 				continue
 			}
