@@ -205,7 +205,9 @@ func TestMainHelpAndBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--engines", "z"},
 		{"--scenarios", "nope"},
-		{"--engines", "e"}, // needs --target
+		{"--engines", "e"},      // needs --target
+		{"--engines", "e-json"}, // so does every e engine
+		{"--engines", "e-batch-sqlite", "--target", "http://127.0.0.1:1"}, // starts its own server
 		{"--skew", "0.5"},
 		{"stray"},
 	} {
@@ -377,5 +379,27 @@ func TestInterruptWritesPartialReport(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("database %s left after interrupt", rep.Info.Database)
+	}
+}
+
+// The default engines: the ones that need a server only when one can be
+// had, and the -sqlite e engines only when the bench starts the server.
+func TestDefaultEngines(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{ServeBin: "", Target: ""}, "a,b,c,d,a-sqlite"},
+		{Config{Target: "http://127.0.0.1:7070"}, "a,b,c,d,e,e-json,e-batch,a-sqlite"},
+		{Config{ServeBin: "/bin/sequencer"}, "a,b,c,d,e,e-json,e-batch,a-sqlite,e-sqlite,e-json-sqlite,e-batch-sqlite"},
+		{Config{ServeBin: "/bin/sequencer", Target: "http://127.0.0.1:7070"}, "a,b,c,d,e,e-json,e-batch,a-sqlite"},
+	} {
+		// (No sequencer binary sits beside the test binary, so the first
+		// case finds no server.)
+		cfg := c.cfg
+		cfg.setDefaults()
+		if cfg.Engines != c.want {
+			t.Errorf("%+v: engines %q, want %q", c.cfg, cfg.Engines, c.want)
+		}
 	}
 }
