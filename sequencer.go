@@ -7,7 +7,8 @@ package sequencer
 
 import "time"
 
-// Message is one stored message, exactly the row of CONTRACT.md's im_message.
+// Message is one stored message, exactly a row of im_message (docs/API.md,
+// "Storage schema").
 type Message struct {
 	MsgID       uint64    // snowflake, global, never reused; always < 2^63
 	ConvID      string    // conversation id, also the shard key
@@ -29,7 +30,7 @@ type ClientKey struct {
 // Key returns the message's resend key.
 func (m *Message) Key() ClientKey { return ClientKey{m.FromUID, m.ClientMsgID} }
 
-// Limits of the API (CONTRACT.md section 2).
+// Limits of the API (docs/API.md, "Validation").
 const (
 	MaxConvIDLen      = 64
 	MaxClientMsgIDLen = 64

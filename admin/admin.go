@@ -63,7 +63,9 @@ func Open(ctx context.Context, spec string, opts Options) (*Admin, error) {
 	if _, err := ring.New(nil, cfg); err != nil {
 		return nil, err
 	}
-	st, err := open.Store(ctx, spec, open.Options{NoMigrate: true})
+	// Admin works next to a running node: it does not take the embedded
+	// store's exclusive lock (only a serving node does).
+	st, err := open.Store(ctx, spec, open.Options{NoMigrate: true, SQLite: sqlite.Options{Shared: true}})
 	if err != nil {
 		return nil, err
 	}

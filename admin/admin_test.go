@@ -261,6 +261,7 @@ func TestStoreCommands(t *testing.T) {
 			recent := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
 			commitMessages(t, st, "g:a", old, old, recent)
 			commitMessages(t, st, "g:b", old)
+			st.Close() // the embedded store admits one process (or opener) at a time
 			a := openAdmin(t, spec)
 
 			h, err := a.Head(ctx, "g:a")

@@ -1,5 +1,5 @@
 // Package api is the sequencer's RPC edge: it owns request validation
-// (CONTRACT.md section 2), the mapping of domain error codes to Connect
+// (docs/API.md, "Validation"), the mapping of domain error codes to Connect
 // statuses (status.go, the only such place), the Connect handler of
 // sequencer.v1.SequencerService, the guards in front of it (bearer tokens,
 // request size, CORS: http.go, auth.go) and the admin endpoints /healthz,

@@ -148,7 +148,7 @@ func fail(err error) func(sequencer.SendRequest) (sequencer.SendResult, error) {
 
 const sendPath = sequencerv1connect.SequencerServiceSendProcedure
 
-// The CONTRACT's curl example, byte for byte.
+// A Send as curl posts it (docs/API.md, "A session with curl"), byte for byte.
 func TestSendJSONLikeCurl(t *testing.T) {
 	h := newHarness(t)
 	h.sender.set(answer(7401283746512896, 1, false))

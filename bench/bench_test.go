@@ -119,7 +119,7 @@ func TestMainSmokeWritesReport(t *testing.T) {
 }
 
 // With --keep the stored rows can be checked: every baseline wrote the row
-// shape of CONTRACT.md and per-conversation seqs without duplicates.
+// shape of docs/API.md ("Storage schema") and per-conversation seqs without duplicates.
 func TestBaselinesStoreContractRows(t *testing.T) {
 	admin := pgtest.AdminDSN(t)
 	var stdout, stderr bytes.Buffer

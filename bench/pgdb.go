@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// messageDDL is the im_message table of CONTRACT.md section 1, verbatim. The
-// baseline engines create it in their own schema; engine (a) gets it from
-// its store's migrations.
+// messageDDL is the im_message table of docs/API.md ("Storage schema"),
+// verbatim. The baseline engines create it in their own schema; engine (a)
+// gets it from its store's migrations.
 const messageDDL = `CREATE TABLE im_message (
   msg_id        BIGINT       NOT NULL,
   conv_id       VARCHAR(64)  NOT NULL,

@@ -49,6 +49,13 @@ func requests(t *testing.T, s *server.Server, method, code string) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// sendRequests counts the Send and SendBatch requests (the SDK batches by
+// default) that s answered with code.
+func sendRequests(t *testing.T, s *server.Server, code string) float64 {
+	t.Helper()
+	return requests(t, s, "Send", code) + requests(t, s, "SendBatch", code)
+}
+
 // retries counts the client's "retrying" debug lines.
 type retries struct{ buf syncBuf }
 
@@ -82,7 +89,7 @@ func TestTLSAndToken(t *testing.T) {
 	// A wrong or missing token: unauthenticated, one attempt, not retried.
 	for _, token := range []string{"", "tok-124"} {
 		var r retries
-		before := requests(t, s, "Send", "unauthenticated")
+		before := sendRequests(t, s, "unauthenticated")
 		c, err := client.New(client.Config{Addrs: []string{s.Addr()}, TLSConfig: good, Token: token, Logger: r.logger()})
 		if err != nil {
 			t.Fatal(err)
@@ -92,7 +99,7 @@ func TestTLSAndToken(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeUnauthenticated {
 			t.Fatalf("token %q: %v, want unauthenticated", token, err)
 		}
-		if got := requests(t, s, "Send", "unauthenticated") - before; got != 1 || r.count() != 0 {
+		if got := sendRequests(t, s, "unauthenticated") - before; got != 1 || r.count() != 0 {
 			t.Fatalf("token %q: %v requests reached the node, %d retries; want 1 and 0", token, got, r.count())
 		}
 	}
@@ -152,12 +159,12 @@ func TestTooLargeRequestIsNotRetried(t *testing.T) {
 	if _, err := c.Send(context.Background(), client.SendRequest{ConvID: "g:big", FromUID: 1}); err != nil {
 		t.Fatal(err)
 	}
-	before := requests(t, s, "Send", "invalid_argument")
+	before := sendRequests(t, s, "invalid_argument")
 	_, err = c.Send(context.Background(), client.SendRequest{ConvID: "g:big", FromUID: 1, Body: bytes.Repeat([]byte{'x'}, 9<<20)})
 	if connect.CodeOf(err) != connect.CodeInvalidArgument || sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
 		t.Fatalf("9 MiB body: %v, want invalid_argument", err)
 	}
-	if got := requests(t, s, "Send", "invalid_argument") - before; got != 1 || r.count() != 0 {
+	if got := sendRequests(t, s, "invalid_argument") - before; got != 1 || r.count() != 0 {
 		t.Fatalf("%v requests reached the node, %d retries; want 1 and 0", got, r.count())
 	}
 }

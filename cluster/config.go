@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster/membership"
 	"github.com/sequencer-im/sequencer/metrics"
@@ -43,8 +44,20 @@ type Config struct {
 	// clients can go to the owner directly. Optional.
 	APIAddr string
 	// Transport carries forwarded sends and wake-ups between nodes. Default:
-	// protoactor-go remote on ClusterListen (NewRemoteTransport).
+	// connect-go over HTTP/2 on ClusterListen (NewConnectTransport), with
+	// mutual TLS when the TLS files are set.
 	Transport Transport
+	// TLSCertFile, TLSKeyFile and TLSCAFile (PEM) turn on mutual TLS between
+	// nodes: this node presents the certificate, and accepts and dials only
+	// peers whose certificate chains to the CA (LoadPeerTLS). All three or
+	// none.
+	TLSCertFile, TLSKeyFile, TLSCAFile string
+	// Insecure allows a ClusterListen that is not a loopback address without
+	// TLS (refused otherwise).
+	Insecure bool
+	// MaxBody is the body limit every forwarded item is checked against
+	// (the API's --max-body). Default sequencer.DefaultMaxBody.
+	MaxBody int
 
 	// Ring shapes the ring (partition count, ...). Every node of a cluster
 	// must use the same values. Default: ring's defaults (271 partitions).
@@ -90,6 +103,9 @@ func (c Config) WithDefaults() Config {
 	defDur(&c.HandoffWait, DefaultHandoffWait)
 	defDur(&c.ForwardTimeout, DefaultForwardTimeout)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
+	if c.MaxBody <= 0 {
+		c.MaxBody = sequencer.DefaultMaxBody
+	}
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -115,6 +131,13 @@ func (c Config) Validate() error {
 	if c.Transport == nil {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
 			errs = append(errs, fmt.Errorf("cluster listen %q: %w", c.ClusterListen, err))
+		}
+		tlsSet := c.TLSCertFile != "" || c.TLSKeyFile != "" || c.TLSCAFile != ""
+		switch {
+		case tlsSet && (c.TLSCertFile == "" || c.TLSKeyFile == "" || c.TLSCAFile == ""):
+			errs = append(errs, errors.New("cluster tls: the certificate, key and CA go together (--cluster-tls-cert, --cluster-tls-key, --cluster-ca)"))
+		case !tlsSet && !c.Insecure && c.ClusterListen != "" && !IsLoopback(c.ClusterListen):
+			errs = append(errs, fmt.Errorf("cluster listen %s is not a loopback address: set --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure)", c.ClusterListen))
 		}
 	}
 	if _, err := ring.New(nil, c.Ring); err != nil {

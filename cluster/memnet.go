@@ -13,9 +13,8 @@ import (
 // forwards call the target's handler directly. An address can be cut
 // (SetDown) to play a frozen or crashed node.
 //
-// Use it instead of RemoteTransport when several nodes share a process:
-// protoactor-go remote sets grpc's process-global logger on every start,
-// which races with the gRPC goroutines of the remotes already running.
+// Simulations use it to step nodes by hand and cut them off; tests of the
+// real wire use ConnectTransport (several can share a process).
 type MemNetwork struct {
 	// IgnoreWakes drops wake-ups instead of delivering them (simulations
 	// that step nodes by hand).
@@ -64,7 +63,7 @@ func (t *memTransport) Start(h Handler) (string, error) {
 	return t.addr, nil
 }
 
-func (t *memTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardSend) (*clusterv1.ForwardReply, error) {
+func (t *memTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
 	h, ok := t.net.lookup(addr)
 	if !ok {
 		return nil, fmt.Errorf("memnet: %s unreachable", addr)
@@ -72,15 +71,15 @@ func (t *memTransport) Forward(ctx context.Context, addr string, req *clusterv1.
 	if _, ok := t.net.lookup(t.addr); !ok {
 		return nil, fmt.Errorf("memnet: %s is cut off", t.addr)
 	}
-	return h.HandleForward(ctx, req), nil
+	return h.HandleForward(ctx, req)
 }
 
-func (t *memTransport) Wake(addr string, w *clusterv1.Wake) {
+func (t *memTransport) Wake(addr string, w *clusterv1.WakeRequest) {
 	if t.net.IgnoreWakes {
 		return
 	}
 	if h, ok := t.net.lookup(addr); ok {
-		go h.HandleWake(w)
+		go h.HandleWake(t.addr, w)
 	}
 }
 

@@ -18,6 +18,9 @@ type clusterMetrics struct {
 	handoffs  *prometheus.CounterVec // sequencer_cluster_partition_changes_total{change="acquired|released"}
 	stepDowns prometheus.Counter     // sequencer_cluster_step_downs_total
 	forwards  *prometheus.CounterVec // sequencer_cluster_forwards_total{result}
+	batches   prometheus.Histogram   // sequencer_cluster_forward_batch_items
+	recvd     *prometheus.CounterVec // sequencer_cluster_forwarded_received_total{result}
+	wakesDrop prometheus.Counter     // sequencer_cluster_wakes_dropped_total
 }
 
 func newClusterMetrics(set *metrics.Set) *clusterMetrics {
@@ -43,7 +46,20 @@ func newClusterMetrics(set *metrics.Set) *clusterMetrics {
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sequencer_cluster_forwards_total", Help: "Sends forwarded to their owner, by result (ok, a code, transport_error).",
 		}, []string{"result"}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sequencer_cluster_forward_batch_items", Help: "Items per forwarded batch sent by this node.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 6),
+		}),
+		recvd: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sequencer_cluster_forwarded_received_total", Help: "Forwarded items received from other nodes, by result (accepted, invalid, refused: the sender is not a live member).",
+		}, []string{"result"}),
+		wakesDrop: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sequencer_cluster_wakes_dropped_total", Help: "Wake-ups from other nodes dropped by the per-sender rate limit.",
+		}),
 	}
+	m.batches = register(set.Registry, m.batches)
+	m.recvd = register(set.Registry, m.recvd)
+	m.wakesDrop = register(set.Registry, m.wakesDrop)
 	m.version = register(set.Registry, m.version)
 	m.members = register(set.Registry, m.members)
 	m.partsHeld = register(set.Registry, m.partsHeld)
@@ -102,5 +118,23 @@ func (m *clusterMetrics) stepDown() {
 func (m *clusterMetrics) forward(result string) {
 	if m != nil {
 		m.forwards.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *clusterMetrics) forwardBatch(items int) {
+	if m != nil {
+		m.batches.Observe(float64(items))
+	}
+}
+
+func (m *clusterMetrics) received(result string, n int) {
+	if m != nil && n > 0 {
+		m.recvd.WithLabelValues(result).Add(float64(n))
+	}
+}
+
+func (m *clusterMetrics) wakeDropped() {
+	if m != nil {
+		m.wakesDrop.Inc()
 	}
 }

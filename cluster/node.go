@@ -2,7 +2,8 @@
 // leased row in the shared table, renewed by heartbeats), the partitions it
 // holds (fenced leases taken and released by the rules of package
 // membership), the handoff of partitions when the ring moves them, and the
-// routing of sends to the owner (forwarded over protoactor-go remote).
+// routing of sends to the owner (forwarded in batches over a connect-go
+// service between the nodes, mutual TLS or loopback h2c).
 //
 // Safety never rests on nodes agreeing: a node writes a conversation only
 // with a persist.Fence (partition, its incarnation, epoch) that every store
@@ -26,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster/membership"
@@ -39,6 +42,9 @@ type Local interface {
 	// Send sequences and stores one message of a conversation this node
 	// owns (the writer asks Node.Fence for the fence of every commit).
 	Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error)
+	// SendBatch sends every item of reqs and answers each in out (same
+	// length): items of one conversation enter it once, in item order.
+	SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome)
 	// StopConversations lets the in-flight batches of the matching
 	// conversations finish, then stops them (their next send reloads the
 	// head from the store).
@@ -87,6 +93,13 @@ type Node struct {
 	superseded bool          // the node id belongs to another live incarnation
 	fenced     bool          // a commit of the current incarnation was refused for a stale fence
 
+	fwdMu     sync.Mutex            // guards peers
+	peers     map[string]*peerQueue // forwarded items waiting, by owner address
+	fwdCtx    context.Context       // batches in flight; canceled by Close
+	fwdCancel context.CancelFunc
+	viewReads *rate.Limiter // membership re-reads asked by forwarded batches
+	wakeMu    sync.Mutex
+	wakes     map[string]*rate.Limiter // wake-ups accepted, by sender
 	drainOnce sync.Once
 	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
 
@@ -112,7 +125,20 @@ func New(cfg Config) (*Node, error) {
 	}
 	tr := cfg.Transport
 	if tr == nil {
-		tr = NewRemoteTransport(RemoteConfig{Listen: cfg.ClusterListen, Logger: cfg.Logger})
+		var peerTLS *PeerTLS
+		if cfg.TLSCertFile != "" {
+			if peerTLS, err = LoadPeerTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSCAFile); err != nil {
+				return nil, fmt.Errorf("cluster config: %w", err)
+			}
+		}
+		maxReq := DefaultMaxRequestBytes
+		if m := cfg.MaxBody + 1<<20; m > maxReq {
+			maxReq = m
+		}
+		if tr, err = NewConnectTransport(ConnectConfig{Listen: cfg.ClusterListen, TLS: peerTLS, Insecure: cfg.Insecure,
+			MaxRequestBytes: maxReq, Logger: cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("cluster config: %w", err)
+		}
 	}
 	n := &Node{
 		cfg:        cfg,
@@ -126,8 +152,12 @@ func New(cfg Config) (*Node, error) {
 		changed:    make(chan struct{}),
 		wakeBeat:   make(chan struct{}, 1),
 		wakeRecon:  make(chan struct{}, 1),
+		peers:      map[string]*peerQueue{},
+		viewReads:  rate.NewLimiter(rate.Limit(10), 10),
+		wakes:      map[string]*rate.Limiter{},
 		drain:      make(chan struct{}),
 	}
+	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
 	n.parts = make([]partState, n.partitions)
 	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr}
 	return n, nil
@@ -551,7 +581,7 @@ func (n *Node) wakeMembers(view membership.View, only func(membership.Member) bo
 	n.mu.RLock()
 	selfID := n.self.NodeID
 	n.mu.RUnlock()
-	w := &clusterv1.Wake{FromNode: selfID, MembershipVersion: view.Version, Released: released}
+	w := &clusterv1.WakeRequest{FromNode: selfID, MembershipVersion: view.Version, Released: released}
 	for _, m := range view.Members {
 		if m.NodeID == selfID || m.ClusterAddr == "" || (only != nil && !only(m)) {
 			continue
@@ -560,8 +590,41 @@ func (n *Node) wakeMembers(view membership.View, only func(membership.Member) bo
 	}
 }
 
-// HandleWake implements Handler: read the table now.
-func (n *Node) HandleWake(*clusterv1.Wake) { n.poke(n.wakeBeat) }
+// Wake-ups accepted per sender: a wake makes the node read (and write) the
+// membership table, so a peer cannot make it do that more often than this.
+const (
+	wakeRate  = rate.Limit(5)
+	wakeBurst = 10
+)
+
+// HandleWake implements Handler: read the table now. Wake-ups are
+// rate-limited per sender: a live member (by node id) has its own budget;
+// anything else shares one budget per peer address.
+func (n *Node) HandleWake(peer string, w *clusterv1.WakeRequest) {
+	n.mu.RLock()
+	_, member := n.view.Member(w.GetFromNode())
+	n.mu.RUnlock()
+	key := "addr:" + peer
+	if member {
+		key = "node:" + w.GetFromNode()
+	}
+	n.wakeMu.Lock()
+	l := n.wakes[key]
+	if l == nil {
+		if len(n.wakes) >= 1024 {
+			clear(n.wakes)
+		}
+		l = rate.NewLimiter(wakeRate, wakeBurst)
+		n.wakes[key] = l
+	}
+	ok := l.Allow()
+	n.wakeMu.Unlock()
+	if !ok {
+		n.met.wakeDropped()
+		return
+	}
+	n.poke(n.wakeBeat)
+}
 
 // Fence implements the writer's ownership check (actor.Ownership): the fence
 // for a commit of convID, if this node holds the conversation's partition
@@ -762,6 +825,7 @@ func (n *Node) Leave(ctx context.Context) error {
 // need the transport to carry their replies back. Forwards still waiting when
 // it closes fail with a retryable error.
 func (n *Node) Close() error {
+	n.fwdCancel()
 	if err := n.tr.Close(); err != nil {
 		return fmt.Errorf("cluster: closing the transport: %w", err)
 	}

@@ -172,7 +172,7 @@ func (pc *procCluster) send(pick func() *child, conv, clientID string, within ti
 }
 
 // TestProcessCluster runs nodes as separate processes (each with its own
-// protoactor remote on a random port, its own actor.Node and worker id) on
+// connect transport on a random port, its own actor.Node and worker id) on
 // one database, and sends through random nodes while a node leaves
 // gracefully, a new one joins and one is killed. Every acked message is
 // stored at its seq, seqs are 1..head in every conversation, and no msg_id
@@ -454,7 +454,7 @@ func (pc *procCluster) checkStored(acks map[string]acked) {
 }
 
 // TestProcessForwardLatency measures one sender's send latency through the
-// owner and through another node (forwarded over remote). It only runs with
+// owner and through another node (forwarded over the connect transport). It only runs with
 // SEQUENCER_CLUSTER_MEASURE=1:
 //
 //	SEQUENCER_CLUSTER_MEASURE=1 go test -run TestProcessForwardLatency -v ./cluster/

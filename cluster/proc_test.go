@@ -26,20 +26,15 @@ import (
 	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
-// Tests that need protoactor-go remote run each remote in a process of its
-// own: the test binary re-executes itself as a child (TestMain dispatches on
-// envChild). protoactor's remote sets grpc's process-global logger on every
-// start, so two remotes in one process race (the race detector says so),
-// while one remote per process, as in production, is clean. Children are
-// built with the same flags, so they run under -race too; a race in a child
-// fails the test through its exit code.
+// The real-process tests run every node in a process of its own, as in
+// production, so a node can be killed -9 or frozen (SIGSTOP): the test binary
+// re-executes itself as a child (TestMain dispatches on envChild). Children
+// are built with the same flags, so they run under -race too; a race in a
+// child fails the test through its exit code.
 const envChild = "SEQUENCER_CLUSTER_TEST_CHILD"
 
 func TestMain(m *testing.M) {
 	switch os.Getenv(envChild) {
-	case "echo":
-		runEchoChild()
-		return
 	case "node":
 		runNodeChild()
 		return
@@ -159,25 +154,6 @@ func childLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// runEchoChild serves a RemoteTransport with echoHandler at
-// $SEQUENCER_TEST_LISTEN (default 127.0.0.1:0) until stdin closes.
-func runEchoChild() {
-	listen := os.Getenv("SEQUENCER_TEST_LISTEN")
-	if listen == "" {
-		listen = "127.0.0.1:0"
-	}
-	tr := NewRemoteTransport(RemoteConfig{Listen: listen, Logger: childLogger()})
-	addr, err := tr.Start(&echoHandler{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start:", err)
-		os.Exit(3)
-	}
-	fmt.Printf("READY %s\n", addr)
-	io.Copy(io.Discard, os.Stdin)
-	tr.Close()
-	os.Exit(0)
-}
-
 // sendReply is the node child's JSON answer to /send.
 type sendReply struct {
 	MsgID     uint64 `json:"msgId,string"`
@@ -190,8 +166,8 @@ type sendReply struct {
 // runNodeChild runs a whole cluster node the way server/ wires one: the
 // PostgreSQL store ($SEQUENCER_TEST_DSN, migrated by the parent), a leased
 // worker id, an actor.Node that commits through the cluster's fence watch
-// and asks it for fences, and the cluster node over protoactor remote on
-// 127.0.0.1:0. A small HTTP API on 127.0.0.1:0 drives it: POST /send, GET
+// and asks it for fences, and the cluster node over the connect transport
+// (h2c) on 127.0.0.1:0. A small HTTP API on 127.0.0.1:0 drives it: POST /send, GET
 // /ready, GET /route, POST /leave. Closing stdin leaves gracefully.
 func runNodeChild() {
 	ctx := context.Background()

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/cluster/membership"
-	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -82,7 +80,21 @@ func ownershipErr(err error) bool {
 
 // send routes req. A forwarded request is handled here or failed, never
 // forwarded again.
+//
+// A forward that gets no answer (transport error, the owner dropped out of
+// the membership, the owner gave up for lack of time) is not an answer: it
+// is sent again, with the same client_msg_id (idempotent), to the current
+// owner until an answer comes or ctx ends (bounded by ForwardTimeout when ctx
+// has no deadline); then the error is ctx's (canceled or deadline exceeded:
+// the outcome is unknown). Ownership errors (the partition is moving or not
+// taken yet) are retried within HandoffWait; their final answer is the
+// retryable error (nothing was stored).
 func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bool) (sequencer.SendResult, error) {
+	if _, ok := ctx.Deadline(); !ok && !forwarded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout)
+		defer cancel()
+	}
 	p := ring.PartitionOf(req.ConvID, n.partitions)
 	wait := time.NewTimer(n.cfg.HandoffWait)
 	defer wait.Stop()
@@ -101,6 +113,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 
 		var err error
 		retryAfter := time.Duration(0) // 0: wait for a local change
+		noAnswer := false              // retry until ctx ends, past HandoffWait
 		switch {
 		case ph == phaseNew || ph == phaseLeft || ph == phaseSuperseded:
 			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown,
@@ -134,15 +147,33 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 			if ownerM.ClusterAddr == "" {
 				ownerM.ClusterAddr = owner.Address
 			}
-			res, ferr := n.forward(ctx, owner.NodeID, ownerM.ClusterAddr, req, version)
-			if ferr == nil || !ownershipErr(ferr) {
-				return res, ferr
+			it := n.newFwdItem(ctx, req)
+			n.enqueue(ownerM.ClusterAddr, []*fwdItem{it})
+			o := n.await(ctx, owner.NodeID, it)
+			switch o.kind {
+			case fwdAnswered:
+				return o.res, o.err
+			case fwdRetry:
+				err = o.err
+				retryAfter = backoff // the owner's view may be ahead or behind ours
+			case fwdNoAnswer:
+				if ctx.Err() != nil {
+					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", owner.NodeID, ctx.Err(), o.err)
+				}
+				err = o.err
+				retryAfter = backoff
+				noAnswer = true
+				// The handoff wait starts over: the conversation may be
+				// moving now (its owner dropped out).
+				wait.Reset(n.cfg.HandoffWait)
 			}
-			err = ferr
-			retryAfter = backoff // the owner's view may be ahead or behind ours
 		}
 
-		if werr := n.waitChange(ctx, changed, wait.C, retryAfter); werr != nil {
+		waitOver := wait.C
+		if noAnswer {
+			waitOver = nil
+		}
+		if werr := n.waitChange(ctx, changed, waitOver, retryAfter); werr != nil {
 			if errors.Is(werr, errHandoffWait) {
 				return sequencer.SendResult{}, err
 			}
@@ -175,122 +206,4 @@ func (n *Node) waitChange(ctx context.Context, changed <-chan struct{}, waitOver
 		return ctx.Err()
 	}
 	return nil
-}
-
-// forward sends req to the owner and waits for its answer.
-func (n *Node) forward(ctx context.Context, ownerID, addr string, req sequencer.SendRequest, version uint64) (sequencer.SendResult, error) {
-	timeout := n.cfg.ForwardTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-	}
-	if timeout <= 0 {
-		return sequencer.SendResult{}, context.DeadlineExceeded
-	}
-	fctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	msg := &clusterv1.ForwardSend{
-		ConvId:            req.ConvID,
-		FromUid:           req.FromUID,
-		ClientMsgId:       req.ClientMsgID,
-		MsgType:           int32(req.MsgType),
-		Body:              req.Body,
-		FromNode:          n.cfg.NodeID,
-		MembershipVersion: version,
-		// The owner gives up a little earlier, so its answer (even "deadline
-		// exceeded") arrives before this node stops waiting.
-		TimeoutMs: uint32(max(timeout*9/10/time.Millisecond, 1)),
-	}
-	type result struct {
-		reply *clusterv1.ForwardReply
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		reply, err := n.tr.Forward(fctx, addr, msg)
-		done <- result{reply, err}
-	}()
-	// Wait for the reply; give up early if the owner drops out of the
-	// membership (crashed: its reply will never come). Sending again is
-	// safe: the resend key makes it idempotent.
-	var reply *clusterv1.ForwardReply
-	var err error
-	for waiting := true; waiting; {
-		n.mu.RLock()
-		changed := n.changed
-		_, member := n.view.Member(ownerID)
-		n.mu.RUnlock()
-		if !member {
-			cancel()
-			n.met.forward("owner_gone")
-			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-				fmt.Sprintf("node %s left the membership while a send was forwarded to it", ownerID))
-		}
-		select {
-		case r := <-done:
-			reply, err, waiting = r.reply, r.err, false
-		case <-changed:
-		}
-	}
-	if err != nil {
-		n.met.forward("transport_error")
-		if ctx.Err() != nil {
-			return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w", ownerID, ctx.Err())
-		}
-		return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrUnknownOutcome,
-			fmt.Sprintf("forward to node %s at %s", ownerID, addr)+": "+err.Error())
-	}
-	res, err := decodeReply(reply)
-	if err != nil {
-		n.met.forward(sequencer.ErrorCode(err).String())
-	} else {
-		n.met.forward("ok")
-	}
-	return res, err
-}
-
-// HandleForward implements Handler: a send forwarded by another node.
-func (n *Node) HandleForward(ctx context.Context, req *clusterv1.ForwardSend) *clusterv1.ForwardReply {
-	if req.TimeoutMs > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMs)*time.Millisecond)
-		defer cancel()
-	}
-	res, err := n.send(ctx, sequencer.SendRequest{
-		ConvID:      req.ConvId,
-		FromUID:     req.FromUid,
-		ClientMsgID: req.ClientMsgId,
-		MsgType:     int16(req.MsgType),
-		Body:        req.Body,
-	}, true)
-	reply := encodeReply(res, err)
-	reply.NodeId = n.cfg.NodeID
-	return reply
-}
-
-// SendBatch implements the API's Sender for a batch: every item is routed
-// like Send. Items of one conversation are sent one after the other, in
-// order (so their seqs follow item order); conversations run in parallel.
-func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
-	byConv := make(map[string][]int)
-	var order []string
-	for i := range reqs {
-		c := reqs[i].ConvID
-		if _, ok := byConv[c]; !ok {
-			order = append(order, c)
-		}
-		byConv[c] = append(byConv[c], i)
-	}
-	var wg sync.WaitGroup
-	for _, c := range order {
-		idx := byConv[c]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range idx {
-				res, err := n.send(ctx, reqs[i], false)
-				out[i] = sequencer.SendOutcome{Result: res, Err: err}
-			}
-		}()
-	}
-	wg.Wait()
 }

@@ -141,6 +141,14 @@ func (l *simLocal) Send(ctx context.Context, req sequencer.SendRequest) (sequenc
 	return sequencer.SendResult{MsgID: m.MsgID, Seq: m.Seq, Duplicate: m.ClientMsgID == req.ClientMsgID && m.Seq <= head}, nil
 }
 
+// SendBatch sends the items one by one, in order.
+func (l *simLocal) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+	for i := range reqs {
+		res, err := l.Send(ctx, reqs[i])
+		out[i] = sequencer.SendOutcome{Result: res, Err: err}
+	}
+}
+
 // prepare takes a fence and a head now for a commit sent later (flush).
 func (l *simLocal) prepare(req sequencer.SendRequest) error {
 	f, err := l.node.Fence(req.ConvID)
@@ -462,8 +470,15 @@ func (s *sim) send(via string, conv string) error {
 	s.t.Helper()
 	s.seq++
 	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: fmt.Sprintf("m%d", s.seq), MsgType: 1}
-	res, err := s.nodes[via].node.Send(context.Background(), req)
+	// A forward to a frozen node gets no answer: it is retried until the
+	// context ends, which is not an answer either.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	res, err := s.nodes[via].node.Send(ctx, req)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
 		if errors.Is(err, errSimHeadMismatch) {
 			s.t.Fatalf("send via %s to %s hit a stale cached head: %v", via, conv, err)
 		}

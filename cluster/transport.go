@@ -8,24 +8,35 @@ import (
 
 // Handler is what a node serves to the other nodes.
 type Handler interface {
-	// HandleForward handles a Send forwarded by another node (locally, or a
-	// failure: never forwarded again). It always returns a reply.
-	HandleForward(ctx context.Context, req *clusterv1.ForwardSend) *clusterv1.ForwardReply
-	// HandleWake asks the node to read the membership table now.
-	HandleWake(w *clusterv1.Wake)
+	// HandleForward handles a batch of sends forwarded by another node
+	// (locally, or a failure per item: never forwarded again). It answers
+	// one result per item, or an error refusing the whole batch (the caller
+	// is not a live member): then nothing was stored.
+	HandleForward(ctx context.Context, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error)
+	// HandleWake asks the node to read the membership table now. peer names
+	// the connection it came from (for rate limiting).
+	HandleWake(peer string, w *clusterv1.WakeRequest)
 }
 
-// Transport carries messages between nodes. The default is protoactor-go
-// remote (NewRemoteTransport); simulations use an in-memory one.
+// Transport carries messages between nodes. The default is connect-go over
+// HTTP/2 (NewConnectTransport); simulations use an in-memory one.
 type Transport interface {
 	// Start serves h and returns the address the transport bound (host:port).
 	Start(h Handler) (addr string, err error)
 	// Forward sends req to the node at addr and waits for its reply, at most
-	// until ctx ends. An error means no reply arrived: the request may or may
-	// not have been handled.
-	Forward(ctx context.Context, addr string, req *clusterv1.ForwardSend) (*clusterv1.ForwardReply, error)
+	// until ctx ends. An error means no per-item answer arrived: either the
+	// receiver refused the whole batch (a *RefusedError: nothing stored) or
+	// the outcome is unknown (the items may or may not have been handled).
+	Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error)
 	// Wake sends w to the node at addr without waiting (best effort).
-	Wake(addr string, w *clusterv1.Wake)
+	Wake(addr string, w *clusterv1.WakeRequest)
 	// Close stops serving and releases the listener.
 	Close() error
 }
+
+// RefusedError is a receiver's refusal of a whole forwarded batch before it
+// looked at any item (the sender is not a live member at its incarnation):
+// nothing was stored. It crosses the wire as connect's permission_denied.
+type RefusedError struct{ Msg string }
+
+func (e *RefusedError) Error() string { return "forward refused: " + e.Msg }

@@ -36,7 +36,7 @@ func runOnce(t *testing.T, args ...string) (int, string) {
 	return 0, ""
 }
 
-// CONTRACT.md §5: a second process on the embedded store's directory exits 1
+// docs/API.md, "Command line": a second process on the embedded store's directory exits 1
 // and names the holder.
 func TestSecondProcessOnTheDataDirExits1(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data") // created by the node

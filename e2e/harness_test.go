@@ -214,7 +214,7 @@ func (p *proc) jsonClient() sequencerv1connect.SequencerServiceClient {
 	return sequencerv1connect.NewSequencerServiceClient(http.DefaultClient, "http://"+p.Addr, connect.WithProtoJSON())
 }
 
-// postJSON posts raw JSON like the CONTRACT's curl example.
+// postJSON posts raw JSON like the curl examples of docs/API.md.
 func postJSON(t testing.TB, addr, method, body string) (int, string) {
 	t.Helper()
 	resp, err := http.Post("http://"+addr+"/sequencer.v1.SequencerService/"+method, "application/json", strings.NewReader(body))

@@ -315,7 +315,8 @@ func checkRestored(t *testing.T, spec string, convs []string, acked map[sequence
 		}
 	}
 	// A node on the restored store continues every conversation at head+1
-	// with msg_ids never issued before.
+	// with msg_ids never issued before. (It needs the store to itself.)
+	st.Close()
 	n := startNode(t, "restored", "--store", spec)
 	c := n.grpcClient()
 	for _, conv := range convs {

@@ -248,7 +248,7 @@ func (g *Generator) Next() (uint64, error) {
 		}
 		if now <= v.floorMs {
 			if now < v.floorMs {
-				if err := g.rolledBack(v.floorMs-now, v.floorMs, "worker id's previous holder"); err != nil {
+				if err := g.rolledBack(v.floorMs-now, v.floorMs, "the lease's floor (an earlier holder, an earlier run of this node, or the store's clock)"); err != nil {
 					return 0, err
 				}
 			} else {

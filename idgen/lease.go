@@ -38,6 +38,14 @@ type LeaseConfig struct {
 	RetryEvery time.Duration
 	// StoreTimeout bounds each store call. Default RenewEvery (2s).
 	StoreTimeout time.Duration
+	// MaxStoreSkew is how far this clock may be behind the store's clock
+	// (persist.WorkerLease.StoreMs, beyond the call's round trip) before the
+	// generator treats it as a clock that moved back: ids are then refused
+	// (retryably, counted in sequencer_clock_rollbacks_total) until the
+	// clock catches up. Default 100ms: NTP keeps servers well within it,
+	// and a clock an hour behind is caught. Negative: no check (tests that
+	// drive a real store with a fake clock).
+	MaxStoreSkew time.Duration
 	// Clock is the time source of the lease and its generator; nil means
 	// the real clock. Every store call takes `now` from it.
 	Clock clock.Clock
@@ -63,6 +71,9 @@ func (c *LeaseConfig) setDefaults() error {
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = c.RenewEvery
+	}
+	if c.MaxStoreSkew == 0 {
+		c.MaxStoreSkew = 100 * time.Millisecond
 	}
 	switch {
 	case c.TTL < 10*time.Millisecond:
@@ -164,7 +175,7 @@ func (l *Lease) Ready() bool {
 		return false
 	}
 	now := l.clk.Now().UnixMilli()
-	return now < v.expiresMs && now <= v.capMs
+	return now < v.expiresMs && now <= v.capMs && now >= v.floorMs
 }
 
 // Start makes one RenewOnce attempt (acquiring a worker id) bounded by ctx,
@@ -256,6 +267,7 @@ func (l *Lease) RenewOnce(ctx context.Context) error {
 func (l *Lease) acquireLocked(ctx context.Context) error {
 	now := l.clk.Now()
 	wl, err := l.store.AcquireWorker(ctx, l.cfg.Holder, now, l.cfg.TTL)
+	end := l.clk.Now()
 	if err != nil {
 		l.failedLocked(err)
 		return fmt.Errorf("idgen: acquire worker id for %q: %w", l.cfg.Holder, err)
@@ -264,7 +276,11 @@ func (l *Lease) acquireLocked(ctx context.Context) error {
 		// A store bug; refuse to issue anything under it.
 		return sequencer.Errorf(sequencer.CodeInternal, "idgen: store leased worker id %d outside 0..%d", wl.WorkerID, MaxWorkerID)
 	}
-	l.held, l.cur, l.inherited, l.capMs = true, wl, wl.LastMs, wl.LastMs
+	// The floor: the id's previous holder's reservation; this node's own
+	// history under any id (a clock far below what an earlier run of it
+	// reserved moved back, whichever id it gets now); the store's clock.
+	floor := max(wl.LastMs, wl.HighWaterMs-l.cfg.ReserveAhead.Milliseconds(), l.storeFloor(wl.StoreMs, now, end))
+	l.held, l.cur, l.inherited, l.capMs = true, wl, floor, floor
 	// Nothing is issuable (cap == floor) until the reservation below lands.
 	rerr := l.reserveLocked(ctx)
 	l.publishLocked(true)
@@ -300,15 +316,28 @@ func (l *Lease) reserveLocked(ctx context.Context) error {
 		reserve = l.capMs
 	}
 	wl, err := l.store.RenewWorker(ctx, l.cur, reserve, now, l.cfg.TTL)
+	end := l.clk.Now()
 	if err != nil {
 		l.failedLocked(err)
 		return err
 	}
+	l.inherited = max(l.inherited, l.storeFloor(wl.StoreMs, now, end))
 	if wl.WorkerID != l.cur.WorkerID {
 		return sequencer.Errorf(sequencer.CodeInternal, "idgen: store renewed worker id %d as %d", l.cur.WorkerID, wl.WorkerID)
 	}
 	l.cur, l.capMs, l.failErr = wl, reserve, nil
 	return nil
+}
+
+// storeFloor is the floor the store's clock sets: storeMs was read during a
+// call this clock timed from start to end, so a clock at most MaxStoreSkew
+// behind the store's is past storeMs - (end-start) - MaxStoreSkew by the
+// time the call returns. 0 when the store has no clock of its own.
+func (l *Lease) storeFloor(storeMs int64, start, end time.Time) int64 {
+	if storeMs <= 0 || l.cfg.MaxStoreSkew < 0 {
+		return 0
+	}
+	return storeMs - end.Sub(start).Milliseconds() - l.cfg.MaxStoreSkew.Milliseconds()
 }
 
 func (l *Lease) failedLocked(err error) {

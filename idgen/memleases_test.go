@@ -125,10 +125,12 @@ func (m *memLeases) ReleaseWorker(ctx context.Context, l persist.WorkerLease, la
 	if r == nil {
 		return nil
 	}
-	// Like the real stores: free it if still ours, never lower lastMs.
-	r.lastMs = max(r.lastMs, lastMs)
-	if r.token == l.Token {
-		r.expires = time.Time{}
+	// Like the real stores: if still ours, free it and set lastMs (the
+	// unused reservation is given back); a stale release only raises it.
+	if r.token == l.Token && !r.expires.IsZero() {
+		r.lastMs, r.expires = lastMs, time.Time{}
+	} else {
+		r.lastMs = max(r.lastMs, lastMs)
 	}
 	return nil
 }

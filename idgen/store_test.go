@@ -10,6 +10,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/postgres"
@@ -76,7 +77,7 @@ func TestLeaseRealStoresTwoHolders(t *testing.T) {
 		t.Run(rs.name, func(t *testing.T) {
 			store := rs.open(t)
 			clk := clock.NewFake(realStart())
-			leases := []*Lease{newTestLease(t, store, "node-a", clk, nil), newTestLease(t, store, "node-b", clk, nil)}
+			leases := []*Lease{newFakeClockLease(t, store, "node-a", clk, nil), newFakeClockLease(t, store, "node-b", clk, nil)}
 			for _, l := range leases {
 				mustRenew(t, l)
 				t.Cleanup(func() { l.Close(context.Background()) })
@@ -131,7 +132,7 @@ func TestLeaseRealStoresTakeover(t *testing.T) {
 			store := rs.open(t)
 			start := realStart()
 			clk := clock.NewFake(start)
-			a := newTestLease(t, store, "node-a", clk, nil)
+			a := newFakeClockLease(t, store, "node-a", clk, nil)
 			mustRenew(t, a)
 			wa, _ := a.WorkerID()
 
@@ -168,7 +169,7 @@ func TestLeaseRealStoresTakeover(t *testing.T) {
 			tsA, _, _ := Decode(maxA)
 			// a crashes here: no Close.
 
-			b := newTestLease(t, store, "node-b", clk, nil)
+			b := newFakeClockLease(t, store, "node-b", clk, nil)
 			if err := b.RenewOnce(ctx); !errors.Is(err, sequencer.ErrWorkerLeaseLost) {
 				t.Fatalf("b acquired while a's lease is live: %v", err)
 			}
@@ -202,7 +203,7 @@ func TestLeaseRealStoresTakeover(t *testing.T) {
 			}
 			tsB, _, _ := Decode(lastB)
 			back := clock.NewFake(clk.Now().Add(-time.Minute))
-			c := newTestLease(t, store, "node-c", back, nil)
+			c := newFakeClockLease(t, store, "node-c", back, nil)
 			mustRenew(t, c)
 			if w, _ := c.WorkerID(); w != wa {
 				t.Fatalf("c leased worker %d, want the released %d", w, wa)
@@ -224,4 +225,64 @@ func TestLeaseRealStoresTakeover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeaseClockBehindTheStore: a node whose clock is an hour behind the
+// store's (PostgreSQL's clock_timestamp) gets a lease but refuses to issue
+// ids (retryably, counted) and is not ready; a node whose clock matches the
+// store's issues at once. On the embedded store (no clock of its own) a
+// restart with a clock an hour behind this machine's earlier runs is caught
+// by the history check instead.
+func TestLeaseClockBehindTheStore(t *testing.T) {
+	ctx := context.Background()
+	t.Run("postgres clock", func(t *testing.T) {
+		store := realStores[0].open(t)
+		m := metrics.New()
+		behind := clock.NewFake(time.Now().Add(-time.Hour))
+		l, err := NewLease(store, LeaseConfig{Holder: "slow", Clock: behind, Metrics: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRenew(t, l)
+		if _, err := l.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("Next with a clock an hour behind the store: %v, want a retryable clock-moved-backwards", err)
+		}
+		if l.Ready() {
+			t.Fatal("a node whose clock is an hour behind the store reports ready")
+		}
+		if n := counterValue(t, m.ClockRollbacks.WithLabelValues("refused")); n == 0 {
+			t.Fatal("the refusal was not counted")
+		}
+		good, err := NewLease(store, LeaseConfig{Holder: "good"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRenew(t, good)
+		if _, err := good.Next(); err != nil {
+			t.Fatalf("a node on the store's time: %v", err)
+		}
+		_ = good.Close(ctx)
+		_ = l.Close(ctx)
+	})
+	t.Run("sqlite history", func(t *testing.T) {
+		store := realStores[1].open(t)
+		clk := clock.NewFake(realStart())
+		a := newFakeClockLease(t, store, "node-a", clk, nil)
+		mustRenew(t, a)
+		if _, err := a.Next(); err != nil {
+			t.Fatal(err)
+		}
+		// a keeps its id (crashed: no release); a restart an hour back gets
+		// another id, whose own history is empty, and still refuses.
+		back := clock.NewFake(clk.Now().Add(-time.Hour))
+		b := newFakeClockLease(t, store, "node-a-restarted", back, nil)
+		mustRenew(t, b)
+		wa, _ := a.WorkerID()
+		if wb, _ := b.WorkerID(); wb == wa {
+			t.Fatalf("the restart got the live id %d", wa)
+		}
+		if _, err := b.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) {
+			t.Fatalf("restart an hour back on another worker id: %v, want clock moved backwards", err)
+		}
+	})
 }

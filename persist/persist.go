@@ -122,7 +122,11 @@ type WorkerLeases interface {
 	// lowers the stored value). It fails with sequencer.ErrWorkerLeaseLost if
 	// the lease was taken over or expired before now.
 	RenewWorker(ctx context.Context, lease WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (WorkerLease, error)
-	// ReleaseWorker ends the lease (if still held) and records lastMs.
+	// ReleaseWorker ends the lease if still held and sets LastMs to lastMs,
+	// the highest unix-ms the holder actually issued ids for: the unused
+	// part of its reservation is given back, so a successor is not held off
+	// by a future reservation. A release of a lease no longer held (taken
+	// over, expired, released) only raises the stored LastMs.
 	ReleaseWorker(ctx context.Context, lease WorkerLease, lastMs int64) error
 }
 
@@ -133,6 +137,15 @@ type WorkerLease struct {
 	Token    uint64    // bumped on every acquire; renew/release must match it
 	Expires  time.Time // lease end
 	LastMs   int64     // see AcquireWorker / RenewWorker
+	// StoreMs is the store's own clock (unix ms) when it answered, 0 when
+	// the store has no clock apart from this machine's (the embedded store).
+	// The lease checks that its clock is not behind it.
+	StoreMs int64
+	// HighWaterMs (AcquireWorker only) is the highest LastMs recorded for
+	// any worker id under this holder (on the embedded store, which one
+	// process uses at a time: under any holder). A clock well below it moved
+	// back since an earlier run, even when the lease is for another id.
+	HighWaterMs int64
 }
 
 // ConflictKey names the unique key a conflicting row hit.
@@ -206,6 +219,12 @@ func (e *StaleFenceError) Error() string {
 	return fmt.Sprintf("%v: %v", sequencer.ErrStaleEpoch, e.Fences)
 }
 func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
+
+// ErrUnfenced refuses an unfenced commit (a node running without a cluster)
+// in a store whose partitions a cluster holds: such a node would write
+// conversations that cluster nodes own, outside their fences. Nothing was
+// written. It wraps sequencer.ErrStaleEpoch (retryable, not landed).
+var ErrUnfenced = fmt.Errorf("%w: this database is used by a cluster (partition leases are held); a node without --cluster-listen may not write to it", sequencer.ErrStaleEpoch)
 
 // ErrRejected is a store's refusal of the data of a commit (a value the
 // schema cannot hold: a data or integrity error other than the unique keys

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/api"
+	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/persist/open"
 )
 
@@ -35,6 +37,9 @@ type Config struct {
 
 	// MaxBody is the largest accepted body in bytes. Default 65536.
 	MaxBody int
+	// MaxBatchBytes is the largest SendBatch request (its protobuf size) in
+	// bytes; larger ones are invalid_argument. Default 4 MiB.
+	MaxBatchBytes int
 	// PassivateAfter stops a conversation actor idle this long. Default 30s.
 	PassivateAfter time.Duration
 	// CommitWorkers is the number of parallel group-commit transactions. Default 4.
@@ -91,6 +96,13 @@ type Config struct {
 	// HandoffWait bounds how long a send waits for a moving conversation to
 	// become writable before it fails with unavailable. Default 2s.
 	HandoffWait time.Duration
+	// ClusterTLSCert, ClusterTLSKey and ClusterCA (PEM files): mutual TLS
+	// between nodes; a node accepts and dials only peers whose certificate
+	// chains to ClusterCA. All three or none.
+	ClusterTLSCert, ClusterTLSKey, ClusterCA string
+	// ClusterInsecure allows a non-loopback ClusterListen without TLS
+	// (refused otherwise).
+	ClusterInsecure bool
 
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
@@ -125,6 +137,7 @@ func (c Config) WithDefaults() Config {
 		c.NodeID = generatedNodeID()
 	}
 	defInt(&c.MaxBody, sequencer.DefaultMaxBody)
+	defInt(&c.MaxBatchBytes, api.DefaultMaxBatchBytes)
 	defDur(&c.PassivateAfter, 30*time.Second)
 	defInt(&c.CommitWorkers, 4)
 	defInt(&c.MaxBatchMessages, 4000)
@@ -170,6 +183,13 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
 			errs = append(errs, fmt.Errorf("cluster-listen %q: %w", c.ClusterListen, err))
 		}
+		tlsSet := c.ClusterTLSCert != "" || c.ClusterTLSKey != "" || c.ClusterCA != ""
+		switch {
+		case tlsSet && (c.ClusterTLSCert == "" || c.ClusterTLSKey == "" || c.ClusterCA == ""):
+			errs = append(errs, errors.New("cluster-tls-cert, cluster-tls-key and cluster-ca go together"))
+		case !tlsSet && !c.ClusterInsecure && !cluster.IsLoopback(c.ClusterListen):
+			errs = append(errs, fmt.Errorf("cluster-listen %s is not a loopback address: mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure to allow plain HTTP/2)", c.ClusterListen))
+		}
 		if !IsPostgres(c.Store) {
 			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL store (--store postgres://...): nodes meet in the shared database"))
 		}
@@ -179,6 +199,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBody < 1 || c.MaxBody > 64<<20 {
 		errs = append(errs, fmt.Errorf("max-body %d: must be 1..67108864", c.MaxBody))
+	}
+	if c.MaxBatchBytes < 1<<10 || c.MaxBatchBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("max-batch-bytes %d: must be 1024..67108864", c.MaxBatchBytes))
 	}
 	pos := func(name string, v int) {
 		if v < 1 {

@@ -25,6 +25,10 @@ func TestConfigValidation(t *testing.T) {
 		mod  func(*Config)
 		want string
 	}{
+		"plain cluster port on all interfaces": {func(c *Config) { c.Store = "postgres://h/x"; c.ClusterListen = "0.0.0.0:7171" }, "cluster-insecure"},
+		"cluster tls incomplete": {func(c *Config) {
+			c.Store, c.ClusterListen, c.ClusterTLSCert = "postgres://h/x", "10.0.0.1:7171", "node.pem"
+		}, "go together"},
 		"bad listen":           {func(c *Config) { c.Listen = "nope" }, "listen"},
 		"cluster on embedded":  {func(c *Config) { c.ClusterListen = "127.0.0.1:7171" }, "PostgreSQL"},
 		"ttl under 2 beats":    {func(c *Config) { c.MemberTTL = 2 * time.Second; c.Heartbeat = time.Second }, "member-ttl"},
@@ -44,6 +48,15 @@ func TestConfigValidation(t *testing.T) {
 	ok := Config{Store: "postgres://postgres@127.0.0.1/x", ClusterListen: "127.0.0.1:0"}.WithDefaults()
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("cluster on PostgreSQL: %v", err)
+	}
+	for _, c := range []Config{
+		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterInsecure: true},
+		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterTLSCert: "a", ClusterTLSKey: "b", ClusterCA: "c"},
+		{Store: "postgres://h/x", ClusterListen: "localhost:7171"},
+	} {
+		if err := c.WithDefaults().Validate(); err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
 	}
 }
 

@@ -178,6 +178,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			ClusterAdvertise: cfg.ClusterAdvertise, APIAddr: s.Addr(),
 			Ring:      ring.Config{Partitions: cfg.Partitions},
 			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
+			TLSCertFile: cfg.ClusterTLSCert, TLSKeyFile: cfg.ClusterTLSKey, TLSCAFile: cfg.ClusterCA,
+			Insecure: cfg.ClusterInsecure, MaxBody: cfg.MaxBody,
 			Logger: log, Metrics: s.metrics,
 		})
 		if err != nil {
@@ -203,7 +205,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
 
 	svc := api.NewService(api.Config{
-		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, Metrics: s.metrics, Logger: log, Router: router,
+		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, MaxBatchBytes: cfg.MaxBatchBytes, Metrics: s.metrics, Logger: log, Router: router,
 	})
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)

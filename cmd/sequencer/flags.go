@@ -9,7 +9,7 @@ import (
 )
 
 // envName is the environment variable that sets a flag: SEQUENCER_<FLAG>,
-// upper case, '-' as '_' (CONTRACT.md section 3).
+// upper case, '-' as '_' (docs/API.md, "Command line").
 func envName(flagName string) string {
 	return "SEQUENCER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }

@@ -40,7 +40,7 @@ func TestEveryServeFlagReadsItsEnvironmentVariable(t *testing.T) {
 	if cfg.NodeID != "from-flag" {
 		t.Fatalf("node id %q, want the command line's", cfg.NodeID)
 	}
-	// Every flag has the SEQUENCER_<FLAG> name of CONTRACT.md section 3.
+	// Every flag has the SEQUENCER_<FLAG> name of docs/API.md ("Command line").
 	fs.VisitAll(func(f *flag.Flag) {
 		want := "SEQUENCER_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if envName(f.Name) != want {
@@ -81,7 +81,7 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 	}
 }
 
-// CONTRACT.md §5: a usage error (unknown flag, stray positional argument,
+// docs/API.md, "Command line": a usage error (unknown flag, stray positional argument,
 // bad value, a --store outside the allow-list) exits 2 with ONE line, not
 // the usage; nothing is started.
 func TestUsageErrorsExit2WithOneLine(t *testing.T) {
@@ -151,5 +151,20 @@ func TestCORSOriginsFlag(t *testing.T) {
 	}
 	if len(cfg.CORSOrigins) != 2 || cfg.CORSOrigins[1] != "https://b.example.com" {
 		t.Fatalf("cors origins %q", cfg.CORSOrigins)
+	}
+}
+
+// A cluster port reachable from other machines needs mutual TLS, or an
+// explicit --cluster-insecure.
+func TestClusterPortNeedsTLS(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "0.0.0.0:7946"}, &out, &errb, env(nil)); code != 2 ||
+		!strings.Contains(errb.String(), "--cluster-insecure") || strings.Count(strings.TrimSpace(errb.String()), "\n") != 0 {
+		t.Fatalf("non-loopback cluster listen without TLS: exit %d %q, want 2 (a usage error) and one line naming the flags", code, errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "127.0.0.1:0", "--cluster-tls-cert", "c.pem"}, &out, &errb, env(nil)); code != 2 ||
+		!strings.Contains(errb.String(), "go together") {
+		t.Fatalf("cluster TLS cert without key and CA: exit %d %q", code, errb.String())
 	}
 }

@@ -1,5 +1,5 @@
 // Package open turns the `--store` setting into a ready persist.Store: it
-// owns the spelling of store specs (CONTRACT.md §5), their redaction for logs
+// owns the spelling of store specs (docs/API.md, "Command line"), their redaction for logs
 // and errors, the choice of implementation, the lock on the embedded store's
 // directory, and migrates the schema on open. It never holds state of its
 // own besides that lock and is the only package besides cmd/ that imports

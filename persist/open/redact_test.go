@@ -13,7 +13,7 @@ import (
 	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
-// CONTRACT.md §5: only the listed forms are stores; everything else is an
+// docs/API.md, "Command line": only the listed forms are stores; everything else is an
 // error that names the spec without its password.
 func TestParseRefusesWhatIsNotListed(t *testing.T) {
 	for _, spec := range []string{

@@ -65,10 +65,17 @@ SELECT seq_raise('SQ002', 'head mismatch', json_agg(u.conv_id ORDER BY u.conv_id
 FROM u WHERE NOT EXISTS (SELECT 1 FROM matched m WHERE m.conv_id = u.conv_id)
 HAVING count(*) > 0`
 
-// SQLSTATEs raised by fenceCheckSQL and headCheckSQL.
+// unfencedCheckSQL refuses a commit without fences (a node started without
+// --cluster-listen) in a database whose partitions a cluster holds: such a
+// node would write conversations that cluster nodes own, unfenced.
+const unfencedCheckSQL = `SELECT seq_raise('SQ003', 'unfenced commit in a cluster database', '')
+WHERE EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')`
+
+// SQLSTATEs raised by fenceCheckSQL, headCheckSQL and unfencedCheckSQL.
 const (
 	sqlStaleFence   = "SQ001" // DETAIL: 1-based positions of the stale fences, comma-separated
 	sqlHeadMismatch = "SQ002" // DETAIL: JSON array of the mismatched conv_ids
+	sqlUnfenced     = "SQ003"
 )
 
 // insertSQL writes all rows of a commit in one statement.
@@ -190,8 +197,13 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 	// Distinct non-zero fences, in partition order.
 	var fences []persist.Fence
 	seenFence := map[persist.Fence]bool{}
+	unfenced := false
 	for i := range batches {
-		if f := batches[i].Fence; !f.IsZero() && !seenFence[f] {
+		f := batches[i].Fence
+		switch {
+		case f.IsZero():
+			unfenced = true
+		case !seenFence[f]:
 			seenFence[f] = true
 			fences = append(fences, f)
 		}
@@ -232,6 +244,9 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 	b.Queue("BEGIN")
 	if len(fences) > 0 {
 		b.Queue(fenceCheckSQL, parts, owners, epochs)
+	}
+	if unfenced {
+		b.Queue(unfencedCheckSQL)
 	}
 	b.Queue(headCheckSQL, convs, prevs, heads)
 	insertAt, commitAt := -1, -1
@@ -282,6 +297,8 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				return staleFences(fences, pg)
 			case pg.Code == sqlHeadMismatch:
 				return headMismatch(pg)
+			case pg.Code == sqlUnfenced:
+				return persist.ErrUnfenced
 			case failedAt == insertAt && isUniqueViolation(err):
 				return s.conflicts(ctx, conn, rows, err)
 			}

@@ -481,14 +481,16 @@ func TestRefusalsLeaveConnectionUsable(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := msgs("r", 0, 2, 1)
+	first.Fence = persist.Fence{Partition: 1, Owner: "n", Epoch: 2} // the database holds a lease: commits must be fenced
 	if err := s.Commit(ctx, []persist.ConvBatch{first}); err != nil {
 		t.Fatal(err)
 	}
 	stale := msgs("s", 0, 1, 10)
 	stale.Fence = persist.Fence{Partition: 1, Owner: "n", Epoch: 1}
-	dup := msgs("d", 0, 1, 20)
+	held := func(b persist.ConvBatch) persist.ConvBatch { b.Fence = first.Fence; return b }
+	dup := held(msgs("d", 0, 1, 20))
 	dup.Messages[0].MsgID = first.Messages[0].MsgID
-	for _, bad := range []persist.ConvBatch{msgs("r", 5, 1, 30), stale, dup} {
+	for _, bad := range []persist.ConvBatch{held(msgs("r", 5, 1, 30)), stale, dup} {
 		for i := 0; i < 3; i++ { // more than the pool's idle connections see
 			err := s.Commit(ctx, []persist.ConvBatch{bad})
 			var hm *persist.HeadMismatchError
@@ -502,7 +504,7 @@ func TestRefusalsLeaveConnectionUsable(t *testing.T) {
 			}
 		}
 	}
-	if err := s.Commit(ctx, []persist.ConvBatch{msgs("r", 2, 1, 40)}); err != nil {
+	if err := s.Commit(ctx, []persist.ConvBatch{held(msgs("r", 2, 1, 40))}); err != nil {
 		t.Fatalf("commit after refusals: %v", err)
 	}
 	if h, err := s.LoadHead(ctx, "r"); err != nil || h != 3 {

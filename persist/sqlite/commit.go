@@ -97,9 +97,14 @@ func (c *conflictCause) Error() string { return c.err.Error() }
 func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
 	var stale []persist.Fence
 	seen := map[persist.Fence]bool{}
+	unfenced := false
 	for i := range batches {
 		f := batches[i].Fence
-		if f.IsZero() || seen[f] {
+		if f.IsZero() {
+			unfenced = true
+			continue
+		}
+		if seen[f] {
 			continue
 		}
 		seen[f] = true
@@ -118,6 +123,15 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 	if len(stale) > 0 {
 		sort.Slice(stale, func(i, j int) bool { return stale[i].Partition < stale[j].Partition })
 		return &persist.StaleFenceError{Fences: stale}
+	}
+	if unfenced {
+		var held bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')`).Scan(&held); err != nil {
+			return classify("commit: cluster check", err)
+		}
+		if held {
+			return persist.ErrUnfenced
+		}
 	}
 	var mismatched []string
 	for i := range batches {

@@ -41,6 +41,11 @@ type Options struct {
 	// LockHolder names this process in the lock file (the node id); see
 	// lock.go.
 	LockHolder string
+	// Shared opens without taking the exclusive lock: for operator tools
+	// (sequencer admin: head, trim, backup) next to a running node. SQLite's
+	// own locking keeps their statements safe; the exclusive lock exists to
+	// keep a second node from serving the same store.
+	Shared bool
 }
 
 func (o Options) withDefaults() Options {
@@ -79,9 +84,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
 		return nil, unavailable("create directory", err)
 	}
-	lock, err := lockDB(abs, opts.LockHolder)
-	if err != nil {
-		return nil, err
+	var lock *dirLock
+	if !opts.Shared {
+		if lock, err = lockDB(abs, opts.LockHolder); err != nil {
+			return nil, err
+		}
 	}
 	ok := false
 	defer func() {

@@ -529,7 +529,23 @@ func testStaleFence(x *suite) {
 		t.Fatalf("commit with the old epoch: %v", err)
 	}
 	x.mustCommit(fenced(a, 1, persist.Fence{Partition: 3, Owner: "node-b", Epoch: 6}))
-	// Unfenced commits are not checked.
+	// An unfenced commit (a node without a cluster) is refused while a
+	// cluster holds partitions in this store, alone or with fenced batches.
+	if err := x.commitFails(batch(a, 2, 1)); !errors.Is(err, persist.ErrUnfenced) || !errors.Is(err, sequencer.ErrStaleEpoch) {
+		t.Fatalf("unfenced commit in a cluster store: %v, want ErrUnfenced", err)
+	}
+	if err := x.commitFails(fenced(a, 2, persist.Fence{Partition: 3, Owner: "node-b", Epoch: 6}), batch(b, 1, 1)); !errors.Is(err, persist.ErrUnfenced) {
+		t.Fatalf("unfenced batch beside a fenced one: %v, want ErrUnfenced", err)
+	}
+	if hd := x.head(a); hd != 2 {
+		t.Fatalf("head = %d, want 2", hd)
+	}
+	// Once every partition is released, unfenced commits work again.
+	for _, p := range []uint32{3, 7} {
+		if err := h.PutPartitionLeaseForTest(x.ctx, persist.Fence{Partition: p, Owner: "", Epoch: 9}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	x.mustCommit(batch(a, 2, 1))
 	if hd := x.head(a); hd != 3 {
 		t.Fatalf("head = %d, want 3", hd)
@@ -883,8 +899,10 @@ func testWorkerLeasesExhausted(x *suite) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if late.WorkerID != h5.WorkerID || late.LastMs != 9000 || late.Token == h5.Token {
-		t.Fatalf("after release of %+v got %+v, want its id with LastMs 9000 and a new token", h5r, late)
+	// A clean release gives the unused reservation back: LastMs is what the
+	// holder says it issued (8000), not its reservation (9000).
+	if late.WorkerID != h5.WorkerID || late.LastMs != 8000 || late.Token == h5.Token {
+		t.Fatalf("after release of %+v at 8000 got %+v, want its id with LastMs 8000 and a new token", h5r, late)
 	}
 	// The old holder's renew and release no longer touch the new lease.
 	if _, err := x.s.RenewWorker(x.ctx, h5r, 9500, base.Add(3*time.Second), time.Minute); !errors.Is(err, sequencer.ErrWorkerLeaseLost) {

@@ -1,4 +1,4 @@
--- 0001: messages (CONTRACT.md section 1, exactly), conversation heads, worker-id
+-- 0001: messages (docs/API.md, "Storage schema", exactly), conversation heads, worker-id
 -- leases and partition leases.
 
 CREATE TABLE im_message (

@@ -1,0 +1,629 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/actor"
+	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/persist/postgres"
+	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
+	"github.com/sequencer-im/sequencer/ring"
+)
+
+// Several nodes in one process, each with its own PostgreSQL pool, worker
+// id, actor.Node and connect transport on 127.0.0.1:0 (the real wire), on one
+// fresh database.
+
+type ipNode struct {
+	id    string
+	cn    *Node
+	an    *actor.Node
+	store *postgres.Store
+	lease *idgen.Lease
+	tr    Transport // the transport given in Config (nil: the default)
+	// crashed: halted like a kill -9 (no leave; its member row expires)
+	crashed atomic.Bool
+}
+
+// ipOptions shape one node.
+type ipOptions struct {
+	tlsFiles [3]string                 // cert, key, CA: mutual TLS
+	wrap     func(Transport) Transport // wraps a plain loopback transport
+}
+
+func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
+	t := pc.t
+	t.Helper()
+	ctx := context.Background()
+	store, err := postgres.Open(ctx, pc.dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		NodeID: id, Store: store.Cluster(), ClusterListen: "127.0.0.1:0", APIAddr: "api-" + id,
+		MemberTTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond, Logger: simLogger(),
+		TLSCertFile: o.tlsFiles[0], TLSKeyFile: o.tlsFiles[1], TLSCAFile: o.tlsFiles[2],
+	}
+	n := &ipNode{id: id, store: store, lease: lease}
+	if o.wrap != nil {
+		tr, err := NewConnectTransport(ConnectConfig{Listen: "127.0.0.1:0", Logger: simLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Transport = o.wrap(tr)
+		n.tr = cfg.Transport
+	}
+	if n.cn, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if n.an, err = actor.NewNode(actor.Config{Store: n.cn.FenceStore(store), IDs: leaseIDs{lease}, Ownership: n.cn, Logger: simLogger()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cn.Start(ctx, n.an); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		lctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		leave := n.cn.Leave
+		if n.crashed.Load() {
+			leave = func(context.Context) error { return nil }
+		}
+		if err := errors.Join(leave(lctx), n.an.Close(lctx), n.cn.Close(), lease.Close(lctx)); err != nil {
+			t.Errorf("stop %s: %v", id, err)
+		}
+		store.Close()
+	})
+	return n
+}
+
+// waitInProcess waits until the partitions are held by the ring owners of
+// exactly these nodes.
+func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
+	pc.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		v, err := pc.store.Cluster().View(context.Background())
+		ok, why := err == nil && len(v.Members) == len(nodes), fmt.Sprint(err, len(v.Members))
+		if ok {
+			r, _ := ring.New(v.RingMembers(), ring.Config{})
+			for p := range r.Partitions() {
+				o, _ := r.Owner(uint32(p))
+				m, _ := v.Member(o.NodeID)
+				if l, held := v.Lease(uint32(p)); !held || l.Owner != m.Incarnation {
+					ok, why = false, fmt.Sprintf("partition %d not held by its owner yet", p)
+					break
+				}
+			}
+		}
+		if ok {
+			for _, n := range nodes { // every node's view has caught up
+				n.cn.mu.RLock()
+				caught := n.cn.view.Version == v.Version
+				n.cn.mu.RUnlock()
+				if n.cn.Ready() != nil || !caught {
+					ok, why = false, n.id+" not caught up"
+				}
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			pc.t.Fatalf("in-process cluster not settled: %s", why)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+}
+
+// addr is the node's cluster address.
+func (n *ipNode) addr() string {
+	n.cn.mu.RLock()
+	defer n.cn.mu.RUnlock()
+	return n.cn.self.ClusterAddr
+}
+
+func (n *ipNode) incarnation() string {
+	n.cn.mu.RLock()
+	defer n.cn.mu.RUnlock()
+	return n.cn.self.Incarnation
+}
+
+// convsOwnedBy returns k conversation ids that node owner owns by via's view.
+func convsOwnedBy(t *testing.T, via *ipNode, owner, prefix string, k int) []string {
+	t.Helper()
+	var cs []string
+	for i := 0; len(cs) < k; i++ {
+		c := fmt.Sprintf("%s:%d", prefix, i)
+		loc, err := via.cn.Locate(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loc.NodeID == owner {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+func (pc *procCluster) countRows() int {
+	pc.t.Helper()
+	var n int
+	if err := pc.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM im_message`).Scan(&n); err != nil {
+		pc.t.Fatal(err)
+	}
+	return n
+}
+
+// countingTransport counts forwarded batches and items, and can lose the
+// replies of the first batches (the owner handled them; the forwarder never
+// hears back).
+type countingTransport struct {
+	Transport
+	batches, items atomic.Int64
+	maxItems       atomic.Int64
+	loseReplies    atomic.Int64 // batches whose reply is lost after delivery
+	dropRequests   atomic.Int64 // batches dropped before delivery
+	hang           atomic.Bool  // batches wait for their context and get no answer
+}
+
+func (c *countingTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+	c.batches.Add(1)
+	if c.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if c.dropRequests.Add(-1) >= 0 {
+		return nil, errors.New("test: connection reset before the request was sent")
+	}
+	n := int64(len(req.Items))
+	c.items.Add(n)
+	for {
+		m := c.maxItems.Load()
+		if n <= m || c.maxItems.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	reply, err := c.Transport.Forward(ctx, addr, req)
+	if err == nil && c.loseReplies.Add(-1) >= 0 {
+		return nil, errors.New("test: connection reset before the reply arrived")
+	}
+	return reply, err
+}
+
+// TestInProcessForwardBatches sends through a node that owns only some of
+// the conversations, as one SendBatch and as many concurrent Sends, over the
+// real connect transport: every item is answered, items of a conversation
+// get seqs in item order, the forwards went out in batches, and every acked
+// message is stored at its seq with seqs 1..head.
+func TestInProcessForwardBatches(t *testing.T) {
+	pc := newProcCluster(t)
+	var ct *countingTransport
+	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	acks := map[string]acked{}
+	var acksMu sync.Mutex
+	ack := func(req sequencer.SendRequest, res sequencer.SendResult) {
+		acksMu.Lock()
+		defer acksMu.Unlock()
+		acks[req.ClientMsgID] = acked{conv: req.ConvID, msgID: res.MsgID, seq: res.Seq}
+	}
+
+	// One batch: 8 conversations on b, 4 on a, 40 items each, interleaved.
+	remote := convsOwnedBy(t, a, "b", "r", 8)
+	local := convsOwnedBy(t, a, "a", "l", 4)
+	convs := append(append([]string(nil), remote...), local...)
+	var reqs []sequencer.SendRequest
+	for i := range 40 {
+		for _, c := range convs {
+			reqs = append(reqs, sequencer.SendRequest{ConvID: c, FromUID: 7, ClientMsgID: fmt.Sprintf("batch-%s-%d", c, i), MsgType: 1, Body: []byte("x")})
+		}
+	}
+	out := make([]sequencer.SendOutcome, len(reqs))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a.cn.SendBatch(ctx, reqs, out)
+	next := map[string]uint64{}
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("item %d (%s): %v", i, reqs[i].ConvID, o.Err)
+		}
+		if o.Result.Seq != next[reqs[i].ConvID]+1 {
+			t.Fatalf("item %d of %s: seq %d after %d (not in item order)", i, reqs[i].ConvID, o.Result.Seq, next[reqs[i].ConvID])
+		}
+		next[reqs[i].ConvID] = o.Result.Seq
+		ack(reqs[i], o.Result)
+	}
+	if ct.batches.Load() != 1 || ct.items.Load() != int64(len(remote)*40) {
+		t.Fatalf("one SendBatch forwarded %d items in %d batches, want %d in 1", ct.items.Load(), ct.batches.Load(), len(remote)*40)
+	}
+
+	// A call past the batch limits (here 6 MiB for one conversation) goes
+	// out in pieces, one after the other, in item order.
+	before := ct.batches.Load()
+	big := make([]sequencer.SendRequest, 100)
+	for i := range big {
+		big[i] = sequencer.SendRequest{ConvID: remote[0], FromUID: 7, ClientMsgID: fmt.Sprintf("big-%d", i), MsgType: 1, Body: make([]byte, 60<<10)}
+	}
+	bout := make([]sequencer.SendOutcome, len(big))
+	a.cn.SendBatch(ctx, big, bout)
+	for i, o := range bout {
+		if o.Err != nil || o.Result.Seq != 41+uint64(i) {
+			t.Fatalf("big item %d: %+v", i, o)
+		}
+		ack(big[i], o.Result)
+	}
+	if n := ct.batches.Load() - before; n != 2 {
+		t.Fatalf("6 MiB forwarded in %d batches, want 2 (4 MiB each at most)", n)
+	}
+
+	// Concurrent unary sends through a: what queues while a batch is in
+	// flight goes out together.
+	before = ct.batches.Load()
+	ct.maxItems.Store(0)
+	var wg sync.WaitGroup
+	errc := make(chan error, 200)
+	for g := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				req := sequencer.SendRequest{ConvID: remote[(g+i)%len(remote)], FromUID: 7, ClientMsgID: fmt.Sprintf("unary-%d-%d", g, i), MsgType: 1}
+				res, err := a.cn.Send(ctx, req)
+				if err != nil {
+					errc <- err
+					return
+				}
+				ack(req, res)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	sent := ct.batches.Load() - before
+	t.Logf("1000 concurrent forwarded sends went out in %d batches (largest %d items)", sent, ct.maxItems.Load())
+	if sent >= 1000 || ct.maxItems.Load() < 2 {
+		t.Fatalf("concurrent sends were not batched: %d batches for 1000 sends", sent)
+	}
+	pc.checkStored(acks)
+}
+
+// TestInProcessForwardRetriesWithoutAnswer: a forward whose reply is lost
+// (the owner stored the items) or whose request never left is sent again
+// with the same keys until it is answered; it is never answered
+// unavailable, and each message is stored once.
+func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
+	pc := newProcCluster(t)
+	var ct *countingTransport
+	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	convs := convsOwnedBy(t, a, "b", "q", 3)
+	acks := map[string]acked{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ct.loseReplies.Store(2)
+	req := sequencer.SendRequest{ConvID: convs[0], FromUID: 7, ClientMsgID: "lost-reply", MsgType: 1}
+	res, err := a.cn.Send(ctx, req)
+	if err != nil || res.Seq != 1 || !res.Duplicate {
+		t.Fatalf("send whose replies were lost twice: %+v %v (want seq 1, duplicate: stored by the first try)", res, err)
+	}
+	acks[req.ClientMsgID] = acked{conv: req.ConvID, msgID: res.MsgID, seq: res.Seq}
+
+	ct.dropRequests.Store(1)
+	ct.loseReplies.Store(1)
+	var reqs []sequencer.SendRequest
+	for i := range 6 {
+		reqs = append(reqs, sequencer.SendRequest{ConvID: convs[i%3], FromUID: 7, ClientMsgID: fmt.Sprintf("batch-%d", i), MsgType: 1})
+	}
+	out := make([]sequencer.SendOutcome, len(reqs))
+	a.cn.SendBatch(ctx, reqs, out)
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("item %d after a dropped request and a lost reply: %v", i, o.Err)
+		}
+		acks[reqs[i].ClientMsgID] = acked{conv: reqs[i].ConvID, msgID: o.Result.MsgID, seq: o.Result.Seq}
+	}
+	if out[0].Result.Seq != 2 || out[3].Result.Seq != 3 || out[1].Result.Seq != 1 || out[4].Result.Seq != 2 {
+		t.Fatalf("seqs not in item order: %+v", out)
+	}
+
+	// An owner that never answers: the caller's deadline ends the send, and
+	// the error says so (not an answer), never unavailable.
+	ct.dropRequests.Store(1 << 30)
+	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = a.cn.Send(sctx, sequencer.SendRequest{ConvID: convs[1], FromUID: 7, ClientMsgID: "never", MsgType: 1})
+	scancel()
+	if !errors.Is(err, context.DeadlineExceeded) || sequencer.ErrorCode(err) == sequencer.CodeUnavailable {
+		t.Fatalf("send to an owner that never answers: %v (code %v)", err, sequencer.ErrorCode(err))
+	}
+	ct.dropRequests.Store(0)
+	pc.checkStored(acks)
+}
+
+// TestInProcessOwnerCrashesMidForward: the owner of a conversation stops
+// answering (its forward hangs) and then crashes; once it drops out of the
+// membership, the forward is abandoned and the send is retried at the new
+// owner (this node), not answered unavailable.
+func TestInProcessOwnerCrashesMidForward(t *testing.T) {
+	pc := newProcCluster(t)
+	var ct *countingTransport
+	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	conv := convsOwnedBy(t, a, "b", "crash", 1)[0]
+	ct.hang.Store(true)
+	type result struct {
+		res sequencer.SendResult
+		err error
+	}
+	done := make(chan result, 1)
+	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "mid-forward", MsgType: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		res, err := a.cn.Send(ctx, req)
+		done <- result{res, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for ct.batches.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the forward never left")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition: the forward is in flight
+	}
+	ct.batches.Store(0)
+	b.crashed.Store(true)
+	t0 := time.Now()
+	b.cn.halt()
+	t.Logf("halted in %v", time.Since(t0))
+	r := <-done
+	t.Logf("answered %v after the crash", time.Since(t0))
+	if r.err != nil || r.res.Seq != 1 {
+		t.Fatalf("send whose owner crashed mid-forward: %+v %v", r.res, r.err)
+	}
+	if loc, _ := a.cn.Locate(conv); loc.NodeID != "a" {
+		t.Fatalf("after the crash %s is owned by %s", conv, loc.NodeID)
+	}
+	pc.checkStored(map[string]acked{req.ClientMsgID: {conv: conv, msgID: r.res.MsgID, seq: r.res.Seq}})
+}
+
+// TestInProcessForgedForwards plays an attacker on the cluster port of a
+// node with mutual TLS: without a client certificate, with one of another
+// CA, with a valid certificate but as a node that is not a live member (or
+// at a stale incarnation), and with invalid items. Each is refused and
+// nothing is stored; a valid item next to the invalid ones is stored.
+func TestInProcessForgedForwards(t *testing.T) {
+	pc := newProcCluster(t)
+	ca := newTestCA(t, "cluster")
+	other := newTestCA(t, "other")
+	dir := t.TempDir()
+	var files [3]string
+	files[0], files[1], files[2] = ca.files(t, dir, "node")
+	a := pc.startInProcess("a", ipOptions{tlsFiles: files})
+	b := pc.startInProcess("b", ipOptions{tlsFiles: files})
+	pc.waitInProcess(a, b)
+	target := a.addr()
+	conv := convsOwnedBy(t, a, "a", "f", 1)[0]
+	item := func(c string) *clusterv1.ForwardItem {
+		return &clusterv1.ForwardItem{ConvId: c, FromUid: 7, ClientMsgId: "forged-" + c, MsgType: 1, Body: []byte("hi")}
+	}
+	forge := func(tls *PeerTLS, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+		tr, err := NewConnectTransport(ConnectConfig{Listen: "127.0.0.1:0", TLS: tls, Logger: simLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return tr.Forward(ctx, target, b)
+	}
+	member := func() *clusterv1.ForwardBatch {
+		return &clusterv1.ForwardBatch{FromNode: "b", FromIncarnation: b.incarnation(), Items: []*clusterv1.ForwardItem{item(conv)}}
+	}
+
+	// (a), (b): refused at the handshake.
+	good, _, _ := ca.issue(t, "mallory")
+	noCert := NewPeerTLS(good, ca.pool)
+	noCert.Client.Certificates = nil
+	wrong, _, _ := other.issue(t, "mallory")
+	for name, tls := range map[string]*PeerTLS{
+		"no client certificate":   noCert,
+		"certificate of other CA": NewPeerTLS(wrong, ca.pool),
+		"plain h2c":               nil,
+	} {
+		_, err := forge(tls, member())
+		var re *RefusedError
+		if err == nil || errors.As(err, &re) {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	// (c): a valid certificate, but not a live member at its incarnation.
+	mallory := NewPeerTLS(good, ca.pool)
+	for name, bt := range map[string]*clusterv1.ForwardBatch{
+		"unknown node":           {FromNode: "mallory", FromIncarnation: "mallory/1", Items: []*clusterv1.ForwardItem{item(conv)}},
+		"member, no incarnation": {FromNode: "b", Items: []*clusterv1.ForwardItem{item(conv)}},
+		"member, old incarnation": {FromNode: "b", FromIncarnation: "b/0123456789abcdef", MembershipVersion: 1 << 40,
+			Items: []*clusterv1.ForwardItem{item(conv)}},
+	} {
+		_, err := forge(mallory, bt)
+		var re *RefusedError
+		if !errors.As(err, &re) {
+			t.Fatalf("%s: %v (want refused)", name, err)
+		}
+		if !strings.Contains(err.Error(), "not a live member") {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if n := pc.countRows(); n != 0 {
+		t.Fatalf("%d rows stored by refused forwards", n)
+	}
+	// (d): a member's identity, invalid items (each refused alone) next to
+	// a valid one.
+	bad := []*clusterv1.ForwardItem{
+		{ConvId: conv, FromUid: 7, ClientMsgId: "big", MsgType: 1, Body: make([]byte, 3<<20)},
+		{ConvId: conv, FromUid: 7, ClientMsgId: "neg-type", MsgType: -5},
+		{ConvId: conv, FromUid: 7, ClientMsgId: "wide-type", MsgType: 70000},
+		{ConvId: "g:\x01ctl", FromUid: 7, ClientMsgId: "ctl", MsgType: 1},
+		{ConvId: strings.Repeat("c", 100), FromUid: 7, ClientMsgId: "long-conv", MsgType: 1},
+		{ConvId: conv, FromUid: 0, ClientMsgId: "no-uid", MsgType: 1},
+		{ConvId: conv, FromUid: 7, ClientMsgId: "", MsgType: 1},
+	}
+	bt := member()
+	bt.Items = append(bad, item(conv))
+	reply, err := forge(mallory, bt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reply.Results) != len(bt.Items) {
+		t.Fatalf("%d results for %d items", len(reply.Results), len(bt.Items))
+	}
+	for i, r := range reply.Results[:len(bad)] {
+		f := r.GetFailure()
+		if f == nil || sequencer.Code(f.Code) != sequencer.CodeInvalidArgument {
+			t.Fatalf("invalid item %d (%s): %v", i, bad[i].ClientMsgId, r)
+		}
+	}
+	ok := reply.Results[len(bad)].GetResult()
+	if ok == nil || ok.Seq != 1 {
+		t.Fatalf("valid item: %v", reply.Results[len(bad)])
+	}
+	if n := pc.countRows(); n != 1 {
+		t.Fatalf("%d rows stored, want only the valid item", n)
+	}
+	pc.checkStored(map[string]acked{"forged-" + conv: {conv: conv, msgID: ok.MsgId, seq: ok.Seq}})
+
+	// The nodes themselves talk over mutual TLS: a send through b for a's
+	// conversation is forwarded and stored.
+	res, err := b.cn.Send(context.Background(), sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "via-b", MsgType: 1})
+	if err != nil || res.Seq != 2 {
+		t.Fatalf("forward over mutual TLS: %+v %v", res, err)
+	}
+}
+
+// TestInProcessWakeRateLimit: wake-ups beyond the per-sender budget are
+// dropped (each accepted one makes the node read the membership table).
+func TestInProcessWakeRateLimit(t *testing.T) {
+	n := &Node{wakes: map[string]*rate.Limiter{}, wakeBeat: make(chan struct{}, 1)}
+	accepted := 0
+	for range 1000 {
+		n.HandleWake("10.0.0.9", &clusterv1.WakeRequest{FromNode: "flood"})
+		select {
+		case <-n.wakeBeat:
+			accepted++
+		default:
+		}
+	}
+	if accepted > wakeBurst+2 || accepted == 0 {
+		t.Fatalf("%d of 1000 wake-ups in a burst accepted (burst %d)", accepted, wakeBurst)
+	}
+}
+
+// TestInProcessForwardThroughput measures durable sends/s on a 2-node
+// cluster in one process (PostgreSQL, connect transport over 127.0.0.1):
+// closed-loop senders calling the owner directly, then calling the other
+// node (every send forwarded), as unary sends and as 50-item batches. It
+// only runs with SEQUENCER_FORWARD_BENCH=1 (a measurement, not a check):
+//
+//	SEQUENCER_FORWARD_BENCH=1 go test -run TestInProcessForwardThroughput -v ./cluster/
+func TestInProcessForwardThroughput(t *testing.T) {
+	if os.Getenv("SEQUENCER_FORWARD_BENCH") == "" {
+		t.Skip("measurement: set SEQUENCER_FORWARD_BENCH=1")
+	}
+	pc := newProcCluster(t)
+	a := pc.startInProcess("a", ipOptions{})
+	b := pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	convs := convsOwnedBy(t, a, "a", "bench", 1000)
+	const batch = 50
+	senders := 256
+	if n, err := strconv.Atoi(os.Getenv("SEQUENCER_FORWARD_BENCH_SENDERS")); err == nil && n > 0 {
+		senders = n
+	}
+	window := 5 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("SEQUENCER_FORWARD_BENCH_WINDOW")); err == nil {
+		window = d
+	}
+	var run atomic.Int64
+	measure := func(name string, via *ipNode, items int) float64 {
+		r := run.Add(1)
+		var acked atomic.Int64
+		ctx, cancel := context.WithTimeout(context.Background(), window)
+		defer cancel()
+		var wg sync.WaitGroup
+		for g := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				reqs := make([]sequencer.SendRequest, items)
+				out := make([]sequencer.SendOutcome, items)
+				for i := 0; ctx.Err() == nil; i++ {
+					for k := range reqs {
+						reqs[k] = sequencer.SendRequest{ConvID: convs[(g*7+i*items+k)%len(convs)], FromUID: 7,
+							ClientMsgID: fmt.Sprintf("%d-%d-%d-%d", r, g, i, k), MsgType: 1, Body: []byte("hello, world")}
+					}
+					if items == 1 {
+						if _, err := via.cn.Send(ctx, reqs[0]); err == nil {
+							acked.Add(1)
+						}
+						continue
+					}
+					via.cn.SendBatch(ctx, reqs, out)
+					for _, o := range out {
+						if o.Err == nil {
+							acked.Add(1)
+						}
+					}
+				}
+			}()
+		}
+		start := time.Now()
+		wg.Wait()
+		rate := float64(acked.Load()) / time.Since(start).Seconds()
+		t.Logf("%-32s %8.0f sends/s", name, rate)
+		return rate
+	}
+	t.Logf("2 nodes in one process, %d closed-loop senders, %d conversations owned by a, %v each", senders, len(convs), window)
+	if os.Getenv("SEQUENCER_FORWARD_BENCH_ONLY") == "unary-forwarded" {
+		measure("unary, forwarded by the other", b, 1)
+		return
+	}
+	du := measure("unary, direct to the owner", a, 1)
+	fu := measure("unary, forwarded by the other", b, 1)
+	db := measure("batches of 50, direct", a, batch)
+	fb := measure("batches of 50, forwarded", b, batch)
+	t.Logf("forwarded/direct: unary %.0f%%, batches %.0f%%", 100*fu/du, 100*fb/db)
+}
