@@ -58,8 +58,9 @@ func (noReader) GetMessage(context.Context, uint64) (sequencer.Message, error) {
 // rpcLog counts the API requests a server saw, by "path HTTP/major
 // content-type".
 type rpcLog struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	conns atomic.Int64 // TCP connections accepted
 }
 
 func (l *rpcLog) counts() map[string]int {
@@ -89,6 +90,11 @@ func serveAPI(t *testing.T) (target string, sender *memSender, rpcs *rpcLog) {
 		t.Fatal(err)
 	}
 	srv := api.NewServer(ln.Addr().String(), counted)
+	srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			rpcs.conns.Add(1)
+		}
+	}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String(), sender, rpcs
@@ -156,6 +162,12 @@ func TestRemoteEnginesOverTheAPI(t *testing.T) {
 			got := rpcs.counts()
 			if got[tc.want] == 0 || len(got) != 1 {
 				t.Errorf("server saw %v, want only %q", got, tc.want)
+			}
+			// Connections are kept alive: per scenario at most one per
+			// sender (HTTP/1.1) plus the /readyz and /metrics client's,
+			// not one per request.
+			if c := rpcs.conns.Load(); c > 2*(4+2) || int64(got[tc.want]) < 5*c {
+				t.Errorf("%d connections for %d requests; want them kept alive", c, got[tc.want])
 			}
 		})
 	}
