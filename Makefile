@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short lint proto proto-check bench bench-micro clean image image-test deploy-check
+.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -24,6 +24,12 @@ run: build ## run one node on the embedded store under ./data (127.0.0.1:7070)
 
 test: build ## all tests (PostgreSQL ones included; see README), with the race detector
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+test-ts: ## the TypeScript client's tests against real nodes (npm ci, Node >= 20; clients/typescript/test.sh)
+	bash clients/typescript/test.sh
+
+test-console: build ## the web console in headless Chromium against a 2-node cluster (needs chromium and PostgreSQL)
+	SEQUENCER_BROWSER_TESTS=1 $(GO) test -count=1 -v -run TestConsoleShowsFailover ./e2e/
 
 lint: ## gofmt check + go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go') 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

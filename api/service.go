@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -173,6 +174,7 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 // Send validates the request and hands it to the Sender; the answer carries
 // the stored message's ids (the first send's on a resend, duplicate: true).
 func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
+	defer s.observeSend(methodSend, time.Now())
 	in, err := ValidateSend(req.Msg, s.maxBody)
 	if err != nil {
 		return nil, s.fail(ctx, methodSend, err)
@@ -191,6 +193,7 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 // request as a whole (no items, more than MaxBatchItems, more than
 // MaxBatchBytes) fails the RPC, with invalid_argument.
 func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
+	defer s.observeSend(methodSendBatch, time.Now())
 	items := req.Msg.GetItems()
 	switch n := len(items); {
 	case n == 0:
@@ -457,6 +460,13 @@ func (s *Service) refuse(r *http.Request, code connect.Code) {
 		method = "unknown" // the label set stays bounded whatever the path
 	}
 	s.count(method, code.String())
+}
+
+// observeSend records the latency of a Send or SendBatch started at start.
+func (s *Service) observeSend(method string, start time.Time) {
+	if s.metrics != nil {
+		s.metrics.SendSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	}
 }
 
 func (s *Service) count(method, code string) {

@@ -103,6 +103,9 @@ type Node struct {
 	drainOnce sync.Once
 	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
 
+	supersededOnce sync.Once
+	supersededCh   chan struct{} // closed when another live process took this node id (Superseded)
+
 	reconcileMu sync.Mutex // serializes reconcile, step-down and leave
 	wakeBeat    chan struct{}
 	wakeRecon   chan struct{}
@@ -141,25 +144,26 @@ func New(cfg Config) (*Node, error) {
 		}
 	}
 	n := &Node{
-		cfg:        cfg,
-		log:        cfg.Logger.With("node", cfg.NodeID),
-		clk:        cfg.Clock,
-		store:      cfg.Store,
-		tr:         tr,
-		partitions: empty.Partitions(),
-		met:        newClusterMetrics(cfg.Metrics),
-		ring:       empty,
-		changed:    make(chan struct{}),
-		wakeBeat:   make(chan struct{}, 1),
-		wakeRecon:  make(chan struct{}, 1),
-		peers:      map[string]*peerQueue{},
-		viewReads:  rate.NewLimiter(rate.Limit(10), 10),
-		wakes:      map[string]*rate.Limiter{},
-		drain:      make(chan struct{}),
+		cfg:          cfg,
+		log:          cfg.Logger.With("node", cfg.NodeID),
+		clk:          cfg.Clock,
+		store:        cfg.Store,
+		tr:           tr,
+		partitions:   empty.Partitions(),
+		met:          newClusterMetrics(cfg.Metrics),
+		ring:         empty,
+		changed:      make(chan struct{}),
+		wakeBeat:     make(chan struct{}, 1),
+		wakeRecon:    make(chan struct{}, 1),
+		peers:        map[string]*peerQueue{},
+		viewReads:    rate.NewLimiter(rate.Limit(10), 10),
+		wakes:        map[string]*rate.Limiter{},
+		drain:        make(chan struct{}),
+		supersededCh: make(chan struct{}),
 	}
 	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
 	n.parts = make([]partState, n.partitions)
-	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr}
+	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: empty.Partitions(), Protocol: ProtocolVersion}
 	return n, nil
 }
 
@@ -210,14 +214,28 @@ func (n *Node) start(ctx context.Context, local Local) error {
 	if n.cfg.ClusterAdvertise != "" {
 		addr = n.cfg.ClusterAdvertise
 	}
-	if err := n.join(ctx, addr, true); err != nil {
-		_ = n.tr.Close()
+	// A live member row with this node id is either a crashed predecessor
+	// (its lease runs out within MemberTTL) or another live process with the
+	// same --node-id: wait out one TTL, then refuse to start.
+	deadline := n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat)
+	for {
+		err := n.join(ctx, addr, false)
+		if err == nil {
+			return nil
+		}
+		retry := errors.Is(err, membership.ErrSuperseded) && n.clk.Now().Before(deadline) && ctx.Err() == nil
 		n.mu.Lock()
-		n.phase = phaseNew
+		n.phase, n.superseded = phaseNew, false
 		n.mu.Unlock()
-		return err
+		if !retry {
+			_ = n.tr.Close()
+			if errors.Is(err, membership.ErrSuperseded) {
+				return fmt.Errorf("%w: node id %q is held by a live member (another process runs with this --node-id)", err, n.cfg.NodeID)
+			}
+			return err
+		}
+		n.clk.Sleep(n.cfg.Heartbeat)
 	}
-	return nil
 }
 
 // join enters the membership table as a new incarnation.
@@ -397,6 +415,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		n.phase = phaseSuperseded
 		n.notifyLocked()
 		n.mu.Unlock()
+		n.supersededOnce.Do(func() { close(n.supersededCh) })
 		return
 	case ph == phaseSteppingDown || gone || fenced:
 		if ph == phaseActive {
@@ -732,6 +751,10 @@ func (n *Node) Ready() error {
 // its partitions off by itself; the owner of the process should stop it as
 // on SIGTERM (Leave, then Close), which is what package server does.
 func (n *Node) DrainRequested() <-chan struct{} { return n.drain }
+
+// Superseded is closed when another live process took this node's id: this
+// process has stepped down for good and should exit (non-zero).
+func (n *Node) Superseded() <-chan struct{} { return n.supersededCh }
 
 // Leave leaves the cluster gracefully: the node leaves the ring (others
 // route to the new owners), hands off every partition (in-flight batches

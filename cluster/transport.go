@@ -6,6 +6,11 @@ import (
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 )
 
+// ProtocolVersion is the inter-node protocol this build speaks (2: connect-go
+// ClusterService with batched forwards). A node refuses to join live
+// members that speak another version (membership.ErrIncompatible).
+const ProtocolVersion = 2
+
 // Handler is what a node serves to the other nodes.
 type Handler interface {
 	// HandleForward handles a batch of sends forwarded by another node

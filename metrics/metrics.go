@@ -28,6 +28,7 @@ type Set struct {
 	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
 	Trimmed         prometheus.Counter       // sequencer_trimmed_messages_total
 	BuildInfo       *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
+	SendSeconds     *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
 }
 
 // SetReadiness registers sequencer_ready, 1 while ready returns nil (what
@@ -98,8 +99,12 @@ func New() *Set {
 	s.Trimmed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
 	})
+	s.SendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"method"})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
-		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed, s.BuildInfo} {
+		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed, s.BuildInfo, s.SendSeconds} {
 		f(c)
 	}
 	return s

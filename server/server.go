@@ -26,6 +26,7 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -50,6 +51,7 @@ type Server struct {
 	lease     *idgen.Lease
 	node      *actor.Node
 	cluster   *cluster.Node // nil on a single node
+	console   *console.Console
 	http      *http.Server
 	listener  net.Listener
 	admin     *http.Server // nil without AdminListen
@@ -70,10 +72,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var drain <-chan struct{} // nil on a single node: never ready
+	var drain, superseded <-chan struct{} // nil on a single node: never ready
 	if s.cluster != nil {
-		drain = s.cluster.DrainRequested()
+		drain, superseded = s.cluster.DrainRequested(), s.cluster.Superseded()
 	}
+	var exitErr error
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -84,6 +87,10 @@ wait:
 			break wait
 		case <-drain:
 			log.Info("drain requested by an operator (sequencer admin drain): stopping as on SIGTERM")
+			break wait
+		case <-superseded:
+			exitErr = errors.New("another process took this node id (--node-id): stopped serving")
+			log.Error("superseded: another live process runs with this --node-id; exiting", "node_id", s.cfg.NodeID)
 			break wait
 		case <-hup:
 			s.Reload()
@@ -97,7 +104,7 @@ wait:
 	log.Info("draining", "timeout", s.cfg.DrainTimeout)
 	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
 	defer cancel()
-	return s.Shutdown(dctx)
+	return errors.Join(exitErr, s.Shutdown(dctx))
 }
 
 // Start builds the node and starts serving; it returns once the API listens.
@@ -209,6 +216,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	})
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
+	adminMux.Handle("/console/", s.startConsole())
 	if s.adminLn == nil {
 		apiMux.Handle("/", adminMux)
 	} else {
@@ -340,6 +348,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) closeAll(ctx context.Context) error {
 	var errs []error
+	if s.console != nil {
+		s.console.Close()
+	}
 	if s.node != nil {
 		if err := s.node.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("conversations: %w", err))

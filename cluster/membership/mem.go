@@ -88,6 +88,12 @@ func (s *Mem) Join(ctx context.Context, m Member, ttl time.Duration, takeOver bo
 	if ok && live(old, now) && old.Incarnation != m.Incarnation && !takeOver {
 		return View{}, fmt.Errorf("join %s as %s: %w (held by %s)", m.NodeID, m.Incarnation, ErrSuperseded, old.Incarnation)
 	}
+	for _, o := range s.members {
+		if o.NodeID != m.NodeID && live(o, now) && (o.Partitions != m.Partitions || o.Protocol != m.Protocol) {
+			return View{}, fmt.Errorf("join %s (%d partitions, protocol %d): %w: %s has %d partitions, protocol %d",
+				m.NodeID, m.Partitions, m.Protocol, ErrIncompatible, o.NodeID, o.Partitions, o.Protocol)
+		}
+	}
 	m.LeaseUntil = now.Add(ttl)
 	m.Leaving = false
 	if ok && live(old, now) && old.Incarnation == m.Incarnation {

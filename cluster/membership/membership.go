@@ -40,6 +40,10 @@ var (
 	// newer process started with the same node id). This incarnation must
 	// stay out.
 	ErrSuperseded = errors.New("membership: node id taken by another live incarnation")
+	// ErrIncompatible: a live member builds another ring (partition count)
+	// or speaks another inter-node protocol version: the joining node must
+	// not join (its ring would name other owners).
+	ErrIncompatible = errors.New("membership: a live member uses another partition count or protocol version")
 	// ErrNoSuchMember: RequestDrain found no live member row of that node id.
 	ErrNoSuchMember = errors.New("membership: no live member with that node id")
 )
@@ -52,6 +56,11 @@ type Member struct {
 	APIAddr     string    // client API address (Route answers it)
 	Leaving     bool      // leaving gracefully: out of the ring, its leases still live
 	LeaseUntil  time.Time // by the store's clock
+	// Partitions and Protocol are the ring's partition count and the
+	// inter-node protocol version this member uses; Join refuses a member
+	// whose values differ from a live member's (ErrIncompatible).
+	Partitions int
+	Protocol   int
 }
 
 // Lease is one partition's lease row. Owner "" means released (free).

@@ -98,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 // variable). Defaults shown are server.Config's.
 func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	d := server.Config{NodeID: "x"}.WithDefaults()
-	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics unless --admin-listen)")
+	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics and the web console /console/ unless --admin-listen)")
 	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); embedded store: sqlite:PATH or a path without ://; anything else is refused")
 	fs.StringVar(&c.ClusterListen, "cluster-listen", "", "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
 	fs.StringVar(&c.NodeID, "node-id", "", "stable name of this node in the cluster (default: hostname plus a random suffix)")
@@ -127,7 +127,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", "", "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
-	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz and /metrics (they then leave --listen)")
+	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz, /metrics and the web console /console/ (they then leave --listen)")
 	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
 }
 

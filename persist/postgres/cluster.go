@@ -210,14 +210,27 @@ func (c *ClusterStore) Join(ctx context.Context, m membership.Member, ttl time.D
 		if live && old.incarnation != m.Incarnation && !takeOver {
 			return fmt.Errorf("join %s as %s: %w (held by %s)", m.NodeID, m.Incarnation, membership.ErrSuperseded, old.incarnation)
 		}
+		var other string
+		var parts, proto int
+		err = tx.QueryRow(ctx, `SELECT node_id, partitions, protocol FROM cluster_member
+			WHERE node_id <> $1 AND lease_until >= $2 AND (partitions <> $3 OR protocol <> $4) LIMIT 1`,
+			m.NodeID, now, m.Partitions, m.Protocol).Scan(&other, &parts, &proto)
+		switch {
+		case err == nil:
+			return fmt.Errorf("join %s (%d partitions, protocol %d): %w: %s has %d partitions, protocol %d",
+				m.NodeID, m.Partitions, m.Protocol, membership.ErrIncompatible, other, parts, proto)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
 		leaving := live && old.incarnation == m.Incarnation && old.leaving
 		changed := !live || old.incarnation != m.Incarnation || old.clusterAddr != m.ClusterAddr || old.apiAddr != m.APIAddr
-		if _, err := tx.Exec(ctx, `INSERT INTO cluster_member (node_id, incarnation, cluster_addr, api_addr, leaving, lease_until)
-			VALUES ($1, $2, $3, $4, $5, $6)
+		if _, err := tx.Exec(ctx, `INSERT INTO cluster_member (node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 			ON CONFLICT (node_id) DO UPDATE SET incarnation = EXCLUDED.incarnation, cluster_addr = EXCLUDED.cluster_addr,
 			  api_addr = EXCLUDED.api_addr, leaving = EXCLUDED.leaving, lease_until = EXCLUDED.lease_until,
+			  partitions = EXCLUDED.partitions, protocol = EXCLUDED.protocol,
 			  joined_at = CASE WHEN cluster_member.incarnation = EXCLUDED.incarnation THEN cluster_member.joined_at ELSE now() END`,
-			m.NodeID, m.Incarnation, m.ClusterAddr, m.APIAddr, leaving, now.Add(ttl)); err != nil {
+			m.NodeID, m.Incarnation, m.ClusterAddr, m.APIAddr, leaving, now.Add(ttl), m.Partitions, m.Protocol); err != nil {
 			return err
 		}
 		expired, err := expire(ctx, tx, now)

@@ -41,6 +41,7 @@ func Run(t *testing.T, open Open) {
 		{"ConcurrentAcquireOneWinner", testConcurrentAcquire},
 		{"RequestDrain", testRequestDrain},
 		{"RowsShowExpiredUntilRemoved", testRows},
+		{"IncompatibleMemberRefused", testIncompatible},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -212,6 +213,33 @@ func testExpiry(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if v3.Version <= v2.Version {
 		t.Fatal("rejoin did not bump the version")
 	}
+}
+
+// testIncompatible: a member with another partition count or protocol
+// version than a live member cannot join (its ring would name other
+// owners); once the live members are gone, it can (a planned change).
+func testIncompatible(t *testing.T, s membership.Store, clk *clock.Fake) {
+	a := member("a")
+	a.Partitions, a.Protocol = 271, 2
+	v1 := join(t, s, a)
+	for _, bad := range []struct{ parts, proto int }{{31, 2}, {271, 1}} {
+		b := member("b")
+		b.Partitions, b.Protocol = bad.parts, bad.proto
+		if _, err := s.Join(ctx, b, TTL, false); !errors.Is(err, membership.ErrIncompatible) {
+			t.Fatalf("join with %d partitions, protocol %d beside a live 271/2: %v, want ErrIncompatible", bad.parts, bad.proto, err)
+		}
+	}
+	if vv := view(t, s); vv.Version != v1.Version || len(vv.Members) != 1 {
+		t.Fatalf("a refused join changed the view: %+v", vv)
+	}
+	ok := member("c")
+	ok.Partitions, ok.Protocol = 271, 2
+	join(t, s, ok)
+	// All of them gone: a cluster may restart with another partition count.
+	clk.Advance(TTL + time.Millisecond)
+	d := member("d")
+	d.Partitions, d.Protocol = 31, 2
+	join(t, s, d)
 }
 
 func testSameNodeID(t *testing.T, s membership.Store, clk *clock.Fake) {

@@ -1,0 +1,19 @@
+// @sequencer-im/client: a Node.js client of the sequencer (docs/CLIENTS.md).
+export {
+  SequencerClient,
+  newClientMsgId,
+  MAX_BATCH_ITEMS,
+  type ClientOptions,
+  type RetryOptions,
+  type TlsOptions,
+  type SendInput,
+  type SendResult,
+  type SendOutcome,
+  type Message,
+  type PullResult,
+  type CallOptions,
+  type Route,
+} from "./client.js";
+export { SequencerError, type ErrorCode } from "./errors.js";
+// The generated API, for callers who want the raw RPCs.
+export * as pb from "./gen/sequencer/v1/sequencer_pb.js";

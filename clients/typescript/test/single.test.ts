@@ -1,0 +1,334 @@
+// Cases of docs/CLIENTS.md against one real node (embedded store in a temp dir).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+
+import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, type SendInput } from "../src/index.js";
+import { startSingle, type NodeProc } from "./harness.js";
+
+let node: NodeProc;
+let stop: () => Promise<void>;
+
+before(async () => {
+  ({ node, stop } = await startSingle());
+});
+after(async () => {
+  await stop?.();
+});
+
+/** calls records the RPCs a client made: procedure name and SendBatch sizes. */
+function recorder() {
+  const calls: { method: string; items: number; keys: string[] }[] = [];
+  const icpt: Interceptor = (next) => async (req) => {
+    const msg = req.message as { items?: { clientMsgId: string }[] };
+    calls.push({ method: req.method.name, items: msg.items?.length ?? 0, keys: msg.items?.map((i) => i.clientMsgId) ?? [] });
+    return next(req);
+  };
+  return { calls, icpt, count: (m: string) => calls.filter((c) => c.method === m).length };
+}
+
+function client(extra: Partial<ConstructorParameters<typeof SequencerClient>[0]> = {}) {
+  return new SequencerClient({ addrs: [node.addr], ...extra });
+}
+
+describe("single node", () => {
+  test("C01 send, C02 resend: duplicate with the first ids", async () => {
+    const c = client();
+    try {
+      const req: SendInput = { convId: "ts:c01", fromUid: 1001n, clientMsgId: "c01-hello", body: "hi" };
+      const first = await c.send(req);
+      assert.equal(typeof first.msgId, "bigint");
+      assert.equal(typeof first.seq, "bigint");
+      assert.equal(first.seq, 1n);
+      assert.equal(first.duplicate, false);
+      assert.ok(first.msgId > 0n);
+      assert.ok(first.serverAt instanceof Date);
+      const again = await c.send({ ...req, fromUid: "1001" }); // a decimal string is the same uid
+      assert.equal(again.duplicate, true);
+      assert.equal(again.msgId, first.msgId);
+      assert.equal(again.seq, first.seq);
+      assert.equal(again.serverAt?.getTime(), first.serverAt?.getTime());
+      assert.equal(await c.getHead("ts:c01"), 1n);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C01 over the Connect protocol (HTTP/2) too", async () => {
+    const c = client({ protocol: "connect" });
+    try {
+      const r = await c.send({ convId: "ts:c01-connect", fromUid: 1n, clientMsgId: "k1", body: "hi" });
+      assert.equal(r.seq, 1n);
+      assert.equal((await c.send({ convId: "ts:c01-connect", fromUid: 1n, clientMsgId: "k1", body: "hi" })).duplicate, true);
+      await assert.rejects(c.getMessage(1n), { code: "not_found" });
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C01 with batching disabled: one Send RPC per message", async () => {
+    const rec = recorder();
+    const c = client({ disableBatching: true, interceptors: [rec.icpt] });
+    try {
+      const out = await c.sendMany([1, 2, 3].map((i): SendInput => ({ convId: "ts:c01-unary", fromUid: 1n, body: `m${i}` })));
+      assert.deepEqual(out.map((o) => (o.ok ? o.result.seq : -1n)).sort(), [1n, 2n, 3n]);
+      assert.equal(rec.count("Send"), 3);
+      assert.equal(rec.count("SendBatch"), 0);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C03 a lost answer is retried with the same generated key and stored once", async () => {
+    let lose = 1;
+    const lossy: Interceptor = (next) => async (req) => {
+      const res = await next(req); // the node stored it ...
+      if (req.method.name === "SendBatch" && lose-- > 0) {
+        // ... and the answer is lost on the way back.
+        throw new ConnectError("read ECONNRESET", Code.Unavailable, undefined, undefined, Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }));
+      }
+      return res;
+    };
+    const rec = recorder();
+    const c = client({ interceptors: [lossy, rec.icpt] });
+    try {
+      const res = await c.send({ convId: "ts:c03", fromUid: 7n, body: "once" });
+      assert.equal(res.duplicate, true, "the retry finds the first attempt stored");
+      assert.equal(res.seq, 1n);
+      const batches = rec.calls.filter((x) => x.method === "SendBatch");
+      assert.equal(batches.length, 2);
+      assert.equal(batches[0].keys[0], batches[1].keys[0], "same client_msg_id on the retry");
+      assert.equal(batches[0].keys[0], res.clientMsgId);
+      const page = await c.pull("ts:c03", 0n);
+      assert.equal(page.messages.length, 1);
+      assert.equal(page.headSeq, 1n);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C04 an invalid item: typed error, not retried", async () => {
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt] });
+    try {
+      await assert.rejects(c.send({ convId: "ts:c04", fromUid: 0n, clientMsgId: "k", body: "x" }), (e: unknown) => {
+        assert.ok(e instanceof SequencerError);
+        assert.equal(e.code, "invalid_argument");
+        assert.equal(e.attempts, 1);
+        assert.equal(e.clientMsgId, "k");
+        assert.match(e.message, /from_uid/);
+        return true;
+      });
+      assert.equal(rec.count("SendBatch"), 1, "not retried");
+      assert.equal(await c.getHead("ts:c04"), 0n, "no seq consumed");
+      // A body above the limit is invalid_argument too, never retryable.
+      await assert.rejects(c.send({ convId: "ts:c04", fromUid: 1n, body: new Uint8Array(65_537) }), { code: "invalid_argument" });
+      // JS numbers are refused for ids: they would round above 2^53. What
+      // protobuf cannot encode fails before anything is sent (0 attempts),
+      // and never fails the other items of a burst.
+      const before = rec.count("SendBatch");
+      const burst = await c.sendMany([
+        { convId: "ts:c04", fromUid: 5 as unknown as bigint, body: "x" },
+        { convId: "ts:c04", fromUid: -1n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n << 64n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, msgType: 1.5, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, body: 42 as unknown as string },
+        { convId: 7 as unknown as string, fromUid: 1n, body: "x" },
+        { convId: "ts:c04", fromUid: 1n, clientMsgId: "c04-ok", body: "fine" },
+      ]);
+      assert.deepEqual(burst.map((o) => (o.ok ? "ok" : `${o.error.code}/${o.error.attempts}`)),
+        ["invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "invalid_argument/0", "ok"]);
+      assert.equal(rec.count("SendBatch") - before, 1, "only the good item was sent");
+      await assert.rejects(c.pull("ts:c04", 0n, -1), { code: "invalid_argument" });
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C05 already_exists and C06 not_found are not retried", async () => {
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt] });
+    try {
+      await c.send({ convId: "ts:c05a", fromUid: 5n, clientMsgId: "c05", body: "a" });
+      await assert.rejects(c.send({ convId: "ts:c05b", fromUid: 5n, clientMsgId: "c05", body: "a" }), { code: "already_exists", attempts: 1 });
+      assert.equal(rec.count("SendBatch"), 2);
+      await assert.rejects(c.getMessage("123456789012345678"), { code: "not_found", attempts: 1 });
+      assert.equal(rec.count("GetMessage"), 1);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C07 pull: ascending, contiguous, head and hasMore; ids survive 2^53", async () => {
+    const c = client();
+    try {
+      const n = 5;
+      for (let i = 0; i < n; i++) {
+        await c.send({ convId: "ts:c07", fromUid: 9_007_199_254_740_993n, body: `m${i}` }); // 2^53 + 1
+      }
+      const page = await c.pull("ts:c07", 1n, 2);
+      assert.deepEqual(page.messages.map((m) => m.seq), [2n, 3n]);
+      assert.equal(page.headSeq, 5n);
+      assert.equal(page.hasMore, true);
+      assert.equal(page.messages[0].fromUid, 9_007_199_254_740_993n);
+      assert.equal(new TextDecoder().decode(page.messages[0].body), "m1");
+      const rest = await c.pull("ts:c07", "3");
+      assert.deepEqual(rest.messages.map((m) => m.seq), [4n, 5n]);
+      assert.equal(rest.hasMore, false);
+      const one = await c.getMessage(rest.messages[1].msgId);
+      assert.equal(one.seq, 5n);
+      assert.equal(one.convId, "ts:c07");
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C08 batch: mixed valid and invalid items, per-item results, seqs in item order", async () => {
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt] });
+    try {
+      const items: SendInput[] = [
+        { convId: "ts:c08", fromUid: 1n, clientMsgId: "c08-0", body: "a" },
+        { convId: "ts:c08", fromUid: 1n, clientMsgId: "", body: "generated key" },
+        { convId: "ts:c08", fromUid: 0n, clientMsgId: "c08-2", body: "bad uid" },
+        { convId: "ts:c08", fromUid: 1n, clientMsgId: "c08-3", body: "b" },
+        { convId: "ts:c08-other", fromUid: 1n, clientMsgId: "k".repeat(65), body: "key too long" },
+        { convId: "ts:c08-other", fromUid: 1n, clientMsgId: "c08-5", body: "c" },
+      ];
+      // Routes are known (as in a running client), so the burst goes out at once.
+      await c.route("ts:c08");
+      await c.route("ts:c08-other");
+      const out = await c.sendMany(items);
+      assert.equal(rec.count("SendBatch"), 1, "one request for the whole burst");
+      assert.deepEqual(out.map((o) => o.ok), [true, true, false, true, false, true]);
+      const seqs = out.flatMap((o, i) => (o.ok && items[i].convId === "ts:c08" ? [o.result.seq] : []));
+      assert.deepEqual(seqs, [1n, 2n, 3n], "increasing in item order, no seq for the bad item");
+      const bad = out[2];
+      assert.ok(!bad.ok && bad.error instanceof SequencerError && bad.error.code === "invalid_argument");
+      const bad2 = out[4];
+      assert.ok(!bad2.ok && bad2.error.code === "invalid_argument");
+      assert.ok(out[1].ok && out[1].result.clientMsgId.length === 36, "a UUID was generated");
+      const page = await c.pull("ts:c08", 0n);
+      assert.deepEqual(page.messages.map((m) => new TextDecoder().decode(m.body)), ["a", "generated key", "b"]);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C09 coalescing: sends queue while a request is in flight; at most 1000 items per request", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let held = false;
+    const hold: Interceptor = (next) => async (req) => {
+      if (req.method.name === "SendBatch" && !held) {
+        held = true;
+        await gate;
+      }
+      return next(req);
+    };
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt, hold] });
+    try {
+      await c.route("ts:c09");
+      const first = c.send({ convId: "ts:c09", fromUid: 1n, body: "first" });
+      await new Promise((r) => setImmediate(r)); // the first request is out (held)
+      assert.equal(rec.count("SendBatch"), 1);
+      const more = Array.from({ length: 10 }, (_, i) => c.send({ convId: "ts:c09", fromUid: 1n, body: `more ${i}` }));
+      await new Promise((r) => setImmediate(r));
+      assert.equal(rec.count("SendBatch"), 1, "queued behind the in-flight request");
+      release();
+      const res = await Promise.all([first, ...more]);
+      assert.deepEqual(rec.calls.filter((x) => x.method === "SendBatch").map((x) => x.items), [1, 10]);
+      assert.deepEqual(res.map((r) => r.seq), Array.from({ length: 11 }, (_, i) => BigInt(i + 1)));
+
+      await Promise.all(Array.from({ length: 50 }, (_, i) => c.route(`ts:c09-${i}`)));
+      const big = Array.from({ length: 2 * MAX_BATCH_ITEMS + 500 }, (_, i): SendInput => ({ convId: `ts:c09-${i % 50}`, fromUid: 2n, body: "x" }));
+      const out = await c.sendMany(big);
+      assert.ok(out.every((o) => o.ok));
+      assert.deepEqual(rec.calls.filter((x) => x.method === "SendBatch").slice(2).map((x) => x.items), [1000, 1000, 500]);
+      // A burst of one conversation whose route is not cached yet shares one Route and keeps its order.
+      const fresh = await c.sendMany(Array.from({ length: 20 }, (): SendInput => ({ convId: "ts:c09-fresh", fromUid: 3n, body: "y" })));
+      assert.deepEqual(fresh.map((o) => (o.ok ? o.result.seq : -1n)), Array.from({ length: 20 }, (_, i) => BigInt(i + 1)));
+    } finally {
+      release();
+      c.close();
+    }
+  });
+
+  test("C10 unavailable and C11 resource_exhausted are retried with the same key", async () => {
+    const fail = [Code.Unavailable, Code.ResourceExhausted, Code.Unavailable];
+    const flaky: Interceptor = (next) => async (req) => {
+      if (req.method.name === "SendBatch" && fail.length > 0) {
+        throw new ConnectError("injected", fail.shift()); // answered without storing
+      }
+      return next(req);
+    };
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt, flaky] });
+    try {
+      const res = await c.send({ convId: "ts:c10", fromUid: 3n, body: "x" });
+      assert.equal(res.seq, 1n);
+      assert.equal(res.duplicate, false);
+      const keys = rec.calls.filter((x) => x.method === "SendBatch").map((x) => x.keys[0]);
+      assert.equal(keys.length, 4);
+      assert.ok(keys.every((k) => k === res.clientMsgId));
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C12 budget: an unreachable cluster fails unavailable after retries; the caller's signal cancels", async () => {
+    const dead = new SequencerClient({ addrs: ["127.0.0.1:1"], retry: { deadlineMs: 400, baseBackoffMs: 10, maxBackoffMs: 50 } });
+    try {
+      await assert.rejects(dead.send({ convId: "ts:c12", fromUid: 1n, body: "x" }), (e: unknown) => {
+        assert.ok(e instanceof SequencerError);
+        assert.equal(e.code, "unavailable");
+        assert.ok(e.attempts > 1, `attempts ${e.attempts}`);
+        assert.ok(e.clientMsgId);
+        return true;
+      });
+      const ac = new AbortController();
+      const p = dead.send({ convId: "ts:c12", fromUid: 1n, body: "x" }, { signal: ac.signal });
+      setTimeout(() => ac.abort(), 30);
+      await assert.rejects(p, { code: "canceled" });
+      await assert.rejects(dead.getHead("ts:c12", { signal: AbortSignal.timeout(30) }), { code: "deadline_exceeded" });
+    } finally {
+      dead.close();
+    }
+    const once = new SequencerClient({ addrs: ["127.0.0.1:1"], retry: { maxAttempts: 3, baseBackoffMs: 1, maxBackoffMs: 2 } });
+    try {
+      await assert.rejects(once.getHead("x"), { code: "unavailable", attempts: 3 });
+    } finally {
+      once.close();
+    }
+  });
+
+  test("C13 an unreachable first address falls back to the next", async () => {
+    const c = new SequencerClient({ addrs: ["127.0.0.1:1", node.addr] });
+    try {
+      for (let i = 0; i < 4; i++) {
+        const r = await c.send({ convId: "ts:c13", fromUid: 1n, body: `x${i}` });
+        assert.equal(r.seq, BigInt(i + 1));
+      }
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C17 the bearer token goes on every RPC", async () => {
+    const seen: (string | null)[] = [];
+    const look: Interceptor = (next) => async (req) => {
+      seen.push(req.header.get("Authorization"));
+      return next(req);
+    };
+    const c = client({ token: "s3cret", interceptors: [look] });
+    try {
+      await c.send({ convId: "ts:c17", fromUid: 1n, body: "x" });
+      await c.pull("ts:c17", 0n);
+      assert.ok(seen.length >= 3); // Route, SendBatch, Pull
+      assert.ok(seen.every((h) => h === "Bearer s3cret"));
+    } finally {
+      c.close();
+    }
+  });
+});

@@ -1,0 +1,399 @@
+// Package console is the node's read-only web console: a page (embedded
+// HTML, JS and CSS, no build step, nothing fetched from the internet) and
+// the small JSON API it polls, under /console/:
+//
+//	GET /console/                     the page
+//	GET /console/api/members          members with heartbeat age
+//	GET /console/api/partitions       every partition's owner and epoch
+//	GET /console/api/metrics          commits/s, acked messages/s, send latency over the last minutes
+//	GET /console/api/conversation?conv_id=ID[&limit=N]
+//	                                  head and the last N messages' ids and times (never bodies);
+//	                                  needs the API's bearer token when the node has tokens
+//
+// It reads through small interfaces (ClusterView, Reader, a Prometheus
+// Gatherer), so it depends on no other package of the node, and it never
+// writes anything.
+package console
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Member is one cluster member as the serving node sees it.
+type Member struct {
+	NodeID         string `json:"nodeId"`
+	APIAddr        string `json:"apiAddr"`
+	ClusterAddr    string `json:"clusterAddr,omitempty"`
+	Leaving        bool   `json:"leaving,omitempty"`
+	Self           bool   `json:"self,omitempty"`
+	HeartbeatAgeMs int64  `json:"heartbeatAgeMs"` // since its last heartbeat reached the store
+}
+
+// Partition is one partition's lease as the serving node sees it.
+type Partition struct {
+	Owner     string `json:"owner"`               // node id; "" when free or its holder is gone
+	Epoch     uint64 `json:"epoch,string"`        // lease epoch (0: never taken)
+	RingOwner string `json:"ringOwner,omitempty"` // where the ring puts it
+}
+
+// ClusterView is what the node knows of its cluster.
+type ClusterView interface {
+	Members() []Member
+	// Partitions is indexed by partition; empty on a single node (it owns
+	// every conversation).
+	Partitions() []Partition
+	// Version is the membership version the answers come from.
+	Version() uint64
+}
+
+// Reader reads committed conversations (persist.Store satisfies it).
+type Reader interface {
+	LoadHead(ctx context.Context, convID string) (uint64, error)
+	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
+}
+
+// Config builds a Console.
+type Config struct {
+	NodeID   string
+	Cluster  ClusterView         // required
+	Reader   Reader              // required
+	Gatherer prometheus.Gatherer // the node's registry; nil: no metrics
+	// SampleEvery is the metrics sampling interval (default 1s); Keep is
+	// how many samples are kept (default 300: five minutes at 1s).
+	SampleEvery time.Duration
+	Keep        int
+	Logger      *slog.Logger
+	// Authorize, when set, guards the conversation lookup (message ids,
+	// senders and keys: what the API's bearer token protects); a request it
+	// refuses is answered 401. Members, partitions and metrics are open,
+	// like /metrics on the admin mux.
+	Authorize func(*http.Request) bool
+}
+
+// Console serves the page and its API. Close stops its sampler.
+type Console struct {
+	cfg  Config
+	mux  *http.ServeMux
+	stop chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	samples []Sample
+	prev    *counters
+}
+
+// New builds the console and starts sampling the metrics.
+func New(cfg Config) *Console {
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = time.Second
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = 300
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), stop: make(chan struct{}), done: make(chan struct{})}
+	static, _ := fs.Sub(assets, "assets")
+	c.mux.Handle("GET /console/", http.StripPrefix("/console/", noStore(http.FileServerFS(static))))
+	c.mux.HandleFunc("GET /console/api/members", c.members)
+	c.mux.HandleFunc("GET /console/api/partitions", c.partitions)
+	c.mux.HandleFunc("GET /console/api/metrics", c.metrics)
+	c.mux.HandleFunc("GET /console/api/conversation", c.conversation)
+	c.mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
+	})
+	go c.sampleLoop()
+	return c
+}
+
+// ServeHTTP serves /console/ and below.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.mux.ServeHTTP(w, r) }
+
+// Close stops the sampler.
+func (c *Console) Close() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	<-c.done
+}
+
+func noStore(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		h.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (c *Console) members(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"node": c.cfg.NodeID, "membershipVersion": strconv.FormatUint(c.cfg.Cluster.Version(), 10),
+		"members": nonNil(c.cfg.Cluster.Members()),
+	})
+}
+
+func (c *Console) partitions(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"node": c.cfg.NodeID, "membershipVersion": strconv.FormatUint(c.cfg.Cluster.Version(), 10),
+		"partitions": nonNil(c.cfg.Cluster.Partitions()),
+	})
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// MessageInfo is one message of a conversation lookup: ids and times only.
+type MessageInfo struct {
+	MsgID       uint64    `json:"msgId,string"`
+	Seq         uint64    `json:"seq,string"`
+	FromUID     uint64    `json:"fromUid,string"`
+	MsgType     int16     `json:"msgType"`
+	ClientMsgID string    `json:"clientMsgId"`
+	ServerAt    time.Time `json:"serverAt"`
+	BodyBytes   int       `json:"bodyBytes"`
+}
+
+// MaxLookup is the most messages a conversation lookup returns.
+const MaxLookup = 100
+
+func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Authorize != nil && !c.cfg.Authorize(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sequencer"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{
+			"error": "unauthenticated: this node needs a bearer token (Authorization: Bearer <token>) for conversation lookups",
+		})
+		return
+	}
+	conv := r.URL.Query().Get("conv_id")
+	if err := sequencer.CheckConvID(conv); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	limit := 20
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "limit: want a positive integer"})
+			return
+		}
+		limit = min(n, MaxLookup)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	head, err := c.cfg.Reader.LoadHead(ctx, conv)
+	if err != nil {
+		c.cfg.Logger.Debug("console: conversation lookup failed", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "store unavailable"})
+		return
+	}
+	after := uint64(0)
+	if head > uint64(limit) {
+		after = head - uint64(limit)
+	}
+	var msgs []sequencer.Message
+	if head > 0 {
+		msgs, err = c.cfg.Reader.ReadRange(ctx, conv, after, limit)
+		if err != nil {
+			c.cfg.Logger.Debug("console: conversation lookup failed", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "store unavailable"})
+			return
+		}
+	}
+	out := make([]MessageInfo, 0, len(msgs))
+	for i := len(msgs) - 1; i >= 0; i-- { // newest first
+		m := msgs[i]
+		out = append(out, MessageInfo{MsgID: m.MsgID, Seq: m.Seq, FromUID: m.FromUID, MsgType: m.MsgType,
+			ClientMsgID: m.ClientMsgID, ServerAt: m.ServerAt, BodyBytes: len(m.Body)})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"convId": conv, "headSeq": strconv.FormatUint(head, 10), "messages": out})
+}
+
+// Sample is the node's rates over one sampling interval. Latencies are nil
+// when no send finished in the interval.
+type Sample struct {
+	At             time.Time `json:"at"`
+	CommitsPerSec  float64   `json:"commitsPerSec"`  // store transactions committed (result ok)
+	MessagesPerSec float64   `json:"messagesPerSec"` // sends acked as new messages (Send and batch items)
+	SendP50Ms      *float64  `json:"sendP50Ms"`      // Send/SendBatch latency, from request received to answer
+	SendP99Ms      *float64  `json:"sendP99Ms"`
+}
+
+func (c *Console) metrics(w http.ResponseWriter, _ *http.Request) {
+	c.mu.Lock()
+	s := append([]Sample(nil), c.samples...)
+	c.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"node": c.cfg.NodeID, "intervalMs": c.cfg.SampleEvery.Milliseconds(), "samples": s})
+}
+
+// counters are the cumulative values read from the registry at one time.
+type counters struct {
+	at      time.Time
+	commits float64
+	acked   float64
+	bounds  []float64 // send latency histogram upper bounds (seconds)
+	buckets []float64 // cumulative counts per bound
+	count   float64
+}
+
+func (c *Console) sampleLoop() {
+	defer close(c.done)
+	if c.cfg.Gatherer == nil {
+		return
+	}
+	t := time.NewTicker(c.cfg.SampleEvery)
+	defer t.Stop()
+	c.sample(time.Now())
+	for {
+		select {
+		case <-c.stop:
+			return
+		case now := <-t.C:
+			c.sample(now)
+		}
+	}
+}
+
+func (c *Console) sample(now time.Time) {
+	cur, err := read(c.cfg.Gatherer, now)
+	if err != nil {
+		c.cfg.Logger.Debug("console: reading metrics", "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev := c.prev
+	c.prev = cur
+	if prev == nil {
+		return
+	}
+	s := rates(prev, cur)
+	c.samples = append(c.samples, s)
+	if len(c.samples) > c.cfg.Keep {
+		c.samples = append(c.samples[:0], c.samples[len(c.samples)-c.cfg.Keep:]...)
+	}
+}
+
+// read gathers the counters the console plots.
+func read(g prometheus.Gatherer, now time.Time) (*counters, error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return nil, err
+	}
+	c := &counters{at: now}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "sequencer_commit_seconds":
+			for _, m := range mf.GetMetric() {
+				if label(m, "result") == "ok" {
+					c.commits += float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		case "sequencer_sends_total":
+			for _, m := range mf.GetMetric() {
+				if label(m, "code") == "ok" {
+					c.acked += m.GetCounter().GetValue()
+				}
+			}
+		case "sequencer_send_seconds":
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				if c.bounds == nil {
+					for _, b := range h.GetBucket() {
+						c.bounds = append(c.bounds, b.GetUpperBound())
+					}
+					c.buckets = make([]float64, len(c.bounds))
+				}
+				for i, b := range h.GetBucket() {
+					if i < len(c.buckets) {
+						c.buckets[i] += float64(b.GetCumulativeCount())
+					}
+				}
+				c.count += float64(h.GetSampleCount())
+			}
+		}
+	}
+	return c, nil
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// rates turns two readings into one Sample.
+func rates(a, b *counters) Sample {
+	s := Sample{At: b.at}
+	secs := b.at.Sub(a.at).Seconds()
+	if secs <= 0 {
+		return s
+	}
+	s.CommitsPerSec = math.Max(0, b.commits-a.commits) / secs
+	s.MessagesPerSec = math.Max(0, b.acked-a.acked) / secs
+	n := b.count - a.count
+	if n <= 0 || len(b.bounds) == 0 {
+		return s
+	}
+	delta := make([]float64, len(b.buckets))
+	for i := range b.buckets {
+		delta[i] = b.buckets[i]
+		if i < len(a.buckets) {
+			delta[i] -= a.buckets[i]
+		}
+	}
+	p50, p99 := quantile(b.bounds, delta, n, 0.5)*1000, quantile(b.bounds, delta, n, 0.99)*1000
+	s.SendP50Ms, s.SendP99Ms = &p50, &p99
+	return s
+}
+
+// quantile estimates the q-quantile from cumulative bucket counts (linear
+// within a bucket, like PromQL's histogram_quantile); past the last bound it
+// answers the last bound.
+func quantile(bounds, cum []float64, total, q float64) float64 {
+	rank := q * total
+	lower, below := 0.0, 0.0
+	for i, ub := range bounds {
+		if cum[i] >= rank {
+			in := cum[i] - below
+			if in <= 0 {
+				return ub
+			}
+			return lower + (ub-lower)*(rank-below)/in
+		}
+		lower, below = ub, cum[i]
+	}
+	return bounds[len(bounds)-1]
+}

@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+)
+
+// browserEnv gates the headless-browser tests: .ci/run sets it (and installs
+// Debian's chromium). With it set, a missing browser fails the test.
+const browserEnv = "SEQUENCER_BROWSER_TESTS"
+
+// artifactsEnv names a directory for screenshots (default: t.TempDir()).
+const artifactsEnv = "SEQUENCER_TEST_ARTIFACTS"
+
+func browser(t *testing.T) string {
+	t.Helper()
+	if os.Getenv(browserEnv) == "" {
+		t.Skipf("browser test: set %s=1 (and install chromium) to run it; .ci/run does", browserEnv)
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("%s is set but no chromium was found in PATH: apt-get install -y chromium", browserEnv)
+	return ""
+}
+
+func artifactsDir(t *testing.T) string {
+	if d := os.Getenv(artifactsEnv); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	return t.TempDir()
+}
+
+// TestConsoleShowsFailover loads the web console of a real 2-node cluster in
+// headless Chromium, sees both members and the partition map split between
+// them, SIGKILLs one node and sees all its partitions move to the survivor
+// within the failover time; the charts and the conversation lookup work.
+// Screenshots go to $SEQUENCER_TEST_ARTIFACTS.
+func TestConsoleShowsFailover(t *testing.T) {
+	chrome := browser(t)
+	shots := artifactsDir(t)
+	const ttl = 2 * time.Second
+	dsn := pgtest.NewDatabase(t)
+	n1 := startNode(t, "n1", clusterArgs(t, dsn, "n1", ttl.String())...)
+	n2 := startNode(t, "n2", clusterArgs(t, dsn, "n2", ttl.String())...)
+
+	// Light load, so the charts and the lookup have something to show.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c := n1.grpcClient()
+		for i := 0; ctx.Err() == nil; i++ {
+			sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = send(sctx, c, fmt.Sprintf("console:%d", i%20), 7, fmt.Sprintf("console-%d", i), []byte("hello"))
+			scancel()
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.Headless, chromedp.WindowSize(1280, 1000))
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	defer bcancel()
+	// The first Run starts the browser and must not carry a timeout (it
+	// would stop the browser); later steps are bounded one by one.
+	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	do := func(what string, d time.Duration, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(bctx, d)
+		defer rcancel()
+		if err := chromedp.Do(rctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	evalString := func(what, expr string) string {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(bctx, 10*time.Second)
+		defer rcancel()
+		v, err := chromedp.Run(rctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	// waitJS polls a JS expression until it is true.
+	waitJS := func(what, expr string, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for {
+			if evalString(what, "String(!!("+expr+"))") == "true" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v; page shows:\n%s", what, d,
+					evalString("page text", `document.querySelector("main").innerText.slice(0, 3000)`))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	shot := func(name string) {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(bctx, 20*time.Second)
+		defer rcancel()
+		png, err := chromedp.Run(rctx, chromedp.FullScreenshot(100) /* 100: PNG */)
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		p := filepath.Join(shots, name)
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot %s", p)
+	}
+	owners := func(node string) string {
+		return fmt.Sprintf(`document.querySelectorAll('#partmap .cell[data-owner=%q]').length`, node)
+	}
+
+	do("open the console", 30*time.Second, chromedp.Navigate("http://"+n1.Addr+"/console/"))
+	waitJS("both members listed", `document.querySelectorAll('#members tbody tr[data-node="n1"], #members tbody tr[data-node="n2"]').length === 2`, 30*time.Second)
+	// Both nodes heartbeat every 250 ms: the ages shown stay well below the TTL.
+	waitJS("heartbeat ages below the member TTL",
+		fmt.Sprintf(`[...document.querySelectorAll('#members td[data-age-ms]')].every(td => +td.dataset.ageMs >= 0 && +td.dataset.ageMs < %d)`, ttl.Milliseconds()), 10*time.Second)
+	waitJS("271 partitions split between n1 and n2",
+		fmt.Sprintf(`document.querySelectorAll('#partmap .cell').length === 271 && %s > 0 && %s > 0 && %s + %s === 271`,
+			owners("n1"), owners("n2"), owners("n1"), owners("n2")), 30*time.Second)
+	waitJS("commit rate plotted", `(document.querySelector('#chart-rate polyline.s2')?.getAttribute('points') || '').split(' ').length >= 3`, 30*time.Second)
+	epochTitle := evalString("epoch on hover", `document.querySelector('#partmap .cell').title`)
+	if ok, _ := filepath.Match(`partition 0 · owner n? · epoch *`, epochTitle); !ok {
+		t.Fatalf("cell title %q: want partition, owner and epoch", epochTitle)
+	}
+
+	do("conversation lookup", 20*time.Second,
+		chromedp.SetValue(chromedp.CSS("#conv"), "console:1"),
+		chromedp.Click(chromedp.CSS("#lookup button")),
+		chromedp.WaitVisible(chromedp.CSS("#headseq")))
+	waitJS("lookup shows messages", `document.querySelectorAll('#convresult tbody tr').length > 0 && document.querySelector('#headseq').textContent !== '0'`, 10*time.Second)
+	shot("console-2-nodes.png")
+
+	n2.kill()
+	killed := time.Now()
+	// Failover: n2's member lease (ttl) expires, then n1 takes its partitions
+	// (README, "A cluster": about TTL + heartbeat + the takeover). The bound
+	// is generous so a slow machine does not fail it.
+	bound := 5*ttl + 10*time.Second
+	waitJS("all 271 partitions owned by n1 after n2's crash", owners("n1")+` === 271`, bound)
+	t.Logf("partitions moved to n1 on the page %v after the kill (member TTL %v)", time.Since(killed).Round(100*time.Millisecond), ttl)
+	waitJS("n2 gone from the members", `document.querySelectorAll('#members tbody tr').length === 1 && !!document.querySelector('#members tbody tr[data-node="n1"]')`, bound)
+	shot("console-after-failover.png")
+
+	// A node with --auth-token-file: the lookup asks for the token, then works.
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("console-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	solo := startNode(t, "solo", "--store", filepath.Join(t.TempDir(), "db"), "--auth-token-file", tokens)
+	do("open the console of a node with tokens", 30*time.Second, chromedp.Navigate("http://"+solo.Addr+"/console/"))
+	waitJS("single node listed", `!!document.querySelector('#members tbody tr td') && document.querySelector('#partmap').innerText.includes('single node')`, 30*time.Second)
+	do("lookup without a token", 20*time.Second,
+		chromedp.SetValue(chromedp.CSS("#conv"), "g:1"),
+		chromedp.Click(chromedp.CSS("#lookup button")))
+	waitJS("the token field appears after a 401", `!document.querySelector('#token').hidden && document.querySelector('#convresult').innerText.includes('bearer token')`, 10*time.Second)
+	do("lookup with the token", 20*time.Second,
+		chromedp.SetValue(chromedp.CSS("#token"), "console-secret"),
+		chromedp.Click(chromedp.CSS("#lookup button")))
+	waitJS("lookup answered with the token", `document.querySelector('#headseq')?.textContent === '0'`, 10*time.Second)
+}

@@ -1,0 +1,62 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/console"
+)
+
+// clusterView shows a cluster node's view in the console.
+type clusterView struct{ n *cluster.Node }
+
+func (v clusterView) Version() uint64 { return v.n.Snapshot().Version }
+
+func (v clusterView) Members() []console.Member {
+	s := v.n.Snapshot()
+	since := time.Since(s.ReadAt) // local time since the store's clock read StoreNow
+	out := make([]console.Member, 0, len(s.Members))
+	for _, m := range s.Members {
+		age := s.StoreNow.Sub(m.LeaseUntil.Add(-s.MemberTTL)) + since
+		out = append(out, console.Member{NodeID: m.NodeID, APIAddr: m.APIAddr, ClusterAddr: m.ClusterAddr,
+			Leaving: m.Leaving, Self: m.NodeID == s.NodeID, HeartbeatAgeMs: max(0, age.Milliseconds())})
+	}
+	return out
+}
+
+func (v clusterView) Partitions() []console.Partition {
+	s := v.n.Snapshot()
+	out := make([]console.Partition, len(s.Partitions))
+	for i, p := range s.Partitions {
+		out[i] = console.Partition{Owner: p.Owner, Epoch: p.Epoch, RingOwner: p.RingOwner}
+	}
+	return out
+}
+
+// singleView is a node without a cluster: it owns every conversation.
+type singleView struct{ s *Server }
+
+func (v singleView) Version() uint64 { return 0 }
+func (v singleView) Members() []console.Member {
+	return []console.Member{{NodeID: v.s.cfg.NodeID, APIAddr: v.s.Addr(), Self: true}}
+}
+func (v singleView) Partitions() []console.Partition { return nil }
+
+// startConsole builds the read-only web console (/console/), served on the
+// admin mux: on --admin-listen when set, else on the API port (with its
+// TLS). Like /metrics it needs no token, except the conversation lookup
+// when --auth-token-file is set.
+func (s *Server) startConsole() *console.Console {
+	var view console.ClusterView = singleView{s}
+	if s.cluster != nil {
+		view = clusterView{s.cluster}
+	}
+	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log}
+	if tokens := s.edge.tokens; tokens != nil {
+		// Conversation lookups show message metadata: the API's token guards them.
+		cfg.Authorize = func(r *http.Request) bool { return tokens.Check(r.Header.Get("Authorization")) }
+	}
+	s.console = console.New(cfg)
+	return s.console
+}
