@@ -15,8 +15,9 @@ TESTFLAGS ?= -race -count=1 -timeout 15m
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/sequencer (version and commit stamped, see VERSION)
+build: ## build bin/sequencer and bin/sequencer-bench (version and commit stamped, see VERSION)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sequencer ./cmd/sequencer
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/sequencer-bench ./cmd/sequencer-bench
 
 run: build ## run one node on the embedded store under ./data (127.0.0.1:7070)
 	./$(BIN)/sequencer serve
@@ -48,14 +49,16 @@ proto-check: proto ## fail when committed generated code differs from `make prot
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make proto and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- proto/)" || { git status --porcelain -- proto/; echo "untracked generated files: run make proto and commit"; exit 1; }
 
-# `make bench` is a short version of docs/BENCHMARKS.md's run (every engine,
-# every scenario, 5 s each, 200,000 conversations in the memory scenario).
+# `make bench` is a short version of docs/BENCHMARKS.md's run (every engine:
+# the seed's baselines, the in-process engines and, through bin/sequencer, the
+# network ones, on PostgreSQL and SQLite; every scenario, 5 s each, 200,000
+# conversations in the memory scenario).
 # Needs PostgreSQL at 127.0.0.1:5432 (user postgres) and Redis at 127.0.0.1:6379.
 BENCH_FLAGS  ?= --duration 5s --warmup 1s --memory-convs 200000
 BENCH_REPORT ?= bench-results/bench.md
 
 bench: build ## short benchmark run of every engine and scenario, report in bench-results/ (see docs/BENCHMARKS.md)
-	./$(BIN)/sequencer bench $(BENCH_FLAGS) --report $(BENCH_REPORT)
+	./$(BIN)/sequencer-bench $(BENCH_FLAGS) --report $(BENCH_REPORT)
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/

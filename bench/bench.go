@@ -1,4 +1,5 @@
-// Package bench is `sequencer bench`: it measures this sequencer against the
+// Package bench is the sequencer-bench command (cmd/sequencer-bench; also run
+// as `sequencer bench`): it measures this sequencer against the
 // seed article's ways of numbering messages, on the same PostgreSQL server and
 // the same im_message table, in one run, and writes the results as a table,
 // Markdown, JSON and an SVG chart.
@@ -22,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -33,9 +35,12 @@ import (
 // Config is one bench run. Zero fields take the documented defaults.
 type Config struct {
 	// Engines to measure, by key: a (this sequencer in process), b (Redis
-	// INCR + INSERT), c (DB segment + INSERT), d (COPY ceiling), e
-	// (`sequencer serve` over HTTP/2). Default: every registered engine,
-	// e only when Target is set.
+	// INCR + INSERT), c (DB segment + INSERT), d (COPY ceiling), e, e-json,
+	// e-batch (`sequencer serve` through the SDK unary, JSON over HTTP/1.1,
+	// the SDK batching), and the embedded store's a-sqlite, e-sqlite,
+	// e-json-sqlite, e-batch-sqlite. Default: every registered engine; the
+	// e engines only with Target or ServeBin, the e-*-sqlite ones only
+	// with ServeBin.
 	Engines string
 	// Scenarios: many, hot, light, skewed, memory. Default
 	// "many,hot,light,memory".
@@ -59,14 +64,19 @@ type Config struct {
 	PG string
 	// Redis address for engine b. Default 127.0.0.1:6379.
 	Redis string
-	// Target is the base URL of a running `sequencer serve` for engine e.
-	// Without it, engine e starts ServeBin (default: this executable when it
-	// is named sequencer) as `serve` on a fresh schema of the run's database
-	// for each scenario, like every other engine, and stops it after.
+	// Target is the base URL of a running `sequencer serve` for the e
+	// engines on PostgreSQL. Without it, they start ServeBin (default: the
+	// sequencer binary beside this executable) as `serve` on a fresh schema
+	// of the run's database (the -sqlite ones: a fresh SQLite file) for
+	// each scenario, like every other engine, and stop it after.
 	Target   string
 	ServeBin string
-	// Protocol engine e speaks: grpc (default) or connect.
+	// Protocol the SDK engines (e, e-batch) speak: grpc (default) or connect.
 	Protocol string
+	// SQLiteDir is where the SQLite engines' files go: a directory
+	// seqbench-<run id> inside it, removed at the end unless Keep. Default
+	// the system's temporary directory.
+	SQLiteDir string
 	// Pool is the PostgreSQL connections of engines b and c (default 32,
 	// their best measured setting). Engine d uses CopyWriters connections;
 	// engines a and e use the server's store settings.
@@ -150,26 +160,42 @@ func (c *Config) setDefaults() {
 	if c.Target == "" && c.ServeBin == "" {
 		c.ServeBin = selfServeBin()
 	}
+	if c.SQLiteDir == "" {
+		c.SQLiteDir = os.TempDir()
+	}
 	if c.Engines == "" {
 		var keys []string
 		for _, k := range engineKeys() {
-			if k != "e" || c.Target != "" || c.ServeBin != "" {
-				keys = append(keys, k)
+			s := engines[k]
+			switch {
+			case !s.Remote:
+			case s.SQLite && (c.ServeBin == "" || c.Target != ""):
+				continue // the -sqlite e engines start their own server
+			case c.Target == "" && c.ServeBin == "":
+				continue
 			}
+			keys = append(keys, k)
 		}
 		c.Engines = strings.Join(keys, ",")
 	}
 }
 
-const usageHead = `Usage: sequencer bench [flags]
+const usageHead = `Usage: sequencer-bench [flags]   (also: sequencer bench [flags])
 
 Measures this sequencer against the seed's ways of numbering messages, on the
 same PostgreSQL and the same im_message table, in one run:
-  a  this sequencer's engine, in process
-  b  Redis INCR seq:conv:{id} (floor saved every 1,000), then one INSERT per message
-  c  1,000 seqs per round trip from a segment table, then one INSERT per message
-  d  the ceiling: COPY of large batches, no sequencing
-  e  a running 'sequencer serve' over HTTP/2 (--target)
+  a        this sequencer's engine, in process
+  b        Redis INCR seq:conv:{id} (floor saved every 1,000), then one INSERT per message
+  c        1,000 seqs per round trip from a segment table, then one INSERT per message
+  d        the ceiling: COPY of large batches, no sequencing
+  e        'sequencer serve' through the Go SDK, batching off: one gRPC Send per message
+  e-json   'sequencer serve' through plain HTTP/1.1 JSON POSTs of Send (like curl)
+  e-batch  'sequencer serve' through the Go SDK's auto-batching (SendBatch)
+  a-sqlite, e-sqlite, e-json-sqlite, e-batch-sqlite: the same on the embedded store
+The e engines start the sequencer binary beside this one (or --serve-bin) as
+'serve' on a fresh store per scenario, or use a running server (--target; not
+the -sqlite ones). Their "server CPU us/msg" is the server process's CPU time
+(/proc/PID/stat) over the measured window per stored message.
 Scenarios: many (1,024 senders, 10,000 conversations), hot (1,024 senders, 1
 conversation), light (64 senders), skewed (Zipf 1.1), memory (1,000,000
 conversations touched once; in-process/remote actor engines only).
@@ -185,13 +211,13 @@ Flags:
 // and the final table to stdout. --help prints usage and returns nil.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := Config{Args: args}
-	fs := flag.NewFlagSet("sequencer bench", flag.ContinueOnError)
+	fs := flag.NewFlagSet("sequencer-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageHead)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&cfg.Engines, "engines", "", "engines to measure, comma-separated: a,b,c,d,e (default: a,b,c,d, and e when --target or --serve-bin is given or this executable is sequencer)")
+	fs.StringVar(&cfg.Engines, "engines", "", "engines to measure, comma-separated: "+strings.Join(engineKeys(), ",")+" (default: a,b,c,d,a-sqlite, plus the e engines when a server can be had: --target, --serve-bin or a sequencer binary beside this one)")
 	fs.StringVar(&cfg.Scenarios, "scenarios", "many,hot,light,memory", "scenarios, comma-separated: many,hot,light,skewed,memory")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time of each engine×scenario run (after --warmup)")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "unmeasured load before each measurement (duration mode only)")
@@ -202,14 +228,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	skew := fs.Float64("skew", 0, "override the conversation choice: 0 uniform, > 1 Zipf exponent (hot conversations)")
 	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "Redis address (engine b)")
-	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for engine e, e.g. http://127.0.0.1:7070")
-	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary engine e starts as 'serve' on a fresh schema per scenario (default: this executable)")
-	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "engine e's protocol over HTTP/2 cleartext: grpc or connect")
+	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for the e engines on PostgreSQL, e.g. http://127.0.0.1:7070")
+	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary the e engines start as 'serve' on a fresh store per scenario (default: sequencer beside this executable)")
+	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
+	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
 	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections of engines b and c (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
 	fs.IntVar(&cfg.CopyWriters, "copy-writers", 4, "engine d: concurrent COPY connections")
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
-	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engines a and e (when the bench starts the server): idle time after which a conversation actor stops")
+	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engines a and e (when the bench starts the server), and their -sqlite variants: idle time after which a conversation actor stops")
 	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
 	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved; report the median-throughput run")
 	render := fs.String("render", "", "do not measure: re-render the Markdown and SVG of a saved report from its JSON FILE (to --report, default beside it)")
@@ -217,7 +244,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", time.Second, "interval of the live progress line (negative: off)")
 	maxRSSMiB := fs.Uint64("max-rss-mib", 8192, "memory scenario: stop early when the measured process's RSS passes this many MiB (0: no limit)")
-	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the run (engine a runs in this process) to FILE")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the bench process (engine a runs in it; the e engines' servers do not) to FILE")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -256,19 +283,23 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.Protocol != "grpc" && cfg.Protocol != "connect" {
 		return fmt.Errorf("--protocol must be grpc or connect, got %q", cfg.Protocol)
 	}
-	needRedis, needPG := false, false
+	needRedis, needPG, needSQLite := false, false, false
 	for i, s := range specs {
 		if s.Key == "b" {
 			needRedis = true
 		}
-		if s.Key == "e" && cfg.Target == "" {
+		if s.Remote && s.SQLite && cfg.Target != "" {
+			return fmt.Errorf("engine %s starts its own server on a SQLite file; it does not run against --target (leave it out, or drop --target and give --serve-bin)", s.Key)
+		}
+		if s.Remote && cfg.Target == "" {
 			if cfg.ServeBin == "" {
-				return errors.New("engine e needs --target http://HOST:PORT of a running 'sequencer serve', or --serve-bin PATH to start one")
+				return fmt.Errorf("engine %s needs --target http://HOST:PORT of a running 'sequencer serve', or --serve-bin PATH to start one (none found beside this executable; make build puts bin/sequencer there)", s.Key)
 			}
 			specs[i] = servedSpec(s)
 			s = specs[i]
 		}
 		needPG = needPG || s.NeedsSchema
+		needSQLite = needSQLite || s.SQLite
 	}
 
 	if cfg.CPUProfile != "" {
@@ -309,6 +340,27 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		} else {
 			fmt.Fprintf(stderr, "bench: reading PostgreSQL settings: %v\n", err)
 		}
+	}
+	if needSQLite {
+		dir := filepath.Join(cfg.SQLiteDir, "seqbench-"+runID)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("sqlite directory: %w", err)
+		}
+		r.sqliteDir = dir
+		r.info.SQLiteDir = dir
+		r.info.SQLiteFS = fsType(dir)
+		if r.info.SQLiteFS == "tmpfs" {
+			r.logf("the SQLite files are on tmpfs (%s): fsync costs nothing there, so the -sqlite engines are not durable and their numbers flatter them; use --sqlite-dir on a disk", dir)
+		}
+		defer func() {
+			if cfg.Keep {
+				fmt.Fprintf(stderr, "kept SQLite files in %s\n", dir)
+				return
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
+			}
+		}()
 	}
 	if needRedis {
 		r.redis = redis.NewClient(&redis.Options{Addr: cfg.Redis, PoolSize: max(cfg.Pool, 64)})
@@ -391,6 +443,7 @@ type runner struct {
 	db          *benchDB
 	redis       *redis.Client
 	redisPrefix string
+	sqliteDir   string // the -sqlite engines' files, one per engine and scenario
 	stderr      io.Writer
 	tty         bool
 	body        []byte
@@ -419,11 +472,16 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, Logf: r.logf,
 	}
+	// One store per engine, scenario and repeat: a schema (e-json, many,
+	// 2nd run: e_json_many_r2) or a SQLite file of that name.
+	schema := strings.ReplaceAll(spec.Key, "-", "_") + "_" + sc.Name
+	if rep > 0 {
+		schema += fmt.Sprintf("_r%d", rep+1)
+	}
+	if spec.SQLite {
+		env.DSN = "sqlite:" + filepath.Join(r.sqliteDir, schema+".db")
+	}
 	if spec.NeedsSchema {
-		schema := spec.Key + "_" + sc.Name
-		if rep > 0 {
-			schema += fmt.Sprintf("_r%d", rep+1)
-		}
 		dsn, err := r.db.NewSchema(ctx, schema)
 		if err != nil {
 			return res, err
@@ -476,7 +534,19 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	var stats0, stats1 BatchStats
 	batches, hasBatches := eng.(BatchCounter)
+	var cpu0, cpu1 float64
+	cpu, hasCPU := eng.(CPUMeter)
 	onMeasure := func(start bool) {
+		if hasCPU {
+			if v, err := cpu.CPUSeconds(ctx); err != nil {
+				r.logf("engine %s CPU time: %v", spec.Key, err)
+				hasCPU = false
+			} else if start {
+				cpu0 = v
+			} else {
+				cpu1 = v
+			}
+		}
 		if !hasBatches {
 			return
 		}
@@ -543,6 +613,11 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	if d := stats1.sub(stats0); hasBatches && d.Commits > 0 {
 		res.MeanBatch = float64(d.Messages) / float64(d.Commits)
 		res.MeanCommitMs = 1000 * d.CommitSeconds / float64(d.Commits)
+	}
+	if hasCPU && res.Messages > 0 && cpu1 >= cpu0 {
+		res.CPUSeconds = cpu1 - cpu0
+		res.CPUUsPerMsg = 1e6 * res.CPUSeconds / float64(res.Messages)
+		res.CPUScope = cpu.CPUScope()
 	}
 	res.Interrupted = interrupted
 	return res, nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,7 +206,9 @@ func TestMainHelpAndBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--engines", "z"},
 		{"--scenarios", "nope"},
-		{"--engines", "e"}, // needs --target
+		{"--engines", "e"},      // needs --target
+		{"--engines", "e-json"}, // so does every e engine
+		{"--engines", "e-batch-sqlite", "--target", "http://127.0.0.1:1"}, // starts its own server
 		{"--skew", "0.5"},
 		{"stray"},
 	} {
@@ -336,13 +339,25 @@ func TestInterruptWritesPartialReport(t *testing.T) {
 	admin := pgtest.AdminDSN(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr bytes.Buffer
+	var stdout bytes.Buffer
+	// Interrupt once the progress line shows measured sends (not after a
+	// fixed time: opening the engine may take longer on a busy machine).
+	stderr := &watchWriter{match: func(line string) bool {
+		return strings.Contains(line, " measure ") && !strings.Contains(line, " sent 0 ")
+	}, seen: make(chan struct{})}
 	report := filepath.Join(t.TempDir(), "i.md")
 	args := []string{"--engines", "d", "--scenarios", "many,hot", "--duration", "1m", "--warmup", "0s", "--senders", "4",
-		"--convs", "10", "--pg", admin, "--progress", "-1s", "--report", report}
+		"--convs", "10", "--pg", admin, "--progress", "100ms", "--report", report}
 	done := make(chan error, 1)
-	go func() { done <- Main(ctx, args, &stdout, &stderr) }()
-	time.AfterFunc(500*time.Millisecond, cancel)
+	go func() { done <- Main(ctx, args, &stdout, stderr) }()
+	select {
+	case <-stderr.seen:
+		cancel()
+	case err := <-done:
+		t.Fatalf("Main returned before the interrupt: %v\n%s", err, stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no measured sends within 60s:\n%s", stderr.String())
+	}
 	var err error
 	select {
 	case err = <-done:
@@ -378,4 +393,53 @@ func TestInterruptWritesPartialReport(t *testing.T) {
 	if n != 0 {
 		t.Errorf("database %s left after interrupt", rep.Info.Database)
 	}
+}
+
+// The default engines: the ones that need a server only when one can be
+// had, and the -sqlite e engines only when the bench starts the server.
+func TestDefaultEngines(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{ServeBin: "", Target: ""}, "a,b,c,d,a-sqlite"},
+		{Config{Target: "http://127.0.0.1:7070"}, "a,b,c,d,e,e-json,e-batch,a-sqlite"},
+		{Config{ServeBin: "/bin/sequencer"}, "a,b,c,d,e,e-json,e-batch,a-sqlite,e-sqlite,e-json-sqlite,e-batch-sqlite"},
+		{Config{ServeBin: "/bin/sequencer", Target: "http://127.0.0.1:7070"}, "a,b,c,d,e,e-json,e-batch,a-sqlite"},
+	} {
+		// (No sequencer binary sits beside the test binary, so the first
+		// case finds no server.)
+		cfg := c.cfg
+		cfg.setDefaults()
+		if cfg.Engines != c.want {
+			t.Errorf("%+v: engines %q, want %q", c.cfg, cfg.Engines, c.want)
+		}
+	}
+}
+
+// watchWriter collects output (safe for concurrent writes) and closes seen
+// the first time a line satisfies match.
+type watchWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	match func(line string) bool
+	seen  chan struct{}
+	once  sync.Once
+}
+
+func (w *watchWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, line := range strings.Split(string(p), "\n") {
+		if w.match(line) {
+			w.once.Do(func() { close(w.seen) })
+		}
+	}
+	return w.buf.Write(p)
+}
+
+func (w *watchWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

@@ -10,11 +10,18 @@ import (
 
 // engineColors gives each engine the same color in every chart.
 var engineColors = map[string]string{
-	"a": "#1f77b4", // blue: this sequencer
-	"b": "#d62728", // red: Redis INCR
-	"c": "#ff7f0e", // orange: DB segment
-	"d": "#7f7f7f", // gray: COPY ceiling
-	"e": "#2ca02c", // green: over the network
+	"a":       "#1f77b4", // blue: this sequencer
+	"b":       "#d62728", // red: Redis INCR
+	"c":       "#ff7f0e", // orange: DB segment
+	"d":       "#7f7f7f", // gray: COPY ceiling
+	"e":       "#2ca02c", // greens: over the network
+	"e-json":  "#98df8a",
+	"e-batch": "#17becf",
+	// The embedded store: the same hues, darker.
+	"a-sqlite":       "#0b3c5d",
+	"e-sqlite":       "#1a6b1a",
+	"e-json-sqlite":  "#5a8f52",
+	"e-batch-sqlite": "#0e7c86",
 }
 
 // chartData is the grouped values of one panel: groups are scenarios, series
@@ -54,11 +61,27 @@ func (rep *Report) WriteSVG(w io.Writer) {
 		p99.value = append(p99.value, pv)
 	}
 
-	const panelH, top, legendH = 300.0, 40.0, 30.0
+	const panelH, top, legendRowH = 300.0, 40.0, 20.0
 	groupW := 40.0 + 26.0*float64(max(len(rep.Engines), 1))
 	panelW := math.Max(320, 70+groupW*float64(max(len(groups), 1)))
 	width := 2*panelW + 30
-	height := top + panelH + 60 + legendH
+	// The legend wraps into rows as wide as the chart.
+	type legendItem struct {
+		key, label string
+		x, y       float64
+	}
+	var legend []legendItem
+	lx, ly := 10.0, top+panelH+50
+	for _, e := range rep.Engines {
+		label := e.Key + " " + e.Name
+		w := 16 + 7*float64(len(label)) + 18
+		if lx > 10 && lx+w > width {
+			lx, ly = 10, ly+legendRowH
+		}
+		legend = append(legend, legendItem{e.Key, label, lx, ly})
+		lx += w
+	}
+	height := ly + legendRowH
 
 	fmt.Fprintf(w, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n",
 		width, height, width, height)
@@ -67,14 +90,9 @@ func (rep *Report) WriteSVG(w io.Writer) {
 	drawPanel(w, tput, "throughput (messages/s, higher is better)", 10, top, panelW, panelH, fmtShort)
 	drawPanel(w, p99, "p99 latency (ms, lower is better)", panelW+20, top, panelW, panelH, fmtMs)
 
-	// Legend.
-	x := 10.0
-	y := top + panelH + 50
-	for _, e := range rep.Engines {
-		label := e.Key + " " + e.Name
-		fmt.Fprintf(w, `<rect x="%.0f" y="%.0f" width="12" height="12" fill="%s"/>`+"\n", x, y-10, colorOf(e.Key))
-		fmt.Fprintf(w, `<text x="%.0f" y="%.0f">%s</text>`+"\n", x+16, y, html.EscapeString(label))
-		x += 16 + 7*float64(len(label)) + 18
+	for _, it := range legend {
+		fmt.Fprintf(w, `<rect x="%.0f" y="%.0f" width="12" height="12" fill="%s"/>`+"\n", it.x, it.y-10, colorOf(it.key))
+		fmt.Fprintf(w, `<text x="%.0f" y="%.0f">%s</text>`+"\n", it.x+16, it.y, html.EscapeString(it.label))
 	}
 	fmt.Fprintln(w, "</svg>")
 }

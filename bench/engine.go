@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -57,18 +58,20 @@ type RemoteMemory interface {
 // Env is what an engine is opened with for one (engine, scenario) pair.
 type Env struct {
 	// DSN points at a fresh, empty schema of the run's database (search_path
-	// set), on the same PostgreSQL server for every engine.
+	// set), on the same PostgreSQL server for every engine; for SQLite
+	// engines it is sqlite:PATH of a fresh file.
 	DSN string
 	// Pool is the number of PostgreSQL connections the engine may use.
 	Pool int
 	// Redis is the run's Redis client; keys must start with RedisPrefix.
 	Redis       *redis.Client
 	RedisPrefix string
-	// Target is the base URL of a running `sequencer serve` (engine e), or
-	// ServeBin the binary engine e starts on DSN.
+	// Target is the base URL of a running `sequencer serve` (the e
+	// engines), or ServeBin the binary they start on DSN.
 	Target   string
 	ServeBin string
-	// Protocol is the RPC protocol engine e speaks: "grpc" or "connect".
+	// Protocol is the RPC protocol the SDK engines (e, e-batch) speak:
+	// "grpc" or "connect".
 	Protocol string
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
@@ -82,7 +85,7 @@ type Env struct {
 
 // EngineSpec names an engine and knows how to open it.
 type EngineSpec struct {
-	Key  string // a, b, c, d, e
+	Key  string // a, b, c, d, e, e-json, ... (engineOrder)
 	Name string // shown in tables and charts
 	// About says in one line what the engine does per message.
 	About string
@@ -92,7 +95,13 @@ type EngineSpec struct {
 	// NeedsBaselineTables: the bench creates im_message (and its own side
 	// tables) in the schema before Open. Engine a creates them itself.
 	NeedsBaselineTables bool
-	Open                func(ctx context.Context, env Env) (Engine, error)
+	// Remote: the engine drives a 'sequencer serve' through the API: the
+	// one at Env.Target, or one the bench starts per scenario (servedSpec).
+	Remote bool
+	// SQLite: the engine's store is a fresh SQLite file (Env.DSN
+	// sqlite:PATH) instead of a PostgreSQL schema.
+	SQLite bool
+	Open   func(ctx context.Context, env Env) (Engine, error)
 }
 
 // engines lists every engine the bench knows, by key.
@@ -100,14 +109,27 @@ var engines = map[string]EngineSpec{}
 
 func registerEngine(s EngineSpec) { engines[s.Key] = s }
 
+// engineOrder is the order engines are listed in by default: this sequencer
+// in process, the seed's baselines, the ceiling, the network variants, then
+// the embedded store's.
+var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite"}
+
 // engineKeys returns the known keys in order.
 func engineKeys() []string {
 	keys := make([]string, 0, len(engines))
-	for k := range engines {
-		keys = append(keys, k)
+	for _, k := range engineOrder {
+		if _, ok := engines[k]; ok {
+			keys = append(keys, k)
+		}
 	}
-	sort.Strings(keys)
-	return keys
+	var rest []string
+	for k := range engines {
+		if !slices.Contains(engineOrder, k) {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	return append(keys, rest...)
 }
 
 // parseEngines turns "a,b,d" into specs, in the order given.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -24,6 +25,13 @@ func init() {
 			"many conversations' batches per transaction; msg_ids from a leased worker id",
 		NeedsSchema: true,
 		Open:        openNode,
+	})
+	registerEngine(EngineSpec{
+		Key: "a-sqlite", Name: "sequencer, in process, SQLite",
+		About: "engine a on the embedded store (persist/sqlite, the default of 'sequencer serve'): a fresh SQLite file per scenario, " +
+			"opened with the store's defaults (WAL, synchronous=FULL)",
+		SQLite: true,
+		Open:   openNode,
 	})
 }
 
@@ -109,6 +117,14 @@ func batchStatsOf(mfs []*dto.MetricFamily) BatchStats {
 func (e *nodeEngine) LiveConversations(context.Context) (int, error) {
 	return e.node.LiveConversations(), nil
 }
+
+// CPUSeconds is this process's CPU time: engine a runs in the bench, so the
+// figure includes the senders.
+func (e *nodeEngine) CPUSeconds(context.Context) (float64, error) {
+	return procCPUSeconds(os.Getpid())
+}
+
+func (e *nodeEngine) CPUScope() string { return cpuScopeBench }
 
 // closeTimeout bounds the node's drain when the bench closes engine a.
 const closeTimeout = time.Minute

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,48 +22,196 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
-	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+	"github.com/sequencer-im/sequencer/client"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
 func init() {
-	registerEngine(EngineSpec{
-		Key: "e", Name: "sequencer serve, HTTP/2",
-		About: "Send RPC to a running 'sequencer serve' (--target) over HTTP/2 cleartext (gRPC or Connect): engine a plus the API and the network",
-		Open:  openRemote,
-	})
+	registerEngine(remoteSpec("e", "sequencer serve, SDK unary", false,
+		"the Go SDK (client) with batching disabled: one Send RPC per message (gRPC over HTTP/2 cleartext, or --protocol connect) to a 'sequencer serve' on PostgreSQL", newSDKClient(false)))
+	registerEngine(remoteSpec("e-json", "sequencer serve, JSON HTTP/1.1", false,
+		"a plain net/http client: one POST /sequencer.v1.SequencerService/Send per message, Content-Type application/json, HTTP/1.1 keep-alive connections (the way curl and most web stacks call it), to a 'sequencer serve' on PostgreSQL", newJSONClient))
+	registerEngine(remoteSpec("e-batch", "sequencer serve, SDK batching", false,
+		"the Go SDK (client) with its default auto-batching: concurrent Sends share SendBatch RPCs (gRPC over HTTP/2 cleartext, or --protocol connect) to a 'sequencer serve' on PostgreSQL", newSDKClient(true)))
+	registerEngine(remoteSpec("e-sqlite", "sequencer serve, SDK unary, SQLite", true,
+		"engine e on the embedded store: the server runs on --store sqlite:FILE (a fresh file per scenario)", newSDKClient(false)))
+	registerEngine(remoteSpec("e-json-sqlite", "sequencer serve, JSON HTTP/1.1, SQLite", true,
+		"engine e-json on the embedded store: the server runs on --store sqlite:FILE (a fresh file per scenario)", newJSONClient))
+	registerEngine(remoteSpec("e-batch-sqlite", "sequencer serve, SDK batching, SQLite", true,
+		"engine e-batch on the embedded store: the server runs on --store sqlite:FILE (a fresh file per scenario)", newSDKClient(true)))
 }
 
-// remoteEngine drives a running `sequencer serve` through its public API,
-// and reads the server's own /metrics for batch sizes and memory.
+// remoteSpec is an engine that drives a 'sequencer serve' through its public
+// API with the client newClient makes: against --target, or (the default) a
+// server the bench starts per scenario (servedSpec).
+func remoteSpec(key, name string, sqlite bool, about string, newClient func(env Env) (Engine, error)) EngineSpec {
+	return EngineSpec{Key: key, Name: name, About: about, Remote: true, SQLite: sqlite,
+		Open: func(ctx context.Context, env Env) (Engine, error) {
+			e, err := openRemote(ctx, env, newClient)
+			if err != nil {
+				return nil, err
+			}
+			return e, nil
+		}}
+}
+
+// remoteEngine drives a running `sequencer serve` through its public API
+// with a client (Engine), and reads the server's own /metrics for batch
+// sizes, memory and CPU.
 type remoteEngine struct {
-	base   string
-	http   *http.Client
-	client sequencerv1connect.SequencerServiceClient
+	Engine
+	base string
+	http *http.Client // /readyz and /metrics
 }
 
 // readyWait bounds how long opening engine e waits for the target's /readyz.
 const readyWait = 15 * time.Second
 
-func openRemote(ctx context.Context, env Env) (Engine, error) {
+func openRemote(ctx context.Context, env Env, newClient func(env Env) (Engine, error)) (*remoteEngine, error) {
 	if env.Target == "" {
 		return nil, errors.New("engine e needs --target")
 	}
 	base := strings.TrimRight(env.Target, "/")
-	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{Protocols: &protocols, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}
-	hc := &http.Client{Transport: tr}
-	var opts []connect.ClientOption
-	if env.Protocol == "grpc" {
-		opts = append(opts, connect.WithGRPC())
-	}
-	e := &remoteEngine{base: base, http: hc, client: sequencerv1connect.NewSequencerServiceClient(hc, base, opts...)}
+	env.Target = base
+	e := &remoteEngine{base: base, http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute}}}
 	if err := e.waitReady(ctx); err != nil {
-		tr.CloseIdleConnections()
+		e.http.CloseIdleConnections()
 		return nil, err
 	}
+	c, err := newClient(env)
+	if err != nil {
+		e.http.CloseIdleConnections()
+		return nil, err
+	}
+	e.Engine = c
 	return e, nil
+}
+
+// newSDKClient returns engine e's or e-batch's client: the project's Go SDK
+// against the one node (DisableRouting: no Route lookups), with batching on
+// or off, and one attempt per Send so a failure shows as an error instead of
+// being retried away.
+func newSDKClient(batching bool) func(env Env) (Engine, error) {
+	return func(env Env) (Engine, error) {
+		proto := client.ProtocolGRPC
+		if env.Protocol == "connect" {
+			proto = client.ProtocolConnect
+		}
+		c, err := client.New(client.Config{
+			Addrs: []string{env.Target}, Protocol: proto, DisableRouting: true,
+			Retry:    client.RetryPolicy{MaxAttempts: 1},
+			Batching: client.BatchPolicy{Disabled: !batching},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return sdkClient{c}, nil
+	}
+}
+
+type sdkClient struct{ c *client.Client }
+
+func (s sdkClient) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+	r, err := s.c.Send(ctx, client.SendRequest{ConvID: req.ConvID, FromUID: req.FromUID, ClientMsgID: req.ClientMsgID, MsgType: req.MsgType, Body: req.Body})
+	if err != nil {
+		return sequencer.SendResult{}, err
+	}
+	return sequencer.SendResult{MsgID: r.MsgID, Seq: r.Seq, ServerAt: r.ServerAt, Duplicate: r.Duplicate}, nil
+}
+
+func (s sdkClient) Close() error { return s.c.Close() }
+
+// jsonClient is engine e-json: unary Connect JSON over HTTP/1.1 with a plain
+// net/http client, as curl or a web stack sends it. Every sender keeps its
+// own keep-alive connection (the transport keeps up to jsonMaxIdle idle).
+type jsonClient struct {
+	url string
+	tr  *http.Transport
+	hc  *http.Client
+}
+
+// jsonMaxIdle bounds the idle keep-alive connections of engine e-json: more
+// than any scenario's senders, so no sender has to dial again.
+const jsonMaxIdle = 8192
+
+func newJSONClient(env Env) (Engine, error) {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	tr := &http.Transport{
+		Protocols: &protocols, MaxIdleConns: jsonMaxIdle, MaxIdleConnsPerHost: jsonMaxIdle, IdleConnTimeout: 90 * time.Second,
+		DisableCompression: true, // curl does not ask for gzip either
+	}
+	return &jsonClient{url: env.Target + sequencerv1connect.SequencerServiceSendProcedure, tr: tr, hc: &http.Client{Transport: tr}}, nil
+}
+
+// jsonSendRequest and jsonSendResponse are SendRequest and SendResponse in
+// the protobuf JSON mapping (camelCase names, 64-bit integers as strings in
+// answers, bytes as base64).
+type jsonSendRequest struct {
+	ConvID      string `json:"convId"`
+	FromUID     uint64 `json:"fromUid"`
+	ClientMsgID string `json:"clientMsgId"`
+	MsgType     int16  `json:"msgType,omitempty"`
+	Body        []byte `json:"body,omitempty"`
+}
+
+type jsonSendResponse struct {
+	MsgID     uint64    `json:"msgId,string"`
+	Seq       uint64    `json:"seq,string"`
+	ServerAt  time.Time `json:"serverAt"`
+	Duplicate bool      `json:"duplicate"`
+}
+
+// jsonError is a Connect error body: {"code": "...", "message": "..."}.
+type jsonError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// jsonMaxAnswer bounds the answer body the client reads.
+const jsonMaxAnswer = 1 << 20
+
+func (j *jsonClient) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+	body, err := json.Marshal(jsonSendRequest{ConvID: req.ConvID, FromUID: req.FromUID, ClientMsgID: req.ClientMsgID, MsgType: req.MsgType, Body: req.Body})
+	if err != nil {
+		return sequencer.SendResult{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, j.url, bytes.NewReader(body))
+	if err != nil {
+		return sequencer.SendResult{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := j.hc.Do(hreq)
+	if err != nil {
+		return sequencer.SendResult{}, err
+	}
+	defer resp.Body.Close()
+	// Read to the end so the connection goes back to the pool.
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, jsonMaxAnswer))
+	if err != nil {
+		return sequencer.SendResult{}, fmt.Errorf("read answer: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var je jsonError
+		if json.Unmarshal(answer, &je) != nil || je.Code == "" {
+			return sequencer.SendResult{}, fmt.Errorf("POST %s: %s: %.200s", j.url, resp.Status, answer)
+		}
+		var code connect.Code
+		if code.UnmarshalText([]byte(je.Code)) != nil {
+			code = connect.CodeUnknown
+		}
+		return sequencer.SendResult{}, connect.NewError(code, errors.New(je.Message))
+	}
+	var out jsonSendResponse
+	if err := json.Unmarshal(answer, &out); err != nil {
+		return sequencer.SendResult{}, fmt.Errorf("decode answer %.200q: %w", answer, err)
+	}
+	return sequencer.SendResult{MsgID: out.MsgID, Seq: out.Seq, ServerAt: out.ServerAt, Duplicate: out.Duplicate}, nil
+}
+
+func (j *jsonClient) Close() error {
+	j.tr.CloseIdleConnections()
+	return nil
 }
 
 func (e *remoteEngine) waitReady(ctx context.Context) error {
@@ -91,17 +241,6 @@ func (e *remoteEngine) waitReady(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func (e *remoteEngine) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	resp, err := e.client.Send(ctx, connect.NewRequest(&sequencerv1.SendRequest{
-		ConvId: req.ConvID, FromUid: req.FromUID, ClientMsgId: req.ClientMsgID, MsgType: int32(req.MsgType), Body: req.Body,
-	}))
-	if err != nil {
-		return sequencer.SendResult{}, err
-	}
-	m := resp.Msg
-	return sequencer.SendResult{MsgID: m.GetMsgId(), Seq: m.GetSeq(), ServerAt: m.GetServerAt().AsTime(), Duplicate: m.GetDuplicate()}, nil
 }
 
 // Batches reads the server's commit histograms: sequencer_commit_batch_messages
@@ -196,28 +335,56 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 	return out, nil
 }
 
-func (e *remoteEngine) Close() error {
-	e.http.CloseIdleConnections()
-	return nil
+// CPUSeconds is the server's process_cpu_seconds_total (its own read of
+// /proc/self/stat), for a --target server whose process the bench cannot see.
+func (e *remoteEngine) CPUSeconds(ctx context.Context) (float64, error) {
+	m, err := e.scrape(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := m["process_cpu_seconds_total"]
+	if !ok {
+		return 0, errors.New("target /metrics has no process_cpu_seconds_total")
+	}
+	return v, nil
 }
 
-// selfServeBin returns this executable when it is the sequencer binary (so
-// `sequencer bench` can start `sequencer serve` for engine e), else "".
+func (e *remoteEngine) CPUScope() string { return cpuScopeServerMetrics }
+
+func (e *remoteEngine) Close() error {
+	var err error
+	if e.Engine != nil {
+		err = e.Engine.Close()
+	}
+	e.http.CloseIdleConnections()
+	return err
+}
+
+// selfServeBin returns the sequencer binary beside this executable (make
+// build puts sequencer and sequencer-bench into bin/), so the bench can start
+// `sequencer serve` for the e engines; "" when there is none.
 func selfServeBin() string {
 	exe, err := os.Executable()
-	if err != nil || filepath.Base(exe) != "sequencer" {
+	if err != nil {
 		return ""
 	}
-	return exe
+	p := filepath.Join(filepath.Dir(exe), "sequencer")
+	if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return ""
+	}
+	return p
 }
 
-// servedSpec turns engine e into "start ServeBin on a fresh schema per
-// scenario, then drive it over HTTP/2": the same database, fresh tables, as
-// every other engine.
+// servedSpec turns a remote engine into "start ServeBin on a fresh store per
+// scenario, then drive it through the API": a fresh schema of the run's
+// database (fresh tables, as every other engine), or a fresh SQLite file.
 func servedSpec(s EngineSpec) EngineSpec {
-	s.NeedsSchema = true
-	s.About += "; the bench starts the server on a fresh schema of the run's database for each scenario"
-	s.Open = openServed
+	s.NeedsSchema = !s.SQLite
+	if !s.SQLite {
+		s.About += "; the bench starts the server on a fresh schema of the run's database for each scenario"
+	}
+	open := s.Open
+	s.Open = func(ctx context.Context, env Env) (Engine, error) { return openServed(ctx, env, open) }
 	return s
 }
 
@@ -232,7 +399,7 @@ type servedEngine struct {
 // serveStopWait bounds the server's graceful stop (SIGTERM) before SIGKILL.
 const serveStopWait = time.Minute
 
-func openServed(ctx context.Context, env Env) (Engine, error) {
+func openServed(ctx context.Context, env Env, open func(context.Context, Env) (Engine, error)) (Engine, error) {
 	logs := &tailBuffer{max: 8 << 10}
 	migrate := exec.CommandContext(ctx, env.ServeBin, "migrate", "--store", env.DSN)
 	migrate.Stdout, migrate.Stderr = logs, logs
@@ -267,7 +434,7 @@ func openServed(ctx context.Context, env Env) (Engine, error) {
 		case <-rctx.Done():
 		}
 	}()
-	remote, err := openRemote(rctx, env)
+	remote, err := open(rctx, env)
 	if err != nil {
 		_ = e.stop()
 		return nil, fmt.Errorf("%s serve: %w\nserver output:\n%s", env.ServeBin, err, logs.String())
@@ -275,6 +442,14 @@ func openServed(ctx context.Context, env Env) (Engine, error) {
 	e.remoteEngine = remote.(*remoteEngine)
 	return e, nil
 }
+
+// CPUSeconds is the server process's utime+stime from /proc/PID/stat: the
+// server's CPU alone, not the bench's.
+func (e *servedEngine) CPUSeconds(context.Context) (float64, error) {
+	return procCPUSeconds(e.cmd.Process.Pid)
+}
+
+func (e *servedEngine) CPUScope() string { return cpuScopeServer }
 
 func (e *servedEngine) stop() error {
 	_ = e.cmd.Process.Signal(syscall.SIGTERM)

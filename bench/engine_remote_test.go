@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -54,18 +55,33 @@ func (noReader) GetMessage(context.Context, uint64) (sequencer.Message, error) {
 	return sequencer.Message{}, sequencer.ErrNotFound
 }
 
-// serveAPI runs the real API edge on 127.0.0.1:0 and counts RPCs that did
-// not arrive over HTTP/2.
-func serveAPI(t *testing.T) (target string, sender *memSender, notH2 *atomic.Int64) {
+// rpcLog counts the API requests a server saw, by "path HTTP/major
+// content-type".
+type rpcLog struct {
+	mu    sync.Mutex
+	n     map[string]int
+	conns atomic.Int64 // TCP connections accepted
+}
+
+func (l *rpcLog) counts() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.n)
+}
+
+// serveAPI runs the real API edge on 127.0.0.1:0 and logs its RPCs.
+func serveAPI(t *testing.T) (target string, sender *memSender, rpcs *rpcLog) {
 	t.Helper()
 	m := metrics.New()
 	sender = &memSender{m: m, head: map[string]uint64{}}
 	svc := api.NewService(api.Config{Sender: sender, Reader: noReader{}, Metrics: m})
 	h := api.NewHTTPHandler(svc, nil, m.Registry)
-	notH2 = &atomic.Int64{}
+	rpcs = &rpcLog{n: map[string]int{}}
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/sequencer.v1.") && r.ProtoMajor != 2 {
-			notH2.Add(1)
+		if strings.HasPrefix(r.URL.Path, "/sequencer.v1.") {
+			rpcs.mu.Lock()
+			rpcs.n[fmt.Sprintf("%s HTTP/%d %s", r.URL.Path, r.ProtoMajor, r.Header.Get("Content-Type"))]++
+			rpcs.mu.Unlock()
 		}
 		h.ServeHTTP(w, r)
 	})
@@ -74,21 +90,36 @@ func serveAPI(t *testing.T) (target string, sender *memSender, notH2 *atomic.Int
 		t.Fatal(err)
 	}
 	srv := api.NewServer(ln.Addr().String(), counted)
+	srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			rpcs.conns.Add(1)
+		}
+	}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String(), sender, notH2
+	return "http://" + ln.Addr().String(), sender, rpcs
 }
 
-// Engine e drives a server through the public API over HTTP/2 cleartext,
-// reads batch sizes and live conversations from the server's /metrics, and
-// its rows land in the report.
-func TestRemoteEngineOverHTTP2(t *testing.T) {
-	for _, protocol := range []string{"grpc", "connect"} {
-		t.Run(protocol, func(t *testing.T) {
-			target, sender, notH2 := serveAPI(t)
+// The e engines drive a server through the public API, each the way it
+// says (e: one Send RPC per message over HTTP/2, gRPC or Connect; e-json:
+// JSON POSTs of Send over HTTP/1.1; e-batch: SendBatch RPCs over HTTP/2),
+// read batch sizes, live conversations and the server's CPU from its
+// /metrics, and their rows land in the report.
+func TestRemoteEnginesOverTheAPI(t *testing.T) {
+	for _, tc := range []struct {
+		engine, protocol string
+		want             string // the one kind of RPC the server may see
+	}{
+		{"e", "grpc", "/sequencer.v1.SequencerService/Send HTTP/2 application/grpc"},
+		{"e", "connect", "/sequencer.v1.SequencerService/Send HTTP/2 application/proto"},
+		{"e-json", "grpc", "/sequencer.v1.SequencerService/Send HTTP/1 application/json"},
+		{"e-batch", "grpc", "/sequencer.v1.SequencerService/SendBatch HTTP/2 application/grpc"},
+	} {
+		t.Run(tc.engine+"-"+tc.protocol, func(t *testing.T) {
+			target, sender, rpcs := serveAPI(t)
 			report := filepath.Join(t.TempDir(), "e.md")
 			var stdout, stderr bytes.Buffer
-			args := []string{"--engines", "e", "--scenarios", "many,memory", "--target", target, "--protocol", protocol,
+			args := []string{"--engines", tc.engine, "--scenarios", "many,memory", "--target", target, "--protocol", tc.protocol,
 				"--duration", "400ms", "--warmup", "0s", "--senders", "4", "--convs", "50", "--idle-wait", "300ms",
 				"--progress", "-1s", "--report", report}
 			if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
@@ -105,11 +136,14 @@ func TestRemoteEngineOverHTTP2(t *testing.T) {
 			if rep.Info.Database != "" {
 				t.Errorf("engine e alone created database %q", rep.Info.Database)
 			}
-			many, ok := find(rep.Results, "e", "many")
+			many, ok := find(rep.Results, tc.engine, "many")
 			if !ok || many.Messages == 0 || many.Errors != 0 || many.MeanBatch != 1 {
 				t.Fatalf("many: %+v", many)
 			}
-			mem, ok := find(rep.Results, "e", "memory")
+			if many.CPUScope != cpuScopeServerMetrics || many.CPUSeconds < 0 {
+				t.Errorf("many: CPU %v s (%q), want the server's from its /metrics", many.CPUSeconds, many.CPUScope)
+			}
+			mem, ok := find(rep.Results, tc.engine, "memory")
 			if !ok || mem.Memory == nil {
 				t.Fatalf("memory: %+v", mem)
 			}
@@ -125,8 +159,15 @@ func TestRemoteEngineOverHTTP2(t *testing.T) {
 			if n != mm.LiveBefore+50 {
 				t.Errorf("server saw %d conversations, want %d", n, mm.LiveBefore+50)
 			}
-			if notH2.Load() != 0 {
-				t.Errorf("%d RPCs did not use HTTP/2", notH2.Load())
+			got := rpcs.counts()
+			if got[tc.want] == 0 || len(got) != 1 {
+				t.Errorf("server saw %v, want only %q", got, tc.want)
+			}
+			// Connections are kept alive: per scenario at most one per
+			// sender (HTTP/1.1) plus the /readyz and /metrics client's,
+			// not one per request.
+			if c := rpcs.conns.Load(); c > 2*(4+2) || int64(got[tc.want]) < 5*c {
+				t.Errorf("%d connections for %d requests; want them kept alive", c, got[tc.want])
 			}
 		})
 	}
@@ -149,8 +190,8 @@ func fakeSequencer(args []string) int {
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	if !strings.Contains(*store, "search_path=e_") {
-		fmt.Fprintf(os.Stderr, "store %q is not a fresh e_ schema\n", *store)
+	if !strings.Contains(*store, "search_path=e_") && !(strings.HasPrefix(*store, "sqlite:") && strings.Contains(*store, "sqlite_")) {
+		fmt.Fprintf(os.Stderr, "store %q is not a fresh e_ schema or e*_sqlite_ file\n", *store)
 		return 1
 	}
 	switch args[0] {
@@ -172,15 +213,17 @@ func fakeSequencer(args []string) int {
 	return 2
 }
 
-// Without --target, engine e starts the server binary on a fresh schema of
-// the run's database for each scenario and stops it afterwards.
+// Without --target, every e engine starts the server binary on a fresh
+// schema of the run's database (the -sqlite ones: a fresh SQLite file) for
+// each scenario, stops it afterwards, and reports the server process's CPU.
 func TestServedEngineStartsServerPerScenario(t *testing.T) {
 	admin := pgtest.AdminDSN(t)
 	t.Setenv(fakeSequencerEnv, "1")
 	var stdout, stderr bytes.Buffer
 	report := filepath.Join(t.TempDir(), "s.md")
-	args := []string{"--engines", "e", "--serve-bin", os.Args[0], "--scenarios", "many,hot", "--pg", admin,
-		"--duration", "300ms", "--warmup", "0s", "--senders", "4", "--convs", "10", "--progress", "-1s", "--report", report}
+	engines := []string{"e", "e-json", "e-batch", "e-sqlite", "e-json-sqlite", "e-batch-sqlite"}
+	args := []string{"--engines", strings.Join(engines, ","), "--serve-bin", os.Args[0], "--scenarios", "many,hot", "--pg", admin,
+		"--sqlite-dir", t.TempDir(), "--duration", "300ms", "--warmup", "0s", "--senders", "4", "--convs", "10", "--progress", "-1s", "--report", report}
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\n%s", err, stderr.String())
 	}
@@ -190,11 +233,33 @@ func TestServedEngineStartsServerPerScenario(t *testing.T) {
 	}
 	for _, sc := range []string{"## many:", "## hot:"} {
 		i := strings.Index(string(md), sc)
-		if i < 0 || !strings.Contains(string(md)[i:], "| e sequencer serve, HTTP/2 |") {
-			t.Errorf("no engine e row under %s:\n%s", sc, md)
+		for _, e := range engines {
+			name := "| " + e + " " + engineName(e) + " |"
+			if i < 0 || !strings.Contains(string(md)[i:], name) {
+				t.Errorf("no row %s under %s:\n%s", name, sc, md)
+			}
+		}
+	}
+	if !strings.Contains(string(md), "server CPU µs/msg") {
+		t.Errorf("no server CPU column:\n%s", md)
+	}
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Messages == 0 || r.Errors != 0 || r.CPUScope != cpuScopeServer || r.CPUSeconds < 0 {
+			t.Errorf("%s/%s: %d messages, %d errors, CPU %v s (%q); want messages and the server process's CPU", r.Engine, r.Scenario, r.Messages, r.Errors, r.CPUSeconds, r.CPUScope)
 		}
 	}
 }
+
+// engineName is the display name of an engine key.
+func engineName(key string) string { return engines[key].Name }
 
 func TestRemoteEngineNotReady(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -208,7 +273,7 @@ func TestRemoteEngineNotReady(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_, err = openRemote(ctx, Env{Target: "http://" + ln.Addr().String(), Protocol: "grpc"})
+	_, err = openRemote(ctx, Env{Target: "http://" + ln.Addr().String(), Protocol: "grpc"}, newSDKClient(false))
 	if err == nil || !strings.Contains(err.Error(), "503") {
 		t.Fatalf("opening a target whose /readyz answers 503: %v", err)
 	}

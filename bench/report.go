@@ -40,6 +40,8 @@ type RunInfo struct {
 	PostgreSQL map[string]string `json:"postgresql,omitempty"`
 	Redis      string            `json:"redis_version,omitempty"`
 	Database   string            `json:"database,omitempty"`
+	SQLiteDir  string            `json:"sqlite_dir,omitempty"`
+	SQLiteFS   string            `json:"sqlite_fs,omitempty"`
 	Command    string            `json:"command"`
 	LoadAvg    float64           `json:"load_avg_1m_at_start"`
 	Duration   float64           `json:"duration_seconds"`
@@ -81,7 +83,7 @@ func collectRunInfo(cfg Config) RunInfo {
 	info := RunInfo{
 		Started: time.Now().UTC(), Host: host, CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		GoVersion: runtime.Version(), OSArch: runtime.GOOS + "/" + runtime.GOARCH,
-		Command:  "sequencer bench " + shellJoin(cfg.Args),
+		Command:  "sequencer-bench " + shellJoin(cfg.Args),
 		LoadAvg:  loadAvg1(),
 		Duration: cfg.Duration.Seconds(), Warmup: cfg.Warmup.Seconds(), Messages: cfg.Messages,
 		Pool: cfg.Pool, Repeat: cfg.Repeat, BodySize: cfg.BodySize,
@@ -182,21 +184,73 @@ func checkTargets(results []Result) []TargetCheck {
 		t.Status = status(m.Memory.BytesPerActor <= 2048)
 	}
 	out = append(out, t)
+	return append(out, networkTargets(results)...)
+}
+
+// networkTargets are issue 8's targets: the network API and the embedded
+// store against the engine in process.
+func networkTargets(results []Result) []TargetCheck {
+	status := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "not met"
+	}
+	var out []TargetCheck
+	for _, sc := range []string{"many", "hot"} {
+		t := TargetCheck{Target: sc + ": (e-batch) >= 80% of (a)", Status: "not measured"}
+		eb, ok1 := find(results, "e-batch", sc)
+		a, ok2 := find(results, "a", sc)
+		if ok1 && ok2 && a.Throughput > 0 {
+			x := eb.Throughput / a.Throughput
+			t.Measured = fmt.Sprintf("%.0f%% (%s vs %s msg/s)", 100*x, fmtInt(int64(eb.Throughput)), fmtInt(int64(a.Throughput)))
+			t.Status = status(x >= 0.8)
+		}
+		out = append(out, t)
+	}
+	for _, e := range []string{"e-batch", "e"} {
+		t := TargetCheck{Target: "light: (" + e + ") p99 <= 10 ms", Status: "not measured"}
+		if l, ok := find(results, e, "light"); ok && l.Latency.Count > 0 {
+			t.Measured = fmt.Sprintf("p99 %s ms", fmtMs(l.Latency.P99))
+			t.Status = status(l.Latency.P99 <= 10)
+		}
+		out = append(out, t)
+	}
+	t := TargetCheck{Target: "many: (e-json) server CPU <= 40 µs/msg", Status: "not measured"}
+	if j, ok := find(results, "e-json", "many"); ok && j.CPUScope != "" && j.CPUScope != cpuScopeBench {
+		t.Measured = fmt.Sprintf("%.1f µs/msg", j.CPUUsPerMsg)
+		t.Status = status(j.CPUUsPerMsg <= 40)
+	}
+	out = append(out, t)
+	for _, c := range []struct {
+		engine string
+		min    float64
+	}{{"a-sqlite", 25000}, {"e-batch-sqlite", 15000}} {
+		t := TargetCheck{Target: fmt.Sprintf("many: (%s) >= %s msg/s", c.engine, fmtInt(int64(c.min))), Status: "not measured"}
+		if r, ok := find(results, c.engine, "many"); ok {
+			t.Measured = fmtInt(int64(r.Throughput)) + " msg/s"
+			t.Status = status(r.Throughput >= c.min)
+		}
+		out = append(out, t)
+	}
 	return out
 }
 
 // summaryLine is the one line printed after each run.
 func summaryLine(r Result) string {
 	if r.Skipped != "" {
-		return fmt.Sprintf("%s %-7s skipped: %s", r.Engine, r.Scenario, r.Skipped)
+		return fmt.Sprintf("%-14s %-7s skipped: %s", r.Engine, r.Scenario, r.Skipped)
 	}
-	s := fmt.Sprintf("%s %-7s %10s msg/s  p50 %s  p99 %s  p99.9 %s ms  errors %s",
+	s := fmt.Sprintf("%-14s %-7s %10s msg/s  p50 %s  p99 %s  p99.9 %s ms  errors %s",
 		r.Engine, r.Scenario, fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P99), fmtMs(r.Latency.P999), fmtInt(r.Errors))
 	if r.MeanBatch > 0 {
 		s += fmt.Sprintf("  batch %.1f", r.MeanBatch)
 	}
 	if r.MeanCommitMs > 0 {
 		s += fmt.Sprintf("  commit %s ms", fmtMs(r.MeanCommitMs))
+	}
+	if r.CPUScope != "" {
+		s += "  CPU " + fmtCPU(r) + " us/msg"
 	}
 	if m := r.Memory; m != nil {
 		s += fmt.Sprintf("  | %s B/actor, peak live %s, peak RSS %s, live after %.0fs idle %s",
@@ -211,18 +265,19 @@ func summaryLine(r Result) string {
 // writeTextTable prints the final table.
 func writeTextTable(w io.Writer, rep *Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tengine\tsenders\tconvs\tmsg/s\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\terrors\tmean batch\tcommit ms\t")
+	fmt.Fprintln(tw, "scenario\tengine\tsenders\tconvs\tmsg/s\tp50 ms\tp90 ms\tp99 ms\tp99.9 ms\terrors\tmean batch\tcommit ms\tserver CPU us/msg\t")
 	for _, r := range rep.Results {
 		name := r.Engine + " " + r.EngineName + interruptedMark(r)
 		if r.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\tskipped\t\t\t\t\t\t\t\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\tskipped\t\t\t\t\t\t\t\t\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Scenario, name, r.Senders, fmtInt(int64(r.Convs)),
 			fmtInt(int64(r.Throughput)), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99), fmtMs(r.Latency.P999),
-			fmtInt(r.Errors), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs))
+			fmtInt(r.Errors), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs), fmtCPU(r))
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "server CPU us/msg: the server process's CPU per stored message over the measured window; * = in-process engine: the whole bench process, senders included.")
 	if mem := memoryResults(rep.Results); len(mem) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -313,6 +368,9 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	if in.Redis != "" {
 		fmt.Fprintf(w, "| Redis | %s |\n", in.Redis)
 	}
+	if in.SQLiteDir != "" {
+		fmt.Fprintf(w, "| SQLite files (-sqlite engines) | %s (%s) |\n", in.SQLiteDir, orDash(in.SQLiteFS))
+	}
 	fmt.Fprintf(w, "| load average (1 min) at start | %.2f |\n", in.LoadAvg)
 	mode := fmt.Sprintf("%gs measured after %gs warmup", in.Duration, in.Warmup)
 	if in.Repeat > 1 {
@@ -322,7 +380,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))
 	}
 	fmt.Fprintf(w, "| each run | %s; %d PostgreSQL connections for b and c (a and e: the server's store defaults); %d-byte bodies |\n\n", mode, in.Pool, in.BodySize)
-	fmt.Fprintln(w, "Latency is measured by each sender around one Send, from call to durable answer. *mean batch* is messages per store commit and *commit ms* the mean time of one commit (as the engine times it), both over the measured window; *of (d)* is throughput relative to the COPY ceiling in the same scenario; *load* is the machine's 1-minute load average when the run started (the bench's own processes keep it at 2-6 on two cores; clearly higher values mean other work on the machine).")
+	fmt.Fprintln(w, "Latency is measured by each sender around one Send, from call to durable answer. *mean batch* is messages per store commit and *commit ms* the mean time of one commit (as the engine times it), both over the measured window; *server CPU µs/msg* is the user+system CPU time of the process that sequences over the measured window (/proc/PID/stat) divided by the messages stored in it: for the e engines the server process alone, for the in-process engines a and a-sqlite (marked *) the whole bench process, its senders included; PostgreSQL's own CPU is in none of them; *of (d)* is throughput relative to the COPY ceiling in the same scenario; *load* is the machine's 1-minute load average when the run started (the bench's own processes keep it at 2-6 on two cores; clearly higher values mean other work on the machine).")
 	fmt.Fprintln(w)
 
 	fmt.Fprintf(w, "## Engines\n\n| key | engine | per message |\n|---|---|---|\n")
@@ -347,20 +405,20 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 			continue
 		}
 		d, hasD := find(rep.Results, "d", sc.Name)
-		fmt.Fprintf(w, "| engine | msg/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | commit ms | of (d) | load |\n")
-		fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		fmt.Fprintf(w, "| engine | msg/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | commit ms | server CPU µs/msg | of (d) | load |\n")
+		fmt.Fprintf(w, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, r := range rows {
 			if r.Skipped != "" {
-				fmt.Fprintf(w, "| %s %s | skipped: %s ||||||||||\n", r.Engine, r.EngineName, r.Skipped)
+				fmt.Fprintf(w, "| %s %s | skipped: %s |||||||||||\n", r.Engine, r.EngineName, r.Skipped)
 				continue
 			}
 			ofD := "-"
 			if hasD && d.Throughput > 0 {
 				ofD = fmt.Sprintf("%.0f%%", 100*r.Throughput/d.Throughput)
 			}
-			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName+interruptedMark(r),
+			fmt.Fprintf(w, "| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", r.Engine, r.EngineName+interruptedMark(r),
 				fmtThroughputRuns(r), fmtMs(r.Latency.P50), fmtMs(r.Latency.P90), fmtMs(r.Latency.P99),
-				fmtMs(r.Latency.P999), fmtMs(r.Latency.Max), fmtErrors(r), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs), ofD, r.LoadAvg)
+				fmtMs(r.Latency.P999), fmtMs(r.Latency.Max), fmtErrors(r), fmtBatch(r.MeanBatch), fmtCommitMs(r.MeanCommitMs), fmtCPU(r), ofD, r.LoadAvg)
 		}
 		fmt.Fprintln(w)
 	}
@@ -479,6 +537,19 @@ func interruptedMark(r Result) string {
 		return " (interrupted)"
 	}
 	return ""
+}
+
+// fmtCPU is the CPU µs per message, marked * when it is the bench process's
+// (an in-process engine, senders included) rather than the server's.
+func fmtCPU(r Result) string {
+	if r.CPUScope == "" {
+		return "-"
+	}
+	s := strconv.FormatFloat(r.CPUUsPerMsg, 'f', 1, 64)
+	if r.CPUScope == cpuScopeBench {
+		s += "*"
+	}
+	return s
 }
 
 func fmtCommitMs(ms float64) string {

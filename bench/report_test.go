@@ -105,6 +105,12 @@ func sampleReport() *Report {
 				HeapAtEnd: 10<<20 + 1500*1000000, BytesPerActor: 1500, PeakRSS: 3 << 30, IdleSeconds: 12, HeapAfterIdle: 12 << 20}},
 	}
 	results[1].Errors, results[1].ErrorCodes = 3, map[string]int64{"unavailable": 2, "error": 1}
+	results[0].CPUUsPerMsg, results[0].CPUScope = 12.5, cpuScopeBench
+	jsonRow := res("e-json", "sequencer serve, JSON HTTP/1.1", "many", 9000, 90)
+	jsonRow.CPUUsPerMsg, jsonRow.CPUScope = 35.04, cpuScopeServer
+	batch := res("e-batch", "sequencer serve, SDK batching", "many", 45000, 50)
+	batch.CPUUsPerMsg, batch.CPUScope = 20, cpuScopeServer
+	results = append(results, jsonRow, batch, res("a-sqlite", "sequencer, in process, SQLite", "many", 24000, 60))
 	return &Report{
 		Info:    RunInfo{RunID: "cafe0123", Command: "sequencer bench --duration 10s", CPUs: 2, GOMAXPROCS: 2, PostgreSQL: map[string]string{"server_version": "15.20", "synchronous_commit": "on"}},
 		Engines: []EngineInfo{{Key: "a", Name: "sequencer, in process"}, {Key: "b", Name: "Redis INCR + INSERT"}, {Key: "d", Name: "COPY, no seq (ceiling)"}},
@@ -121,11 +127,17 @@ func TestTargetsAreCheckedAgainstResults(t *testing.T) {
 		got[c.Target] = c
 	}
 	want := map[string]string{
-		"many: (a) >= 10x (b)":                             "met",     // 52,000 vs 5,000
-		"many: (a) >= 60% of (d)":                          "met",     // 65%
-		"hot: (a) >= 40,000 msg/s":                         "met",     // 41,000
-		"light: (a) p99 <= 10 ms":                          "not met", // 12.5
-		"memory: (a) <= 2 KiB per live conversation actor": "met",     // 1,500
+		"many: (a) >= 10x (b)":                             "met",          // 52,000 vs 5,000
+		"many: (a) >= 60% of (d)":                          "met",          // 65%
+		"hot: (a) >= 40,000 msg/s":                         "met",          // 41,000
+		"light: (a) p99 <= 10 ms":                          "not met",      // 12.5
+		"memory: (a) <= 2 KiB per live conversation actor": "met",          // 1,500
+		"many: (e-batch) >= 80% of (a)":                    "met",          // 45,000 vs 52,000
+		"hot: (e-batch) >= 80% of (a)":                     "not measured", // no e-batch hot
+		"light: (e) p99 <= 10 ms":                          "not measured",
+		"many: (e-json) server CPU <= 40 µs/msg":           "met",     // 35.0
+		"many: (a-sqlite) >= 25,000 msg/s":                 "not met", // 24,000
+		"many: (e-batch-sqlite) >= 15,000 msg/s":           "not measured",
 	}
 	for target, status := range want {
 		if got[target].Status != status {
@@ -133,6 +145,9 @@ func TestTargetsAreCheckedAgainstResults(t *testing.T) {
 		}
 	}
 	if m := got["many: (a) >= 10x (b)"].Measured; m != "10.4x (52,000 vs 5,000 msg/s)" {
+		t.Errorf("measured %q", m)
+	}
+	if m := got["many: (e-batch) >= 80% of (a)"].Measured; m != "87% (45,000 vs 52,000 msg/s)" {
 		t.Errorf("measured %q", m)
 	}
 	none := checkTargets(nil)
@@ -152,7 +167,10 @@ func TestMarkdownHasEveryRow(t *testing.T) {
 		"Command: `sequencer bench --duration 10s`",
 		"| PostgreSQL | 15.20 (synchronous_commit=on",
 		"## many: many conversations",
-		"| a sequencer, in process | 52,000 | 13.3 | 20.0 | 40.0 | 60.0 | 80.0 | 0 | 1.0 | 4.20 | 65% |",
+		"| a sequencer, in process | 52,000 | 13.3 | 20.0 | 40.0 | 60.0 | 80.0 | 0 | 1.0 | 4.20 | 12.5* | 65% |",
+		"| e-json sequencer serve, JSON HTTP/1.1 | 9,000 | 30.0 | 45.0 | 90.0 | 135 | 180 | 0 | 1.0 | 4.20 | 35.0 | 11% |",
+		"| b Redis INCR + INSERT | 5,000 | 100 | 150 | 300 | 450 | 600 | 3 (error 1, unavailable 2) | 1.0 | 4.20 | - | 6% |",
+		"server CPU µs/msg",
 		"| b Redis INCR + INSERT | 5,000 |",
 		"3 (error 1, unavailable 2)",
 		"| b Redis INCR + INSERT | skipped: no per-conversation state in memory |",
@@ -170,7 +188,7 @@ func TestTextTable(t *testing.T) {
 	var b bytes.Buffer
 	writeTextTable(&b, sampleReport())
 	out := b.String()
-	for _, want := range []string{"p99.9 ms", "52,000", "commit ms", "4.20", "skipped", "bytes/live actor", "1,500", "not met"} {
+	for _, want := range []string{"p99.9 ms", "52,000", "commit ms", "4.20", "skipped", "bytes/live actor", "1,500", "not met", "server CPU us/msg", "12.5*", "35.0"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

@@ -35,8 +35,15 @@ type Result struct {
 	MeanBatch float64 `json:"mean_batch,omitempty"`
 	// MeanCommitMs is the mean time of one store commit during the
 	// measurement, as the engine timed it (0: not known).
-	MeanCommitMs float64       `json:"mean_commit_ms,omitempty"`
-	Memory       *MemoryResult `json:"memory,omitempty"`
+	MeanCommitMs float64 `json:"mean_commit_ms,omitempty"`
+	// CPUUsPerMsg is the CPU time of the process that sequences (CPUScope
+	// says which: the server, or the bench process for an in-process
+	// engine) over the measured window, per stored message, in
+	// microseconds; CPUSeconds is that CPU time. 0: not measured.
+	CPUUsPerMsg float64       `json:"cpu_us_per_msg,omitempty"`
+	CPUSeconds  float64       `json:"cpu_seconds,omitempty"`
+	CPUScope    string        `json:"cpu_scope,omitempty"`
+	Memory      *MemoryResult `json:"memory,omitempty"`
 	// LoadAvg is the machine's 1-minute load average when the run started
 	// (the bench shares its machine; a high value explains noise).
 	LoadAvg float64 `json:"load_avg_1m"`

@@ -1,6 +1,7 @@
 // Command sequencer runs the message sequencer: `sequencer serve` runs a node,
 // `sequencer migrate` applies the store's schema, `sequencer admin` runs
-// operator commands (package admin), `sequencer bench` measures.
+// operator commands (package admin), `sequencer bench` runs the separate
+// sequencer-bench binary next to this one (cmd/sequencer-bench).
 // It only parses configuration, builds, runs and stops; the wiring lives in
 // package server.
 package main
@@ -31,7 +32,7 @@ Usage:
   sequencer migrate [flags]   apply the store's schema migrations and exit
   sequencer admin   COMMAND   operator commands: members, partitions, head, route, drain,
                               forget, migrate status, trim, backup (sequencer admin --help)
-  sequencer bench   [flags]   run the benchmarks (see docs/BENCHMARKS.md)
+  sequencer bench   [flags]   run sequencer-bench from this binary's directory (docs/BENCHMARKS.md)
   sequencer health  [flags]   exit 0 when a node's /readyz (or --url) answers 200 (container health checks)
   sequencer version           print the version, commit and Go version (also --version)
   sequencer help    [command]
@@ -76,6 +77,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	var code exitCode
+	if errors.As(err, &code) {
+		return int(code) // the child (sequencer-bench) has said why
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
