@@ -468,11 +468,19 @@ func (s *sim) check() {
 // send sends one new message through node via; it returns the error.
 func (s *sim) send(via string, conv string) error {
 	s.t.Helper()
-	s.seq++
-	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: fmt.Sprintf("m%d", s.seq), MsgType: 1}
 	// A forward to a frozen node gets no answer: it is retried until the
 	// context ends, which is not an answer either.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	return s.sendWithin(via, conv, 20*time.Millisecond)
+}
+
+// sendWithin is send with a timeout; sends to a settled cluster (no frozen or
+// dead owner) get a generous one, since the race detector and a loaded
+// machine can slow a forward's goroutines well past 20 ms of real time.
+func (s *sim) sendWithin(via string, conv string, timeout time.Duration) error {
+	s.t.Helper()
+	s.seq++
+	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: fmt.Sprintf("m%d", s.seq), MsgType: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	res, err := s.nodes[via].node.Send(ctx, req)
 	if err != nil {
@@ -958,7 +966,7 @@ func TestSimRandomSchedules(t *testing.T) {
 			s.settle(12)
 			for p := range simPartitions {
 				run := s.running()
-				if err := s.send(run[p%len(run)].id, simConvs[p]); err != nil {
+				if err := s.sendWithin(run[p%len(run)].id, simConvs[p], 10*time.Second); err != nil {
 					t.Fatalf("after settling, send to partition %d: %v\n%s", p, err, s.dump())
 				}
 			}
