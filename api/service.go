@@ -26,7 +26,6 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/metrics"
-	"github.com/sequencer-im/sequencer/persist"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -97,7 +96,6 @@ type Service struct {
 
 var (
 	_ sequencerv1connect.SequencerServiceHandler = (*Service)(nil)
-	_ Reader                                     = persist.Store(nil)
 )
 
 // Method names as they appear in the metric label "method".

@@ -40,6 +40,7 @@ var (
 	_ api.Sender = (*actor.Node)(nil)
 	_ api.Sender = (*cluster.Node)(nil)
 	_ api.Router = (*cluster.Node)(nil)
+	_ api.Reader = persist.Store(nil)
 )
 
 // Server is a running node.

@@ -71,8 +71,20 @@ func TestServerAndClientDoNotLinkTheBench(t *testing.T) {
 			}
 		}
 	}
+	// The Go SDK links the root package and the generated code only: no
+	// server edge, no server wiring, no Prometheus.
+	out, err := exec.Command(gobin, "list", "-deps", "github.com/sequencer-im/sequencer/client").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps ./client: %v\n%s", err, out)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if strings.HasPrefix(d, "github.com/prometheus/") || (strings.HasPrefix(d, "github.com/sequencer-im/sequencer/") &&
+			!strings.HasPrefix(d, "github.com/sequencer-im/sequencer/proto/") && d != "github.com/sequencer-im/sequencer/client") {
+			t.Errorf("the client SDK links %s", d)
+		}
+	}
 	// The check itself sees a dependency when there is one.
-	out, err := exec.Command(gobin, "list", "-deps", "github.com/sequencer-im/sequencer/cmd/sequencer-bench").CombinedOutput()
+	out, err = exec.Command(gobin, "list", "-deps", "github.com/sequencer-im/sequencer/cmd/sequencer-bench").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "github.com/redis/go-redis/v9\n") {
 		t.Fatalf("go list -deps ./cmd/sequencer-bench does not show go-redis: %v\n%s", err, out)
 	}
