@@ -20,10 +20,12 @@ type batchWait struct {
 	done      chan struct{}
 }
 
-// batchItem is the core's token for one item of a batch: out[idx] of b.
+// batchItem is the core's token for one item of a batch: out[idx] of b;
+// size is what it counts against MaxPendingBytes.
 type batchItem struct {
-	b   *batchWait
-	idx int
+	b    *batchWait
+	idx  int
+	size int64
 }
 
 func (w *batchWait) answer(idx int, o sequencer.SendOutcome) {
@@ -63,8 +65,8 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 	var order []*sendGroup
 	admitted := 0
 	for i := range reqs {
-		items[i] = batchItem{b: w, idx: i}
-		if err := n.admit(reqs[i].ConvID); err != nil {
+		items[i] = batchItem{b: w, idx: i, size: pendingSize(&reqs[i])}
+		if err := n.admit(reqs[i].ConvID, items[i].size); err != nil {
 			out[i] = sequencer.SendOutcome{Err: err}
 			w.answered[i] = true
 			continue
@@ -87,7 +89,7 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 		ref, err := n.route(g.reqs[0].ConvID)
 		if err != nil {
 			for _, it := range g.items {
-				n.pending.Add(-1)
+				n.release(it.size)
 				w.answer(it.idx, sequencer.SendOutcome{Err: err})
 			}
 			continue
@@ -111,9 +113,10 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 	}
 }
 
-// admit checks that a send for convID may enter: the node is open, owns the
-// conversation, and has room (one more pending send counted on success).
-func (n *Node) admit(convID string) error {
+// admit checks that a send for convID of size bytes (pendingSize) may enter:
+// the node is open, owns the conversation, and has room for one more send
+// and its bytes (both counted on success; release undoes it).
+func (n *Node) admit(convID string, size int64) error {
 	if n.closed.Load() {
 		return sequencer.ErrShuttingDown
 	}
@@ -126,7 +129,24 @@ func (n *Node) admit(convID string) error {
 		n.pending.Add(-1)
 		return fmt.Errorf("node holds %d sends: %w", n.cfg.MaxPending, sequencer.ErrOverloaded)
 	}
+	if b := n.pendingBytes.Add(size); b > n.cfg.MaxPendingBytes && b != size {
+		// (A single send larger than the bound still gets in alone.)
+		n.release(size)
+		return fmt.Errorf("node holds %d bytes of sends: %w", b-size, sequencer.ErrOverloaded)
+	}
 	return nil
+}
+
+// release uncounts one admitted send of size bytes.
+func (n *Node) release(size int64) {
+	n.pending.Add(-1)
+	n.pendingBytes.Add(-size)
+}
+
+// pendingSize is what a send counts against MaxPendingBytes: its body and
+// keys, plus a fixed overhead for the rest of the message.
+func pendingSize(r *sequencer.SendRequest) int64 {
+	return int64(len(r.Body) + len(r.ConvID) + len(r.ClientMsgID) + 64)
 }
 
 // callerGaveUp is the answer to a send whose caller's ctx ended before its

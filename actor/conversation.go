@@ -143,11 +143,14 @@ func (a *convActor) execute(ctx pa.Context) {
 		}
 	}
 	for _, r := range rd.Replies {
-		n.pending.Add(-1) // before the reply: a caller that resends at once is not counted twice
+		// Uncounted before the reply: a caller that resends at once is not
+		// counted twice.
 		switch t := r.Token.(type) {
 		case *sendMsg:
+			n.release(pendingSize(&t.req))
 			t.reply <- outcome{res: r.Result, err: r.Err}
 		case *batchItem:
+			n.release(t.size)
 			t.b.answer(t.idx, sequencer.SendOutcome{Result: r.Result, Err: r.Err})
 		}
 	}

@@ -54,6 +54,8 @@ const (
 	DefaultCommitWorkers    = 4
 	DefaultMaxBatchMessages = 4000
 	DefaultCommitTimeout    = 5 * time.Second
+	DefaultMaxPendingBytes  = 256 << 20
+	DefaultMaxConversations = 1_000_000
 )
 
 // Config configures a Node. Store and IDs are required.
@@ -71,6 +73,14 @@ type Config struct {
 	CommitWorkers    int           // parallel store transactions; default 4
 	MaxBatchMessages int           // rows per store transaction; default 4000
 	CommitTimeout    time.Duration // per store call; a commit that times out is an unknown outcome; default 5s
+	// MaxPendingBytes bounds the bytes (pendingSize) of the sends the node
+	// holds at once; more are refused with resource_exhausted. Default
+	// 256 MiB.
+	MaxPendingBytes int64
+	// MaxConversations bounds the live conversation actors; a send for a
+	// conversation without one is refused with resource_exhausted while
+	// the node has that many (idle ones passivate). Default 1,000,000.
+	MaxConversations int
 	// MaxFloors bounds how many passivated conversations' highest acked seqs
 	// the node remembers to detect a store that went backwards (about 80
 	// bytes each). Default 100,000; past it the oldest are forgotten.
@@ -89,11 +99,12 @@ type Node struct {
 	seed   maphash.Seed
 	shards [shardCount]shard
 
-	floors  floors          // highest acked seq of passivated conversations (never backwards)
-	logs    *ratelog.Logger // rate-limited warnings
-	pending atomic.Int64    // sends admitted and not yet answered
-	live    atomic.Int64    // conversation actors in the router
-	closed  atomic.Bool
+	floors       floors          // highest acked seq of passivated conversations (never backwards)
+	logs         *ratelog.Logger // rate-limited warnings
+	pending      atomic.Int64    // sends admitted and not yet answered
+	pendingBytes atomic.Int64    // their pendingSize, summed
+	live         atomic.Int64    // conversation actors in the router
+	closed       atomic.Bool
 
 	// Passivation: one sweeper per node (not a timer per actor) posts
 	// idleCheckMsg to the actors idle for PassivateAfter.
@@ -139,6 +150,12 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	if cfg.CommitTimeout <= 0 {
 		cfg.CommitTimeout = DefaultCommitTimeout
+	}
+	if cfg.MaxPendingBytes <= 0 {
+		cfg.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	if cfg.MaxConversations <= 0 {
+		cfg.MaxConversations = DefaultMaxConversations
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
 	log := cfg.Logger
@@ -222,13 +239,14 @@ func (n *Node) now() int64 { return int64(time.Since(n.epoch)) }
 // in another conversation, canceled / deadline_exceeded when ctx ends first
 // (the send may still be stored: a resend with the same client_msg_id tells).
 func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	if err := n.admit(req.ConvID); err != nil {
+	size := pendingSize(&req)
+	if err := n.admit(req.ConvID, size); err != nil {
 		return sequencer.SendResult{}, err
 	}
 	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
 	ref, err := n.route(req.ConvID)
 	if err != nil {
-		n.pending.Add(-1)
+		n.release(size)
 		return sequencer.SendResult{}, err
 	}
 	n.system.Root.Send(ref.pid, msg)
@@ -319,6 +337,9 @@ func (n *Node) route(convID string) (*convActor, error) {
 	if ref == nil {
 		if sh.closed {
 			return nil, sequencer.ErrShuttingDown
+		}
+		if n.live.Load() >= int64(n.cfg.MaxConversations) {
+			return nil, fmt.Errorf("node has %d live conversations: %w", n.cfg.MaxConversations, sequencer.ErrOverloaded)
 		}
 		var err error
 		if ref, err = n.spawn(sh, convID); err != nil {

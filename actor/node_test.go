@@ -375,3 +375,43 @@ func TestSendRacingPassivation(t *testing.T) {
 		}
 	}
 }
+
+// The byte bound and the live-conversation bound answer resource_exhausted
+// at once, consume nothing, and are given back when sends are answered.
+func TestOverloadBytesAndConversations(t *testing.T) {
+	st := newGateStore()
+	big := req("g:b", "b1")
+	big.Body = make([]byte, 1000)
+	per := pendingSize(&big)
+	n := newNode(t, Config{Store: st, MaxPendingBytes: 2*per + 200, MaxConversations: 2})
+	ctx := context.Background()
+	a1 := sendAsync(n, ctx, big)
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	big2 := big
+	big2.ClientMsgID = "b2"
+	a2 := sendAsync(n, ctx, big2)
+	waitFor(t, "two pending", func() bool { return n.pending.Load() == 2 })
+	big3 := big
+	big3.ClientMsgID = "b3"
+	if _, err := n.Send(ctx, big3); sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+		t.Fatalf("byte bound: %v", err)
+	}
+	// A second conversation is still allowed (small), a third is not.
+	a3 := sendAsync(n, ctx, req("g:c2", "s1"))
+	waitFor(t, "second conversation live", func() bool { return n.LiveConversations() == 2 })
+	if _, err := n.Send(ctx, req("g:c3", "s2")); sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+		t.Fatalf("conversation bound: %v", err)
+	}
+	close(st.gate)
+	for i, ch := range []<-chan answer{a1, a2, a3} {
+		if a := <-ch; a.err != nil {
+			t.Fatalf("send %d: %v", i, a.err)
+		}
+	}
+	if n.pending.Load() != 0 || n.pendingBytes.Load() != 0 {
+		t.Fatalf("pending %d / %d bytes after all answered", n.pending.Load(), n.pendingBytes.Load())
+	}
+	if head, _ := st.LoadHead(ctx, "g:b"); head != 2 {
+		t.Fatalf("head %d: the refused send consumed a seq", head)
+	}
+}

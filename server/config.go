@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/persist/open"
@@ -50,6 +51,16 @@ type Config struct {
 	MaxQueuePerConv int
 	// MaxPending bounds the sends queued on the node. Default 65536.
 	MaxPending int
+	// MaxPendingBytes bounds the bytes of the sends queued on the node
+	// (bodies and keys). Default 256 MiB.
+	MaxPendingBytes int
+	// MaxConversations bounds the live conversation actors. Default
+	// 1,000,000.
+	MaxConversations int
+	// StoreConns is the PostgreSQL pool for commits and reads; a second
+	// pool of 2 connections serves the worker-id lease and the membership.
+	// Default 8.
+	StoreConns int
 	// CommitTimeout bounds one store commit; past it the outcome is unknown
 	// and the conversation re-reads the store. Default 5s.
 	CommitTimeout time.Duration
@@ -142,7 +153,10 @@ func (c Config) WithDefaults() Config {
 	defInt(&c.CommitWorkers, 4)
 	defInt(&c.MaxBatchMessages, 4000)
 	defInt(&c.MaxQueuePerConv, 4096)
-	defInt(&c.MaxPending, 65536)
+	defInt(&c.MaxPending, actor.DefaultMaxPending)
+	defInt(&c.MaxPendingBytes, actor.DefaultMaxPendingBytes)
+	defInt(&c.MaxConversations, actor.DefaultMaxConversations)
+	defInt(&c.StoreConns, 8)
 	defDur(&c.CommitTimeout, 5*time.Second)
 	defDur(&c.WorkerLeaseTTL, 10*time.Second)
 	defDur(&c.DrainTimeout, 30*time.Second)
@@ -212,6 +226,9 @@ func (c Config) Validate() error {
 	pos("max-batch-messages", c.MaxBatchMessages)
 	pos("max-queue-per-conv", c.MaxQueuePerConv)
 	pos("max-pending", c.MaxPending)
+	pos("max-pending-bytes", c.MaxPendingBytes)
+	pos("max-conversations", c.MaxConversations)
+	pos("store-conns", c.StoreConns)
 	pos("partitions", c.Partitions)
 	if c.MemberTTL <= 2*c.Heartbeat {
 		errs = append(errs, fmt.Errorf("member-ttl %v must exceed 2 x heartbeat %v", c.MemberTTL, c.Heartbeat))

@@ -143,7 +143,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID}})
+	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
+		Postgres: postgres.Options{MaxConns: int32(cfg.StoreConns)}})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -172,6 +173,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	acfg := actor.Config{
 		Store: st, IDs: s.lease, Metrics: s.metrics, Logger: log,
 		PassivateAfter: cfg.PassivateAfter, MaxQueuePerConv: cfg.MaxQueuePerConv, MaxPending: cfg.MaxPending,
+		MaxPendingBytes: int64(cfg.MaxPendingBytes), MaxConversations: cfg.MaxConversations,
 		CommitWorkers: cfg.CommitWorkers, MaxBatchMessages: cfg.MaxBatchMessages, CommitTimeout: cfg.CommitTimeout,
 	}
 	var sender api.Sender
