@@ -31,6 +31,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/buildinfo"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster/membership"
 	"github.com/sequencer-im/sequencer/persist"
@@ -169,7 +170,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
 	n.parts = make([]partState, n.partitions)
-	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: empty.Partitions(), Protocol: ProtocolVersion}
+	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: empty.Partitions(), Protocol: ProtocolVersion,
+		Version: buildinfo.Get().Version}
 	return n, nil
 }
 

@@ -43,7 +43,8 @@ type Member struct {
 	ClusterAddr    string `json:"clusterAddr,omitempty"`
 	Leaving        bool   `json:"leaving,omitempty"`
 	Self           bool   `json:"self,omitempty"`
-	HeartbeatAgeMs int64  `json:"heartbeatAgeMs"` // since its last heartbeat reached the store
+	HeartbeatAgeMs int64  `json:"heartbeatAgeMs"`    // since its last heartbeat reached the store
+	Version        string `json:"version,omitempty"` // the build the member runs
 }
 
 // Partition is one partition's lease as the serving node sees it.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/sequencer-im/sequencer/buildinfo"
 	"net/http"
 	"time"
 
@@ -20,7 +21,7 @@ func (v clusterView) Members() []console.Member {
 	for _, m := range s.Members {
 		age := s.StoreNow.Sub(m.LeaseUntil.Add(-s.MemberTTL)) + since
 		out = append(out, console.Member{NodeID: m.NodeID, APIAddr: m.APIAddr, ClusterAddr: m.ClusterAddr,
-			Leaving: m.Leaving, Self: m.NodeID == s.NodeID, HeartbeatAgeMs: max(0, age.Milliseconds())})
+			Leaving: m.Leaving, Self: m.NodeID == s.NodeID, HeartbeatAgeMs: max(0, age.Milliseconds()), Version: m.Version})
 	}
 	return out
 }
@@ -39,7 +40,7 @@ type singleView struct{ s *Server }
 
 func (v singleView) Version() uint64 { return 0 }
 func (v singleView) Members() []console.Member {
-	return []console.Member{{NodeID: v.s.cfg.NodeID, APIAddr: v.s.Addr(), Self: true}}
+	return []console.Member{{NodeID: v.s.cfg.NodeID, APIAddr: v.s.Addr(), Self: true, Version: buildinfo.Get().Version}}
 }
 func (v singleView) Partitions() []console.Partition { return nil }
 

@@ -15,7 +15,7 @@ func TestConsoleMountedWithTheAdminEndpoints(t *testing.T) {
 	if code, body := get(t, "http://"+one.Addr()+"/console/"); code != 200 || !strings.Contains(body, "sequencer console") {
 		t.Fatalf("console on the API port: %d", code)
 	}
-	if code, body := get(t, "http://"+one.Addr()+"/console/api/members"); code != 200 || !strings.Contains(body, `"nodeId":"solo"`) || !strings.Contains(body, `"self":true`) {
+	if code, body := get(t, "http://"+one.Addr()+"/console/api/members"); code != 200 || !strings.Contains(body, `"nodeId":"solo"`) || !strings.Contains(body, `"self":true`) || !strings.Contains(body, `"version":"`) {
 		t.Fatalf("members of a single node: %d %s", code, body)
 	}
 	if code, body := get(t, "http://"+one.Addr()+"/console/api/conversation?conv_id=g:1"); code != 200 || !strings.Contains(body, `"headSeq":"0"`) {

@@ -61,6 +61,8 @@ type Member struct {
 	// whose values differ from a live member's (ErrIncompatible).
 	Partitions int
 	Protocol   int
+	// Version is the build the member runs (shown to operators only).
+	Version string
 }
 
 // Lease is one partition's lease row. Owner "" means released (free).

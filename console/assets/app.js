@@ -56,11 +56,12 @@
     for (const p of parts.partitions) if (p.owner) held.set(p.owner, (held.get(p.owner) || 0) + 1);
     m.members.slice().sort((a, b) => a.nodeId.localeCompare(b.nodeId)).forEach((x) => colorOf(x.nodeId));
     const rows = m.members.map((x) => {
-      const stale = x.heartbeatAgeMs > 1500; // the default heartbeat is 1 s
+      const stale = x.heartbeatAgeMs > 1000; // the default heartbeat is 250 ms
       return el("tr", { "data-node": x.nodeId },
         el("td", {}, el("span", { class: "swatch", style: "background:" + colorOf(x.nodeId) }), x.nodeId),
         el("td", {}, x.apiAddr || "—"),
         el("td", {}, x.clusterAddr || "—"),
+        el("td", {}, x.version || "—"),
         el("td", { class: stale ? "stale" : "", "data-age-ms": String(x.heartbeatAgeMs) }, age(x.heartbeatAgeMs)),
         el("td", {}, parts.partitions.length ? String(held.get(x.nodeId) || 0) : "all"),
         el("td", {}, x.self ? el("span", { class: "tag" }, "this node") : "", x.leaving ? el("span", { class: "tag" }, "leaving") : ""));

@@ -127,14 +127,14 @@ func expire(ctx context.Context, tx pgx.Tx, now time.Time) (bool, error) {
 
 func readView(ctx context.Context, tx pgx.Tx, version uint64, now time.Time) (membership.View, error) {
 	v := membership.View{Version: version, Now: now}
-	rows, err := tx.Query(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until
+	rows, err := tx.Query(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol, version
 		FROM cluster_member WHERE lease_until >= $1`, now)
 	if err != nil {
 		return v, err
 	}
 	for rows.Next() {
 		var m membership.Member
-		if err := rows.Scan(&m.NodeID, &m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil); err != nil {
+		if err := rows.Scan(&m.NodeID, &m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil, &m.Partitions, &m.Protocol, &m.Version); err != nil {
 			rows.Close()
 			return v, err
 		}
@@ -225,13 +225,13 @@ func (c *ClusterStore) Join(ctx context.Context, m membership.Member, ttl time.D
 		}
 		leaving := live && old.incarnation == m.Incarnation && old.leaving
 		changed := !live || old.incarnation != m.Incarnation || old.clusterAddr != m.ClusterAddr || old.apiAddr != m.APIAddr
-		if _, err := tx.Exec(ctx, `INSERT INTO cluster_member (node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		if _, err := tx.Exec(ctx, `INSERT INTO cluster_member (node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol, version)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 			ON CONFLICT (node_id) DO UPDATE SET incarnation = EXCLUDED.incarnation, cluster_addr = EXCLUDED.cluster_addr,
 			  api_addr = EXCLUDED.api_addr, leaving = EXCLUDED.leaving, lease_until = EXCLUDED.lease_until,
-			  partitions = EXCLUDED.partitions, protocol = EXCLUDED.protocol,
+			  partitions = EXCLUDED.partitions, protocol = EXCLUDED.protocol, version = EXCLUDED.version,
 			  joined_at = CASE WHEN cluster_member.incarnation = EXCLUDED.incarnation THEN cluster_member.joined_at ELSE now() END`,
-			m.NodeID, m.Incarnation, m.ClusterAddr, m.APIAddr, leaving, now.Add(ttl), m.Partitions, m.Protocol); err != nil {
+			m.NodeID, m.Incarnation, m.ClusterAddr, m.APIAddr, leaving, now.Add(ttl), m.Partitions, m.Protocol, m.Version); err != nil {
 			return err
 		}
 		expired, err := expire(ctx, tx, now)

@@ -220,8 +220,11 @@ func testExpiry(t *testing.T, s membership.Store, clk *clock.Fake) {
 // owners); once the live members are gone, it can (a planned change).
 func testIncompatible(t *testing.T, s membership.Store, clk *clock.Fake) {
 	a := member("a")
-	a.Partitions, a.Protocol = 271, 2
+	a.Partitions, a.Protocol, a.Version = 271, 2, "v9.9.9"
 	v1 := join(t, s, a)
+	if m, _ := v1.Member("a"); m.Partitions != 271 || m.Protocol != 2 || m.Version != "v9.9.9" {
+		t.Fatalf("member row %+v: partitions, protocol and version not kept", m)
+	}
 	for _, bad := range []struct{ parts, proto int }{{31, 2}, {271, 1}} {
 		b := member("b")
 		b.Partitions, b.Protocol = bad.parts, bad.proto
