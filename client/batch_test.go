@@ -15,6 +15,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/client"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 
 	"google.golang.org/protobuf/proto"
@@ -176,11 +177,8 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 			_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: fmt.Sprint("q", i), Body: []byte("x")})
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); client.QueuedAt(c, f.addr) < 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // both queue behind the held request
-			t.Fatal("the two sends did not queue")
-		}
-	}
+	testwait.For(t, 10*time.Second, time.Millisecond, "both sends to queue behind the held request",
+		func() bool { return client.QueuedAt(c, f.addr) >= 2 })
 	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	_, err := c.Send(sctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "over", Body: []byte("x")})
