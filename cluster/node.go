@@ -280,6 +280,26 @@ func (n *Node) join(ctx context.Context, clusterAddr string, takeOver bool) erro
 	return nil
 }
 
+// rejoin joins as a new incarnation after a step-down. The previous
+// incarnation's row may still be live (a step-down for a fenced commit, with
+// heartbeats still succeeding): it is removed first, so the node is not
+// refused as its own duplicate. Removing it releases nothing that the
+// step-down did not already drop; its partitions become takeable.
+func (n *Node) rejoin(ctx context.Context, old membership.Member) {
+	if old.Incarnation != "" {
+		rctx, cancel := n.opCtx(ctx)
+		err := n.store.Remove(rctx, old.NodeID, old.Incarnation)
+		cancel()
+		if err != nil {
+			n.log.Warn("rejoin: could not remove the previous incarnation's row; retrying", "incarnation", old.Incarnation, "err", err)
+			return
+		}
+	}
+	if err := n.join(ctx, "", false); err != nil {
+		n.log.Warn("rejoin failed; retrying", "err", err)
+	}
+}
+
 func (n *Node) startLoops() {
 	bctx, bcancel := context.WithCancel(context.Background())
 	rctx, rcancel := context.WithCancel(context.Background())
@@ -438,9 +458,7 @@ func (n *Node) reconcile(ctx context.Context) {
 			}
 			n.stepDown(ctx, reason)
 		}
-		if err := n.join(ctx, "", false); err != nil {
-			n.log.Warn("rejoin failed; retrying", "err", err)
-		}
+		n.rejoin(ctx, self)
 		return
 	}
 	pl := decide(r, &view, self.NodeID, self.Incarnation, parts)
@@ -450,9 +468,7 @@ func (n *Node) reconcile(ctx context.Context) {
 		n.mu.Unlock()
 		n.log.Warn("partitions taken over by another node", "partitions", pl.lost)
 		n.stepDown(ctx, "partitions taken over")
-		if err := n.join(ctx, "", false); err != nil {
-			n.log.Warn("rejoin failed; retrying", "err", err)
-		}
+		n.rejoin(ctx, self)
 		return
 	}
 	if len(pl.release) > 0 {

@@ -60,9 +60,8 @@ type Config struct {
 	// MaxConversations bounds the live conversation actors. Default
 	// 1,000,000.
 	MaxConversations int
-	// StoreConns is the PostgreSQL pool for commits and reads; a second
-	// pool of 2 connections serves the worker-id lease and the membership.
-	// Default 8.
+	// StoreConns is the PostgreSQL pool size (commits, reads, the worker-id
+	// lease and the membership share it). Default 8.
 	StoreConns int
 	// CommitTimeout bounds one store commit; past it the outcome is unknown
 	// and the conversation re-reads the store. Default 5s.

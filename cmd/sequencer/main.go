@@ -112,7 +112,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.MaxPending, "max-pending", d.MaxPending, "sends queued on the node before resource_exhausted")
 	fs.IntVar(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bytes of the sends queued on the node (bodies and keys) before resource_exhausted")
 	fs.IntVar(&c.MaxConversations, "max-conversations", d.MaxConversations, "live conversation actors before sends to new conversations get resource_exhausted (idle ones passivate)")
-	fs.IntVar(&c.StoreConns, "store-conns", d.StoreConns, "PostgreSQL connections for commits and reads (2 more serve the worker lease and membership)")
+	fs.IntVar(&c.StoreConns, "store-conns", d.StoreConns, "PostgreSQL connections (commits, reads, the worker-id lease and cluster membership share them)")
 	fs.DurationVar(&c.CommitTimeout, "commit-timeout", d.CommitTimeout, "bound on one store commit; past it the outcome is re-read from the store")
 	fs.DurationVar(&c.WorkerLeaseTTL, "worker-lease-ttl", d.WorkerLeaseTTL, "lifetime of the snowflake worker-id lease without renewal")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", d.DrainTimeout, "bound on the graceful stop after SIGTERM")

@@ -56,10 +56,9 @@ const (
 	DefaultStuckAfter = time.Second
 )
 
-// Cluster returns the membership table of this store's database, on the
-// store's control pool (commits and reads cannot starve heartbeats).
+// Cluster returns the membership table of this store's database (same pool).
 func (s *Store) Cluster() *ClusterStore {
-	return &ClusterStore{pool: s.control, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
+	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
 }
 
 // WithClock returns a copy of c that reads time from clk instead of the

@@ -42,14 +42,9 @@ import (
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
-	// MaxConns is the pool size for commits and reads. Default 8
-	// (group-commit writers plus reads).
+	// MaxConns is the pool size. Default 8 (group-commit writers plus
+	// reads).
 	MaxConns int32
-	// ControlConns is the size of a second pool, kept for the worker-id
-	// lease and the cluster membership (heartbeats, partition leases), so
-	// that a burst of reads or commits can never starve the heartbeat and
-	// make a healthy node look dead. Default 2.
-	ControlConns int32
 	// ConnectTimeout bounds one connection attempt to one host of the DSN
 	// (dial, TLS, authentication, the target_session_attrs check). With a
 	// multi-host DSN every new connection tries the hosts in order, so a
@@ -74,9 +69,6 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.MaxConns <= 0 {
 		o.MaxConns = 8
-	}
-	if o.ControlConns <= 0 {
-		o.ControlConns = 2
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 2 * time.Second
@@ -109,8 +101,7 @@ const copyMinRows = 1000
 
 // Store is a persist.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
-	pool    *pgxpool.Pool // commits and reads
-	control *pgxpool.Pool // worker-id lease and cluster membership (Options.ControlConns)
+	pool *pgxpool.Pool
 	mode insertMode
 
 	settleMu  sync.Mutex
@@ -144,8 +135,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	cfg.PingTimeout = opts.PingTimeout
 	forFailover(cfg)
-	ccfg := cfg.Copy()
-	ccfg.MaxConns = opts.ControlConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open pool: %v", err))
@@ -154,12 +143,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, unavailable("ping", err)
 	}
-	control, err := pgxpool.NewWithConfig(ctx, ccfg)
-	if err != nil {
-		pool.Close()
-		return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open control pool: %v", err))
-	}
-	return &Store{pool: pool, control: control}, nil
+	return &Store{pool: pool}, nil
 }
 
 // forFailover sets the pool up to follow a primary switch behind a
@@ -292,7 +276,6 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes every connection.
 func (s *Store) Close() error {
 	s.pool.Close()
-	s.control.Close()
 	return nil
 }
 
