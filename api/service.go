@@ -16,6 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sequencer-im/sequencer/internal/tracing"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -81,6 +85,10 @@ type Config struct {
 	// Logger logs internal errors (and retryable ones at debug level).
 	// Default: slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, when set, traces every RPC (OpenTelemetry, through
+	// connectrpc.com/otelconnect); a caller's trace context is linked, not
+	// trusted as parent. nil: no tracing, no interceptor.
+	TracerProvider trace.TracerProvider
 }
 
 // Service implements sequencerv1connect.SequencerServiceHandler.
@@ -92,6 +100,7 @@ type Service struct {
 	maxBatch int
 	metrics  *metrics.Set
 	log      *slog.Logger
+	tracer   trace.TracerProvider
 }
 
 var (
@@ -140,6 +149,7 @@ func NewService(cfg Config) *Service {
 		maxBody:  cfg.MaxBody,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
+		tracer:   cfg.TracerProvider,
 	}
 }
 
@@ -165,6 +175,9 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 		// A SendResponse is a few dozen bytes: gzip costs CPU and saves
 		// nothing. Pull pages and messages above 1 KiB still compress.
 		connect.WithCompressMinBytes(compressMinBytes),
+	}
+	if ic := tracing.Interceptor(s.tracer, false); ic != nil {
+		base = append(base, ic)
 	}
 	return sequencerv1connect.NewSequencerServiceHandler(s, append(base, opts...)...)
 }

@@ -190,7 +190,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
 			TLSCertFile: cfg.ClusterTLSCert, TLSKeyFile: cfg.ClusterTLSKey, TLSCAFile: cfg.ClusterCA,
 			Insecure: cfg.ClusterInsecure, MaxBody: cfg.MaxBody,
-			Logger: log, Metrics: s.metrics,
+			Logger: log, Metrics: s.metrics, TracerProvider: cfg.TracerProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -216,6 +216,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, MaxBatchBytes: cfg.MaxBatchBytes, Metrics: s.metrics, Logger: log, Router: router,
+		TracerProvider: cfg.TracerProvider,
 	})
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)

@@ -153,6 +153,21 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	tp, shutdownTracing, err := newTracerProvider(context.Background(), getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		logger.Info("tracing: exporting spans over OTLP/HTTP (OTEL_EXPORTER_OTLP_* environment)")
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(ctx); err != nil {
+			logger.Warn("tracing: spans not flushed at exit", "err", err)
+		}
+	}()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	return server.Run(ctx, cfg, logger)
