@@ -184,8 +184,9 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 
 // Send validates the request and hands it to the Sender; the answer carries
 // the stored message's ids (the first send's on a resend, duplicate: true).
-func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
-	defer s.observeSend(methodSend, time.Now())
+func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (_ *connect.Response[sequencerv1.SendResponse], err error) {
+	dup := false
+	defer func(start time.Time) { s.observeSend(ctx, methodSend, start, err, dup) }(time.Now())
 	in, err := ValidateSend(req.Msg, s.maxBody)
 	if err != nil {
 		return nil, s.fail(ctx, methodSend, err)
@@ -196,6 +197,7 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 	}
 	s.ok(methodSend)
 	s.countSend(res)
+	dup = res.Duplicate
 	return connect.NewResponse(sendResponse(res)), nil
 }
 
@@ -203,8 +205,8 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 // Sender in item order, and answers results[i] for items[i]. Only the
 // request as a whole (no items, more than MaxBatchItems, more than
 // MaxBatchBytes) fails the RPC, with invalid_argument.
-func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
-	defer s.observeSend(methodSendBatch, time.Now())
+func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (_ *connect.Response[sequencerv1.SendBatchResponse], err error) {
+	defer func(start time.Time) { s.observeSend(ctx, methodSendBatch, start, err, false) }(time.Now())
 	items := req.Msg.GetItems()
 	switch n := len(items); {
 	case n == 0:
@@ -473,11 +475,23 @@ func (s *Service) refuse(r *http.Request, code connect.Code) {
 	s.count(method, code.String())
 }
 
-// observeSend records the latency of a Send or SendBatch started at start.
-func (s *Service) observeSend(method string, start time.Time) {
-	if s.metrics != nil {
-		s.metrics.SendSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+// observeSend records the latency of a Send or SendBatch started at start,
+// by the RPC's code: "ok", "duplicate" (a Send answered with the first
+// send's ids), else the error's code (invalid_argument, unavailable, ...).
+// A SendBatch that answered is "ok" whatever its items' codes
+// (sequencer_sends_total counts those).
+func (s *Service) observeSend(ctx context.Context, method string, start time.Time, err error, dup bool) {
+	if s.metrics == nil {
+		return
 	}
+	code := "ok"
+	switch {
+	case err != nil:
+		code = CodeOf(ctx, err).String()
+	case dup:
+		code = "duplicate"
+	}
+	s.metrics.SendSeconds.WithLabelValues(method, code).Observe(time.Since(start).Seconds())
 }
 
 func (s *Service) count(method, code string) {

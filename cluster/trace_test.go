@@ -58,3 +58,12 @@ func TestInProcessForwardCarriesTrace(t *testing.T) {
 		t.Errorf("b's server span's parent %s (remote %v), want a's client span %s", server.Parent().SpanID(), server.Parent().IsRemote(), client.SpanContext().SpanID())
 	}
 }
+
+func TestSnapshotMoving(t *testing.T) {
+	s := Snapshot{Partitions: []PartitionOwner{
+		{Owner: "a", RingOwner: "a"}, {Owner: "a", RingOwner: "b"}, {Owner: "", RingOwner: "b"}, {Owner: "b", RingOwner: "b"},
+	}}
+	if got := s.Moving(); got != 2 {
+		t.Fatalf("Moving() = %d, want 2 (one held by another node, one free)", got)
+	}
+}

@@ -213,6 +213,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		sender, router = s.cluster, s.cluster
 	}
 	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
+	s.registerGauges()
 
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, MaxBatchBytes: cfg.MaxBatchBytes, Metrics: s.metrics, Logger: log, Router: router,
@@ -249,6 +250,35 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
 	ok = true
 	return s, nil
+}
+
+// registerGauges registers the gauges read on every scrape: pending sends
+// and bytes against their limits, the group-commit queue, the PostgreSQL
+// pools and (in cluster mode) the heartbeat age and the partitions moving.
+func (s *Server) registerGauges() {
+	s.metrics.Pending(func() (int64, int64, int64, int64) {
+		l := s.node.Stats()
+		return l.Pending, l.MaxPending, l.PendingBytes, l.MaxPendingBytes
+	})
+	s.metrics.CommitQueue(func() int { return s.node.Stats().CommitQueue })
+	if pg, ok := s.store.(*postgres.Store); ok {
+		stat := func(control bool) func() metrics.PoolStat {
+			return func() metrics.PoolStat {
+				st, cst := pg.PoolStats()
+				if control {
+					st = cst
+				}
+				return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
+			}
+		}
+		s.metrics.StorePool("main", stat(false))
+		s.metrics.StorePool("control", stat(true))
+	}
+	if c := s.cluster; c != nil {
+		s.metrics.ClusterState(
+			func() float64 { return time.Since(c.Snapshot().ReadAt).Seconds() },
+			func() int { return c.Snapshot().Moving() })
+	}
 }
 
 // Addr is the API address the node listens on.

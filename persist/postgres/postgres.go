@@ -111,7 +111,7 @@ const copyMinRows = 1000
 type Store struct {
 	pool    *pgxpool.Pool // commits and reads
 	control *pgxpool.Pool // worker-id lease and cluster membership (Options.ControlConns)
-	mode insertMode
+	mode    insertMode
 
 	settleMu  sync.Mutex
 	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
@@ -280,6 +280,12 @@ func established(c net.Conn) {
 // Pool exposes the connection pool to packages that keep their own tables in
 // the same database (the cluster's membership and partition leases).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// PoolStats returns the state of the main pool (commits and reads) and of
+// the control pool (worker-id lease and membership), for metrics.
+func (s *Store) PoolStats() (main, control *pgxpool.Stat) {
+	return s.pool.Stat(), s.control.Stat()
+}
 
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {

@@ -1,0 +1,105 @@
+package server
+
+import (
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+)
+
+// gauge returns the value of the series of name whose labels include
+// labels (name=value pairs), and whether there is one.
+func gauge(t *testing.T, s *Server, name string, labels ...string) (float64, bool) {
+	t.Helper()
+	mfs, err := s.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				if !hasLabel(m, labels[i], labels[i+1]) {
+					continue series
+				}
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// The per-scrape gauges of a clustered PostgreSQL node: pending against the
+// limits, the commit queue, both pools, the heartbeat age and the
+// partitions moving (all of them, until this only node holds them).
+func TestGaugesOfAClusteredNode(t *testing.T) {
+	s := start(t, Config{Store: pgtest.NewDatabase(t), ClusterListen: "127.0.0.1:0", StoreConns: 5,
+		MaxPending: 1234, MaxPendingBytes: 5 << 20}, nil)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"sequencer_pending_sends", nil, 0},
+		{"sequencer_pending_sends_limit", nil, 1234},
+		{"sequencer_pending_bytes", nil, 0},
+		{"sequencer_pending_bytes_limit", nil, 5 << 20},
+		{"sequencer_commit_queue_batches", nil, 0},
+		{"sequencer_store_pool_max_conns", []string{"pool", "main"}, 5},
+		{"sequencer_store_pool_max_conns", []string{"pool", "control"}, 2},
+	} {
+		if v, ok := gauge(t, s, c.name, c.labels...); !ok || v != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, v, ok, c.want)
+		}
+	}
+	for _, pool := range []string{"main", "control"} {
+		total, ok := gauge(t, s, "sequencer_store_pool_total_conns", "pool", pool)
+		acq, _ := gauge(t, s, "sequencer_store_pool_acquired_conns", "pool", pool)
+		idle, _ := gauge(t, s, "sequencer_store_pool_idle_conns", "pool", pool)
+		if !ok || total < 1 || acq+idle > total {
+			t.Errorf("pool %s: total %v, acquired %v, idle %v", pool, total, acq, idle)
+		}
+	}
+	age, ok := gauge(t, s, "sequencer_cluster_heartbeat_age_seconds")
+	if ttl := s.cfg.MemberTTL.Seconds(); !ok || age < 0 || age > ttl {
+		t.Errorf("heartbeat age %v s (present %v), want within the member TTL %v s", age, ok, ttl)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		moving, ok := gauge(t, s, "sequencer_cluster_partitions_moving")
+		if ok && moving == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions moving %v (present %v), want 0 on a settled one-node cluster", moving, ok)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition
+	}
+}
+
+// The embedded store has no pools and a single node no cluster gauges.
+func TestGaugesOfAnEmbeddedNode(t *testing.T) {
+	s := start(t, Config{}, nil)
+	if _, ok := gauge(t, s, "sequencer_pending_sends_limit"); !ok {
+		t.Error("no sequencer_pending_sends_limit")
+	}
+	for _, name := range []string{"sequencer_store_pool_max_conns", "sequencer_cluster_heartbeat_age_seconds", "sequencer_cluster_partitions_moving"} {
+		if _, ok := gauge(t, s, name); ok {
+			t.Errorf("%s on an embedded single node", name)
+		}
+	}
+}
