@@ -21,6 +21,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/buildinfo"
+	"github.com/sequencer-im/sequencer/internal/reqid"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -205,11 +206,13 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("log-level %q: %w", level, err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
+	// reqid.Handler: records logged with an API request's context carry
+	// its request_id (the X-Request-Id the client got).
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(reqid.Handler(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(reqid.Handler(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, fmt.Errorf("log-format %q: want text or json", format)
 }

@@ -18,7 +18,8 @@ import (
 // timeout, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES;
 // the service name defaults to "sequencer"), and its shutdown, which flushes
 // the spans not yet sent. When tracing.Enabled(getenv) is false it returns nil and
-// a shutdown that does nothing.
+// a shutdown that does nothing. getenv decides whether to trace; the
+// exporter reads the process environment itself (serve passes os.Getenv).
 func newTracerProvider(ctx context.Context, getenv func(string) string) (*sdktrace.TracerProvider, func(context.Context) error, error) {
 	if !tracing.Enabled(getenv) {
 		return nil, func(context.Context) error { return nil }, nil
