@@ -18,7 +18,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sequencer-im/sequencer/internal/tracing"
-
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/proto/cluster/v1/clusterv1connect"
 )
