@@ -1,10 +1,15 @@
 package server
 
 import (
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -102,4 +107,26 @@ func TestGaugesOfAnEmbeddedNode(t *testing.T) {
 			t.Errorf("%s on an embedded single node", name)
 		}
 	}
+}
+
+// Config.TracerProvider reaches the API: a Send over HTTP ends a server span.
+func TestTracerProviderWired(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	s := start(t, Config{TracerProvider: tp}, nil)
+	resp, err := http.Post("http://"+s.Addr()+"/sequencer.v1.SequencerService/Send", "application/json",
+		strings.NewReader(`{"convId":"c1","fromUid":"1","clientMsgId":"k1","msgType":1,"body":"aGk="}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") == "" {
+		t.Fatalf("send: %d, X-Request-Id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
+	}
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "sequencer.v1.SequencerService/Send" && sp.SpanKind() == trace.SpanKindServer {
+			return
+		}
+	}
+	t.Fatalf("no server span for Send among %d", len(rec.Ended()))
 }
