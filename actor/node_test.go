@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -66,13 +67,7 @@ func newNode(t *testing.T, cfg Config) *Node {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, time.Millisecond, what, cond)
 }
 
 // sendAsync starts a Send and returns where its answer will arrive.

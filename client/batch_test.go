@@ -1,8 +1,11 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +15,10 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/client"
+	"github.com/sequencer-im/sequencer/internal/testwait"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // countingTransport counts the RPC requests by method.
@@ -170,11 +177,8 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 			_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: fmt.Sprint("q", i), Body: []byte("x")})
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); client.QueuedAt(c, f.addr) < 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // both queue behind the held request
-			t.Fatal("the two sends did not queue")
-		}
-	}
+	testwait.For(t, 10*time.Second, time.Millisecond, "both sends to queue behind the held request",
+		func() bool { return client.QueuedAt(c, f.addr) >= 2 })
 	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	_, err := c.Send(sctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "over", Body: []byte("x")})
@@ -189,5 +193,122 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 		if k == "over" {
 			t.Fatalf("the send that never got into the queue reached the node")
 		}
+	}
+}
+
+// CLIENTS.md C09 and C21: a request never carries more than 1,000 items,
+// whatever queued; with batching disabled every message is its own Send.
+func TestBatchCapAndBatchingDisabled(t *testing.T) {
+	ctx := ctxT(t)
+	node := startNode(t, t.TempDir(), "127.0.0.1:0")
+	var mu sync.Mutex
+	var sizes []int
+	tr := &countingTransport{base: h2cTransport(), n: map[string]int{}}
+	t.Cleanup(tr.base.(*http.Transport).CloseIdleConnections)
+	c := newClient(t, client.Config{Addrs: []string{node.Addr()}, HTTPClient: &http.Client{Transport: sizeRecorder{tr, &mu, &sizes}},
+		Protocol: client.ProtocolConnect})
+	reqs := make([]client.SendRequest, 2500)
+	for i := range reqs {
+		reqs[i] = client.SendRequest{ConvID: fmt.Sprintf("g:cap%d", i%50), FromUID: 1, ClientMsgID: fmt.Sprint("cap", i)}
+	}
+	if _, errs := c.SendMany(ctx, reqs); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	mu.Lock()
+	for _, n := range sizes {
+		if n > 1000 {
+			t.Fatalf("a SendBatch request carried %d items", n)
+		}
+	}
+	mu.Unlock()
+	if tr.count("SendBatch") < 3 {
+		t.Fatalf("2,500 messages went in %d SendBatch requests", tr.count("SendBatch"))
+	}
+
+	off := &countingTransport{base: h2cTransport(), n: map[string]int{}}
+	t.Cleanup(off.base.(*http.Transport).CloseIdleConnections)
+	u := newClient(t, client.Config{Addrs: []string{node.Addr()}, HTTPClient: &http.Client{Transport: off},
+		Batching: client.BatchPolicy{Disabled: true}, DisableRouting: true})
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := u.Send(ctx, client.SendRequest{ConvID: "g:unary", FromUID: 2, ClientMsgID: fmt.Sprint("u", i)}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if off.count("Send") != 20 || off.count("SendBatch") != 0 {
+		t.Fatalf("batching disabled: %d Send and %d SendBatch requests for 20 messages", off.count("Send"), off.count("SendBatch"))
+	}
+}
+
+// sizeRecorder records the item count of every SendBatch request (Connect
+// protocol: the body is the plain protobuf message).
+type sizeRecorder struct {
+	base  http.RoundTripper
+	mu    *sync.Mutex
+	sizes *[]int
+}
+
+func (s sizeRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.URL.Path, "/SendBatch") {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		var m sequencerv1.SendBatchRequest
+		if err := proto.Unmarshal(body, &m); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		*s.sizes = append(*s.sizes, len(m.GetItems()))
+		s.mu.Unlock()
+	}
+	return s.base.RoundTrip(req)
+}
+
+// CLIENTS.md C07: Pull pages ascend, are contiguous, say has_more, and keep
+// ids above 2^53 intact.
+func TestPullPages(t *testing.T) {
+	ctx := ctxT(t)
+	node := startNode(t, t.TempDir(), "127.0.0.1:0")
+	c := newClient(t, client.Config{Addrs: []string{node.Addr()}})
+	reqs := make([]client.SendRequest, 150)
+	for i := range reqs {
+		reqs[i] = client.SendRequest{ConvID: "g:pages", FromUID: 1, ClientMsgID: fmt.Sprint("p", i)}
+	}
+	res, errs := c.SendMany(ctx, reqs)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[uint64]uint64{}
+	for _, r := range res {
+		ids[r.Seq] = r.MsgID
+	}
+	var after uint64
+	for page := 0; ; page++ {
+		p, err := c.Pull(ctx, "g:pages", after, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range p.Messages {
+			if m.Seq != after+1 || m.MsgID != ids[m.Seq] || m.MsgID < 1<<53 {
+				t.Fatalf("page %d: seq %d msg_id %d after %d (sent msg_id %d)", page, m.Seq, m.MsgID, after, ids[m.Seq])
+			}
+			after = m.Seq
+		}
+		if want := page == 0; p.HasMore != want || p.HeadSeq != 150 {
+			t.Fatalf("page %d: has_more %v head %d", page, p.HasMore, p.HeadSeq)
+		}
+		if !p.HasMore {
+			break
+		}
+	}
+	if after != 150 {
+		t.Fatalf("pulled up to seq %d, want 150", after)
 	}
 }

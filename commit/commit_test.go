@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"sync"
 	"testing"
 	"time"
@@ -293,13 +294,7 @@ func histCount(t *testing.T, m *metrics.Set, name string) uint64 {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, 10*time.Second, time.Millisecond, "the condition", cond)
 }
 
 // One bad row among many: the store names no conversation (ErrRejected), so

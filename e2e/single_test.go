@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"io"
 	"math/rand"
 	"net/http"
@@ -368,11 +369,5 @@ func TestKill9MidLoadThenRestart(t *testing.T) {
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, d, 10*time.Millisecond, what, cond)
 }

@@ -40,6 +40,9 @@ type Config struct {
 
 	// MaxBody is the largest accepted body in bytes. Default 65536.
 	MaxBody int
+	// Pprof serves Go's /debug/pprof/ handlers on the admin mux (with
+	// /healthz and /metrics). Default off.
+	Pprof bool
 	// MaxBatchBytes is the largest SendBatch request (its protobuf size) in
 	// bytes; larger ones are invalid_argument. Default 4 MiB.
 	MaxBatchBytes int

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -222,6 +223,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())
+	if cfg.Pprof {
+		adminMux.HandleFunc("/debug/pprof/", pprof.Index)
+		adminMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		adminMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		adminMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		adminMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	if s.adminLn == nil {
 		apiMux.Handle("/", adminMux)
 	} else {

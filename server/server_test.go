@@ -258,3 +258,18 @@ func TestReloadClientCA(t *testing.T) {
 		t.Fatalf("a bad CA file: reload %v; the CAs in force must stay", err)
 	}
 }
+
+// --pprof serves Go's profiles on the admin mux, and only then.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	on := start(t, Config{AdminListen: "127.0.0.1:0", Pprof: true}, nil)
+	if code, body := get(t, "http://"+on.AdminAddr()+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Fatalf("--pprof: /debug/pprof/ %d", code)
+	}
+	if code, _ := get(t, "http://"+on.Addr()+"/debug/pprof/"); code == 200 {
+		t.Fatal("--pprof with --admin-listen: profiles on the API port")
+	}
+	off := start(t, Config{AdminListen: "127.0.0.1:0"}, nil)
+	if code, _ := get(t, "http://"+off.AdminAddr()+"/debug/pprof/"); code == 200 {
+		t.Fatal("profiles served without --pprof")
+	}
+}

@@ -16,6 +16,10 @@ import (
 // row; SQLite allows 32,766 parameters).
 const insertChunk = 200
 
+// headChunk is how many conversations' heads one statement reads or moves
+// (SQLite allows 32,766 parameters per statement).
+const headChunk = 400
+
 var insertSQLByRows = map[int]string{}
 
 func insertSQL(rows int) string {
@@ -133,31 +137,70 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 			return persist.ErrUnfenced
 		}
 	}
-	var mismatched []string
-	for i := range batches {
-		b := &batches[i]
-		var head int64
-		err := tx.QueryRowContext(ctx, `SELECT head FROM conv_head WHERE conv_id = ?`, b.ConvID).Scan(&head)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+	// Heads: read in chunks (one statement per headChunk conversations,
+	// not one per conversation), compare, then move in chunks.
+	heads := make(map[string]int64, len(batches))
+	for lo := 0; lo < len(batches); lo += headChunk {
+		hi := min(lo+headChunk, len(batches))
+		args := make([]any, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			args = append(args, batches[i].ConvID)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT conv_id, head FROM conv_head WHERE conv_id IN (?`+strings.Repeat(",?", hi-lo-1)+`)`, args...)
+		if err != nil {
 			return classify("commit: head check", err)
 		}
-		if uint64(head) != b.PrevHead {
-			mismatched = append(mismatched, b.ConvID)
+		for rows.Next() {
+			var c string
+			var h int64
+			if err := rows.Scan(&c, &h); err != nil {
+				rows.Close()
+				return classify("commit: head check", err)
+			}
+			heads[c] = h
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return classify("commit: head check", err)
+		}
+	}
+	var mismatched []string
+	for i := range batches {
+		if uint64(heads[batches[i].ConvID]) != batches[i].PrevHead {
+			mismatched = append(mismatched, batches[i].ConvID)
 		}
 	}
 	if len(mismatched) > 0 {
 		sort.Strings(mismatched)
 		return &persist.HeadMismatchError{ConvIDs: mismatched}
 	}
+	moved := make([]any, 0, 2*headChunk)
+	flushHeads := func() error {
+		if len(moved) == 0 {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO conv_head (conv_id, head) VALUES (?,?)`+strings.Repeat(",(?,?)", len(moved)/2-1)+`
+			ON CONFLICT (conv_id) DO UPDATE SET head = excluded.head`, moved...)
+		moved = moved[:0]
+		if err != nil {
+			return classify("commit: head update", err)
+		}
+		return nil
+	}
 	for i := range batches {
 		b := &batches[i]
 		if len(b.Messages) == 0 {
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO conv_head (conv_id, head) VALUES (?, ?)
-			ON CONFLICT (conv_id) DO UPDATE SET head = excluded.head`, b.ConvID, int64(b.LastSeq())); err != nil {
-			return classify("commit: head update", err)
+		moved = append(moved, b.ConvID, int64(b.LastSeq()))
+		if len(moved) == 2*headChunk {
+			if err := flushHeads(); err != nil {
+				return err
+			}
 		}
+	}
+	if err := flushHeads(); err != nil {
+		return err
 	}
 	args := make([]any, 0, 8*insertChunk)
 	flush := func(rows int) error {
