@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -83,17 +84,10 @@ func TestGaugesOfAClusteredNode(t *testing.T) {
 	if ttl := s.cfg.MemberTTL.Seconds(); !ok || age < 0 || age > ttl {
 		t.Errorf("heartbeat age %v s (present %v), want within the member TTL %v s", age, ok, ttl)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testwait.For(t, 30*time.Second, 20*time.Millisecond, "no partition moving on a settled one-node cluster", func() bool {
 		moving, ok := gauge(t, s, "sequencer_cluster_partitions_moving")
-		if ok && moving == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions moving %v (present %v), want 0 on a settled one-node cluster", moving, ok)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition
-	}
+		return ok && moving == 0
+	})
 }
 
 // The embedded store has no pools and a single node no cluster gauges.
