@@ -293,6 +293,22 @@ func (n *Node) StopConversations(ctx context.Context, match func(convID string) 
 // LiveConversations returns the number of conversation actors.
 func (n *Node) LiveConversations() int { return int(n.live.Load()) }
 
+// Load is the node's admission state and group-commit backlog (Stats).
+type Load struct {
+	Pending, MaxPending           int64 // sends admitted and not yet answered; Config.MaxPending
+	PendingBytes, MaxPendingBytes int64 // their bytes (bodies and keys); Config.MaxPendingBytes
+	CommitQueue                   int   // conversation batches waiting for a store transaction
+}
+
+// Stats reads the node's Load (for metrics; cheap: atomics and one lock).
+func (n *Node) Stats() Load {
+	return Load{
+		Pending: n.pending.Load(), MaxPending: int64(n.cfg.MaxPending),
+		PendingBytes: n.pendingBytes.Load(), MaxPendingBytes: n.cfg.MaxPendingBytes,
+		CommitQueue: n.writer.QueueLen(),
+	}
+}
+
 // Close drains the node: new sends get sequencer.ErrShuttingDown, queued and
 // in-flight batches commit or fail cleanly, then actors and writer stop.
 func (n *Node) Close(ctx context.Context) error {

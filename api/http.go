@@ -17,6 +17,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
+	"github.com/sequencer-im/sequencer/internal/reqid"
 )
 
 // The HTTP side of a node has two parts:
@@ -61,8 +62,10 @@ type Edge struct {
 }
 
 // NewAPIMux returns a mux serving svc's RPCs behind edge's guards, in this
-// order: CORS (answers preflights), bearer token, request size, then the
-// Connect handler.
+// order: the request id (reqid: the caller's X-Request-Id when sane, else a
+// new one; answered in the X-Request-Id response header and logged as
+// request_id by a reqid.Handler), CORS (answers preflights), bearer token,
+// request size, then the Connect handler.
 func NewAPIMux(svc *Service, edge Edge) *http.ServeMux {
 	limit := edge.MaxRequestBytes
 	if limit <= 0 {
@@ -77,6 +80,7 @@ func NewAPIMux(svc *Service, edge Edge) *http.ServeMux {
 	if len(edge.CORSOrigins) > 0 {
 		h = withCORS(edge.CORSOrigins, h)
 	}
+	h = reqid.Middleware(h)
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
 	return mux
@@ -203,8 +207,8 @@ func withCORS(origins []string, next http.Handler) http.Handler {
 	c := cors.New(cors.Options{
 		AllowedOrigins: origins,
 		AllowedMethods: connectcors.AllowedMethods(),
-		AllowedHeaders: append(connectcors.AllowedHeaders(), "Authorization"),
-		ExposedHeaders: connectcors.ExposedHeaders(),
+		AllowedHeaders: append(connectcors.AllowedHeaders(), "Authorization", reqid.Header),
+		ExposedHeaders: append(connectcors.ExposedHeaders(), reqid.Header),
 		MaxAge:         7200, // seconds
 	})
 	return c.Handler(next)

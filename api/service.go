@@ -16,6 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sequencer-im/sequencer/internal/tracing"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -81,6 +85,10 @@ type Config struct {
 	// Logger logs internal errors (and retryable ones at debug level).
 	// Default: slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, when set, traces every RPC (OpenTelemetry, through
+	// connectrpc.com/otelconnect); a caller's trace context is linked, not
+	// trusted as parent. nil: no tracing, no interceptor.
+	TracerProvider trace.TracerProvider
 }
 
 // Service implements sequencerv1connect.SequencerServiceHandler.
@@ -92,6 +100,7 @@ type Service struct {
 	maxBatch int
 	metrics  *metrics.Set
 	log      *slog.Logger
+	tracer   trace.TracerProvider
 }
 
 var (
@@ -140,6 +149,7 @@ func NewService(cfg Config) *Service {
 		maxBody:  cfg.MaxBody,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
+		tracer:   cfg.TracerProvider,
 	}
 }
 
@@ -166,13 +176,17 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 		// nothing. Pull pages and messages above 1 KiB still compress.
 		connect.WithCompressMinBytes(compressMinBytes),
 	}
+	if ic := tracing.Interceptor(s.tracer, false); ic != nil {
+		base = append(base, ic)
+	}
 	return sequencerv1connect.NewSequencerServiceHandler(s, append(base, opts...)...)
 }
 
 // Send validates the request and hands it to the Sender; the answer carries
 // the stored message's ids (the first send's on a resend, duplicate: true).
-func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
-	defer s.observeSend(methodSend, time.Now())
+func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (_ *connect.Response[sequencerv1.SendResponse], err error) {
+	dup := false
+	defer func(start time.Time) { s.observeSend(ctx, methodSend, start, err, dup) }(time.Now())
 	in, err := ValidateSend(req.Msg, s.maxBody)
 	if err != nil {
 		return nil, s.fail(ctx, methodSend, err)
@@ -183,6 +197,7 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 	}
 	s.ok(methodSend)
 	s.countSend(res)
+	dup = res.Duplicate
 	return connect.NewResponse(sendResponse(res)), nil
 }
 
@@ -190,8 +205,8 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 // Sender in item order, and answers results[i] for items[i]. Only the
 // request as a whole (no items, more than MaxBatchItems, more than
 // MaxBatchBytes) fails the RPC, with invalid_argument.
-func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
-	defer s.observeSend(methodSendBatch, time.Now())
+func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (_ *connect.Response[sequencerv1.SendBatchResponse], err error) {
+	defer func(start time.Time) { s.observeSend(ctx, methodSendBatch, start, err, false) }(time.Now())
 	items := req.Msg.GetItems()
 	switch n := len(items); {
 	case n == 0:
@@ -460,11 +475,23 @@ func (s *Service) refuse(r *http.Request, code connect.Code) {
 	s.count(method, code.String())
 }
 
-// observeSend records the latency of a Send or SendBatch started at start.
-func (s *Service) observeSend(method string, start time.Time) {
-	if s.metrics != nil {
-		s.metrics.SendSeconds.WithLabelValues(method).Observe(time.Since(start).Seconds())
+// observeSend records the latency of a Send or SendBatch started at start,
+// by the RPC's code: "ok", "duplicate" (a Send answered with the first
+// send's ids), else the error's code (invalid_argument, unavailable, ...).
+// A SendBatch that answered is "ok" whatever its items' codes
+// (sequencer_sends_total counts those).
+func (s *Service) observeSend(ctx context.Context, method string, start time.Time, err error, dup bool) {
+	if s.metrics == nil {
+		return
 	}
+	code := "ok"
+	switch {
+	case err != nil:
+		code = CodeOf(ctx, err).String()
+	case dup:
+		code = "duplicate"
+	}
+	s.metrics.SendSeconds.WithLabelValues(method, code).Observe(time.Since(start).Seconds())
 }
 
 func (s *Service) count(method, code string) {

@@ -616,7 +616,11 @@ func TestHealthReadyMetrics(t *testing.T) {
 		`sequencer_rpc_requests_total{code="ok",method="Send"} 2`,
 		`sequencer_sends_total{code="duplicate"} 1`,
 		`sequencer_dedup_hits_total 1`,
-		`sequencer_send_seconds_count{method="Send"} 4`, // every Send answered, failures included
+		// every Send answered, failures included, by code
+		`sequencer_send_seconds_count{code="ok",method="Send"} 1`,
+		`sequencer_send_seconds_count{code="duplicate",method="Send"} 1`,
+		`sequencer_send_seconds_count{code="unavailable",method="Send"} 1`,
+		`sequencer_send_seconds_count{code="invalid_argument",method="Send"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/metrics lacks %q", want)

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster/membership"
@@ -97,6 +99,9 @@ type Config struct {
 	// Metrics, when set, gets the cluster collectors registered on its
 	// Registry (sequencer_cluster_*).
 	Metrics *metrics.Set
+	// TracerProvider, when set, traces forwards and wake-ups on the default
+	// transport (ConnectConfig.TracerProvider). nil: no tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with every zero optional field set to its default.

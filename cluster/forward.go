@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sequencer-im/sequencer"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
@@ -162,6 +164,11 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) error {
 	timeout := time.Until(deadline)
 	ctx, cancel := context.WithDeadline(n.fwdCtx, deadline)
 	defer cancel()
+	// Tracing: the forward's span is a child of the first item's caller
+	// (a batch carrying several callers' items has one parent).
+	if sc := trace.SpanContextFromContext(batch[0].ctx); sc.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, sc)
+	}
 	n.mu.RLock()
 	msg := &clusterv1.ForwardBatch{
 		FromNode:          n.self.NodeID,

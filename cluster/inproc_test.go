@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/sequencer-im/sequencer"
@@ -41,6 +42,7 @@ type ipNode struct {
 type ipOptions struct {
 	tlsFiles [3]string                 // cert, key, CA: mutual TLS
 	wrap     func(Transport) Transport // wraps a plain loopback transport
+	tp       trace.TracerProvider      // traces the default transport
 }
 
 func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
@@ -62,6 +64,7 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 		NodeID: id, Store: store.Cluster(), ClusterListen: "127.0.0.1:0", APIAddr: "api-" + id,
 		MemberTTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond, Logger: simLogger(),
 		TLSCertFile: o.tlsFiles[0], TLSKeyFile: o.tlsFiles[1], TLSCAFile: o.tlsFiles[2],
+		TracerProvider: o.tp,
 	}
 	n := &ipNode{id: id, store: store, lease: lease}
 	if o.wrap != nil {

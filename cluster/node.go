@@ -146,7 +146,7 @@ func New(cfg Config) (*Node, error) {
 			maxReq = m
 		}
 		if tr, err = NewConnectTransport(ConnectConfig{Listen: cfg.ClusterListen, TLS: peerTLS, Insecure: cfg.Insecure,
-			MaxRequestBytes: maxReq, Logger: cfg.Logger}); err != nil {
+			MaxRequestBytes: maxReq, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider}); err != nil {
 			return nil, fmt.Errorf("cluster config: %w", err)
 		}
 	}

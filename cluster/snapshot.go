@@ -60,3 +60,15 @@ func (n *Node) Snapshot() Snapshot {
 	}
 	return s
 }
+
+// Moving counts the partitions whose lease holder is not their ring owner
+// (moving between nodes, or free) in this snapshot.
+func (s Snapshot) Moving() int {
+	n := 0
+	for _, p := range s.Partitions {
+		if p.Owner != p.RingOwner {
+			n++
+		}
+	}
+	return n
+}

@@ -118,6 +118,14 @@ func (w *Writer) Submit(b persist.ConvBatch, done Done) {
 	w.cond.Signal()
 }
 
+// QueueLen is the number of conversation batches queued and not yet taken
+// into a transaction (for metrics).
+func (w *Writer) QueueLen() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue)
+}
+
 // Close stops accepting batches, lets the workers commit everything already
 // queued, and waits for them (or for ctx).
 func (w *Writer) Close(ctx context.Context) error {

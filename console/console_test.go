@@ -154,7 +154,7 @@ func TestRatesFromTheRegistry(t *testing.T) {
 		if i == 99 {
 			d = 0.5
 		}
-		m.SendSeconds.WithLabelValues("Send").Observe(d)
+		m.SendSeconds.WithLabelValues("Send", "ok").Observe(d)
 	}
 	b, err := read(m.Registry, t0.Add(2*time.Second))
 	if err != nil {

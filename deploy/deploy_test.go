@@ -373,7 +373,8 @@ func alertExprs(t *testing.T) map[string]string {
 		}
 	}
 	want := []string{"SequencerWorkerLeaseLost", "SequencerPartitionLeasesLost", "SequencerReadinessFlapping",
-		"SequencerCommitLatencyHigh", "SequencerResourceExhausted", "SequencerHeadMismatch", "SequencerHeadRegression"}
+		"SequencerCommitLatencyHigh", "SequencerResourceExhausted", "SequencerHeadMismatch", "SequencerHeadRegression",
+		"SequencerPendingNearLimit"}
 	for _, w := range want {
 		if out[w] == "" {
 			t.Errorf("no alert %s", w)

@@ -28,7 +28,7 @@ type Set struct {
 	HeadRegressions prometheus.Counter       // sequencer_head_regressions_total
 	Trimmed         prometheus.Counter       // sequencer_trimmed_messages_total
 	BuildInfo       *prometheus.GaugeVec     // sequencer_build_info{version,commit,goversion}: always 1
-	SendSeconds     *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch"}: request received to answer
+	SendSeconds     *prometheus.HistogramVec // sequencer_send_seconds{method="Send|SendBatch",code}: request received to answer
 }
 
 // SetReadiness registers sequencer_ready, 1 while ready returns nil (what
@@ -100,12 +100,84 @@ func New() *Set {
 		Name: "sequencer_trimmed_messages_total", Help: "Messages deleted by this node's retention passes (--retention).",
 	})
 	s.SendSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer.",
+		Name: "sequencer_send_seconds", Help: "Send and SendBatch latency on this node, from request received to answer, by code (ok, duplicate, invalid_argument, unavailable, ...; a SendBatch that answered is ok).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-	}, []string{"method"})
+	}, []string{"method", "code"})
 	for _, c := range []prometheus.Collector{s.Sends, s.DedupHits, s.BatchMessages, s.BatchConvs, s.CommitSeconds,
 		s.LiveConvs, s.Passivations, s.ClockRollbacks, s.WorkerLease, s.Requests, s.HeadRegressions, s.Trimmed, s.BuildInfo, s.SendSeconds} {
 		f(c)
 	}
 	return s
+}
+
+// The gauges below are evaluated on every scrape (GaugeFunc): they read the
+// state where it lives, so nothing is copied, duplicated or polled. Each
+// registering method is nil-safe and is called once per Set.
+
+// gaugeFunc registers one GaugeFunc.
+func (s *Set) gaugeFunc(name, help string, labels prometheus.Labels, f func() float64) {
+	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f))
+}
+
+// Pending reports the node's admission state: sequencer_pending_sends and
+// sequencer_pending_sends_limit (--max-pending), sequencer_pending_bytes
+// and sequencer_pending_bytes_limit (--max-pending-bytes). read returns the
+// sends and bytes held and their limits.
+func (s *Set) Pending(read func() (sends, sendsLimit, bytes, bytesLimit int64)) {
+	if s == nil {
+		return
+	}
+	s.gaugeFunc("sequencer_pending_sends", "Sends admitted on this node and not yet answered.", nil,
+		func() float64 { n, _, _, _ := read(); return float64(n) })
+	s.gaugeFunc("sequencer_pending_sends_limit", "Pending sends past which sends get resource_exhausted (--max-pending).", nil,
+		func() float64 { _, l, _, _ := read(); return float64(l) })
+	s.gaugeFunc("sequencer_pending_bytes", "Bytes (bodies and keys) of the pending sends.", nil,
+		func() float64 { _, _, b, _ := read(); return float64(b) })
+	s.gaugeFunc("sequencer_pending_bytes_limit", "Pending bytes past which sends get resource_exhausted (--max-pending-bytes).", nil,
+		func() float64 { _, _, _, l := read(); return float64(l) })
+}
+
+// CommitQueue reports sequencer_commit_queue_batches: conversation batches
+// waiting for a group-commit transaction (depth returns it).
+func (s *Set) CommitQueue(depth func() int) {
+	if s == nil {
+		return
+	}
+	s.gaugeFunc("sequencer_commit_queue_batches", "Conversation batches queued for the group-commit writer, not yet in a transaction.", nil,
+		func() float64 { return float64(depth()) })
+}
+
+// PoolStat is one connection pool's state (PostgreSQL).
+type PoolStat struct {
+	Acquired, Idle, Total, Max int32
+}
+
+// StorePool reports sequencer_store_pool_{acquired,idle,total,max}_conns
+// {pool=name} for one PostgreSQL connection pool ("main": the store's pool).
+func (s *Set) StorePool(name string, stat func() PoolStat) {
+	if s == nil {
+		return
+	}
+	l := prometheus.Labels{"pool": name}
+	s.gaugeFunc("sequencer_store_pool_acquired_conns", "PostgreSQL connections in use, by pool.", l,
+		func() float64 { return float64(stat().Acquired) })
+	s.gaugeFunc("sequencer_store_pool_idle_conns", "PostgreSQL connections idle in the pool, by pool.", l,
+		func() float64 { return float64(stat().Idle) })
+	s.gaugeFunc("sequencer_store_pool_total_conns", "PostgreSQL connections open (acquired, idle and being opened), by pool.", l,
+		func() float64 { return float64(stat().Total) })
+	s.gaugeFunc("sequencer_store_pool_max_conns", "PostgreSQL pool size, by pool (--store-conns for main).", l,
+		func() float64 { return float64(stat().Max) })
+}
+
+// ClusterState reports sequencer_cluster_heartbeat_age_seconds (since this
+// node's last successful membership heartbeat) and
+// sequencer_cluster_partitions_moving (partitions whose lease holder is not
+// their ring owner, free ones included, in this node's view).
+func (s *Set) ClusterState(heartbeatAge func() float64, moving func() int) {
+	if s == nil {
+		return
+	}
+	s.gaugeFunc("sequencer_cluster_heartbeat_age_seconds", "Seconds since this node's last successful membership heartbeat (past --member-ttl it is presumed dead).", nil, heartbeatAge)
+	s.gaugeFunc("sequencer_cluster_partitions_moving", "Partitions whose lease is not held by their ring owner in this node's view (moving, or free).", nil,
+		func() float64 { return float64(moving()) })
 }

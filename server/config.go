@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
@@ -125,6 +127,11 @@ type Config struct {
 	// RetentionEvery is the time between retention passes (jittered by
 	// +-10%). Default 1h.
 	RetentionEvery time.Duration
+
+	// TracerProvider, when set, traces the API's RPCs and the forwards
+	// between nodes (OpenTelemetry; `sequencer serve` sets it from the
+	// OTEL_* environment). nil: no tracing. Not a flag.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with every zero field set to its default.

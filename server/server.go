@@ -191,7 +191,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
 			TLSCertFile: cfg.ClusterTLSCert, TLSKeyFile: cfg.ClusterTLSKey, TLSCAFile: cfg.ClusterCA,
 			Insecure: cfg.ClusterInsecure, MaxBody: cfg.MaxBody,
-			Logger: log, Metrics: s.metrics,
+			Logger: log, Metrics: s.metrics, TracerProvider: cfg.TracerProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -214,9 +214,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		sender, router = s.cluster, s.cluster
 	}
 	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
+	s.registerGauges()
 
 	svc := api.NewService(api.Config{
 		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, MaxBatchBytes: cfg.MaxBatchBytes, Metrics: s.metrics, Logger: log, Router: router,
+		TracerProvider: cfg.TracerProvider,
 	})
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
@@ -256,6 +258,28 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
 	ok = true
 	return s, nil
+}
+
+// registerGauges registers the gauges read on every scrape: pending sends
+// and bytes against their limits, the group-commit queue, the PostgreSQL
+// pools and (in cluster mode) the heartbeat age and the partitions moving.
+func (s *Server) registerGauges() {
+	s.metrics.Pending(func() (int64, int64, int64, int64) {
+		l := s.node.Stats()
+		return l.Pending, l.MaxPending, l.PendingBytes, l.MaxPendingBytes
+	})
+	s.metrics.CommitQueue(func() int { return s.node.Stats().CommitQueue })
+	if pg, ok := s.store.(*postgres.Store); ok {
+		s.metrics.StorePool("main", func() metrics.PoolStat {
+			st := pg.PoolStats()
+			return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
+		})
+	}
+	if c := s.cluster; c != nil {
+		s.metrics.ClusterState(
+			func() float64 { return time.Since(c.Snapshot().ReadAt).Seconds() },
+			func() int { return c.Snapshot().Moving() })
+	}
 }
 
 // Addr is the API address the node listens on.

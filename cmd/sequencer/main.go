@@ -22,6 +22,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/buildinfo"
+	"github.com/sequencer-im/sequencer/internal/reqid"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -155,6 +156,21 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	tp, shutdownTracing, err := newTracerProvider(context.Background(), getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		logger.Info("tracing: exporting spans over OTLP/HTTP (OTEL_EXPORTER_OTLP_* environment)")
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(ctx); err != nil {
+			logger.Warn("tracing: spans not flushed at exit", "err", err)
+		}
+	}()
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(serveGCPercent)
 	}
@@ -204,11 +220,13 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("log-level %q: %w", level, err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
+	// reqid.Handler: records logged with an API request's context carry
+	// its request_id (the X-Request-Id the client got).
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(reqid.Handler(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(reqid.Handler(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, fmt.Errorf("log-format %q: want text or json", format)
 }

@@ -265,6 +265,9 @@ func established(c net.Conn) {
 // the same database (the cluster's membership and partition leases).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// PoolStats returns the state of the connection pool, for metrics.
+func (s *Store) PoolStats() *pgxpool.Stat { return s.pool.Stat() }
+
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.pool.Ping(ctx); err != nil {
