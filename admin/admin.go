@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"

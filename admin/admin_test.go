@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/pgtest"

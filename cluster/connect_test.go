@@ -22,7 +22,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 )
 

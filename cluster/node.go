@@ -33,7 +33,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/buildinfo"
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"

@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ring"
 )
 

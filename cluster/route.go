@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ring"
 )
 

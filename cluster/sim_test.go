@@ -16,7 +16,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )

@@ -3,7 +3,7 @@ package cluster
 import (
 	"time"
 
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 )
 
 // Snapshot is a read-only copy of what this node knows of the cluster (for

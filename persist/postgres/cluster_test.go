@@ -11,8 +11,8 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
-	"github.com/sequencer-im/sequencer/cluster/membership/membershiptest"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
 	"github.com/sequencer-im/sequencer/persist"
 )
 

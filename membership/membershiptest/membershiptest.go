@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
+	"github.com/sequencer-im/sequencer/membership"
 )
 
 // TTL is the member lease the suite uses.

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/cluster/membership"
-	"github.com/sequencer-im/sequencer/cluster/membership/membershiptest"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
 )
 
 func TestMemConformance(t *testing.T) {
