@@ -248,6 +248,7 @@ func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv
 // itemError records one failed batch item like a failed Send and returns its
 // result, with the code and message a Send would have answered.
 func (s *Service) itemError(ctx context.Context, err error, attrs ...any) *sequencerv1.SendResult {
+	s.countFailedSend(CodeOf(ctx, err))
 	ce := s.logFailure(ctx, methodSendBatch, err, attrs...)
 	return &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Error{Error: &sequencerv1.SendError{
 		Code: ce.Code().String(), Message: ce.Message(),
@@ -442,16 +443,24 @@ func messageProto(m *sequencer.Message) *sequencerv1.Message {
 func (s *Service) fail(ctx context.Context, method string, err error, attrs ...any) error {
 	code := CodeOf(ctx, err)
 	s.count(method, code.String())
+	if method == methodSend {
+		s.countFailedSend(code)
+	}
 	return s.logFailure(ctx, method, err, attrs...)
 }
 
-// logFailure counts a failed send (Send or a batch item), logs internal
-// errors (retryable ones at debug) and returns the client's error.
-func (s *Service) logFailure(ctx context.Context, method string, err error, attrs ...any) *connect.Error {
-	code := CodeOf(ctx, err)
-	if (method == methodSend || method == methodSendBatch) && s.metrics != nil {
+// countFailedSend counts one message (a Send or a batch item) that failed,
+// in sequencer_sends_total. A SendBatch refused as a whole is no message.
+func (s *Service) countFailedSend(code sequencer.Code) {
+	if s.metrics != nil {
 		s.metrics.Sends.WithLabelValues(code.String()).Inc()
 	}
+}
+
+// logFailure logs internal errors (retryable ones at debug) and returns the
+// client's error.
+func (s *Service) logFailure(ctx context.Context, method string, err error, attrs ...any) *connect.Error {
+	code := CodeOf(ctx, err)
 	switch {
 	case code == sequencer.CodeInternal:
 		s.log.ErrorContext(ctx, "rpc failed", append([]any{"method", method, "code", code.String(), "err", err}, attrs...)...)

@@ -738,3 +738,30 @@ func TestSmallResponsesAreNotCompressed(t *testing.T) {
 		t.Fatalf("a %d-byte class response came back %s-encoded", compressMinBytes, enc)
 	}
 }
+
+// sequencer_sends_total counts messages: a SendBatch refused as a whole adds
+// nothing; each failed or stored item adds one.
+func TestSendsTotalCountsBatchItems(t *testing.T) {
+	h := newHarness(t)
+	h.sender.set(answer(1, 1, false))
+	sends := func(code string) float64 {
+		var m dto.Metric
+		if err := h.metrics.Sends.WithLabelValues(code).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	path := "/sequencer.v1.SequencerService/SendBatch"
+	if status, _, raw := h.post(t, path, `{"items":[]}`); status != 400 {
+		t.Fatalf("empty batch: %d %s", status, raw)
+	}
+	if n := sends("invalid_argument"); n != 0 {
+		t.Fatalf("a batch refused as a whole counted %v failed sends", n)
+	}
+	if status, _, raw := h.post(t, path, `{"items":[{"convId":"c","fromUid":"1","clientMsgId":"a"},{"convId":"c","fromUid":"0","clientMsgId":"b"}]}`); status != 200 {
+		t.Fatalf("batch: %d %s", status, raw)
+	}
+	if ok, bad := sends("ok"), sends("invalid_argument"); ok != 1 || bad != 1 {
+		t.Fatalf("sends_total ok %v invalid_argument %v, want 1 and 1", ok, bad)
+	}
+}
