@@ -114,16 +114,13 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 }
 
 // admit checks that a send for convID of size bytes (pendingSize) may enter:
-// the node is open, owns the conversation, and has room for one more send
-// and its bytes (both counted on success; release undoes it).
+// the node is open and has room for one more send and its bytes (both
+// counted on success; release undoes it). Ownership is not asked here: the
+// cluster routed the send here because it holds the partition, and the
+// commit takes its fence (Ownership.Fence) when its batch is formed.
 func (n *Node) admit(convID string, size int64) error {
 	if n.closed.Load() {
 		return sequencer.ErrShuttingDown
-	}
-	if o := n.cfg.Ownership; o != nil {
-		if _, err := o.Fence(convID); err != nil {
-			return coded(err, "conversation "+convID)
-		}
 	}
 	if n.pending.Add(1) > int64(n.cfg.MaxPending) {
 		n.pending.Add(-1)

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"errors"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // Messages of a conversation actor.
@@ -166,7 +168,15 @@ func (a *convActor) execute(ctx pa.Context) {
 			root.Send(self, &headLoaded{head: head, err: err})
 		}()
 	case rd.Commit != nil:
-		n.writer.Submit(*rd.Commit, func(err error) { root.Send(self, &committed{err: err}) })
+		n.writer.Submit(*rd.Commit, func(err error) {
+			// A stale fence means the partition was taken over: the
+			// cluster must know at once (it steps this node down).
+			var sf *persist.StaleFenceError
+			if o := n.cfg.Ownership; o != nil && errors.As(err, &sf) {
+				o.Refused(sf.Fences)
+			}
+			root.Send(self, &committed{err: err})
+		})
 	case rd.Resolve != nil:
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {

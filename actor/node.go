@@ -37,13 +37,22 @@ import (
 // IDSource issues msg_ids (idgen.Generator implements it).
 type IDSource interface{ NextID() (uint64, error) }
 
-// Ownership says whether this node may write a conversation, and with which
-// fence. nil Ownership = single node: owns everything, zero (unfenced) Fence.
+// Ownership is the cluster's say over this node's writes (cluster.Node
+// implements it). nil Ownership = single node: owns everything, zero
+// (unfenced) Fence. The send path asks it twice: the cluster routes a send
+// here only while it holds the conversation's partition (cluster.Node.Send),
+// and each commit takes its fence from Fence when the batch is formed; the
+// store checks that fence in the commit's transaction, which is where safety
+// lives.
 type Ownership interface {
 	// Fence returns the fence commits of convID must carry, or an error
 	// wrapping sequencer.ErrNotOwner / sequencer.ErrOwnershipMoving when the
 	// conversation is not writable here.
 	Fence(convID string) (persist.Fence, error)
+	// Refused is told the fences of a commit the store refused as stale
+	// (persist.StaleFenceError): the partition was taken over, and the
+	// cluster steps this node down.
+	Refused(fences []persist.Fence)
 }
 
 // Defaults of Config.

@@ -230,11 +230,19 @@ func TestCloseDrains(t *testing.T) {
 	}
 }
 
-// fakeOwnership refuses the conversations in moving.
+// fakeOwnership refuses the conversations in moving and records the
+// fences the store refused.
 type fakeOwnership struct {
-	mu     sync.Mutex
-	moving map[string]bool
-	epoch  uint64
+	mu      sync.Mutex
+	moving  map[string]bool
+	epoch   uint64
+	refused []persist.Fence
+}
+
+func (o *fakeOwnership) Refused(fences []persist.Fence) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.refused = append(o.refused, fences...)
 }
 
 func (o *fakeOwnership) Fence(conv string) (persist.Fence, error) {
@@ -265,9 +273,9 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	queued := sendAsync(n, ctx, req("g:move", "k2"))
 	waitFor(t, "queued", func() bool { return n.pending.Load() == 2 })
 	own.move("g:move")
-	if _, err := n.Send(ctx, req("g:move", "k3")); !errors.Is(err, sequencer.ErrOwnershipMoving) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
-		t.Fatalf("send to a moving conversation: %v", err)
-	}
+	// Admitted (the cluster routed it here), then refused when its batch
+	// asks for the fence.
+	late := sendAsync(n, ctx, req("g:move", "k3"))
 	stopped := make(chan error, 1)
 	go func() {
 		stopped <- n.StopConversations(ctx, func(c string) bool { return c == "g:move" })
@@ -284,6 +292,9 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	if a := <-queued; !errors.Is(a.err, sequencer.ErrOwnershipMoving) {
 		t.Fatalf("queued send: %+v", a)
 	}
+	if a := <-late; !errors.Is(a.err, sequencer.ErrOwnershipMoving) || sequencer.ErrorCode(a.err) != sequencer.CodeUnavailable {
+		t.Fatalf("send to a moving conversation: %+v", a)
+	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +304,35 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	// The stored row carries the fence's epoch path: nothing else written.
 	if head, _ := st.LoadHead(ctx, "g:move"); head != 1 {
 		t.Fatalf("head %d", head)
+	}
+}
+
+// staleFenceStore refuses every commit for a stale fence, as a store does
+// once another incarnation took the partition over.
+type staleFenceStore struct{ *memStore }
+
+func (s staleFenceStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	fences := make([]persist.Fence, len(batches))
+	for i, b := range batches {
+		fences[i] = b.Fence
+	}
+	return &persist.StaleFenceError{Fences: fences}
+}
+
+// A commit refused for a stale fence fails its send as retryable (nothing
+// was written) and is reported to Ownership.Refused, which is how the
+// cluster learns it was taken over.
+func TestStaleFenceReportedToOwnership(t *testing.T) {
+	own := &fakeOwnership{moving: map[string]bool{}, epoch: 7}
+	n := newNode(t, Config{Store: staleFenceStore{newMemStore()}, Ownership: own})
+	_, err := n.Send(context.Background(), req("g:fenced", "k1"))
+	if !errors.Is(err, sequencer.ErrStaleEpoch) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("send: %v (code %v)", err, sequencer.ErrorCode(err))
+	}
+	own.mu.Lock()
+	defer own.mu.Unlock()
+	if want := (persist.Fence{Partition: 1, Owner: "n1", Epoch: 7}); len(own.refused) == 0 || own.refused[0] != want {
+		t.Fatalf("refused fences reported: %v, want %v", own.refused, want)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/ownership"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -170,16 +171,17 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) error {
 		ctx = trace.ContextWithSpanContext(ctx, sc)
 	}
 	n.mu.RLock()
+	self, version := n.core.Self(), n.core.View().Version
+	n.mu.RUnlock()
 	msg := &clusterv1.ForwardBatch{
-		FromNode:          n.self.NodeID,
-		FromIncarnation:   n.self.Incarnation,
-		MembershipVersion: n.view.Version,
+		FromNode:          self.NodeID,
+		FromIncarnation:   self.Incarnation,
+		MembershipVersion: version,
 		// The owner gives up a little earlier, so its answer (even "deadline
 		// exceeded") arrives before this node stops waiting.
 		TimeoutMs: uint32(max(timeout*9/10/time.Millisecond, 1)),
 		Items:     make([]*clusterv1.ForwardItem, len(batch)),
 	}
-	n.mu.RUnlock()
 	for i, it := range batch {
 		msg.Items[i] = &clusterv1.ForwardItem{
 			ConvId: it.req.ConvID, FromUid: it.req.FromUID, ClientMsgId: it.req.ClientMsgID,
@@ -250,7 +252,7 @@ func (n *Node) await(ctx context.Context, ownerID string, it *fwdItem) fwdOutcom
 		}
 		n.mu.RLock()
 		changed := n.changed
-		_, member := n.view.Member(ownerID)
+		_, member := n.core.View().Member(ownerID)
 		n.mu.RUnlock()
 		if !member {
 			n.met.forward("owner_gone")
@@ -317,8 +319,7 @@ func (n *Node) checkSender(ctx context.Context, b *clusterv1.ForwardBatch) error
 	live := func() (bool, uint64) {
 		n.mu.RLock()
 		defer n.mu.RUnlock()
-		m, ok := n.view.Member(b.FromNode)
-		return ok && b.FromIncarnation != "" && m.Incarnation == b.FromIncarnation, n.view.Version
+		return n.core.Live(b.FromNode, b.FromIncarnation)
 	}
 	ok, version := live()
 	if ok {
@@ -329,9 +330,7 @@ func (n *Node) checkSender(ctx context.Context, b *clusterv1.ForwardBatch) error
 		v, err := n.store.View(rctx)
 		cancel()
 		if err == nil {
-			n.mu.Lock()
-			n.applyViewLocked(v, time.Time{})
-			n.mu.Unlock()
+			n.observe(v)
 			if ok, version = live(); ok {
 				return nil
 			}
@@ -364,30 +363,19 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 	owners := map[string]string{}
 	var slow []int
 	n.mu.RLock()
-	ph, r, selfID := n.phase, n.ring, n.self.NodeID
-	flagged := n.gone || n.fenced || n.superseded
+	active := n.core.Phase() == ownership.PhaseActive
 	for i := range reqs {
-		p := ring.PartitionOf(reqs[i].ConvID, n.partitions)
-		owner, ok := r.Owner(p)
+		dst := n.core.Route(ring.PartitionOf(reqs[i].ConvID, n.partitions))
 		switch {
-		case !ok || ph != phaseActive || flagged:
+		case !active:
 			slow = append(slow, i)
-		case owner.NodeID == selfID:
-			if st := n.parts[p]; st.held && !st.moving {
-				local = append(local, i)
-			} else {
-				slow = append(slow, i)
-			}
-		case forwarded:
-			slow = append(slow, i) // answered by send: not the owner here
+		case dst.Way == ownership.WayLocal:
+			local = append(local, i)
+		case dst.Way == ownership.WayForward && !forwarded:
+			remote[dst.Owner.ClusterAddr] = append(remote[dst.Owner.ClusterAddr], i)
+			owners[dst.Owner.ClusterAddr] = dst.Owner.NodeID
 		default:
-			m, _ := n.view.Member(owner.NodeID)
-			addr := m.ClusterAddr
-			if addr == "" {
-				addr = owner.Address
-			}
-			remote[addr] = append(remote[addr], i)
-			owners[addr] = owner.NodeID
+			slow = append(slow, i) // answered by send: waits, refusals, forwarded items not ours
 		}
 	}
 	n.mu.RUnlock()

@@ -18,6 +18,8 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
@@ -78,7 +80,7 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 	if n.cn, err = New(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if n.an, err = actor.NewNode(actor.Config{Store: n.cn.FenceStore(store), IDs: leaseIDs{lease}, Ownership: n.cn, Logger: simLogger()}); err != nil {
+	if n.an, err = actor.NewNode(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: n.cn, Logger: simLogger()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.cn.Start(ctx, n.an); err != nil {
@@ -120,9 +122,7 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 		}
 		if ok {
 			for _, n := range nodes { // every node's view has caught up
-				n.cn.mu.RLock()
-				caught := n.cn.view.Version == v.Version
-				n.cn.mu.RUnlock()
+				caught := read(n.cn, (*ownership.Core).View).Version == v.Version
 				if n.cn.Ready() != nil || !caught {
 					ok, why = false, n.id+" not caught up"
 				}
@@ -140,15 +140,11 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 
 // addr is the node's cluster address.
 func (n *ipNode) addr() string {
-	n.cn.mu.RLock()
-	defer n.cn.mu.RUnlock()
-	return n.cn.self.ClusterAddr
+	return read(n.cn, (*ownership.Core).Self).ClusterAddr
 }
 
 func (n *ipNode) incarnation() string {
-	n.cn.mu.RLock()
-	defer n.cn.mu.RUnlock()
-	return n.cn.self.Incarnation
+	return read(n.cn, (*ownership.Core).Self).Incarnation
 }
 
 // convsOwnedBy returns k conversation ids that node owner owns by via's view.
@@ -540,7 +536,11 @@ func TestInProcessForgedForwards(t *testing.T) {
 // TestInProcessWakeRateLimit: wake-ups beyond the per-sender budget are
 // dropped (each accepted one makes the node read the membership table).
 func TestInProcessWakeRateLimit(t *testing.T) {
-	n := &Node{wakes: map[string]*rate.Limiter{}, wakeBeat: make(chan struct{}, 1)}
+	core, err := ownership.New(ownership.Config{NodeID: "n", MemberTTL: time.Second}, membership.Member{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{core: core, wakes: map[string]*rate.Limiter{}, wakeBeat: make(chan struct{}, 1)}
 	accepted := 0
 	for range 1000 {
 		n.HandleWake("10.0.0.9", &clusterv1.WakeRequest{FromNode: "flood"})
@@ -629,4 +629,36 @@ func TestInProcessForwardThroughput(t *testing.T) {
 	db := measure("batches of 50, direct", a, batch)
 	fb := measure("batches of 50, forwarded", b, batch)
 	t.Logf("forwarded/direct: unary %.0f%%, batches %.0f%%", 100*fu/du, 100*fb/db)
+}
+
+// held counts the partitions n holds.
+func (n *Node) held() int { return read(n, (*ownership.Core).Held) }
+
+// halt stops n as a crash would: no handoff, no removal of its row (it
+// expires), the transport closed.
+func (n *Node) halt() {
+	n.update((*ownership.Core).Left)
+	if n.stopRecon != nil {
+		n.stopRecon()
+		<-n.reconDone
+	}
+	if n.stopBeat != nil {
+		n.stopBeat()
+		<-n.beatDone
+	}
+	_ = n.tr.Close()
+}
+
+// self is n's member record (its current incarnation).
+func (n *Node) self() membership.Member { return read(n, (*ownership.Core).Self) }
+
+// parts is a copy of what n knows of every partition.
+func (n *Node) parts() []ownership.Part {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	ps := make([]ownership.Part, n.partitions)
+	for p := range ps {
+		ps[p] = n.core.Part(uint32(p))
+	}
+	return ps
 }

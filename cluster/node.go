@@ -34,6 +34,7 @@ import (
 	"github.com/sequencer-im/sequencer/buildinfo"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/persist"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	"github.com/sequencer-im/sequencer/ring"
@@ -53,23 +54,9 @@ type Local interface {
 	StopConversations(ctx context.Context, match func(convID string) bool) error
 }
 
-type phase int
-
-const (
-	phaseNew          phase = iota // not started
-	phaseActive                    // a member: reconciling partitions
-	phaseSteppingDown              // presumed dead or fenced: partitions dropped, rejoining
-	phaseSuperseded                // another process took the node id: out for good
-	phaseLeaving                   // graceful leave in progress
-	phaseLeft                      // left; serves nothing
-)
-
-func (p phase) String() string {
-	return [...]string{"new", "active", "stepping-down", "superseded", "leaving", "left"}[p]
-}
-
-// Node is one member of the cluster. It implements the writer's ownership
-// check (Fence), the API's Sender (Send, routing to the owner) and Router
+// Node is one member of the cluster: the I/O shell around its ownership core
+// (package ownership). It implements the writer's ownership check (Fence and
+// Refused), the API's Sender (Send, routing to the owner) and Router
 // (Route), and readiness (Ready). Create it with New, then Start it with the
 // local writer; stop it with Leave, then Close once the API stopped.
 type Node struct {
@@ -82,18 +69,14 @@ type Node struct {
 	met        *clusterMetrics
 	local      Local // set by Start
 
-	mu         sync.RWMutex
-	phase      phase
-	self       membership.Member // NodeID, Incarnation, addresses
-	view       membership.View
-	ring       *ring.Ring
-	parts      []partState   // indexed by partition
-	changed    chan struct{} // closed and replaced on every change of view, phase or parts
-	lastBeat   time.Time     // local clock: when the last successful heartbeat (or join) was sent
-	beatErr    error         // the last heartbeat failure, nil after a success
-	gone       bool          // the current incarnation's row expired or was removed
-	superseded bool          // the node id belongs to another live incarnation
-	fenced     bool          // a commit of the current incarnation was refused for a stale fence
+	// mu guards core, the pure state of this node's ownership: every event
+	// is fed to it and every answer read from it under mu. changed is closed
+	// and replaced whenever the core changed (seen: the core's change count
+	// then).
+	mu      sync.RWMutex
+	core    *ownership.Core
+	changed chan struct{}
+	seen    uint64
 
 	fwdMu     sync.Mutex            // guards peers
 	peers     map[string]*peerQueue // forwarded items waiting, by owner address
@@ -109,6 +92,7 @@ type Node struct {
 	// level; until then the membership is read every suspectPoll, so its
 	// row's expiry (if it crashed) is seen at once.
 	suspectUntil atomic.Int64
+	viewLogged   atomic.Uint64 // the newest view version logged
 
 	supersededOnce sync.Once
 	supersededCh   chan struct{} // closed when another live process took this node id (Superseded)
@@ -129,7 +113,8 @@ func New(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("cluster config: %w", err)
 	}
-	empty, err := ring.New(nil, cfg.Ring)
+	core, err := ownership.New(ownership.Config{NodeID: cfg.NodeID, Ring: cfg.Ring, MemberTTL: cfg.MemberTTL},
+		membership.Member{APIAddr: cfg.APIAddr, Protocol: ProtocolVersion, Version: buildinfo.Get().Version})
 	if err != nil {
 		return nil, fmt.Errorf("cluster config: %w", err)
 	}
@@ -156,9 +141,9 @@ func New(cfg Config) (*Node, error) {
 		clk:          cfg.Clock,
 		store:        cfg.Store,
 		tr:           tr,
-		partitions:   empty.Partitions(),
+		partitions:   core.Partitions(),
 		met:          newClusterMetrics(cfg.Metrics),
-		ring:         empty,
+		core:         core,
 		changed:      make(chan struct{}),
 		wakeBeat:     make(chan struct{}, 1),
 		wakeRecon:    make(chan struct{}, 1),
@@ -169,9 +154,6 @@ func New(cfg Config) (*Node, error) {
 		supersededCh: make(chan struct{}),
 	}
 	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
-	n.parts = make([]partState, n.partitions)
-	n.self = membership.Member{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: empty.Partitions(), Protocol: ProtocolVersion,
-		Version: buildinfo.Get().Version}
 	return n, nil
 }
 
@@ -186,6 +168,33 @@ func newIncarnation(nodeID string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return nodeID + "/" + hex.EncodeToString(b[:])
+}
+
+// update feeds one event to the core under n.mu and wakes the waiters if the
+// core changed.
+func (n *Node) update(event func(c *ownership.Core)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	event(n.core)
+	n.syncLocked()
+}
+
+// syncLocked wakes everything waiting for a change if the core changed
+// since the last wake-up (n.mu held).
+func (n *Node) syncLocked() {
+	if c := n.core.Changes(); c != n.seen {
+		n.seen = c
+		close(n.changed)
+		n.changed = make(chan struct{})
+		n.met.held(n.core.Held())
+	}
+}
+
+// read answers a question of the core under n.mu (read-locked).
+func read[T any](n *Node, q func(c *ownership.Core) T) T {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return q(n.core)
 }
 
 // Start serves the transport, joins the cluster (declaring a predecessor with
@@ -208,7 +217,7 @@ func (n *Node) start(ctx context.Context, local Local) error {
 		return errors.New("cluster: Start needs the local writer")
 	}
 	n.mu.Lock()
-	if n.phase != phaseNew {
+	if n.local != nil || n.core.Phase() != ownership.PhaseNew {
 		n.mu.Unlock()
 		return errors.New("cluster: node already started")
 	}
@@ -227,15 +236,11 @@ func (n *Node) start(ctx context.Context, local Local) error {
 	// same --node-id: wait out one TTL, then refuse to start.
 	deadline := n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat)
 	for {
-		err := n.join(ctx, addr, false)
+		err := n.join(ctx, addr)
 		if err == nil {
 			return nil
 		}
-		retry := errors.Is(err, membership.ErrSuperseded) && n.clk.Now().Before(deadline) && ctx.Err() == nil
-		n.mu.Lock()
-		n.phase, n.superseded = phaseNew, false
-		n.mu.Unlock()
-		if !retry {
+		if !errors.Is(err, membership.ErrSuperseded) || !n.clk.Now().Before(deadline) || ctx.Err() != nil {
 			_ = n.tr.Close()
 			if errors.Is(err, membership.ErrSuperseded) {
 				return fmt.Errorf("%w: node id %q is held by a live member (another process runs with this --node-id)", err, n.cfg.NodeID)
@@ -246,36 +251,24 @@ func (n *Node) start(ctx context.Context, local Local) error {
 	}
 }
 
-// join enters the membership table as a new incarnation.
-func (n *Node) join(ctx context.Context, clusterAddr string, takeOver bool) error {
-	n.mu.RLock()
-	m := n.self
-	n.mu.RUnlock()
+// join enters the membership table as a new incarnation (clusterAddr "":
+// the address of the previous one).
+func (n *Node) join(ctx context.Context, clusterAddr string) error {
+	m := read(n, (*ownership.Core).Self)
 	if clusterAddr != "" {
 		m.ClusterAddr = clusterAddr
 	}
 	m.Incarnation = newIncarnation(m.NodeID)
 	sent := n.clk.Now()
 	jctx, cancel := n.opCtx(ctx)
-	v, err := n.store.Join(jctx, m, n.cfg.MemberTTL, takeOver)
+	v, err := n.store.Join(jctx, m, n.cfg.MemberTTL, false)
 	cancel()
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	if err != nil {
-		if errors.Is(err, membership.ErrSuperseded) {
-			n.superseded = true
-			n.phase = phaseSuperseded
-			n.notifyLocked()
-			n.log.Error("node id is held by another live process: staying out of the cluster", "err", err)
-		}
 		return fmt.Errorf("cluster join as %s: %w", m.NodeID, err)
 	}
-	n.self = m
-	n.gone, n.fenced, n.superseded, n.beatErr = false, false, false, nil
-	n.phase = phaseActive
-	n.applyViewLocked(v, sent)
-	n.notifyLocked()
+	n.update(func(c *ownership.Core) { c.Joined(m, v, sent) })
 	n.log.Info("joined the cluster", "incarnation", m.Incarnation, "cluster_addr", m.ClusterAddr, "version", v.Version, "members", len(v.Members))
+	n.viewed(v)
 	go n.wakeMembers(v, nil)
 	return nil
 }
@@ -295,7 +288,13 @@ func (n *Node) rejoin(ctx context.Context, old membership.Member) {
 			return
 		}
 	}
-	if err := n.join(ctx, "", false); err != nil {
+	err := n.join(ctx, "")
+	switch {
+	case errors.Is(err, membership.ErrSuperseded):
+		n.log.Error("node id is held by another live process: staying out of the cluster", "err", err)
+		n.update((*ownership.Core).JoinSuperseded)
+		n.poke(n.wakeRecon)
+	case err != nil:
 		n.log.Warn("rejoin failed; retrying", "err", err)
 	}
 }
@@ -347,147 +346,85 @@ func (n *Node) poke(ch chan struct{}) {
 	}
 }
 
-// notifyLocked wakes everything waiting for a change (n.mu held).
-func (n *Node) notifyLocked() {
-	close(n.changed)
-	n.changed = make(chan struct{})
+// observe adopts a view read outside a renewal.
+func (n *Node) observe(v membership.View) {
+	n.update(func(c *ownership.Core) { c.Observed(v) })
+	n.viewed(v)
 }
 
-// applyViewLocked adopts v unless it is older than the current view, and
-// rebuilds the ring when the version changed. sent is the local time the
-// read started: a view of our own live row proves the lease until
-// sent+MemberTTL (n.mu held).
-func (n *Node) applyViewLocked(v membership.View, sent time.Time) {
-	if sent.After(n.lastBeat) {
-		n.lastBeat = sent
-	}
-	if v.Version < n.view.Version {
-		return
-	}
-	if v.Version != n.view.Version || n.view.Members == nil {
-		r, err := ring.New(v.RingMembers(), n.cfg.Ring)
-		if err != nil {
-			n.log.Error("cannot build the ring for this membership view: keeping the previous one", "version", v.Version, "err", err)
+// viewed reports a membership view read from the table: metrics, and a log
+// line when its version is newer than any logged before.
+func (n *Node) viewed(v membership.View) {
+	n.met.view(v)
+	for {
+		last := n.viewLogged.Load()
+		if v.Version <= last {
 			return
 		}
-		if n.view.Version != v.Version {
-			n.log.Info("membership view", "version", v.Version, "members", len(v.Members), "ring", len(r.Members()))
+		if n.viewLogged.CompareAndSwap(last, v.Version) {
+			n.log.Info("membership view", "version", v.Version, "members", len(v.Members))
+			return
 		}
-		n.ring = r
-		n.notifyLocked()
 	}
-	n.view = v
-	n.met.view(v)
 }
 
 // beat renews the membership lease once.
 func (n *Node) beat(ctx context.Context) {
-	n.mu.RLock()
-	ph, self := n.phase, n.self
-	n.mu.RUnlock()
-	if ph != phaseActive && ph != phaseLeaving {
+	ph, self := read(n, (*ownership.Core).Phase), read(n, (*ownership.Core).Self)
+	if ph != ownership.PhaseActive && ph != ownership.PhaseLeaving {
 		return
 	}
 	sent := n.clk.Now()
 	bctx, cancel := context.WithTimeout(ctx, n.cfg.MemberTTL/2)
 	v, err := n.store.Heartbeat(bctx, self.NodeID, self.Incarnation, n.cfg.MemberTTL)
 	cancel()
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.self.Incarnation != self.Incarnation {
-		return // rejoined meanwhile
-	}
-	switch {
-	case err == nil:
-		n.beatErr = nil
-		n.applyViewLocked(v, sent)
-		if m, ok := v.Member(self.NodeID); ok && m.Leaving && m.Incarnation == self.Incarnation && n.phase == phaseActive {
+	if err == nil {
+		var drain bool
+		n.update(func(c *ownership.Core) { drain = c.Renewed(self.Incarnation, v, sent) })
+		n.viewed(v)
+		if drain {
 			n.drainOnce.Do(func() {
 				n.log.Info("drain requested: the member row was marked leaving by an operator; leaving gracefully")
 				close(n.drain)
 			})
 		}
 		return
-	case errors.Is(err, membership.ErrSuperseded):
-		if !n.superseded {
-			n.log.Error("node id taken by another process", "incarnation", self.Incarnation, "err", err)
-		}
-		n.superseded = true
-	case errors.Is(err, membership.ErrMemberGone):
-		if !n.gone {
-			n.log.Warn("member row expired or removed: presumed dead, stepping down", "incarnation", self.Incarnation)
-		}
-		n.gone = true
-	default:
-		if n.beatErr == nil {
-			n.log.Warn("heartbeat failed", "err", err)
-		}
-		n.beatErr = err
+	}
+	var trouble bool
+	n.update(func(c *ownership.Core) { trouble = c.RenewFailed(self.Incarnation, err) })
+	if !trouble {
+		n.log.Warn("heartbeat failed", "err", err)
 		return
 	}
-	n.notifyLocked()
+	n.log.Warn("membership lease lost: stepping down", "incarnation", self.Incarnation, "err", err)
 	n.poke(n.wakeRecon)
 }
 
-// reconcile makes the held partitions follow the ring once: hand off what
-// moved away, take what is ours and takeable, or step down and rejoin.
+// reconcile carries out one round of the core (ownership.Core.Next): step
+// down and rejoin, or hand off what moved away and take what is ours.
 func (n *Node) reconcile(ctx context.Context) {
 	n.reconcileMu.Lock()
 	defer n.reconcileMu.Unlock()
-	n.mu.RLock()
-	ph, self, r, view := n.phase, n.self, n.ring, n.view
-	gone, superseded, fenced := n.gone, n.superseded, n.fenced
-	parts := append([]partState(nil), n.parts...)
-	n.mu.RUnlock()
-	switch {
-	case ph != phaseActive && ph != phaseSteppingDown:
-		return
-	case superseded:
-		n.stepDown(ctx, "node id taken by another process")
-		n.mu.Lock()
-		n.phase = phaseSuperseded
-		n.notifyLocked()
-		n.mu.Unlock()
-		n.supersededOnce.Do(func() { close(n.supersededCh) })
-		return
-	case ph == phaseSteppingDown || gone || fenced:
-		if ph == phaseActive {
-			reason := "member row expired (presumed dead)"
-			if fenced {
-				reason = "a commit was fenced (partition taken over)"
-			}
-			n.stepDown(ctx, reason)
-		}
-		n.rejoin(ctx, self)
-		return
-	}
-	pl := decide(r, &view, self.NodeID, self.Incarnation, parts)
-	if len(pl.lost) > 0 {
-		n.mu.Lock()
-		n.fenced = true
-		n.mu.Unlock()
-		n.log.Warn("partitions taken over by another node", "partitions", pl.lost)
-		n.stepDown(ctx, "partitions taken over")
-		n.rejoin(ctx, self)
-		return
-	}
-	if len(pl.release) > 0 {
-		n.handoff(ctx, pl.release)
-	}
-	if len(pl.acquire) > 0 {
-		n.acquire(ctx, self.Incarnation, view.Version, pl.acquire)
-	}
-}
-
-// heldLeases returns the leases this incarnation holds (n.mu held).
-func (n *Node) heldLeasesLocked(only func(p uint32) bool) []membership.Lease {
-	var ls []membership.Lease
-	for i, st := range n.parts {
-		if st.held && (only == nil || only(uint32(i))) {
-			ls = append(ls, membership.Lease{Partition: uint32(i), Owner: n.self.Incarnation, Epoch: st.epoch})
+	var rd ownership.Round
+	n.update(func(c *ownership.Core) { rd = c.Next() })
+	if rd.StepDown {
+		n.stepDown(ctx, rd)
+		if rd.Final {
+			n.update((*ownership.Core).Superseded)
+			n.supersededOnce.Do(func() { close(n.supersededCh) })
+			return
 		}
 	}
-	return ls
+	if rd.Rejoin {
+		n.rejoin(ctx, rd.Old)
+		return
+	}
+	if len(rd.Release) > 0 {
+		n.release(ctx, rd.Release)
+	}
+	if len(rd.Acquire) > 0 {
+		n.acquire(ctx, rd.Incarnation, rd.Version, rd.Acquire)
+	}
 }
 
 // stopConvs stops the local conversations of the partitions in set (nil:
@@ -504,46 +441,41 @@ func (n *Node) stopConvs(ctx context.Context, set map[uint32]bool) {
 	}
 }
 
-// stepDown drops every partition at once (Fence refuses from now on), stops
-// all conversations (in-flight batches finish or are fenced) and frees the
-// leases still held (best effort).
-func (n *Node) stepDown(ctx context.Context, reason string) {
-	n.mu.Lock()
-	held := n.heldLeasesLocked(nil)
-	clear(n.parts)
-	n.phase = phaseSteppingDown
-	n.notifyLocked()
-	n.mu.Unlock()
-	n.log.Warn("stepping down: all partitions dropped", "reason", reason, "held", len(held))
+// stepDown carries out a step-down the core decided (every partition is
+// already dropped, so Fence refuses): stop all conversations (in-flight
+// batches finish or are fenced) and free the leases that were held (best
+// effort).
+func (n *Node) stepDown(ctx context.Context, rd ownership.Round) {
+	n.log.Warn("stepping down: all partitions dropped", "reason", rd.Reason.String(), "held", len(rd.Leases))
 	n.met.stepDown()
-	n.met.held(0)
 	n.stopConvs(ctx, nil)
-	if len(held) > 0 {
+	if len(rd.Leases) > 0 {
 		rctx, cancel := n.opCtx(ctx)
 		defer cancel()
-		if err := n.store.Release(rctx, held); err != nil {
+		if err := n.store.Release(rctx, rd.Leases); err != nil {
 			n.log.Debug("release after step-down failed (the leases expire with the member row)", "err", err)
 		}
 	}
 }
 
-// handoff gives up partitions ps: no new fences, in-flight batches finish,
-// then the leases are released. On a failed release they stay moving and the
-// next round retries.
+// handoff gives up partitions ps (Leave): no new fences, in-flight batches
+// finish, then the leases are released.
 func (n *Node) handoff(ctx context.Context, ps []uint32) {
-	set := make(map[uint32]bool, len(ps))
-	for _, p := range ps {
-		set[p] = true
-	}
-	n.mu.Lock()
-	leases := n.heldLeasesLocked(func(p uint32) bool { return set[p] })
-	for _, l := range leases {
-		n.parts[l.Partition].moving = true
-	}
-	n.notifyLocked()
-	n.mu.Unlock()
+	var leases []membership.Lease
+	n.update(func(c *ownership.Core) { leases = c.StartHandoff(ps) })
+	n.release(ctx, leases)
+}
+
+// release hands off leases already marked moving: their conversations stop
+// (in-flight batches finish), then the leases are released. On a failed
+// release they stay moving and the next round retries.
+func (n *Node) release(ctx context.Context, leases []membership.Lease) {
 	if len(leases) == 0 {
 		return
+	}
+	set := make(map[uint32]bool, len(leases))
+	for _, l := range leases {
+		set[l.Partition] = true
 	}
 	n.stopConvs(ctx, set)
 	rctx, cancel := n.opCtx(ctx)
@@ -553,17 +485,14 @@ func (n *Node) handoff(ctx context.Context, ps []uint32) {
 		n.log.Warn("releasing partitions failed; retrying", "partitions", len(leases), "err", err)
 		return
 	}
-	n.mu.Lock()
-	for _, l := range leases {
-		if st := n.parts[l.Partition]; st.held && st.epoch == l.Epoch {
-			n.parts[l.Partition] = partState{}
-		}
-	}
-	r, view, heldNow := n.ring, n.view, n.countHeldLocked()
-	n.notifyLocked()
-	n.mu.Unlock()
+	var r *ring.Ring
+	var view membership.View
+	var heldNow int
+	n.update(func(c *ownership.Core) {
+		c.Released(leases)
+		r, view, heldNow = c.Ring(), c.View(), c.Held()
+	})
 	n.met.released(len(leases))
-	n.met.held(heldNow)
 	n.log.Info("partitions handed off", "count", len(leases), "held", heldNow)
 	released := make([]uint32, len(leases))
 	for i, l := range leases {
@@ -599,39 +528,21 @@ func (n *Node) acquire(ctx context.Context, incarnation string, version uint64, 
 		set[l.Partition] = true
 	}
 	n.stopConvs(ctx, set)
-	n.mu.Lock()
-	if n.self.Incarnation == incarnation && n.phase == phaseActive {
-		for _, l := range leases {
-			n.parts[l.Partition] = partState{held: true, epoch: l.Epoch}
-		}
-	}
-	heldNow := n.countHeldLocked()
-	n.notifyLocked()
-	n.mu.Unlock()
+	var heldNow int
+	n.update(func(c *ownership.Core) {
+		c.Acquired(incarnation, leases)
+		heldNow = c.Held()
+	})
 	n.met.acquired(len(leases))
-	n.met.held(heldNow)
 	n.log.Info("partitions acquired", "count", len(leases), "held", heldNow, "version", version)
-}
-
-func (n *Node) countHeldLocked() int {
-	c := 0
-	for _, st := range n.parts {
-		if st.held {
-			c++
-		}
-	}
-	return c
 }
 
 // wakeMembers asks the members of view accepted by only (nil: all but this
 // node) to read the table now.
 func (n *Node) wakeMembers(view membership.View, only func(membership.Member) bool, released ...uint32) {
-	n.mu.RLock()
-	selfID := n.self.NodeID
-	n.mu.RUnlock()
-	w := &clusterv1.WakeRequest{FromNode: selfID, MembershipVersion: view.Version, Released: released}
+	w := &clusterv1.WakeRequest{FromNode: n.cfg.NodeID, MembershipVersion: view.Version, Released: released}
 	for _, m := range view.Members {
-		if m.NodeID == selfID || m.ClusterAddr == "" || (only != nil && !only(m)) {
+		if m.NodeID == n.cfg.NodeID || m.ClusterAddr == "" || (only != nil && !only(m)) {
 			continue
 		}
 		n.tr.Wake(m.ClusterAddr, w)
@@ -649,9 +560,7 @@ const (
 // rate-limited per sender: a live member (by node id) has its own budget;
 // anything else shares one budget per peer address.
 func (n *Node) HandleWake(peer string, w *clusterv1.WakeRequest) {
-	n.mu.RLock()
-	_, member := n.view.Member(w.GetFromNode())
-	n.mu.RUnlock()
+	member := read(n, func(c *ownership.Core) bool { _, ok := c.View().Member(w.GetFromNode()); return ok })
 	key := "addr:" + peer
 	if member {
 		key = "node:" + w.GetFromNode()
@@ -675,79 +584,27 @@ func (n *Node) HandleWake(peer string, w *clusterv1.WakeRequest) {
 }
 
 // Fence implements the writer's ownership check (actor.Ownership): the fence
-// for a commit of convID, if this node holds the conversation's partition
-// and it is not moving. Otherwise an error wrapping sequencer.ErrNotOwner or
-// sequencer.ErrOwnershipMoving (both retryable).
+// for a commit of convID by the core (ownership.Core.Fence), or an error
+// wrapping sequencer.ErrNotOwner or sequencer.ErrOwnershipMoving (both
+// retryable).
 func (n *Node) Fence(convID string) (persist.Fence, error) {
 	p := ring.PartitionOf(convID, n.partitions)
+	now := n.clk.Now()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	st := n.parts[p]
-	switch {
-	case n.phase != phaseActive && n.phase != phaseLeaving, n.gone, n.fenced, n.superseded:
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("node %s is %s", n.self.NodeID, n.stateLocked()))
-	case !st.held:
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("partition %d is not held by node %s", p, n.self.NodeID))
-	case st.moving:
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
-			fmt.Sprintf("partition %d is moving away from node %s", p, n.self.NodeID))
-	}
-	if d := n.clk.Now().Sub(n.lastBeat); d > n.cfg.MemberTTL {
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("node %s has not renewed its membership for %v", n.self.NodeID, d.Round(time.Millisecond)))
-	}
-	return persist.Fence{Partition: p, Owner: n.self.Incarnation, Epoch: st.epoch}, nil
+	return n.core.Fence(p, now)
 }
 
-func (n *Node) stateLocked() string {
-	switch {
-	case n.superseded:
-		return "superseded by another process with its node id"
-	case n.gone:
-		return "presumed dead (member row expired)"
-	case n.fenced:
-		return "fenced (a partition was taken over)"
-	}
-	return n.phase.String()
-}
-
-// FenceStore wraps the store the local writer commits to: a commit refused
-// for a stale fence of this incarnation makes the node step down (its
-// partitions were taken over, so it was presumed dead). Every other method
-// passes through.
-func (n *Node) FenceStore(s persist.Store) persist.Store { return &fenceWatch{Store: s, n: n} }
-
-type fenceWatch struct {
-	persist.Store
-	n *Node
-}
-
-func (f *fenceWatch) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	err := f.Store.Commit(ctx, batches)
-	var sf *persist.StaleFenceError
-	if errors.As(err, &sf) {
-		f.n.fenceRefused(sf.Fences)
-	}
-	return err
-}
-
-// fenceRefused records that the store refused fences; if one is a partition
-// this incarnation still believes it holds at that epoch, step down.
-func (n *Node) fenceRefused(fences []persist.Fence) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, f := range fences {
-		if f.Owner != n.self.Incarnation || int(f.Partition) >= len(n.parts) {
-			continue
-		}
-		if st := n.parts[f.Partition]; st.held && st.epoch == f.Epoch && !n.fenced {
-			n.log.Warn("commit fenced: partition taken over; stepping down", "partition", f.Partition, "epoch", f.Epoch)
-			n.fenced = true
-			n.notifyLocked()
-			n.poke(n.wakeRecon)
-		}
+// Refused implements the writer's report of a commit refused for stale
+// fences (actor.Ownership): if one is a partition this incarnation still
+// believes it holds at that epoch, the partition was taken over and the node
+// steps down.
+func (n *Node) Refused(fences []persist.Fence) {
+	var trouble bool
+	n.update(func(c *ownership.Core) { trouble = c.Refused(fences) })
+	if trouble {
+		n.log.Warn("commit fenced: partition taken over; stepping down", "fences", len(fences))
+		n.poke(n.wakeRecon)
 	}
 }
 
@@ -755,23 +612,10 @@ func (n *Node) fenceRefused(fences []persist.Fence) {
 // (heartbeat renewed within MemberTTL) with a known ring, not stepping down,
 // superseded or leaving.
 func (n *Node) Ready() error {
+	now := n.clk.Now()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	switch {
-	case n.phase == phaseNew:
-		return errors.New("cluster: not started")
-	case n.phase == phaseLeaving || n.phase == phaseLeft:
-		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "cluster: node is leaving")
-	case n.phase != phaseActive || n.gone || n.fenced || n.superseded:
-		return fmt.Errorf("cluster: node %s", n.stateLocked())
-	}
-	if d := n.clk.Now().Sub(n.lastBeat); d > n.cfg.MemberTTL {
-		return fmt.Errorf("cluster: membership not renewed for %v (last error: %v)", d.Round(time.Millisecond), n.beatErr)
-	}
-	if _, ok := n.view.Member(n.self.NodeID); !ok {
-		return errors.New("cluster: this node is not in the membership view yet")
-	}
-	return nil
+	return n.core.Ready(now)
 }
 
 // DrainRequested is closed when this node's heartbeat finds its own member
@@ -805,21 +649,15 @@ func (n *Node) Superseded() <-chan struct{} { return n.supersededCh }
 // sequencer.ErrShuttingDown. The transport stays open for the replies of
 // sends forwarded before; Close stops it.
 func (n *Node) Leave(ctx context.Context) error {
-	n.mu.Lock()
-	switch n.phase {
-	case phaseNew:
-		n.phase = phaseLeft
-		n.notifyLocked()
-		n.mu.Unlock()
-		return nil
-	case phaseLeaving, phaseLeft:
-		n.mu.Unlock()
-		return errors.New("cluster: already leaving")
+	var wasMember bool
+	var err error
+	n.update(func(c *ownership.Core) { wasMember, err = c.Leave() })
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
 	}
-	wasMember := n.phase == phaseActive
-	n.phase = phaseLeaving
-	n.notifyLocked()
-	n.mu.Unlock()
+	if read(n, (*ownership.Core).Phase) == ownership.PhaseLeft {
+		return nil // never started
+	}
 	n.log.Info("leaving the cluster")
 
 	if n.stopRecon != nil {
@@ -830,27 +668,21 @@ func (n *Node) Leave(ctx context.Context) error {
 	defer n.reconcileMu.Unlock()
 
 	var errs []error
-	n.mu.RLock()
-	self := n.self
-	n.mu.RUnlock()
+	self := read(n, (*ownership.Core).Self)
 	if wasMember {
 		v, err := n.store.Leave(ctx, self.NodeID, self.Incarnation)
 		if err != nil {
 			n.log.Warn("marking the member row leaving failed; handing off anyway", "err", err)
 		} else {
-			n.mu.Lock()
-			n.applyViewLocked(v, time.Time{}) // Leave does not renew the lease
-			n.mu.Unlock()
+			n.observe(v) // Leave does not renew the lease
 			n.wakeMembers(v, nil)
 		}
 	}
 	for {
-		n.mu.RLock()
 		var held []uint32
-		for _, l := range n.heldLeasesLocked(nil) {
+		for _, l := range read(n, (*ownership.Core).HeldLeases) {
 			held = append(held, l.Partition)
 		}
-		n.mu.RUnlock()
 		if len(held) == 0 {
 			break
 		}
@@ -859,7 +691,7 @@ func (n *Node) Leave(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster leave: partitions not handed off: %w", ctx.Err()))
 			break
 		}
-		if n.countHeld() > 0 {
+		if read(n, (*ownership.Core).Held) > 0 {
 			select {
 			case <-ctx.Done():
 			case <-time.After(n.cfg.Heartbeat):
@@ -875,11 +707,7 @@ func (n *Node) Leave(ctx context.Context) error {
 		n.stopBeat()
 		<-n.beatDone
 	}
-	n.mu.Lock()
-	n.phase = phaseLeft
-	clear(n.parts)
-	n.notifyLocked()
-	n.mu.Unlock()
+	n.update((*ownership.Core).Left)
 	n.log.Info("left the cluster")
 	return errors.Join(errs...)
 }
@@ -894,29 +722,4 @@ func (n *Node) Close() error {
 		return fmt.Errorf("cluster: closing the transport: %w", err)
 	}
 	return nil
-}
-
-func (n *Node) countHeld() int {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	return n.countHeldLocked()
-}
-
-// halt stops the node as a crash would (tests): no handoff, no removal; the
-// member row expires.
-func (n *Node) halt() {
-	n.mu.Lock()
-	n.phase = phaseLeft
-	clear(n.parts)
-	n.notifyLocked()
-	n.mu.Unlock()
-	if n.stopRecon != nil {
-		n.stopRecon()
-		<-n.reconDone
-	}
-	if n.stopBeat != nil {
-		n.stopBeat()
-		<-n.beatDone
-	}
-	_ = n.tr.Close()
 }

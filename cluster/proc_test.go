@@ -205,7 +205,7 @@ func runNodeChild() {
 	if err != nil {
 		fail("cluster config", err)
 	}
-	an, err := actor.NewNode(actor.Config{Store: cn.FenceStore(store), IDs: leaseIDs{lease}, Ownership: cn, Logger: log})
+	an, err := actor.NewNode(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: cn, Logger: log})
 	if err != nil {
 		fail("actor node", err)
 	}

@@ -7,19 +7,12 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
 // Location is where a conversation lives now, by this node's view.
-type Location struct {
-	NodeID            string // owner by the ring
-	ClusterAddr       string // the owner's node-to-node address
-	APIAddr           string // the owner's client API address ("" if it did not advertise one)
-	Partition         uint32
-	Epoch             uint64 // the owner's lease epoch if known (0: not taken yet or unknown)
-	MembershipVersion uint64
-}
+type Location = ownership.Location
 
 // Locate answers where convID lives by the current view. It fails with a
 // retryable error wrapping sequencer.ErrNotOwner when the view has no
@@ -28,26 +21,7 @@ func (n *Node) Locate(convID string) (Location, error) {
 	p := ring.PartitionOf(convID, n.partitions)
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if n.phase == phaseNew || n.phase == phaseLeft {
-		return Location{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "cluster node not running")
-	}
-	owner, ok := n.ring.Owner(p)
-	if !ok {
-		return Location{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("no members in membership view %d", n.view.Version))
-	}
-	loc := Location{NodeID: owner.NodeID, ClusterAddr: owner.Address, Partition: p, MembershipVersion: n.view.Version}
-	m, _ := n.view.Member(owner.NodeID)
-	loc.APIAddr = m.APIAddr
-	switch {
-	case owner.NodeID == n.self.NodeID && n.parts[p].held:
-		loc.Epoch = n.parts[p].epoch
-	default:
-		if l, ok := n.view.Lease(p); ok && l.Owner != "" && l.Owner == m.Incarnation {
-			loc.Epoch = l.Epoch
-		}
-	}
-	return loc, nil
+	return n.core.Locate(p)
 }
 
 // Route implements sequencer.Router: the owner of convID by this node's view,
@@ -100,56 +74,36 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 	defer wait.Stop()
 	backoff := 20 * time.Millisecond
 	for {
+		// The route: local, forwarded, or wait for a change. The local
+		// writer asks for the fence again when it commits (Fence); the
+		// store checks that fence in the commit's transaction.
 		n.mu.RLock()
-		ph, r, version, selfID, changed := n.phase, n.ring, n.view.Version, n.self.NodeID, n.changed
-		st := n.parts[p]
-		flagged := n.gone || n.fenced || n.superseded
-		var ownerM membership.Member
-		owner, hasOwner := r.Owner(p)
-		if hasOwner {
-			ownerM, _ = n.view.Member(owner.NodeID)
-		}
+		dst, changed := n.core.Route(p), n.changed
 		n.mu.RUnlock()
 
 		var err error
 		retryAfter := time.Duration(0) // 0: wait for a local change
 		noAnswer := false              // retry until ctx ends, past HandoffWait
-		switch {
-		case ph == phaseNew || ph == phaseLeft || ph == phaseSuperseded:
-			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown,
-				fmt.Sprintf("cluster node %s is %s", n.cfg.NodeID, ph))
-		case !hasOwner:
-			err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-				fmt.Sprintf("no members in membership view %d", version))
-		case owner.NodeID == selfID:
-			switch {
-			case flagged || ph == phaseSteppingDown:
-				err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-					fmt.Sprintf("node %s is stepping down", selfID))
-			case !st.held:
-				err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-					fmt.Sprintf("partition %d not taken yet by its owner %s", p, selfID))
-			case st.moving:
-				err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
-					fmt.Sprintf("partition %d is moving away from %s", p, selfID))
-			default:
-				res, lerr := n.local.Send(ctx, req)
-				if lerr == nil || !ownershipErr(lerr) {
-					return res, lerr
-				}
-				err = lerr
-				retryAfter = backoff
+		switch dst.Way {
+		case ownership.WayRefuse:
+			return sequencer.SendResult{}, dst.Err
+		case ownership.WayWait:
+			err = dst.Err
+		case ownership.WayLocal:
+			res, lerr := n.local.Send(ctx, req)
+			if lerr == nil || !ownershipErr(lerr) {
+				return res, lerr
 			}
-		case forwarded:
-			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-				fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, selfID, version, owner.NodeID))
-		default:
-			if ownerM.ClusterAddr == "" {
-				ownerM.ClusterAddr = owner.Address
+			err = lerr
+			retryAfter = backoff
+		case ownership.WayForward:
+			if forwarded {
+				return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))
 			}
 			it := n.newFwdItem(ctx, req)
-			n.enqueue(ownerM.ClusterAddr, []*fwdItem{it})
-			o := n.await(ctx, owner.NodeID, it)
+			n.enqueue(dst.Owner.ClusterAddr, []*fwdItem{it})
+			o := n.await(ctx, dst.Owner.NodeID, it)
 			switch o.kind {
 			case fwdAnswered:
 				return o.res, o.err
@@ -158,7 +112,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 				retryAfter = backoff // the owner's view may be ahead or behind ours
 			case fwdNoAnswer:
 				if ctx.Err() != nil {
-					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", owner.NodeID, ctx.Err(), o.err)
+					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", dst.Owner.NodeID, ctx.Err(), o.err)
 				}
 				err = o.err
 				retryAfter = backoff

@@ -17,6 +17,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -129,7 +130,7 @@ func (l *simLocal) Send(ctx context.Context, req sequencer.SendRequest) (sequenc
 		l.mu.Unlock()
 		var sf *persist.StaleFenceError
 		if errors.As(err, &sf) {
-			l.node.fenceRefused(sf.Fences)
+			l.node.Refused(sf.Fences)
 		}
 		return sequencer.SendResult{}, err
 	}
@@ -189,7 +190,7 @@ func (l *simLocal) flush() (landed int, errs []error) {
 			l.mu.Unlock()
 			var sf *persist.StaleFenceError
 			if errors.As(err, &sf) {
-				l.node.fenceRefused(sf.Fences)
+				l.node.Refused(sf.Fences)
 			}
 			errs = append(errs, err)
 			continue
@@ -323,7 +324,7 @@ func (s *sim) freeze(id string, frozen bool) {
 		fmt.Fprintf(os.Stderr, "FREEZE %s %v\n", id, frozen)
 	}
 	sn.frozen = frozen
-	s.net.SetDown(sn.node.self.ClusterAddr, frozen)
+	s.net.SetDown(sn.node.self().ClusterAddr, frozen)
 }
 
 // settle runs rounds until every running node holds exactly what the ring
@@ -362,17 +363,21 @@ func (s *sim) settled() bool {
 	}
 	run := s.running()
 	for _, m := range v.Members {
-		if !slices.ContainsFunc(run, func(sn *simNode) bool { return sn.id == m.NodeID && sn.node.self.Incarnation == m.Incarnation }) {
+		if !slices.ContainsFunc(run, func(sn *simNode) bool {
+			return sn.id == m.NodeID && read(sn.node, (*ownership.Core).Self).Incarnation == m.Incarnation
+		}) {
 			return false // a crashed or frozen member has not expired yet
 		}
 	}
 	for _, sn := range run {
 		sn.node.mu.RLock()
-		ok := sn.node.phase == phaseActive && sn.node.view.Version == v.Version
+		c := sn.node.core
+		ok := c.Phase() == ownership.PhaseActive && c.View().Version == v.Version
 		owned := r.OwnedBy(sn.id)
-		for p, st := range sn.node.parts {
+		for p := range c.Partitions() {
+			st := c.Part(uint32(p))
 			want := slices.Contains(owned, uint32(p))
-			if st.held != want || st.moving {
+			if st.Held != want || st.Moving {
 				ok = false
 			}
 		}
@@ -396,7 +401,8 @@ func (s *sim) dump() string {
 		sn := s.nodes[id]
 		n := sn.node
 		n.mu.RLock()
-		b = fmt.Appendf(b, "%s: phase=%s frozen=%v dead=%v version=%d held=%d gone=%v fenced=%v\n", id, n.phase, sn.frozen, sn.dead, n.view.Version, n.countHeldLocked(), n.gone, n.fenced)
+		c := n.core
+		b = fmt.Appendf(b, "%s: phase=%s frozen=%v dead=%v version=%d held=%d trouble=%s\n", id, c.Phase(), sn.frozen, sn.dead, c.View().Version, c.Held(), c.Trouble())
 		n.mu.RUnlock()
 	}
 	return string(b)
@@ -561,7 +567,7 @@ func TestSimJoinSpreadsPartitions(t *testing.T) {
 	s := newSim(t)
 	s.start("a")
 	s.settle(3)
-	if got := s.nodes["a"].node.countHeld(); got != simPartitions {
+	if got := s.nodes["a"].node.held(); got != simPartitions {
 		t.Fatalf("a alone holds %d partitions, want %d", got, simPartitions)
 	}
 	for p := range simPartitions {
@@ -574,7 +580,7 @@ func TestSimJoinSpreadsPartitions(t *testing.T) {
 	s.settle(6)
 	total := 0
 	for _, id := range []string{"a", "b", "c"} {
-		h := s.nodes[id].node.countHeld()
+		h := s.nodes[id].node.held()
 		if h == 0 {
 			t.Fatalf("%s holds no partition after joining\n%s", id, s.dump())
 		}
@@ -604,13 +610,13 @@ func TestSimLiveOwnerKeepsPartitionUntilItReleases(t *testing.T) {
 	// b knows the ring gives it partitions, but a has not released them: b
 	// must take nothing from a live owner.
 	s.step("b")
-	if got := s.nodes["b"].node.countHeld(); got != 0 {
+	if got := s.nodes["b"].node.held(); got != 0 {
 		t.Fatalf("b took %d partitions before a released any", got)
 	}
 	s.step("a") // a hands off
 	s.step("b") // b takes them
 	s.settle(3)
-	if s.nodes["b"].node.countHeld() == 0 {
+	if s.nodes["b"].node.held() == 0 {
 		t.Fatal("b holds nothing after a handed off")
 	}
 }
@@ -627,13 +633,13 @@ func TestSimGracefulLeave(t *testing.T) {
 		}
 	}
 	b := s.nodes["b"]
-	heldB := b.node.countHeld()
+	heldB := b.node.held()
 	if err := b.node.Leave(context.Background()); err != nil {
 		t.Fatalf("leave: %v", err)
 	}
 	b.dead = true
 	s.check()
-	if got := b.node.countHeld(); got != 0 {
+	if got := b.node.held(); got != 0 {
 		t.Fatalf("b holds %d partitions after leaving", got)
 	}
 	if b.local.stops == 0 {
@@ -679,15 +685,15 @@ func TestSimCrashTakenOverAfterTTL(t *testing.T) {
 		}
 	}
 	c := s.nodes["c"]
-	owned := c.node.countHeld()
+	owned := c.node.held()
 	c.dead = true // crashed: never heartbeats again
-	s.net.SetDown(c.node.self.ClusterAddr, true)
+	s.net.SetDown(c.node.self().ClusterAddr, true)
 	// Before the TTL runs out, nobody takes c's partitions.
 	for range 4 {
 		s.round()
 		for _, id := range []string{"a", "b"} {
-			for p, st := range s.nodes[id].node.parts {
-				if st.held && c.node.parts[p].held {
+			for p, st := range s.nodes[id].node.parts() {
+				if st.Held && c.node.parts()[p].Held {
 					t.Fatalf("%s took partition %d while c's lease was live", id, p)
 				}
 			}
@@ -695,8 +701,8 @@ func TestSimCrashTakenOverAfterTTL(t *testing.T) {
 	}
 	// A send to one of c's conversations fails retryably meanwhile.
 	var cp uint32
-	for p, st := range c.node.parts {
-		if st.held {
+	for p, st := range c.node.parts() {
+		if st.Held {
 			cp = uint32(p)
 			break
 		}
@@ -727,12 +733,12 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 	s.settle(6)
 	b := s.nodes["b"]
 	var bp []uint32
-	for p, st := range b.node.parts {
-		if st.held {
+	for p, st := range b.node.parts() {
+		if st.Held {
 			bp = append(bp, uint32(p))
 		}
 	}
-	oldInc := b.node.self.Incarnation
+	oldInc := b.node.self().Incarnation
 	// b has a batch in flight (fence taken) when it freezes.
 	for _, p := range bp[:2] {
 		if err := b.local.prepare(sequencer.SendRequest{ConvID: simConvs[p], FromUID: 9, ClientMsgID: fmt.Sprintf("z%d", p), MsgType: 1}); err != nil {
@@ -744,7 +750,7 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 		s.round()
 	}
 	a := s.nodes["a"]
-	if got := a.node.countHeld(); got != simPartitions {
+	if got := a.node.held(); got != simPartitions {
 		t.Fatalf("a holds %d partitions after b expired, want all %d\n%s", got, simPartitions, s.dump())
 	}
 	for _, p := range bp[:2] {
@@ -770,14 +776,14 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 	s.check()
 	stopsBefore := b.local.stops
 	s.step("b") // notices: steps down, rejoins as a new incarnation
-	if b.node.self.Incarnation == oldInc {
+	if b.node.self().Incarnation == oldInc {
 		t.Fatal("zombie kept its incarnation after stepping down")
 	}
 	if b.local.stops == stopsBefore {
 		t.Fatal("zombie did not stop its conversations when stepping down")
 	}
 	s.settle(6)
-	if b.node.countHeld() == 0 {
+	if b.node.held() == 0 {
 		t.Fatal("rejoined node got no partitions back")
 	}
 	for _, p := range bp[:2] {
@@ -803,8 +809,8 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 		}
 	}
 	var bp uint32
-	for p, st := range old.node.parts {
-		if st.held {
+	for p, st := range old.node.parts() {
+		if st.Held {
 			bp = uint32(p)
 			break
 		}
@@ -815,7 +821,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	// A new process starts with node id b while the old one still runs
 	// (e.g. it was SIGSTOPped and a supervisor started another).
 	oldNode := old.node
-	s.net.SetDown(oldNode.self.ClusterAddr, true)
+	s.net.SetDown(oldNode.self().ClusterAddr, true)
 	old.id, old.dead, old.superseded = "b-old", true, true
 	delete(s.nodes, "b")
 	s.nodes["b-old"] = old
@@ -833,7 +839,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	if err := oldNode.Ready(); err == nil {
 		t.Fatal("superseded process reports ready")
 	}
-	if oldNode.countHeld() != 0 {
+	if oldNode.held() != 0 {
 		t.Fatal("superseded process still holds partitions")
 	}
 	if _, err := oldNode.Send(context.Background(), sequencer.SendRequest{ConvID: simConvs[bp], FromUID: 3, ClientMsgID: "x", MsgType: 1}); err == nil {
@@ -841,7 +847,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	}
 	s.nodes["b-old"].dead = true
 	v, _ := s.mem.View(context.Background())
-	if m, ok := v.Member("b"); !ok || m.Incarnation != nb.node.self.Incarnation {
+	if m, ok := v.Member("b"); !ok || m.Incarnation != nb.node.self().Incarnation {
 		t.Fatalf("member row b is %+v, want the new process's", m)
 	}
 	if err := s.send("a", simConvs[bp]); err != nil {
@@ -936,7 +942,7 @@ func TestSimRandomSchedules(t *testing.T) {
 				case x < 15 && len(run) > 1:
 					sn := run[rng.IntN(len(run))]
 					sn.dead = true
-					s.net.SetDown(sn.node.self.ClusterAddr, true)
+					s.net.SetDown(sn.node.self().ClusterAddr, true)
 				case x < 22 && len(run) > 1:
 					sn := run[rng.IntN(len(run))]
 					for range 2 {
@@ -1003,7 +1009,7 @@ func TestSimOperatorDrain(t *testing.T) {
 		}
 	}
 	b := s.nodes["b"]
-	if b.node.countHeld() == 0 {
+	if b.node.held() == 0 {
 		t.Fatal("b holds nothing before the drain")
 	}
 	if _, err := s.mem.RequestDrain(context.Background(), "b"); err != nil {
@@ -1033,7 +1039,7 @@ func TestSimOperatorDrain(t *testing.T) {
 	b.dead = true
 	s.check()
 	s.settle(4)
-	if got := b.node.countHeld(); got != 0 {
+	if got := b.node.held(); got != 0 {
 		t.Fatalf("b holds %d partitions after the drain", got)
 	}
 	v, _ := s.mem.View(context.Background())

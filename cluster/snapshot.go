@@ -34,27 +34,29 @@ type PartitionOwner struct {
 func (n *Node) Snapshot() Snapshot {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
+	c := n.core
+	self, view, r := c.Self(), c.View(), c.Ring()
 	s := Snapshot{
-		NodeID: n.self.NodeID, Phase: n.phase.String(), Version: n.view.Version,
-		Members: append([]membership.Member(nil), n.view.Members...), StoreNow: n.view.Now, ReadAt: n.lastBeat,
+		NodeID: self.NodeID, Phase: c.Phase().String(), Version: view.Version,
+		Members: append([]membership.Member(nil), view.Members...), StoreNow: view.Now, ReadAt: c.RenewedAt(),
 		MemberTTL: n.cfg.MemberTTL, Partitions: make([]PartitionOwner, n.partitions),
 	}
-	byInc := make(map[string]string, len(n.view.Members))
-	for _, m := range n.view.Members {
+	byInc := make(map[string]string, len(view.Members))
+	for _, m := range view.Members {
 		byInc[m.Incarnation] = m.NodeID
 	}
-	for _, l := range n.view.Leases {
+	for _, l := range view.Leases {
 		if int(l.Partition) < len(s.Partitions) {
 			s.Partitions[l.Partition] = PartitionOwner{Owner: byInc[l.Owner], Epoch: l.Epoch}
 		}
 	}
 	for p := range s.Partitions {
-		if st := n.parts[p]; st.held {
-			s.Partitions[p].Owner, s.Partitions[p].Epoch = n.self.NodeID, st.epoch
-		} else if s.Partitions[p].Owner == n.self.NodeID {
+		if st := c.Part(uint32(p)); st.Held {
+			s.Partitions[p].Owner, s.Partitions[p].Epoch = self.NodeID, st.Epoch
+		} else if s.Partitions[p].Owner == self.NodeID {
 			s.Partitions[p].Owner = "" // released or dropped since the read
 		}
-		if o, ok := n.ring.Owner(uint32(p)); ok {
+		if o, ok := r.Owner(uint32(p)); ok {
 			s.Partitions[p].RingOwner = o.NodeID
 		}
 	}

@@ -22,8 +22,8 @@ func TestSnapshot(t *testing.T) {
 		}
 		held[o.Owner]++
 	}
-	if held["a"] != s.nodes["a"].node.countHeld() || held["b"] != s.nodes["b"].node.countHeld() {
-		t.Fatalf("owners %v, held a=%d b=%d", held, s.nodes["a"].node.countHeld(), s.nodes["b"].node.countHeld())
+	if held["a"] != s.nodes["a"].node.held() || held["b"] != s.nodes["b"].node.held() {
+		t.Fatalf("owners %v, held a=%d b=%d", held, s.nodes["a"].node.held(), s.nodes["b"].node.held())
 	}
 	if snap.StoreNow.IsZero() || snap.ReadAt.IsZero() || snap.MemberTTL <= 0 {
 		t.Fatalf("times: store %v read %v ttl %v", snap.StoreNow, snap.ReadAt, snap.MemberTTL)
@@ -31,7 +31,7 @@ func TestSnapshot(t *testing.T) {
 
 	b := s.nodes["b"]
 	b.dead = true
-	s.net.SetDown(b.node.self.ClusterAddr, true)
+	s.net.SetDown(b.node.self().ClusterAddr, true)
 	s.settle(12)
 	s.round()
 	snap = s.nodes["a"].node.Snapshot()

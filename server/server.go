@@ -196,9 +196,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
-		// Commits carry the partition fence; a fenced commit makes the node
-		// step down.
-		acfg.Store = s.cluster.FenceStore(st)
+		// Commits carry the partition fence (actor.Ownership); a commit
+		// refused for a stale fence makes the node step down.
 		acfg.Ownership = s.cluster
 	}
 	s.node, err = actor.NewNode(acfg)
