@@ -140,7 +140,6 @@ const (
 	storyTTL        = 1500 * time.Millisecond
 )
 
-
 type harness struct {
 	t     *testing.T
 	clk   *clock.Fake
