@@ -285,8 +285,9 @@ func (a *Admin) partitions() int {
 	return a.ring.Partitions
 }
 
-// Route is where a conversation goes.
-type Route struct {
+// Placement is where a conversation goes, by the table: its partition, the
+// ring's owner and the partition's lease (`sequencer admin route`).
+type Placement struct {
 	ConvID    string `json:"conv_id"`
 	Partition uint32 `json:"partition"`
 	Version   uint64 `json:"membership_version"`
@@ -304,25 +305,25 @@ type Route struct {
 
 // Route computes conv's partition and owner with package ring over the
 // current membership view, plus the partition's lease.
-func (a *Admin) Route(ctx context.Context, conv string) (Route, error) {
+func (a *Admin) Route(ctx context.Context, conv string) (Placement, error) {
 	if conv == "" {
-		return Route{}, errors.New("route: conversation id needed")
+		return Placement{}, errors.New("route: conversation id needed")
 	}
 	ms, err := a.cluster()
 	if err != nil {
-		return Route{}, err
+		return Placement{}, err
 	}
 	v, err := ms.View(ctx)
 	if err != nil {
-		return Route{}, err
+		return Placement{}, err
 	}
 	r, err := a.newRing(v)
 	if err != nil {
-		return Route{}, err
+		return Placement{}, err
 	}
 	p := r.Partition(conv)
 	pt := partitionOf(v, r, p)
-	out := Route{ConvID: conv, Partition: p, Version: v.Version, Node: pt.RingOwner, LeaseOwner: pt.Owner,
+	out := Placement{ConvID: conv, Partition: p, Version: v.Version, Node: pt.RingOwner, LeaseOwner: pt.Owner,
 		OwnerLive: pt.OwnerLive, Epoch: pt.Epoch, Moving: pt.Moving}
 	if m, ok := v.Member(pt.RingOwner); ok {
 		out.APIAddr, out.ClusterAddr = m.APIAddr, m.ClusterAddr

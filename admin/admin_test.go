@@ -148,7 +148,7 @@ func TestClusterCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner, p, _ := r.OwnerOf(conv)
-	var rtJSON Route
+	var rtJSON Placement
 	rendered(t, rt, &rtJSON)
 	if rt.Partition != p || rt.Node != owner.NodeID || rt.LeaseOwner != owner.NodeID || rt.Epoch != 1 || rt.Moving ||
 		rt.APIAddr != member(owner.NodeID).APIAddr || rtJSON.Node != owner.NodeID || rt.Partition != ring.PartitionOf(conv, testPartitions) {

@@ -96,7 +96,7 @@ func (h Head) Table() Table {
 	}}
 }
 
-func (r Route) Table() Table {
+func (r Placement) Table() Table {
 	owner := dash(r.LeaseOwner)
 	if r.LeaseOwner != "" && !r.OwnerLive {
 		owner += " (dead)"

@@ -92,12 +92,12 @@ type Client struct {
 	httpc     connect.HTTPClient
 	transport *http.Transport // ours to close; nil when the caller supplied HTTPClient
 	opts      []connect.ClientOption
-	seeds     []*node
+	entries   []*node
 	routes    *routeCache
 	rr        atomic.Uint64
 	closed    atomic.Bool
 	// routingOffUntil (unix nanos): the nodes answered Route unimplemented;
-	// until then Sends go to the seeds, which forward.
+	// until then Sends go to the entries, which forward.
 	routingOffUntil atomic.Int64
 
 	mu      sync.Mutex
@@ -109,7 +109,7 @@ type Client struct {
 const maxLearnedNodes = 1024
 
 // routingOffFor is how long a client that met a node without Route sends
-// through the seeds before asking again.
+// through the entries before asking again.
 const routingOffFor = time.Minute
 
 // New returns a client of the nodes in cfg.Addrs. It does not dial: the
@@ -138,13 +138,13 @@ func New(cfg Config) (*Client, error) {
 			continue
 		}
 		seen[u] = true
-		c.seeds = append(c.seeds, c.newNode(u, true))
+		c.entries = append(c.entries, c.newNode(u, true))
 	}
 	return c, nil
 }
 
-func (c *Client) newNode(url string, seed bool) *node {
-	n := &node{url: url, seed: seed, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
+func (c *Client) newNode(url string, entry bool) *node {
+	n := &node{url: url, entry: entry, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
 	if !c.cfg.Batching.Disabled {
 		n.batch = newBatcher(n, c.cfg.Batching, c.cfg.Retry.AttemptTimeout)
 	}
@@ -346,7 +346,7 @@ func (c *Client) route(ctx context.Context, asked *node, convID string) (Route, 
 
 // sendTarget picks the node a Send attempt goes to: the cached owner of
 // convID; else the owner a Route answer names; else the node that answered
-// Route (it forwards); else any reachable seed. It fails only when Route
+// Route (it forwards); else any reachable entry point. It fails only when Route
 // says the request itself is wrong (the Send would fail the same way) or the
 // attempt's ctx ended.
 func (c *Client) sendTarget(ctx context.Context, convID string) (*node, error) {
@@ -368,7 +368,7 @@ func (c *Client) sendTarget(ctx context.Context, convID string) (*node, error) {
 	var ce *connect.Error
 	if errors.As(err, &ce) && connect.IsWireError(err) && ce.Code() == connect.CodeUnimplemented {
 		c.routingOffUntil.Store(time.Now().Add(routingOffFor).UnixNano())
-		c.log.DebugContext(ctx, "sequencer client: node does not answer Route, sending through seeds", "node", asked.url)
+		c.log.DebugContext(ctx, "sequencer client: node does not answer Route, sending through entries", "node", asked.url)
 		return asked, nil
 	}
 	f := classify(err, false)
@@ -386,16 +386,16 @@ func (c *Client) sendTarget(ctx context.Context, convID string) (*node, error) {
 	}
 }
 
-// anyNode picks a seed round-robin, skipping avoid and seeds that recently
-// failed at the transport level; if every seed is down it picks the one that
+// anyNode picks an entry round-robin, skipping avoid and entries that recently
+// failed at the transport level; if every entry is down it picks the one that
 // comes back soonest.
 func (c *Client) anyNode(avoid *node) *node {
 	now := time.Now()
-	n := len(c.seeds)
+	n := len(c.entries)
 	start := int(c.rr.Add(1) % uint64(n))
 	var fallback *node
 	for i := range n {
-		s := c.seeds[(start+i)%n]
+		s := c.entries[(start+i)%n]
 		if s == avoid && n > 1 {
 			continue
 		}
@@ -409,13 +409,13 @@ func (c *Client) anyNode(avoid *node) *node {
 	return fallback
 }
 
-// nodeAt returns the node with base URL u (a seed, or a learned owner,
+// nodeAt returns the node with base URL u (an entry, or a learned owner,
 // created on first use); nil for "".
 func (c *Client) nodeAt(u string) *node {
 	if u == "" {
 		return nil
 	}
-	for _, s := range c.seeds {
+	for _, s := range c.entries {
 		if s.url == u {
 			return s
 		}

@@ -1,7 +1,7 @@
 package client
 
 // QueuedAt returns how many messages wait in the client's queue for the
-// node at addr (a seed address as given in Config.Addrs), for tests.
+// node at addr (an entry address as given in Config.Addrs), for tests.
 func QueuedAt(c *Client, addr string) int {
 	u, _ := baseURL(addr)
 	n := c.nodeAt(u)

@@ -6,25 +6,23 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
+
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
-// Route is the owner of a conversation as a node sees it now.
-type Route struct {
-	NodeID            string
-	Address           string // the owner's API address (host:port); "" if it advertised none
-	Partition         uint32
-	Epoch             uint64 // the owner's lease epoch of Partition (0: not taken yet or unknown)
-	MembershipVersion uint64 // the membership view the answer was computed from
-}
+// Route is the owner of a conversation as a node sees it now (the domain
+// type: NodeID, Address "" if the owner advertised none, Partition, Epoch 0
+// while not taken yet or unknown, MembershipVersion).
+type Route = sequencer.Route
 
 // node is one sequencer node the client talks to: a configured entry point
-// (seed) or an owner learned from Route.
+// (Config.Addrs) or an owner learned from Route.
 type node struct {
 	url       string
 	rpc       sequencerv1connect.SequencerServiceClient
 	batch     *batcher // nil when batching is disabled
-	seed      bool
+	entry     bool
 	downUntil atomic.Int64 // unix nanos; the node failed at the transport level until then
 }
 
