@@ -166,10 +166,10 @@ func (l *Lease) Held() (persist.WorkerLease, bool) {
 	return l.cur, l.held
 }
 
-// Ready reports whether the generator can issue ids now without a store
+// CanIssue reports whether the generator can issue ids now without a store
 // round trip: a lease is held, unexpired by the lease's clock, and the
 // current millisecond is within the recorded reservation. For /readyz.
-func (l *Lease) Ready() bool {
+func (l *Lease) CanIssue() bool {
 	v := l.gen.view.Load()
 	if !v.held {
 		return false

@@ -66,8 +66,8 @@ func wantLeaseLost(t *testing.T, l *Lease) {
 	if c := sequencer.ErrorCode(err); c != sequencer.CodeUnavailable {
 		t.Fatalf("code %s, want unavailable", c)
 	}
-	if l.Ready() {
-		t.Fatal("Ready() with no usable lease")
+	if l.CanIssue() {
+		t.Fatal("CanIssue() with no usable lease")
 	}
 }
 
@@ -130,8 +130,8 @@ func TestLeaseAcquireReservesBeforeIssuing(t *testing.T) {
 	l := newTestLease(t, store, "n1", clk, m)
 	mustRenew(t, l)
 	w, held := l.WorkerID()
-	if !held || w != 0 || !l.Ready() {
-		t.Fatalf("after acquire: worker %d held %v ready %v", w, held, l.Ready())
+	if !held || w != 0 || !l.CanIssue() {
+		t.Fatalf("after acquire: worker %d held %v ready %v", w, held, l.CanIssue())
 	}
 	if g := gaugeValue(t, m.WorkerLease); g != 1 {
 		t.Fatalf("worker lease gauge %v, want 1", g)
@@ -175,7 +175,7 @@ func TestLeaseLostAndRegained(t *testing.T) {
 	if err := l.RenewOnce(context.Background()); err == nil {
 		t.Fatal("renew succeeded with the store down")
 	}
-	if _, held := l.WorkerID(); !held || !l.Ready() {
+	if _, held := l.WorkerID(); !held || !l.CanIssue() {
 		t.Fatal("lease dropped although it has not expired and the reservation holds")
 	}
 	last = issueChecked(t, l, store) // still inside the reservation
@@ -202,8 +202,8 @@ func TestLeaseLostAndRegained(t *testing.T) {
 	if store.count("renew") != renews+1 {
 		t.Fatalf("Next retried the store %d times within RetryEvery", store.count("renew")-renews)
 	}
-	if l.Ready() {
-		t.Fatal("Ready() past the reservation")
+	if l.CanIssue() {
+		t.Fatal("CanIssue() past the reservation")
 	}
 
 	// Past the lease end by our clock: a failed renew drops the lease.
@@ -540,7 +540,7 @@ func TestLeaseStartClose(t *testing.T) {
 	if err := l.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if !l.Ready() {
+	if !l.CanIssue() {
 		t.Fatal("not Ready after Start acquired a lease")
 	}
 	issueChecked(t, l, store)
@@ -559,7 +559,7 @@ func TestLeaseStartClose(t *testing.T) {
 	if err := l2.Start(context.Background()); !errors.Is(err, sequencer.ErrStoreUnavailable) {
 		t.Fatalf("Start with the store down: %v", err)
 	}
-	if l2.Ready() {
+	if l2.CanIssue() {
 		t.Fatal("Ready without a lease")
 	}
 	if err := l2.Close(context.Background()); err != nil {

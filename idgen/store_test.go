@@ -247,7 +247,7 @@ func TestLeaseClockBehindTheStore(t *testing.T) {
 		if _, err := l.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 			t.Fatalf("Next with a clock an hour behind the store: %v, want a retryable clock-moved-backwards", err)
 		}
-		if l.Ready() {
+		if l.CanIssue() {
 			t.Fatal("a node whose clock is an hour behind the store reports ready")
 		}
 		if n := counterValue(t, m.ClockRollbacks.WithLabelValues("refused")); n == 0 {

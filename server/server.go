@@ -315,7 +315,7 @@ func (s *Server) ready() error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
 	}
-	if !s.lease.Ready() {
+	if !s.lease.CanIssue() {
 		return sequencer.ErrWorkerLeaseLost
 	}
 	if s.cluster != nil {

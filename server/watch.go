@@ -36,7 +36,7 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	w := newWatch(s.store.Ping, s.lease.Ready, s.draining.Load, interval, s.log)
+	w := newWatch(s.store.Ping, s.lease.CanIssue, s.draining.Load, interval, s.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
