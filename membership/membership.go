@@ -192,3 +192,10 @@ type Store interface {
 	// ErrNoSuchMember when nodeID has no live row.
 	RequestDrain(ctx context.Context, nodeID string) (Member, error)
 }
+
+// Provider is the capability a message store needs for cluster mode: the
+// shared membership and partition-lease table of its database (PostgreSQL
+// has one; the embedded store does not).
+type Provider interface {
+	Membership() Store
+}

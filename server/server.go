@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/open"
@@ -180,12 +181,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.ClusterListen != "" {
-		pg, isPG := st.(*postgres.Store)
-		if !isPG {
+		table, ok := st.(membership.Provider)
+		if !ok {
 			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
 		}
 		s.cluster, err = cluster.New(cluster.Config{
-			NodeID: cfg.NodeID, Store: pg.Cluster(), ClusterListen: cfg.ClusterListen,
+			NodeID: cfg.NodeID, Store: table.Membership(), ClusterListen: cfg.ClusterListen,
 			ClusterAdvertise: cfg.ClusterAdvertise, APIAddr: s.Addr(),
 			Ring:      ring.Config{Partitions: cfg.Partitions},
 			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,

@@ -61,6 +61,10 @@ func (s *Store) Cluster() *ClusterStore {
 	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
 }
 
+// Membership is Cluster as the membership.Store a cluster node needs (the
+// capability server asks a store for: membership.Provider).
+func (s *Store) Membership() membership.Store { return s.Cluster() }
+
 // WithClock returns a copy of c that reads time from clk instead of the
 // database clock. For tests that move time by hand; a cluster must use the
 // database clock.
