@@ -41,7 +41,10 @@ type ClusterStore struct {
 	stuckAfter time.Duration
 }
 
-var _ membership.Store = (*ClusterStore)(nil)
+var (
+	_ membership.Store    = (*ClusterStore)(nil)
+	_ membership.Provider = (*Store)(nil)
+)
 
 // Defaults of ClusterStore.
 const (
