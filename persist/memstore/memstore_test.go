@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +108,40 @@ func TestWorkerLeaseHooks(t *testing.T) {
 	last, err := s.AcquireWorker(ctx, "b", now, time.Minute)
 	if err != nil || last.WorkerID != 0 || last.LastMs != 99 {
 		t.Fatalf("last free id: %+v, %v; want id 0 with LastMs 99", last, err)
+	}
+}
+
+// The server binary never links the in-memory store: no --store value can
+// reach it.
+func TestServerDoesNotLinkIt(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = "/usr/local/go/bin/go"
+	}
+	const self = "github.com/sequencer-im/sequencer/persist/memstore"
+	deps := func(pkg string) []string {
+		t.Helper()
+		out, err := exec.Command(gobin, "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		return strings.Fields(string(out))
+	}
+	server := deps("github.com/sequencer-im/sequencer/cmd/sequencer")
+	if len(server) < 10 {
+		t.Fatalf("go list -deps ./cmd/sequencer listed %d packages", len(server))
+	}
+	for _, d := range server {
+		if d == self || d == "github.com/sequencer-im/sequencer/persist/faulty" {
+			t.Errorf("the server links %s", d)
+		}
+	}
+	// The check itself sees the package where it is linked.
+	found := false
+	for _, d := range deps("github.com/sequencer-im/sequencer/persist/faulty") {
+		found = found || d == self
+	}
+	if !found {
+		t.Fatal("go list -deps ./persist/faulty does not show memstore")
 	}
 }
