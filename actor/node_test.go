@@ -312,27 +312,24 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	}
 }
 
-// staleFenceStore refuses every commit for a stale fence, as a store does
-// once another incarnation took the partition over.
-type staleFenceStore struct{ *memStore }
-
-func (s staleFenceStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	fences := make([]persist.Fence, len(batches))
-	for i, b := range batches {
-		fences[i] = b.Fence
-	}
-	return &persist.StaleFenceError{Fences: fences}
-}
-
 // A commit refused for a stale fence fails its send as retryable (nothing
 // was written) and is reported to Ownership.Refused, which is how the
 // cluster learns it was taken over.
 func TestStaleFenceReportedToOwnership(t *testing.T) {
 	own := &fakeOwnership{moving: map[string]bool{}, epoch: 7}
-	n := newNode(t, Config{Store: staleFenceStore{newMemStore()}, Ownership: own})
-	_, err := n.Send(context.Background(), req("g:fenced", "k1"))
+	st := memstore.New()
+	ctx := context.Background()
+	// Another incarnation took partition 1 over (epoch 8).
+	if err := st.PutPartitionLeaseForTest(ctx, persist.Fence{Partition: 1, Owner: "n2", Epoch: 8}); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, Config{Store: st, Ownership: own})
+	_, err := n.Send(ctx, req("g:fenced", "k1"))
 	if !errors.Is(err, sequencer.ErrStaleEpoch) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 		t.Fatalf("send: %v (code %v)", err, sequencer.ErrorCode(err))
+	}
+	if head, _ := st.LoadHead(ctx, "g:fenced"); head != 0 {
+		t.Fatalf("a commit under a stale fence moved the head to %d", head)
 	}
 	own.mu.Lock()
 	defer own.mu.Unlock()
