@@ -11,6 +11,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 var benchRun atomic.Int64
@@ -73,5 +74,5 @@ func benchStores(b *testing.B, open func(testing.TB) persist.Store) {
 }
 
 func BenchmarkSendMemStore(b *testing.B) {
-	benchStores(b, func(testing.TB) persist.Store { return newMemStore() })
+	benchStores(b, func(testing.TB) persist.Store { return memstore.New() })
 }

@@ -12,13 +12,14 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 // nullStore accepts every commit and keeps nothing, so the heap a test
-// measures is the actors', not the store's.
-type nullStore struct{ persist.Store }
+// measures is the actors', not the store's; every other call is an empty
+// memstore's.
+type nullStore struct{ *memstore.Store }
 
-func (nullStore) LoadHead(context.Context, string) (uint64, error)  { return 0, nil }
 func (nullStore) Commit(context.Context, []persist.ConvBatch) error { return nil }
 
 // maxBytesPerIdleActor is the bound TestMemoryPerIdleActor asserts: the
@@ -37,7 +38,7 @@ func heapInUse() uint64 {
 // memory scenario) and returns the Go heap growth per live actor.
 func measurePerIdleActor(t *testing.T, convs int) float64 {
 	t.Helper()
-	n := newNode(t, Config{Store: nullStore{}})
+	n := newNode(t, Config{Store: nullStore{memstore.New()}})
 	// Warm up: the first actors allocate the system's shared structures.
 	for i := range 100 {
 		if _, err := n.Send(context.Background(), req(fmt.Sprintf("warm:%d", i), "k")); err != nil {

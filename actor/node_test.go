@@ -16,6 +16,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 // counterIDs issues 1, 2, 3, ... (idgen.Generator in production).
@@ -25,12 +26,12 @@ func (c *counterIDs) NextID() (uint64, error) { return c.n.Add(1), nil }
 
 // gateStore blocks every Commit until the gate opens.
 type gateStore struct {
-	*memStore
+	*memstore.Store
 	gate    chan struct{}
 	waiting atomic.Int64
 }
 
-func newGateStore() *gateStore { return &gateStore{memStore: newMemStore(), gate: make(chan struct{})} }
+func newGateStore() *gateStore { return &gateStore{Store: memstore.New(), gate: make(chan struct{})} }
 
 func (s *gateStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
 	s.waiting.Add(1)
@@ -40,7 +41,7 @@ func (s *gateStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
 	case <-ctx.Done():
 		return fmt.Errorf("gate: %w: %w", sequencer.ErrUnknownOutcome, ctx.Err())
 	}
-	return s.memStore.Commit(ctx, bs)
+	return s.Store.Commit(ctx, bs)
 }
 
 func req(conv, key string) sequencer.SendRequest {
@@ -86,7 +87,7 @@ func sendAsync(n *Node, ctx context.Context, r sequencer.SendRequest) <-chan ans
 }
 
 func TestSendAssignsContiguousSeqs(t *testing.T) {
-	st := newMemStore()
+	st := memstore.New()
 	n := newNode(t, Config{Store: st})
 	ctx := context.Background()
 	for i := 1; i <= 5; i++ {
@@ -107,7 +108,7 @@ func TestSendAssignsContiguousSeqs(t *testing.T) {
 // An idle conversation passivates; the next send spawns it anew, reloads
 // the head from the store and continues at head+1.
 func TestPassivationKeepsSeqsContiguous(t *testing.T) {
-	st := newMemStore()
+	st := memstore.New()
 	m := metrics.New()
 	n := newNode(t, Config{Store: st, Metrics: m, PassivateAfter: 5 * time.Millisecond})
 	ctx := context.Background()
@@ -268,6 +269,10 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	own := &fakeOwnership{moving: map[string]bool{}, epoch: 3}
 	n := newNode(t, Config{Store: st, Ownership: own})
 	ctx := context.Background()
+	// The store holds the lease the fence names: its commits land.
+	if err := st.PutPartitionLeaseForTest(ctx, persist.Fence{Partition: 1, Owner: "n1", Epoch: 3}); err != nil {
+		t.Fatal(err)
+	}
 	inflight := sendAsync(n, ctx, req("g:move", "k1"))
 	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
 	queued := sendAsync(n, ctx, req("g:move", "k2"))
@@ -307,27 +312,24 @@ func TestStopConversationsForHandoff(t *testing.T) {
 	}
 }
 
-// staleFenceStore refuses every commit for a stale fence, as a store does
-// once another incarnation took the partition over.
-type staleFenceStore struct{ *memStore }
-
-func (s staleFenceStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	fences := make([]persist.Fence, len(batches))
-	for i, b := range batches {
-		fences[i] = b.Fence
-	}
-	return &persist.StaleFenceError{Fences: fences}
-}
-
 // A commit refused for a stale fence fails its send as retryable (nothing
 // was written) and is reported to Ownership.Refused, which is how the
 // cluster learns it was taken over.
 func TestStaleFenceReportedToOwnership(t *testing.T) {
 	own := &fakeOwnership{moving: map[string]bool{}, epoch: 7}
-	n := newNode(t, Config{Store: staleFenceStore{newMemStore()}, Ownership: own})
-	_, err := n.Send(context.Background(), req("g:fenced", "k1"))
+	st := memstore.New()
+	ctx := context.Background()
+	// Another incarnation took partition 1 over (epoch 8).
+	if err := st.PutPartitionLeaseForTest(ctx, persist.Fence{Partition: 1, Owner: "n2", Epoch: 8}); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, Config{Store: st, Ownership: own})
+	_, err := n.Send(ctx, req("g:fenced", "k1"))
 	if !errors.Is(err, sequencer.ErrStaleEpoch) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 		t.Fatalf("send: %v (code %v)", err, sequencer.ErrorCode(err))
+	}
+	if head, _ := st.LoadHead(ctx, "g:fenced"); head != 0 {
+		t.Fatalf("a commit under a stale fence moved the head to %d", head)
 	}
 	own.mu.Lock()
 	defer own.mu.Unlock()
@@ -376,7 +378,7 @@ func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
 // Sends racing with passivation are never lost: an actor leaves the router
 // only while no send is on its way to it.
 func TestSendRacingPassivation(t *testing.T) {
-	st := newMemStore()
+	st := memstore.New()
 	n := newNode(t, Config{Store: st, PassivateAfter: time.Millisecond})
 	var wg sync.WaitGroup
 	for s := range 8 {

@@ -12,6 +12,7 @@ import (
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/faulty"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 // proofConfig sizes a proof run.
@@ -266,7 +267,7 @@ var proofRates = faulty.Rates{FailBefore: 0.05, Delay: 0.05, CommitThenFail: 0.0
 func TestProofMemStore(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			runProof(t, newMemStore(), proofConfig{Seed: seed, Convs: 120, Senders: 32, PerSender: 40, Rates: proofRates})
+			runProof(t, memstore.New(), proofConfig{Seed: seed, Convs: 120, Senders: 32, PerSender: 40, Rates: proofRates})
 		})
 	}
 }

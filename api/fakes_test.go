@@ -3,9 +3,12 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 // fakeSender records every request that reached it and answers with fn.
@@ -44,39 +47,43 @@ type rangeCall struct {
 	Limit    int
 }
 
-// fakeReader is an in-memory Reader: per conversation a head and the stored
-// rows (ascending; rows trimmed by retention are simply absent, and rows may
-// run past the head to mimic a commit landing between LoadHead and
-// ReadRange).
+// fakeReader is a Reader over a memstore that records its calls and fails
+// them all while err is set.
 type fakeReader struct {
+	store  *memstore.Store
 	mu     sync.Mutex
-	heads  map[string]uint64
-	rows   map[string][]sequencer.Message
 	err    error // returned by every call when set
 	loads  int
 	ranges []rangeCall
 	gets   int
 }
 
-func newFakeReader() *fakeReader {
-	return &fakeReader{heads: map[string]uint64{}, rows: map[string][]sequencer.Message{}}
-}
+func newFakeReader() *fakeReader { return &fakeReader{store: memstore.New()} }
 
+// put stores msgs (one conversation, consecutive seqs) and sets the
+// conversation's head: a head below the last row mimics a commit landing
+// between LoadHead and ReadRange; rows starting above 1 mimic retention.
 func (f *fakeReader) put(head uint64, msgs ...sequencer.Message) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, m := range msgs {
-		f.rows[m.ConvID] = append(f.rows[m.ConvID], m)
+	if len(msgs) == 0 {
+		return
 	}
-	if len(msgs) > 0 {
-		f.heads[msgs[0].ConvID] = head
+	ctx, conv, prev := context.Background(), msgs[0].ConvID, msgs[0].Seq-1
+	err := f.store.SetHeadForTest(ctx, conv, prev)
+	if err == nil {
+		err = f.store.Commit(ctx, []persist.ConvBatch{{ConvID: conv, PrevHead: prev, Messages: msgs}})
+	}
+	if err == nil {
+		err = f.store.SetHeadForTest(ctx, conv, head)
+	}
+	if err != nil {
+		panic(fmt.Sprintf("fakeReader.put: %v", err))
 	}
 }
 
 func (f *fakeReader) setHead(convID string, head uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.heads[convID] = head
+	if err := f.store.SetHeadForTest(context.Background(), convID, head); err != nil {
+		panic(fmt.Sprintf("fakeReader.setHead: %v", err))
+	}
 }
 
 func (f *fakeReader) setErr(err error) {
@@ -85,47 +92,37 @@ func (f *fakeReader) setErr(err error) {
 	f.err = err
 }
 
-func (f *fakeReader) LoadHead(_ context.Context, convID string) (uint64, error) {
+func (f *fakeReader) LoadHead(ctx context.Context, convID string) (uint64, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.loads++
-	if f.err != nil {
-		return 0, f.err
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return 0, err
 	}
-	return f.heads[convID], nil
+	return f.store.LoadHead(ctx, convID)
 }
 
-func (f *fakeReader) ReadRange(_ context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
+func (f *fakeReader) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.ranges = append(f.ranges, rangeCall{convID, afterSeq, limit})
-	if f.err != nil {
-		return nil, f.err
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
-	var out []sequencer.Message
-	for _, m := range f.rows[convID] {
-		if m.Seq > afterSeq && len(out) < limit {
-			out = append(out, m)
-		}
-	}
-	return out, nil
+	return f.store.ReadRange(ctx, convID, afterSeq, limit)
 }
 
-func (f *fakeReader) GetMessage(_ context.Context, msgID uint64) (sequencer.Message, error) {
+func (f *fakeReader) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.gets++
-	if f.err != nil {
-		return sequencer.Message{}, f.err
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return sequencer.Message{}, err
 	}
-	for _, rows := range f.rows {
-		for _, m := range rows {
-			if m.MsgID == msgID {
-				return m, nil
-			}
-		}
-	}
-	return sequencer.Message{}, errors.Join(errors.New("fake: no row"), sequencer.ErrNotFound)
+	return f.store.GetMessage(ctx, msgID)
 }
 
 func (f *fakeReader) calls() (loads, ranges, gets int) {

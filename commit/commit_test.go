@@ -4,34 +4,44 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sequencer-im/sequencer/internal/testwait"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
-// hookStore is a persist.Store whose Commit runs a test hook; the other
-// methods are never called by the writer.
+// hookStore is a memstore whose Commit first runs a test hook: an error
+// from the hook is the commit's answer (nothing written), nil lets the
+// commit through to the store.
 type hookStore struct {
-	persist.Store
+	*memstore.Store
 	mu     sync.Mutex
 	calls  [][]persist.ConvBatch
 	commit func(ctx context.Context, call int, bs []persist.ConvBatch) error
+}
+
+func newHookStore(hook func(ctx context.Context, call int, bs []persist.ConvBatch) error) *hookStore {
+	return &hookStore{Store: memstore.New(), commit: hook}
 }
 
 func (s *hookStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
 	s.mu.Lock()
 	call := len(s.calls)
 	s.calls = append(s.calls, bs)
+	hook := s.commit
 	s.mu.Unlock()
-	if s.commit == nil {
-		return nil
+	if hook != nil {
+		if err := hook(ctx, call, bs); err != nil {
+			return err
+		}
 	}
-	return s.commit(ctx, call, bs)
+	return s.Store.Commit(ctx, bs)
 }
 
 func (s *hookStore) Calls() [][]persist.ConvBatch {
@@ -40,10 +50,23 @@ func (s *hookStore) Calls() [][]persist.ConvBatch {
 	return append([][]persist.ConvBatch(nil), s.calls...)
 }
 
+// head is conv's stored head.
+func (s *hookStore) head(t *testing.T, conv string) uint64 {
+	t.Helper()
+	h, err := s.LoadHead(context.Background(), conv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+var lastMsgID atomic.Uint64
+
+// batch is conv's first n messages, with msg_ids unique in the test binary.
 func batch(conv string, n int) persist.ConvBatch {
 	b := persist.ConvBatch{ConvID: conv}
 	for i := range n {
-		b.Messages = append(b.Messages, sequencer.Message{ConvID: conv, Seq: uint64(i + 1), MsgID: uint64(i + 1), FromUID: 1, ClientMsgID: fmt.Sprint(conv, i)})
+		b.Messages = append(b.Messages, sequencer.Message{ConvID: conv, Seq: uint64(i + 1), MsgID: lastMsgID.Add(1), FromUID: 1, ClientMsgID: fmt.Sprint(conv, "/", i)})
 	}
 	return b
 }
@@ -96,12 +119,12 @@ func (a *answers) err(t *testing.T, conv string) error {
 // into few transactions, none above MaxMessages rows.
 func TestMergesManyConversations(t *testing.T) {
 	gate := make(chan struct{})
-	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 		if call == 0 {
 			<-gate
 		}
 		return nil
-	}}
+	})
 	m := metrics.New()
 	w, err := New(Config{Store: st, Workers: 1, MaxMessages: 10, Metrics: m})
 	if err != nil {
@@ -130,8 +153,8 @@ func TestMergesManyConversations(t *testing.T) {
 		}
 	}
 	for conv := range a.errs {
-		if err := a.err(t, conv); err != nil {
-			t.Fatalf("%s: %v", conv, err)
+		if err := a.err(t, conv); err != nil || st.head(t, conv) == 0 {
+			t.Fatalf("%s: %v, stored head %d", conv, err, st.head(t, conv))
 		}
 	}
 	if n := histCount(t, m, "sequencer_commit_batch_conversations"); n != 5 {
@@ -158,7 +181,7 @@ func TestBlameOnlyNamedConversations(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &hookStore{}
+			st := newHookStore(nil)
 			st.commit = func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 				for _, b := range bs {
 					if b.ConvID == "bad" {
@@ -180,9 +203,19 @@ func TestBlameOnlyNamedConversations(t *testing.T) {
 				}
 				return st2(ctx, call, bs)
 			}
-			w.Submit(batch("warmup", 1), func(error) {})
+			// Partition 9 is at epoch 2 (bad's fence is stale); the others
+			// write partition 8.
+			for _, f := range []persist.Fence{{Partition: 8, Owner: "n", Epoch: 1}, {Partition: 9, Owner: "old", Epoch: 2}} {
+				if err := st.PutPartitionLeaseForTest(context.Background(), f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			warmup := batch("warmup", 1)
+			warmup.Fence = persist.Fence{Partition: 8, Owner: "n", Epoch: 1}
+			w.Submit(warmup, func(error) {})
 			waitFor(t, func() bool { return len(st.Calls()) == 1 })
 			good1, bad, good2 := batch("good1", 2), batch("bad", 2), batch("good2", 2)
+			good1.Fence = warmup.Fence
 			bad.Fence = persist.Fence{Partition: 9, Owner: "old", Epoch: 1}
 			good2.Fence = persist.Fence{Partition: 9, Owner: "old", Epoch: 2}
 			w.Submit(good1, a.done("good1"))
@@ -199,6 +232,9 @@ func TestBlameOnlyNamedConversations(t *testing.T) {
 			if err := a.err(t, "bad"); err == nil {
 				t.Fatal("bad conversation committed")
 			}
+			if st.head(t, "good1") != 2 || st.head(t, "good2") != 2 || st.head(t, "bad") != 0 {
+				t.Fatalf("stored heads good1 %d good2 %d bad %d, want 2 2 0", st.head(t, "good1"), st.head(t, "good2"), st.head(t, "bad"))
+			}
 			calls := st.Calls()
 			if len(calls) != 3 || len(calls[1]) != 3 || len(calls[2]) != 2 {
 				t.Fatalf("want the shared transaction then a retry without bad, got %d calls", len(calls))
@@ -210,9 +246,9 @@ func TestBlameOnlyNamedConversations(t *testing.T) {
 
 // An error naming nobody in particular reaches every member.
 func TestSharedFailureReachesAll(t *testing.T) {
-	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 		return fmt.Errorf("dial: %w", sequencer.ErrStoreUnavailable)
-	}}
+	})
 	w, _ := New(Config{Store: st, Workers: 2})
 	a := newAnswers(5)
 	for i := range 5 {
@@ -230,10 +266,10 @@ func TestSharedFailureReachesAll(t *testing.T) {
 // A commit that runs past Timeout is an unknown outcome, whatever the
 // driver said.
 func TestTimeoutIsUnknownOutcome(t *testing.T) {
-	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 		<-ctx.Done()
 		return ctx.Err()
-	}}
+	})
 	w, _ := New(Config{Store: st, Workers: 1, Timeout: 20 * time.Millisecond})
 	a := newAnswers(1)
 	w.Submit(batch("c", 1), a.done("c"))
@@ -248,12 +284,12 @@ func TestTimeoutIsUnknownOutcome(t *testing.T) {
 // Close commits what was queued, then refuses new batches.
 func TestCloseDrains(t *testing.T) {
 	gate := make(chan struct{})
-	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 		if call == 0 {
 			<-gate
 		}
 		return nil
-	}}
+	})
 	w, _ := New(Config{Store: st, Workers: 1})
 	a := newAnswers(3)
 	w.Submit(batch("a", 1), a.done("a"))
@@ -268,7 +304,7 @@ func TestCloseDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.wait(t)
-	if a.err(t, "a") != nil || a.err(t, "b") != nil {
+	if a.err(t, "a") != nil || a.err(t, "b") != nil || st.head(t, "a") != 1 || st.head(t, "b") != 1 {
 		t.Fatal("queued batches not committed on close")
 	}
 	if err := a.err(t, "late"); !errors.Is(err, sequencer.ErrShuttingDown) || !errors.Is(err, sequencer.ErrStoreUnavailable) ||
@@ -303,9 +339,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // transactions per bad conversation, not one per conversation.
 func TestRejectedRowFailsAlone(t *testing.T) {
 	gate := make(chan struct{})
-	var mu sync.Mutex
-	stored := map[string]bool{}
-	st := &hookStore{commit: func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
 		if call == 0 {
 			<-gate
 		}
@@ -314,13 +348,8 @@ func TestRejectedRowFailsAlone(t *testing.T) {
 				return fmt.Errorf("postgres: commit: %w (value too long for type character varying(64))", persist.ErrRejected)
 			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, b := range bs {
-			stored[b.ConvID] = true
-		}
 		return nil
-	}}
+	})
 	w, err := New(Config{Store: st, Workers: 1, MaxMessages: 4000})
 	if err != nil {
 		t.Fatal(err)
@@ -342,9 +371,12 @@ func TestRejectedRowFailsAlone(t *testing.T) {
 	}
 	for i := range n {
 		c := fmt.Sprint("c", i)
-		if err := a.err(t, c); err != nil || !stored[c] {
-			t.Fatalf("%s: %v, stored %v", c, err, stored[c])
+		if err := a.err(t, c); err != nil || st.head(t, c) != 2 {
+			t.Fatalf("%s: %v, stored head %d", c, err, st.head(t, c))
 		}
+	}
+	if h := st.head(t, "poison"); h != 0 {
+		t.Fatalf("poison stored up to %d", h)
 	}
 	// 1 (first) + 1 (whole group) + about 2 per level of the split.
 	if calls := len(st.Calls()); calls > 2+2*9 {

@@ -10,61 +10,48 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
-// memStore is a single-goroutine model of persist.Store's commit rules:
-// head compare-and-set, uk_conv_seq, uk_from_client, msg_id.
-type memStore struct {
-	heads map[string]uint64
-	rows  map[string]map[uint64]sequencer.Message // conv -> seq -> row
-	keys  map[sequencer.ClientKey]sequencer.Message
-	ids   map[uint64]bool
+// modelStore is the store the model runs over: a memstore, read and
+// written from the model's one goroutine.
+type modelStore struct {
+	t *testing.T
+	s *memstore.Store
 }
 
-func newMemStore() *memStore {
-	return &memStore{heads: map[string]uint64{}, rows: map[string]map[uint64]sequencer.Message{},
-		keys: map[sequencer.ClientKey]sequencer.Message{}, ids: map[uint64]bool{}}
+func (m modelStore) commit(b *persist.ConvBatch) error {
+	return m.s.Commit(context.Background(), []persist.ConvBatch{*b})
 }
 
-func (s *memStore) commit(b *persist.ConvBatch) error {
-	if s.heads[b.ConvID] != b.PrevHead {
-		return &persist.HeadMismatchError{ConvIDs: []string{b.ConvID}}
+func (m modelStore) head(conv string) uint64 {
+	h, err := m.s.LoadHead(context.Background(), conv)
+	if err != nil {
+		m.t.Fatal(err)
 	}
-	ce := &persist.ConflictError{}
-	for _, m := range b.Messages {
-		if prev, ok := s.keys[m.Key()]; ok {
-			_ = prev
-			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyClientMsgID, ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, FromUID: m.FromUID, ClientMsgID: m.ClientMsgID})
-		}
-		if s.ids[m.MsgID] {
-			ce.Conflicts = append(ce.Conflicts, persist.Conflict{Key: persist.KeyMsgID, ConvID: m.ConvID, Seq: m.Seq, MsgID: m.MsgID, FromUID: m.FromUID, ClientMsgID: m.ClientMsgID})
-		}
-	}
-	if len(ce.Conflicts) > 0 {
-		return ce
-	}
-	if s.rows[b.ConvID] == nil {
-		s.rows[b.ConvID] = map[uint64]sequencer.Message{}
-	}
-	for _, m := range b.Messages {
-		s.rows[b.ConvID][m.Seq] = m
-		s.keys[m.Key()] = m
-		s.ids[m.MsgID] = true
-	}
-	s.heads[b.ConvID] = b.LastSeq()
-	return nil
+	return h
 }
 
-func (s *memStore) readRange(conv string, after uint64, n int) []sequencer.Message {
-	var out []sequencer.Message
-	for seq := after + 1; seq <= after+uint64(n); seq++ {
-		m, ok := s.rows[conv][seq]
-		if !ok {
-			break
-		}
-		out = append(out, m)
+func (m modelStore) readRange(conv string, after uint64, n int) []sequencer.Message {
+	ms, err := m.s.ReadRange(context.Background(), conv, after, n)
+	if err != nil {
+		m.t.Fatal(err)
 	}
-	return out
+	return ms
+}
+
+// row returns conv's stored message at seq.
+func (m modelStore) row(conv string, seq uint64) (sequencer.Message, bool) {
+	ms := m.readRange(conv, seq-1, 1)
+	if len(ms) == 0 || ms[0].Seq != seq {
+		return sequencer.Message{}, false
+	}
+	return ms[0], true
+}
+
+// byKey returns the message stored under key, or the store's error.
+func (m modelStore) byKey(key sequencer.ClientKey) (sequencer.Message, error) {
+	return m.s.FindByClientKey(context.Background(), key)
 }
 
 // sendRec is one Send the model made and what it was answered.
@@ -88,7 +75,7 @@ func TestModelRandomFaults(t *testing.T) {
 
 func runModel(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
-	st := newMemStore()
+	st := modelStore{t, memstore.New()}
 	ids := &fakeIDs{next: 1 << 20}
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	convs := []string{"a", "b", "c", "d"}
@@ -122,13 +109,13 @@ func runModel(t *testing.T, seed uint64) {
 			}
 			if r.Err != nil {
 				if sequencer.ErrorCode(r.Err) == sequencer.CodeAlreadyExists {
-					if m, ok := st.keys[s.key]; !ok || m.ConvID == cv {
+					if m, err := st.byKey(s.key); err != nil || m.ConvID == cv {
 						t.Fatalf("already_exists for %v in %s but stored %v", s.key, cv, m)
 					}
 				}
 				continue
 			}
-			m, ok := st.rows[cv][r.Result.Seq]
+			m, ok := st.row(cv, r.Result.Seq)
 			if !ok || m.MsgID != r.Result.MsgID || m.Key() != s.key || !m.ServerAt.Equal(r.Result.ServerAt) {
 				t.Fatalf("ack %+v for %v in %s not durable: stored %+v", r.Result, s.key, cv, m)
 			}
@@ -155,7 +142,7 @@ func runModel(t *testing.T, seed uint64) {
 			if fault == 1 {
 				c.HeadLoaded(0, sequencer.ErrStoreUnavailable)
 			} else {
-				c.HeadLoaded(st.heads[cv], nil)
+				c.HeadLoaded(st.head(cv), nil)
 			}
 		case rd.Commit != nil:
 			switch fault {
@@ -178,17 +165,17 @@ func runModel(t *testing.T, seed uint64) {
 			if fault == 1 {
 				c.Resolved(0, nil, sequencer.ErrStoreUnavailable)
 			} else {
-				c.Resolved(st.heads[cv], st.readRange(cv, rd.Resolve.AfterSeq, rd.Resolve.Count), nil)
+				c.Resolved(st.head(cv), st.readRange(cv, rd.Resolve.AfterSeq, rd.Resolve.Count), nil)
 			}
 		case len(rd.Lookup) > 0:
 			var rs []LookupResult
 			for _, k := range rd.Lookup {
 				if fault == 1 {
 					rs = append(rs, LookupResult{Key: k, Err: sequencer.ErrStoreUnavailable})
-				} else if m, ok := st.keys[k]; ok {
-					rs = append(rs, LookupResult{Key: k, Msg: m})
+				} else if m, err := st.byKey(k); err != nil {
+					rs = append(rs, LookupResult{Key: k, Err: err})
 				} else {
-					rs = append(rs, LookupResult{Key: k, Err: sequencer.ErrNotFound})
+					rs = append(rs, LookupResult{Key: k, Msg: m})
 				}
 			}
 			c.LookedUp(rs)
@@ -227,7 +214,7 @@ func runModel(t *testing.T, seed uint64) {
 			clk.Advance(time.Duration(rng.IntN(3)) * time.Millisecond)
 		case p < 66: // another writer (a stale owner) appends to a conversation
 			cv := convs[rng.IntN(len(convs))]
-			h := st.heads[cv]
+			h := st.head(cv)
 			ext := sequencer.Message{MsgID: 1<<40 + uint64(step), ConvID: cv, Seq: h + 1, FromUID: 999, ClientMsgID: fmt.Sprint("ext", step)}
 			if err := st.commit(&persist.ConvBatch{ConvID: cv, PrevHead: h, Messages: []sequencer.Message{ext}}); err != nil {
 				t.Fatal(err)
@@ -284,13 +271,14 @@ func runModel(t *testing.T, seed uint64) {
 		if !cores[cv].Idle() {
 			t.Fatalf("%s not idle after drain", cv)
 		}
-		head := st.heads[cv]
-		if len(st.rows[cv]) != int(head) {
-			t.Fatalf("%s: %d rows, head %d", cv, len(st.rows[cv]), head)
+		head := st.head(cv)
+		rows := st.readRange(cv, 0, int(head)+1)
+		if len(rows) != int(head) {
+			t.Fatalf("%s: %d rows, head %d", cv, len(rows), head)
 		}
-		for seq := uint64(1); seq <= head; seq++ {
-			if _, ok := st.rows[cv][seq]; !ok {
-				t.Fatalf("%s: hole at seq %d (head %d)", cv, seq, head)
+		for i, m := range rows {
+			if m.Seq != uint64(i+1) {
+				t.Fatalf("%s: hole at seq %d (head %d)", cv, i+1, head)
 			}
 		}
 		// The core may lag behind another writer (the store's head CAS

@@ -53,7 +53,7 @@ func BenchmarkNextParallel(b *testing.B) {
 // production where the background loop renews long before the reservation
 // ends).
 func BenchmarkNextLeased(b *testing.B) {
-	l, err := NewLease(newMemLeases(), LeaseConfig{Holder: "bench", TTL: time.Minute})
+	l, err := NewLease(newLeaseStore(), LeaseConfig{Holder: "bench", TTL: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

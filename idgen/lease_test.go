@@ -44,14 +44,14 @@ func mustRenew(t *testing.T, l *Lease) {
 
 // issueChecked issues an id and checks the store's reservation covers it:
 // the invariant that makes ids unique across crashes.
-func issueChecked(t *testing.T, l *Lease, store *memLeases) uint64 {
+func issueChecked(t *testing.T, l *Lease, store *leaseStore) uint64 {
 	t.Helper()
 	id, err := l.Next()
 	if err != nil {
 		t.Fatalf("Next: %v", err)
 	}
 	ts, w, _ := Decode(id)
-	if got := store.row(w).lastMs; ts.UnixMilli() > got {
+	if got := store.Worker(w).LastMs; ts.UnixMilli() > got {
 		t.Fatalf("id %d for ms %d issued beyond the store's reservation %d", id, ts.UnixMilli(), got)
 	}
 	return id
@@ -90,7 +90,7 @@ func TestLeaseConfig(t *testing.T) {
 		{"negative retry", LeaseConfig{Holder: "n1", RetryEvery: -1}, false, LeaseConfig{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := NewLease(newMemLeases(), tc.cfg)
+			l, err := NewLease(newLeaseStore(), tc.cfg)
 			if !tc.ok {
 				if err == nil {
 					t.Fatalf("NewLease(%+v) succeeded, want an error", tc.cfg)
@@ -110,7 +110,7 @@ func TestLeaseConfig(t *testing.T) {
 }
 
 func TestLeaseNoLeaseNoIDs(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	l := newTestLease(t, store, "n1", clock.NewFake(t0), nil)
 	wantLeaseLost(t, l)
 	if _, held := l.WorkerID(); held {
@@ -124,7 +124,7 @@ func TestLeaseNoLeaseNoIDs(t *testing.T) {
 }
 
 func TestLeaseAcquireReservesBeforeIssuing(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	m := metrics.New()
 	l := newTestLease(t, store, "n1", clk, m)
@@ -136,7 +136,7 @@ func TestLeaseAcquireReservesBeforeIssuing(t *testing.T) {
 	if g := gaugeValue(t, m.WorkerLease); g != 1 {
 		t.Fatalf("worker lease gauge %v, want 1", g)
 	}
-	if got, want := store.row(0).lastMs, t0.Add(5*time.Second).UnixMilli(); got != want {
+	if got, want := store.Worker(0).LastMs, t0.Add(5*time.Second).UnixMilli(); got != want {
 		t.Fatalf("store reservation %d, want now+ReserveAhead = %d", got, want)
 	}
 	var prev uint64
@@ -150,7 +150,7 @@ func TestLeaseAcquireReservesBeforeIssuing(t *testing.T) {
 	}
 	// A regular renew moves the reservation with the clock.
 	mustRenew(t, l)
-	if got, want := store.row(0).lastMs, clk.Now().Add(5*time.Second).UnixMilli(); got != want {
+	if got, want := store.Worker(0).LastMs, clk.Now().Add(5*time.Second).UnixMilli(); got != want {
 		t.Fatalf("store reservation after renew %d, want %d", got, want)
 	}
 	if store.count("acquire") != 1 {
@@ -163,7 +163,7 @@ func TestLeaseAcquireReservesBeforeIssuing(t *testing.T) {
 // ErrWorkerLeaseLost once the lease expired by its own clock, and resume
 // under a new lease (here a different worker id) with ids still increasing.
 func TestLeaseLostAndRegained(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	m := metrics.New()
 	l := newTestLease(t, store, "n1", clk, m)
@@ -237,7 +237,7 @@ func TestLeaseLostAndRegained(t *testing.T) {
 }
 
 func TestLeaseTakenOverSwitchesWorker(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	l := newTestLease(t, store, "n1", clk, nil)
 	mustRenew(t, l)
@@ -259,7 +259,7 @@ func TestLeaseTakenOverSwitchesWorker(t *testing.T) {
 	}
 
 	// With every other id live, a lost lease cannot be replaced.
-	store.ids = 2
+	store.onlyIDs(2)
 	store.steal(1, clk.Now(), time.Minute)
 	if err := l.RenewOnce(context.Background()); !errors.Is(err, sequencer.ErrWorkerLeaseLost) {
 		t.Fatalf("RenewOnce: %v", err)
@@ -280,8 +280,8 @@ func TestLeaseInheritedLastMs(t *testing.T) {
 		{"1min ahead refused", time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := newMemLeases()
-			store.ids = 1 // only the seeded id exists
+			store := newLeaseStore()
+			store.onlyIDs(1) // only the seeded id exists
 			prevLast := t0.Add(tc.ahead).UnixMilli()
 			store.seed(0, prevLast)
 			clk := clock.NewFake(t0)
@@ -312,7 +312,7 @@ func TestLeaseInheritedLastMs(t *testing.T) {
 }
 
 func TestLeaseReservationForcesRenew(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	l := newTestLease(t, store, "n1", clk, nil)
 	mustRenew(t, l)
@@ -336,7 +336,7 @@ func TestLeaseReservationForcesRenew(t *testing.T) {
 }
 
 func TestLeaseTwoHoldersDifferentIDs(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	a := newTestLease(t, store, "a", clk, nil)
 	b := newTestLease(t, store, "b", clk, nil)
@@ -363,8 +363,8 @@ func TestLeaseTwoHoldersDifferentIDs(t *testing.T) {
 }
 
 func TestLeaseCloseReleasesLastIssued(t *testing.T) {
-	store := newMemLeases()
-	store.ids = 1 // a restart must get the same worker id back
+	store := newLeaseStore()
+	store.onlyIDs(1) // a restart must get the same worker id back
 	clk := clock.NewFake(t0)
 	m := metrics.New()
 	a := newTestLease(t, store, "a", clk, m)
@@ -388,8 +388,8 @@ func TestLeaseCloseReleasesLastIssued(t *testing.T) {
 	if len(store.released) != 1 || store.released[0] != tsA.UnixMilli() {
 		t.Fatalf("released with lastMs %v, want the last issued ms [%d]", store.released, tsA.UnixMilli())
 	}
-	if r := store.row(0); !r.expires.IsZero() {
-		t.Fatalf("worker 0 still leased until %s after Close", r.expires)
+	if r := store.Worker(0); !r.Expires.IsZero() {
+		t.Fatalf("worker 0 still leased until %s after Close", r.Expires)
 	}
 	if g := gaugeValue(t, m.WorkerLease); g != 0 {
 		t.Fatalf("worker lease gauge %v after Close, want 0", g)
@@ -423,8 +423,8 @@ func TestLeaseCloseReleasesLastIssued(t *testing.T) {
 // leaves a reservation that bounds every id it issued; the successor that
 // takes the id after expiry issues above all of them.
 func TestLeaseCrashBoundedByReservation(t *testing.T) {
-	store := newMemLeases()
-	store.ids = 1 // one worker id: the successor must take over the same one
+	store := newLeaseStore()
+	store.onlyIDs(1) // one worker id: the successor must take over the same one
 	clk := clock.NewFake(t0)
 	a := newTestLease(t, store, "a", clk, nil)
 	mustRenew(t, a)
@@ -465,7 +465,7 @@ func TestLeaseCrashBoundedByReservation(t *testing.T) {
 // lease is renewed, lost and re-acquired under them. No id may repeat, and
 // each goroutine's ids must increase.
 func TestLeaseConcurrentSwitches(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	l := newTestLease(t, store, "n1", clk, nil)
 	mustRenew(t, l)
@@ -534,7 +534,7 @@ func TestLeaseConcurrentSwitches(t *testing.T) {
 }
 
 func TestLeaseStartClose(t *testing.T) {
-	store := newMemLeases()
+	store := newLeaseStore()
 	clk := clock.NewFake(t0)
 	l := newTestLease(t, store, "n1", clk, nil)
 	if err := l.Start(context.Background()); err != nil {
@@ -547,7 +547,7 @@ func TestLeaseStartClose(t *testing.T) {
 	if err := l.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if r := store.row(0); !r.expires.IsZero() {
+	if r := store.Worker(0); !r.Expires.IsZero() {
 		t.Fatal("Close did not release the lease")
 	}
 	wantLeaseLost(t, l)

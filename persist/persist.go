@@ -4,8 +4,10 @@
 // range, get a message by msg_id, and lease worker ids and partitions.
 //
 // Implementations: persist/postgres (pgx) and persist/sqlite (embedded,
-// modernc.org/sqlite). ONE conformance suite (persist/storetest) runs against
-// both. persist/faulty wraps any Store to inject failures.
+// modernc.org/sqlite), and for tests persist/memstore (in memory, not
+// durable, never offered by persist/open). ONE conformance suite
+// (persist/storetest) runs against all three. persist/faulty wraps any Store
+// to inject failures.
 //
 // A Store never assigns seqs or msg_ids and never decides ownership: it only
 // refuses a commit that would break contiguity (head compare-and-set, unique

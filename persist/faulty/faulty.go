@@ -26,6 +26,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 )
 
 // Fault is what the wrapper does to one call.
@@ -92,7 +93,9 @@ type Event struct {
 
 // Store is a fault-injecting persist.Store. Safe for concurrent use.
 type Store struct {
-	persist.Store // the inner store: calls not listed below pass through
+	// Store is the inner store: calls not listed below pass through, and
+	// tests read the truth from it directly, without faults.
+	persist.Store
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -159,8 +162,12 @@ func (s *Store) WaitLate() {
 }
 
 // New wraps inner with a random schedule seeded by seed (zero Rates: no
-// random faults, only scripted ones).
+// random faults, only scripted ones). A nil inner is a new, empty
+// persist/memstore.Store (in memory, not durable).
 func New(inner persist.Store, seed uint64, rates Rates) *Store {
+	if inner == nil {
+		inner = memstore.New()
+	}
 	return &Store{Store: inner, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rates: rates,
 		script: map[Op][]Fault{}, calls: map[Op]int{}, durable: map[uint64]bool{}}
 }

@@ -3,58 +3,35 @@ package faulty
 import (
 	"context"
 	"errors"
-	"sync"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
-// rowStore is the smallest inner store: it keeps committed rows by msg_id.
-type rowStore struct {
-	persist.Store
-	mu   sync.Mutex
-	rows map[uint64]sequencer.Message
-	head map[string]uint64
-}
-
-func newRowStore() *rowStore {
-	return &rowStore{rows: map[uint64]sequencer.Message{}, head: map[string]uint64{}}
-}
-
-func (s *rowStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, b := range bs {
-		for _, m := range b.Messages {
-			s.rows[m.MsgID] = m
-		}
-		s.head[b.ConvID] = b.LastSeq()
+// stored reports whether s's inner store holds msg_id id (read past the
+// faults).
+func stored(t *testing.T, s *Store, id uint64) bool {
+	t.Helper()
+	_, err := s.Store.GetMessage(context.Background(), id)
+	if err != nil && !errors.Is(err, sequencer.ErrNotFound) {
+		t.Fatal(err)
 	}
-	return nil
+	return err == nil
 }
 
-func (s *rowStore) LoadHead(ctx context.Context, conv string) (uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.head[conv], nil
-}
-
-func (s *rowStore) stored(id uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.rows[id]
-	return ok
-}
-
-func one(conv string, id uint64) []persist.ConvBatch {
-	return []persist.ConvBatch{{ConvID: conv, Messages: []sequencer.Message{{MsgID: id, ConvID: conv, Seq: 1, FromUID: 1, ClientMsgID: "k"}}}}
+// one is a commit of message id as seq 1 of its own conversation.
+func one(id uint64) []persist.ConvBatch {
+	conv := fmt.Sprint("c", id)
+	return []persist.ConvBatch{{ConvID: conv, Messages: []sequencer.Message{{MsgID: id, ConvID: conv, Seq: 1, FromUID: 1, ClientMsgID: conv}}}}
 }
 
 func TestScriptedCommitFaults(t *testing.T) {
-	inner := newRowStore()
-	s := New(inner, 1, Rates{})
+	s := New(nil, 1, Rates{})
 	s.Inject(OpCommit, FailBefore, CommitThenFail, Drop, Delay, None)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -69,11 +46,11 @@ func TestScriptedCommitFaults(t *testing.T) {
 		{5, nil, true},
 		{6, nil, true}, // script exhausted, zero rates: pass through
 	} {
-		err := s.Commit(ctx, one("c", tc.id))
+		err := s.Commit(ctx, one(tc.id))
 		if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
 			t.Fatalf("commit %d: got %v, want %v", tc.id, err, tc.wantErr)
 		}
-		if got := inner.stored(tc.id); got != tc.stored {
+		if got := stored(t, s, tc.id); got != tc.stored {
 			t.Fatalf("commit %d: stored=%v, want %v", tc.id, got, tc.stored)
 		}
 		if s.Durable(tc.id) != tc.stored {
@@ -86,7 +63,7 @@ func TestScriptedCommitFaults(t *testing.T) {
 		t.Fatalf("%d events, want %d: %+v", len(ev), len(want), ev)
 	}
 	for i, f := range want {
-		if ev[i].Fault != f || ev[i].Op != OpCommit || ev[i].Rows != 1 || ev[i].ConvIDs[0] != "c" {
+		if ev[i].Fault != f || ev[i].Op != OpCommit || ev[i].Rows != 1 || ev[i].ConvIDs[0] != fmt.Sprint("c", i+1) {
 			t.Fatalf("event %d: %+v, want %s", i, ev[i], f)
 		}
 	}
@@ -96,8 +73,7 @@ func TestScriptedCommitFaults(t *testing.T) {
 }
 
 func TestReadFaults(t *testing.T) {
-	inner := newRowStore()
-	s := New(inner, 1, Rates{})
+	s := New(nil, 1, Rates{})
 	s.Inject(OpLoadHead, FailBefore)
 	if _, err := s.LoadHead(context.Background(), "c"); !errors.Is(err, sequencer.ErrStoreUnavailable) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
 		t.Fatalf("got %v", err)
@@ -109,15 +85,14 @@ func TestReadFaults(t *testing.T) {
 
 // A delay that outlives the caller's context writes nothing.
 func TestDelayHonoursContext(t *testing.T) {
-	inner := newRowStore()
-	s := New(inner, 1, Rates{MaxDelay: time.Hour})
+	s := New(nil, 1, Rates{MaxDelay: time.Hour})
 	s.Inject(OpCommit, Delay)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := s.Commit(ctx, one("c", 1)); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+	if err := s.Commit(ctx, one(1)); !errors.Is(err, sequencer.ErrStoreUnavailable) {
 		t.Fatalf("got %v", err)
 	}
-	if inner.stored(1) {
+	if stored(t, s, 1) {
 		t.Fatal("stored after a delay past the deadline")
 	}
 }
@@ -125,10 +100,10 @@ func TestDelayHonoursContext(t *testing.T) {
 // The random schedule is reproducible from its seed and honours the rates.
 func TestRandomScheduleIsSeeded(t *testing.T) {
 	run := func(seed uint64) []Fault {
-		s := New(newRowStore(), seed, Rates{FailBefore: 0.2, CommitThenFail: 0.2, Drop: 0.2})
+		s := New(nil, seed, Rates{FailBefore: 0.2, CommitThenFail: 0.2, Drop: 0.2})
 		var out []Fault
 		for i := range 500 {
-			_ = s.Commit(context.Background(), one("c", uint64(i+1)))
+			_ = s.Commit(context.Background(), one(uint64(i+1)))
 		}
 		for _, e := range s.Events() {
 			out = append(out, e.Fault)
@@ -156,4 +131,14 @@ func TestRandomScheduleIsSeeded(t *testing.T) {
 	}
 }
 
-func (s *rowStore) Settle(context.Context) error { return nil }
+// With no faults the wrapper is the inner store: it passes the conformance
+// suite over a memstore (whose test hooks the suite reaches directly).
+func TestNoFaultsConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) persist.Store {
+		inner := memstore.New()
+		return struct {
+			*Store
+			storetest.Hooks
+		}{New(inner, 1, Rates{}), inner}
+	})
+}
