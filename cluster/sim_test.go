@@ -842,6 +842,11 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	if oldNode.held() != 0 {
 		t.Fatal("superseded process still holds partitions")
 	}
+	select {
+	case <-oldNode.Superseded():
+	default:
+		t.Fatal("Superseded() not closed: the process would not exit")
+	}
 	if _, err := oldNode.Send(context.Background(), sequencer.SendRequest{ConvID: simConvs[bp], FromUID: 3, ClientMsgID: "x", MsgType: 1}); err == nil {
 		t.Fatal("superseded process accepted a send")
 	}
@@ -855,6 +860,51 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	}
 	if h := s.db.head(simConvs[bp]); h != 2 {
 		t.Fatalf("head %d, want 2", h)
+	}
+	s.checkAcked()
+}
+
+// A node presumed dead steps down and rejoins; if another process took its
+// node id in between, the rejoin is refused and the node is out for good:
+// Superseded() is closed so the process exits.
+func TestSimRejoinRefusedSupersedes(t *testing.T) {
+	s := newSim(t)
+	s.start("a")
+	s.start("b")
+	s.settle(6)
+	old := s.nodes["b"]
+	oldNode := old.node
+	s.freeze("b", true)
+	for range 7 { // past the 5 s TTL: b's row expires, a takes its partitions
+		s.round()
+	}
+	s.freeze("b", false)
+	ctx := context.Background()
+	oldNode.beat(ctx) // presumed dead: trouble, not yet acted on
+	// Before it rejoins, a supervisor starts another process as b.
+	old.id, old.superseded = "b-old", true
+	delete(s.nodes, "b")
+	s.nodes["b-old"] = old
+	s.order = slices.DeleteFunc(s.order, func(id string) bool { return id == "b" })
+	s.order = append(s.order, "b-old")
+	nb := s.start("b")
+	oldNode.reconcile(ctx) // step down, rejoin refused
+	s.check()
+	oldNode.reconcile(ctx) // out for good
+	s.check()
+	select {
+	case <-oldNode.Superseded():
+	default:
+		t.Fatalf("Superseded() not closed after the rejoin was refused:\n%s", s.dump())
+	}
+	if err := oldNode.Ready(); err == nil {
+		t.Fatal("superseded process reports ready")
+	}
+	old.dead = true
+	s.settle(6)
+	v, _ := s.mem.View(ctx)
+	if m, ok := v.Member("b"); !ok || m.Incarnation != nb.node.self().Incarnation {
+		t.Fatalf("member row b is %+v, want the new process's", m)
 	}
 	s.checkAcked()
 }
