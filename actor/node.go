@@ -89,12 +89,13 @@ type Config struct {
 }
 
 // DefaultConfig returns every default (Store and IDs are still required).
-// The group commit's come from commit.DefaultConfig.
+// The group commit's come from commit.DefaultConfig, the per-conversation
+// queue's from conv.DefaultConfig.
 func DefaultConfig() Config {
-	w := commit.DefaultConfig()
+	w, cv := commit.DefaultConfig(), conv.DefaultConfig()
 	return Config{
 		PassivateAfter:   30 * time.Second,
-		MaxQueuePerConv:  4096,
+		MaxQueuePerConv:  cv.MaxQueue,
 		MaxPending:       65536,
 		CommitWorkers:    w.Workers,
 		MaxBatchMessages: w.MaxMessages,

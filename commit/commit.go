@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/conv"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
@@ -51,7 +52,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Workers:     4,
-		MaxMessages: 4000,
+		MaxMessages: conv.DefaultConfig().MaxBatch, // a conversation's full batch fits one transaction
 		Timeout:     5 * time.Second,
 	}
 }

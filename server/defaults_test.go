@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -214,3 +217,46 @@ func TestServerValidateNamesTheFlag(t *testing.T) {
 		t.Errorf("cluster node id with '/': %v", err)
 	}
 }
+
+type noStore struct{ persist.Store } // never called: the config is refused first
+
+type noIDs struct{}
+
+func (noIDs) NextID() (uint64, error) { return 0, nil }
+
+// The constructors fill a zero field from DefaultConfig and refuse a
+// negative one (it used to be read as the default) with the field's name.
+func TestConstructorsRefuseNegativeFields(t *testing.T) {
+	w, err := commit.New(commit.Config{Store: noStore{}})
+	if err != nil {
+		t.Fatalf("commit.New with zero fields: %v", err)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := commit.New(commit.Config{Store: noStore{}, MaxMessages: -1}); err == nil ||
+		!strings.Contains(err.Error(), "commit: MaxMessages -1") {
+		t.Errorf("commit.New(MaxMessages -1): %v", err)
+	}
+	if _, err := actor.NewNode(actor.Config{Store: noStore{}, IDs: noIDs{}, MaxPending: -1}); err == nil ||
+		!strings.Contains(err.Error(), "actor: MaxPending -1") {
+		t.Errorf("actor.NewNode(MaxPending -1): %v", err)
+	}
+	if _, err := actor.NewNode(actor.Config{Store: noStore{}, IDs: noIDs{}, CommitTimeout: -time.Second}); err == nil ||
+		!strings.Contains(err.Error(), "actor: CommitTimeout -1s") {
+		t.Errorf("actor.NewNode(CommitTimeout -1s): %v", err)
+	}
+	if _, err := idgen.New(idgen.Config{WorkerID: -1}); err == nil || !strings.Contains(err.Error(), "idgen: WorkerID -1") {
+		t.Errorf("idgen.New(WorkerID -1): %v", err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "api: MaxBody -1") {
+				t.Errorf("api.NewService(MaxBody -1): recovered %v, want a panic naming MaxBody", r)
+			}
+		}()
+		api.NewService(api.Config{Sender: noSender{}, Reader: noStore{}, MaxBody: -1})
+	}()
+}
+
+type noSender struct{ api.Sender }
