@@ -125,7 +125,7 @@ type Config struct {
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
 	// shortly after start and then every RetentionEvery. 0 keeps
-	// everything. At least minRetention.
+	// everything. At least one hour (minRetention).
 	Retention time.Duration
 	// RetentionEvery is the time between retention passes (jittered by
 	// +-10%).
