@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -171,15 +172,16 @@ func TestServeHelpMatchesTheDocsFlagTables(t *testing.T) {
 }
 
 // A default stated in running text ("`--heartbeat` (250 ms)", "`--partitions`
-// ... (default 271") in README.md or docs/*.md is the one serve uses.
+// ... (default 271", "(`--member-ttl`, default 1.5s)") in README.md,
+// docs/*.md, deploy/README.md or cluster/README.md is the one serve uses.
 func TestDocsProseStatesTrueDefaults(t *testing.T) {
 	help := helpDefaults(t)
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	files = append(files, "../../README.md", "../../cluster/README.md")
-	re := regexp.MustCompile("`--([a-z-]+)`[^()0-9\n]{0,60}\\((?:default )?([0-9][0-9.]*) ?([a-zA-Z]*)[;,)]")
+	files = append(files, "../../README.md", "../../cluster/README.md", "../../deploy/README.md")
+	re := regexp.MustCompile("`--([a-z-]+)`(?:[^()0-9\n]{0,60}\\(|, )(?:default )?([0-9][0-9.]*) ?([a-zA-Z]*)[;,)]")
 	seen := 0
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
@@ -192,7 +194,15 @@ func TestDocsProseStatesTrueDefaults(t *testing.T) {
 				continue // another command's flag (sequencer-bench, admin)
 			}
 			seen++
-			if got := m[2] + m[3]; got != def {
+			got := m[2] + m[3]
+			if shift, ok := map[string]uint{"KiB": 10, "MiB": 20, "GiB": 30}[m[3]]; ok {
+				n, err := strconv.Atoi(m[2])
+				if err != nil {
+					t.Fatalf("%s: %q: %v", f, m[0], err)
+				}
+				got = strconv.Itoa(n << shift)
+			}
+			if got != def {
 				t.Errorf("%s: %q states default %s, serve --help says %s", f, m[0], got, def)
 			}
 		}
