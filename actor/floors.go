@@ -2,9 +2,6 @@ package actor
 
 import "sync"
 
-// DefaultMaxFloors is Config.MaxFloors' default.
-const DefaultMaxFloors = 100_000
-
 // floors remembers, for conversations whose actor stopped, the highest seq
 // this node acked, so the next actor of the conversation can tell a store
 // that went backwards (conv.Config.Floor). It is bounded: past max entries
@@ -17,10 +14,8 @@ type floors struct {
 	order []string // insertion order, for eviction
 }
 
+// newFloors remembers at most max (Config.MaxFloors, >= 1) conversations.
 func newFloors(max int) floors {
-	if max <= 0 {
-		max = DefaultMaxFloors
-	}
 	return floors{max: max}
 }
 

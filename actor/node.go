@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -55,19 +56,9 @@ type Ownership interface {
 	Refused(fences []persist.Fence)
 }
 
-// Defaults of Config.
-const (
-	DefaultPassivateAfter   = 30 * time.Second
-	DefaultMaxQueuePerConv  = 4096
-	DefaultMaxPending       = 65536
-	DefaultCommitWorkers    = 4
-	DefaultMaxBatchMessages = 4000
-	DefaultCommitTimeout    = 5 * time.Second
-	DefaultMaxPendingBytes  = 256 << 20
-	DefaultMaxConversations = 1_000_000
-)
-
-// Config configures a Node. Store and IDs are required.
+// Config configures a Node. Store and IDs are required. DefaultConfig holds
+// every default; a zero field in the Config given to NewNode means its
+// default.
 type Config struct {
 	Store     persist.Store
 	IDs       IDSource
@@ -76,24 +67,69 @@ type Config struct {
 	Ownership Ownership    // nil: single node, unfenced
 	Logger    *slog.Logger // optional
 
-	PassivateAfter   time.Duration // idle conversation actors stop after this; default 30s
-	MaxQueuePerConv  int           // sends one conversation holds at once; default 4096
-	MaxPending       int           // sends the node holds at once; default 65536
-	CommitWorkers    int           // parallel store transactions; default 4
-	MaxBatchMessages int           // rows per store transaction; default 4000
-	CommitTimeout    time.Duration // per store call; a commit that times out is an unknown outcome; default 5s
+	PassivateAfter   time.Duration // idle conversation actors stop after this
+	MaxQueuePerConv  int           // sends one conversation holds at once
+	MaxPending       int           // sends the node holds at once
+	CommitWorkers    int           // parallel store transactions (commit.Config.Workers)
+	MaxBatchMessages int           // rows per store transaction (commit.Config.MaxMessages)
+	// CommitTimeout bounds one store call; a commit that times out is an
+	// unknown outcome (commit.Config.Timeout).
+	CommitTimeout time.Duration
 	// MaxPendingBytes bounds the bytes (pendingSize) of the sends the node
-	// holds at once; more are refused with resource_exhausted. Default
-	// 256 MiB.
+	// holds at once; more are refused with resource_exhausted.
 	MaxPendingBytes int64
 	// MaxConversations bounds the live conversation actors; a send for a
 	// conversation without one is refused with resource_exhausted while
-	// the node has that many (idle ones passivate). Default 1,000,000.
+	// the node has that many (idle ones passivate).
 	MaxConversations int
 	// MaxFloors bounds how many passivated conversations' highest acked seqs
 	// the node remembers to detect a store that went backwards (about 80
-	// bytes each). Default 100,000; past it the oldest are forgotten.
+	// bytes each); past it the oldest are forgotten.
 	MaxFloors int
+}
+
+// DefaultConfig returns every default (Store and IDs are still required).
+// The group commit's come from commit.DefaultConfig, the per-conversation
+// queue's from conv.DefaultConfig.
+func DefaultConfig() Config {
+	w, cv := commit.DefaultConfig(), conv.DefaultConfig()
+	return Config{
+		PassivateAfter:   30 * time.Second,
+		MaxQueuePerConv:  cv.MaxQueue,
+		MaxPending:       65536,
+		CommitWorkers:    w.Workers,
+		MaxBatchMessages: w.MaxMessages,
+		CommitTimeout:    w.Timeout,
+		MaxPendingBytes:  256 << 20,
+		MaxConversations: 1_000_000,
+		MaxFloors:        100_000,
+	}
+}
+
+// Validate reports every field that makes no sense, as given (zero counts
+// and durations too: NewNode fills them from DefaultConfig first). The
+// group commit's fields are checked by commit.Config.Validate.
+func (c Config) Validate() error {
+	ch := conf.Checker{Pkg: "actor"}
+	conf.PositiveDuration(&ch, "PassivateAfter", c.PassivateAfter)
+	conf.Positive(&ch, "MaxQueuePerConv", c.MaxQueuePerConv)
+	conf.Positive(&ch, "MaxPending", c.MaxPending)
+	conf.Positive(&ch, "MaxPendingBytes", c.MaxPendingBytes)
+	conf.Positive(&ch, "MaxConversations", c.MaxConversations)
+	conf.Positive(&ch, "MaxFloors", c.MaxFloors)
+	ch.Add(conf.Rename(c.commitConfig().Validate(), "actor", commitFields))
+	return ch.Err()
+}
+
+// commitFields names commit.Config's fields as Config's.
+var commitFields = map[string]string{
+	"Workers": "CommitWorkers", "MaxMessages": "MaxBatchMessages", "Timeout": "CommitTimeout",
+}
+
+// commitConfig is the group-commit writer's part of c.
+func (c Config) commitConfig() commit.Config {
+	return commit.Config{Store: c.Store, Workers: c.CommitWorkers, MaxMessages: c.MaxBatchMessages,
+		Timeout: c.CommitTimeout, Metrics: c.Metrics, Logger: c.Logger}
 }
 
 const shardCount = 64
@@ -134,7 +170,8 @@ type shard struct {
 	staged *convActor
 }
 
-// NewNode starts a node: its actor system and group-commit writer.
+// NewNode starts a node: its actor system and group-commit writer. Zero
+// fields of cfg take their DefaultConfig value; a negative one is an error.
 func NewNode(cfg Config) (*Node, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("actor: Config.Store is required")
@@ -142,37 +179,18 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.IDs == nil {
 		return nil, errors.New("actor: Config.IDs is required")
 	}
-	if cfg.PassivateAfter <= 0 {
-		cfg.PassivateAfter = DefaultPassivateAfter
-	}
-	if cfg.MaxQueuePerConv <= 0 {
-		cfg.MaxQueuePerConv = DefaultMaxQueuePerConv
-	}
-	if cfg.MaxPending <= 0 {
-		cfg.MaxPending = DefaultMaxPending
-	}
-	if cfg.CommitWorkers <= 0 {
-		cfg.CommitWorkers = DefaultCommitWorkers
-	}
-	if cfg.MaxBatchMessages <= 0 {
-		cfg.MaxBatchMessages = DefaultMaxBatchMessages
-	}
-	if cfg.CommitTimeout <= 0 {
-		cfg.CommitTimeout = DefaultCommitTimeout
-	}
-	if cfg.MaxPendingBytes <= 0 {
-		cfg.MaxPendingBytes = DefaultMaxPendingBytes
-	}
-	if cfg.MaxConversations <= 0 {
-		cfg.MaxConversations = DefaultMaxConversations
+	conf.FillZero(&cfg, DefaultConfig())
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w, err := commit.New(commit.Config{Store: cfg.Store, Workers: cfg.CommitWorkers, MaxMessages: cfg.MaxBatchMessages,
-		Timeout: cfg.CommitTimeout, Metrics: cfg.Metrics, Logger: log})
+	wcfg := cfg.commitConfig()
+	wcfg.Logger = log
+	w, err := commit.New(wcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
@@ -65,7 +66,8 @@ func (f RouterFunc) Route(ctx context.Context, convID string) (sequencer.Route, 
 	return f(ctx, convID)
 }
 
-// Config wires a Service.
+// Config wires a Service. DefaultConfig holds every default; a zero field
+// in the Config given to NewService means its default.
 type Config struct {
 	// Sender handles Send. Required.
 	Sender Sender
@@ -73,11 +75,10 @@ type Config struct {
 	Reader Reader
 	// Router handles Route. Optional: nil answers Route with unimplemented.
 	Router Router
-	// MaxBody is the largest Send body in bytes. Default (<= 0):
-	// sequencer.DefaultMaxBody (65,536).
+	// MaxBody is the largest Send body in bytes (1 B..64 MiB).
 	MaxBody int
-	// MaxBatchBytes is the largest SendBatch request (its protobuf size).
-	// Default (<= 0): DefaultMaxBatchBytes (4 MiB).
+	// MaxBatchBytes is the largest SendBatch request (its protobuf size;
+	// 1 KiB..64 MiB).
 	MaxBatchBytes int
 	// Metrics records sequencer_rpc_requests_total{method,code},
 	// sequencer_sends_total{code} and sequencer_dedup_hits_total. Optional.
@@ -117,14 +118,38 @@ const (
 	methodSendBatch  = "SendBatch"
 )
 
-// Limits of SendBatch.
+// MaxBatchItems is the most items one SendBatch may hold.
+const MaxBatchItems = 1000
+
+// Bounds of Config's limits.
 const (
-	MaxBatchItems        = 1000
-	DefaultMaxBatchBytes = 4 << 20
+	maxMaxBody       = 64 << 20
+	minMaxBatchBytes = 1 << 10
+	maxMaxBatchBytes = 64 << 20
 )
 
-// NewService builds the service. It panics if cfg.Sender or cfg.Reader is
-// nil (a wiring bug, not a runtime condition).
+// DefaultConfig returns every default (Sender and Reader are still
+// required).
+func DefaultConfig() Config {
+	return Config{
+		MaxBody:       sequencer.DefaultMaxBody,
+		MaxBatchBytes: 4 << 20,
+	}
+}
+
+// Validate reports every field that makes no sense, as given (zero limits
+// too: NewService fills them from DefaultConfig first).
+func (c Config) Validate() error {
+	ch := conf.Checker{Pkg: "api"}
+	conf.Range(&ch, "MaxBody", c.MaxBody, 1, maxMaxBody)
+	conf.Range(&ch, "MaxBatchBytes", c.MaxBatchBytes, minMaxBatchBytes, maxMaxBatchBytes)
+	return ch.Err()
+}
+
+// NewService builds the service. Zero fields take their DefaultConfig
+// value. It panics if cfg.Sender or cfg.Reader is nil or cfg does not
+// validate (a wiring bug, not a runtime condition: server validates its
+// flags first).
 func NewService(cfg Config) *Service {
 	if cfg.Sender == nil {
 		panic("api: Config.Sender is required")
@@ -132,11 +157,9 @@ func NewService(cfg Config) *Service {
 	if cfg.Reader == nil {
 		panic("api: Config.Reader is required")
 	}
-	if cfg.MaxBody <= 0 {
-		cfg.MaxBody = sequencer.DefaultMaxBody
-	}
-	if cfg.MaxBatchBytes <= 0 {
-		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	conf.FillZero(&cfg, DefaultConfig())
+	if err := cfg.Validate(); err != nil {
+		panic(err.Error())
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

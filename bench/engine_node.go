@@ -52,7 +52,7 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	def := server.Config{NodeID: "bench"}.WithDefaults()
+	def := server.DefaultConfig()
 	m := metrics.New()
 	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: "bench-" + randomID(), TTL: def.WorkerLeaseTTL, Metrics: m})
 	if err != nil {

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,30 +10,14 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-// Defaults of Config.
-const (
-	// Failover defaults: safety comes from the fence in every commit, not
-	// from timing, so detection can be fast. A crashed node's row expires
-	// after DefaultMemberTTL; a peer whose forwards fail at the transport
-	// level polls the membership every suspectPoll until then, so the
-	// takeover follows the expiry closely. Six heartbeats fit in one TTL:
-	// a node must miss all of them (a stall of the process or of
-	// PostgreSQL longer than 1.5 s) to be presumed dead, and then it only
-	// steps down and rejoins; nothing is lost (cluster/README.md).
-	DefaultMemberTTL      = 1500 * time.Millisecond
-	DefaultHeartbeat      = 250 * time.Millisecond
-	DefaultHandoffWait    = 2 * time.Second
-	DefaultForwardTimeout = 10 * time.Second
-	DefaultStopTimeout    = 10 * time.Second
-)
-
-// Config is one cluster node. The zero value of every optional field means
-// its documented default (WithDefaults).
+// Config is one cluster node. DefaultConfig holds every default; the zero
+// value of every optional field means its default (WithDefaults).
 type Config struct {
 	// NodeID is the stable name of this node (1..64 bytes, no "/"); the ring
 	// places partitions by NodeID. Required.
@@ -66,30 +49,30 @@ type Config struct {
 	// TLS (refused otherwise).
 	Insecure bool
 	// MaxBody is the body limit every forwarded item is checked against
-	// (the API's --max-body). Default sequencer.DefaultMaxBody.
+	// (the API's --max-body).
 	MaxBody int
 
 	// Ring shapes the ring (partition count, ...). Every node of a cluster
-	// must use the same values. Default: ring's defaults (271 partitions).
+	// must use the same values. Default: ring.DefaultConfig().
 	Ring ring.Config
 
 	// MemberTTL is how long a member row lives without a heartbeat (by the
 	// database clock); a node silent this long is presumed dead and its
-	// partitions are taken over. Default 1.5s. Must exceed 2*Heartbeat.
+	// partitions are taken over. Must exceed 2*Heartbeat.
 	MemberTTL time.Duration
 	// Heartbeat is the interval of lease renewals, and of the retries to take
-	// partitions this node should own. Default 250ms.
+	// partitions this node should own.
 	Heartbeat time.Duration
 	// HandoffWait bounds how long a Send waits for its partition to become
 	// writable (the owner by the ring has not taken the lease yet, or the
-	// partition is moving) before it fails with a retryable error. Default 2s.
+	// partition is moving) before it fails with a retryable error.
 	HandoffWait time.Duration
 	// ForwardTimeout bounds one forwarded Send when the caller's context has
-	// no deadline. Default 10s.
+	// no deadline.
 	ForwardTimeout time.Duration
 	// StopTimeout bounds the wait for a partition's in-flight batches when it
 	// is handed off or the node steps down; the lease is released anyway
-	// after it (late commits are fenced). Default 10s.
+	// after it (late commits are fenced).
 	StopTimeout time.Duration
 
 	// Clock is the local clock (heartbeat freshness). Default: real time.
@@ -104,21 +87,33 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// WithDefaults returns c with every zero optional field set to its default.
+// DefaultConfig returns every default (NodeID, Store and ClusterListen or
+// Transport are still required).
+//
+// Failover: safety comes from the fence in every commit, not from timing,
+// so detection can be fast. A crashed node's row expires after MemberTTL; a
+// peer whose forwards fail at the transport level polls the membership
+// every suspectPoll until then, so the takeover follows the expiry closely.
+// Six heartbeats fit in one TTL: a node must miss all of them (a stall of
+// the process or of PostgreSQL longer than the TTL) to be presumed dead,
+// and then it only steps down and rejoins; nothing is lost
+// (cluster/README.md).
+func DefaultConfig() Config {
+	return Config{
+		MaxBody:        sequencer.DefaultMaxBody,
+		Ring:           ring.DefaultConfig(),
+		MemberTTL:      1500 * time.Millisecond,
+		Heartbeat:      250 * time.Millisecond,
+		HandoffWait:    2 * time.Second,
+		ForwardTimeout: 10 * time.Second,
+		StopTimeout:    10 * time.Second,
+	}
+}
+
+// WithDefaults returns c with every zero optional field set to its
+// DefaultConfig value, the real clock and slog.Default().
 func (c Config) WithDefaults() Config {
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defDur(&c.MemberTTL, DefaultMemberTTL)
-	defDur(&c.Heartbeat, DefaultHeartbeat)
-	defDur(&c.HandoffWait, DefaultHandoffWait)
-	defDur(&c.ForwardTimeout, DefaultForwardTimeout)
-	defDur(&c.StopTimeout, DefaultStopTimeout)
-	if c.MaxBody <= 0 {
-		c.MaxBody = sequencer.DefaultMaxBody
-	}
+	conf.FillZero(&c, DefaultConfig())
 	c.Clock = clock.Or(c.Clock)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -126,46 +121,46 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every field that makes no sense (after WithDefaults).
+// Validate reports every field that makes no sense, as given (after
+// WithDefaults; zero durations are errors here). The required fields
+// (NodeID, Store, ClusterListen without a Transport) are checked too.
 func (c Config) Validate() error {
-	var errs []error
+	ch := conf.Checker{Pkg: "cluster"}
 	if len(c.NodeID) == 0 || len(c.NodeID) > 64 {
-		errs = append(errs, fmt.Errorf("node id %q: must be 1..64 bytes", c.NodeID))
+		ch.Bad("NodeID", fmt.Sprintf("%q", c.NodeID), "must be 1..64 bytes")
 	}
 	for _, r := range c.NodeID {
 		if r == '/' || r < 0x20 || r == 0x7f {
-			errs = append(errs, fmt.Errorf("node id %q: no '/' or control characters", c.NodeID))
+			ch.Bad("NodeID", fmt.Sprintf("%q", c.NodeID), "no '/' or control characters")
 			break
 		}
 	}
 	if c.Store == nil {
-		errs = append(errs, errors.New("cluster store is required"))
+		ch.Bad("Store", nil, "the cluster store is required")
 	}
 	if c.Transport == nil {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
-			errs = append(errs, fmt.Errorf("cluster listen %q: %w", c.ClusterListen, err))
+			ch.Bad("ClusterListen", fmt.Sprintf("%q", c.ClusterListen), err.Error())
 		}
 		tlsSet := c.TLSCertFile != "" || c.TLSKeyFile != "" || c.TLSCAFile != ""
 		switch {
 		case tlsSet && (c.TLSCertFile == "" || c.TLSKeyFile == "" || c.TLSCAFile == ""):
-			errs = append(errs, errors.New("cluster tls: the certificate, key and CA go together (--cluster-tls-cert, --cluster-tls-key, --cluster-ca)"))
+			ch.Bad("TLSCertFile", nil, "the certificate, key and CA go together (--cluster-tls-cert, --cluster-tls-key, --cluster-ca)")
 		case !tlsSet && !c.Insecure && c.ClusterListen != "" && !IsLoopback(c.ClusterListen):
-			errs = append(errs, fmt.Errorf("cluster listen %s is not a loopback address: set --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure)", c.ClusterListen))
+			ch.Bad("ClusterListen", c.ClusterListen, "not a loopback address: set --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure)")
 		}
 	}
+	conf.Positive(&ch, "MaxBody", c.MaxBody)
 	if _, err := ring.New(nil, c.Ring); err != nil {
-		errs = append(errs, err)
+		ch.Bad("Ring", nil, err.Error())
 	}
-	for name, d := range map[string]time.Duration{
-		"member ttl": c.MemberTTL, "heartbeat": c.Heartbeat, "handoff wait": c.HandoffWait,
-		"forward timeout": c.ForwardTimeout, "stop timeout": c.StopTimeout,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))
-		}
+	conf.PositiveDuration(&ch, "MemberTTL", c.MemberTTL)
+	conf.PositiveDuration(&ch, "Heartbeat", c.Heartbeat)
+	conf.PositiveDuration(&ch, "HandoffWait", c.HandoffWait)
+	conf.PositiveDuration(&ch, "ForwardTimeout", c.ForwardTimeout)
+	conf.PositiveDuration(&ch, "StopTimeout", c.StopTimeout)
+	if c.Heartbeat > 0 && c.MemberTTL > 0 && c.MemberTTL <= 2*c.Heartbeat {
+		ch.BadVs("MemberTTL", c.MemberTTL, fmt.Sprintf("must exceed twice %%s (%v)", c.Heartbeat), "Heartbeat")
 	}
-	if c.Heartbeat > 0 && c.MemberTTL <= 2*c.Heartbeat {
-		errs = append(errs, fmt.Errorf("member ttl %v must exceed twice the heartbeat %v", c.MemberTTL, c.Heartbeat))
-	}
-	return errors.Join(errs...)
+	return ch.Err()
 }

@@ -26,30 +26,45 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/conv"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-// Defaults of Config.
-const (
-	DefaultWorkers     = 4
-	DefaultMaxMessages = 4000
-	DefaultTimeout     = 5 * time.Second
-)
-
-// Config configures a Writer.
+// Config configures a Writer. DefaultConfig holds every default; a zero
+// field in the Config given to New means its default.
 type Config struct {
 	Store persist.Store // required
-	// Workers is the number of transactions in flight at once. Default 4.
+	// Workers is the number of transactions in flight at once.
 	Workers int
-	// MaxMessages bounds the rows of one transaction. Default 4000.
+	// MaxMessages bounds the rows of one transaction.
 	MaxMessages int
 	// Timeout bounds one Store.Commit; a commit that times out is reported
-	// as sequencer.ErrUnknownOutcome. Default 5s.
+	// as sequencer.ErrUnknownOutcome.
 	Timeout time.Duration
 	Metrics *metrics.Set // optional
 	Logger  *slog.Logger // optional
+}
+
+// DefaultConfig returns every default (Store is still required).
+func DefaultConfig() Config {
+	return Config{
+		Workers:     4,
+		MaxMessages: conv.DefaultConfig().MaxBatch, // a conversation's full batch fits one transaction
+		Timeout:     5 * time.Second,
+	}
+}
+
+// Validate reports every field that makes no sense, as given (zero counts
+// and durations too: New fills them from DefaultConfig first).
+func (c Config) Validate() error {
+	ch := conf.Checker{Pkg: "commit"}
+	conf.Positive(&ch, "Workers", c.Workers)
+	conf.Positive(&ch, "MaxMessages", c.MaxMessages)
+	conf.PositiveDuration(&ch, "Timeout", c.Timeout)
+	return ch.Err()
 }
 
 // Done receives the store's answer for one submitted batch: nil (durably
@@ -75,19 +90,15 @@ type Writer struct {
 	wg     sync.WaitGroup
 }
 
-// New starts a writer with cfg.Workers workers.
+// New starts a writer with cfg.Workers workers. Zero fields take their
+// DefaultConfig value; a negative one is an error.
 func New(cfg Config) (*Writer, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("commit: Store is required")
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = DefaultWorkers
-	}
-	if cfg.MaxMessages <= 0 {
-		cfg.MaxMessages = DefaultMaxMessages
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
+	conf.FillZero(&cfg, DefaultConfig())
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger}
 	if w.log == nil {

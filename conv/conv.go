@@ -34,14 +34,8 @@ type IDSource interface {
 	NextID() (uint64, error)
 }
 
-// Defaults of Config.
-const (
-	DefaultMaxQueue = 4096
-	DefaultMaxBatch = 4000
-	DefaultMemoSize = 64
-)
-
-// Config configures one conversation's core.
+// Config configures one conversation's core. DefaultConfig holds every
+// default; a field <= 0 given to New means its default.
 type Config struct {
 	ConvID string
 	IDs    IDSource    // required
@@ -52,19 +46,24 @@ type Config struct {
 	Fence func() (persist.Fence, error)
 	// MaxQueue is the most sends the conversation holds at once (queued, in
 	// flight, and resends waiting on them); more are refused with
-	// sequencer.ErrOverloaded. Default 4096.
+	// sequencer.ErrOverloaded.
 	MaxQueue int
-	// MaxBatch is the most messages in one commit. Default 4000.
+	// MaxBatch is the most messages in one commit.
 	MaxBatch int
 	// MemoSize is how many recently committed resend keys are remembered to
 	// answer resends without a store round trip (older ones are answered
-	// through the store's uk_from_client). Default 64.
+	// through the store's uk_from_client).
 	MemoSize int
 	// Floor is the highest seq a previous writer of this conversation on
 	// this node acked (0: none known). A head read from the store below it
 	// means the store lost acknowledged messages: the core refuses to write
 	// (see Ready.Regressed) instead of reusing their seqs.
 	Floor uint64
+}
+
+// DefaultConfig returns every default (ConvID and IDs are still required).
+func DefaultConfig() Config {
+	return Config{MaxQueue: 4096, MaxBatch: 4000, MemoSize: 64}
 }
 
 // Reply answers one Send. Exactly one Reply is produced for every Send.
@@ -179,14 +178,15 @@ func New(cfg Config) (*Core, error) {
 	if cfg.IDs == nil {
 		return nil, errors.New("conv: IDs is required")
 	}
+	d := DefaultConfig()
 	if cfg.MaxQueue <= 0 {
-		cfg.MaxQueue = DefaultMaxQueue
+		cfg.MaxQueue = d.MaxQueue
 	}
 	if cfg.MaxBatch <= 0 {
-		cfg.MaxBatch = DefaultMaxBatch
+		cfg.MaxBatch = d.MaxBatch
 	}
 	if cfg.MemoSize <= 0 {
-		cfg.MemoSize = DefaultMemoSize
+		cfg.MemoSize = d.MemoSize
 	}
 	return &Core{
 		cfg:   cfg,

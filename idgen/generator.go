@@ -39,6 +39,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 )
 
@@ -153,11 +154,19 @@ func unpack(s uint64) (gen uint64, rel int64, seq uint64) {
 	return s >> genShift, int64(s >> SeqBits & msMask), s & MaxSeq
 }
 
+// Validate reports a WorkerID outside 0..1023. Config has no defaults (the
+// zero worker id is a real one), so there is no DefaultConfig.
+func (c Config) Validate() error {
+	ch := conf.Checker{Pkg: "idgen"}
+	conf.Range(&ch, "WorkerID", c.WorkerID, 0, MaxWorkerID)
+	return ch.Err()
+}
+
 // New returns a generator for a fixed worker id. It fails if the id is
 // outside 0..1023.
 func New(cfg Config) (*Generator, error) {
-	if cfg.WorkerID < 0 || cfg.WorkerID > MaxWorkerID {
-		return nil, fmt.Errorf("idgen: worker id %d outside 0..%d", cfg.WorkerID, MaxWorkerID)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	g := newGenerator(cfg.Clock, cfg.Metrics, nil)
 	g.view.Store(&view{

@@ -11,17 +11,19 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-// LeaseConfig configures a Lease. Zero fields take the documented defaults.
+// LeaseConfig configures a Lease. DefaultLeaseConfig holds the defaults;
+// zero fields take them, and the intervals left zero follow TTL.
 type LeaseConfig struct {
 	// Holder names this process in the lease table (the node id). Required.
 	Holder string
-	// TTL is how long a lease lives without a renew. Default 10s.
+	// TTL is how long a lease lives without a renew (at least 10ms).
 	TTL time.Duration
-	// RenewEvery is the background renew interval. Default TTL/5 (2s).
+	// RenewEvery is the background renew interval. Default (zero) TTL/5.
 	RenewEvery time.Duration
 	// ReserveAhead is how far past "now" each renew reserves milliseconds
 	// in the store (LastMs = now + ReserveAhead); the generator issues
@@ -29,22 +31,22 @@ type LeaseConfig struct {
 	// one. Must satisfy RenewEvery < ReserveAhead <= TTL, so that regular
 	// renews keep the generator running and a successor that takes the id
 	// over after expiry never finds LastMs ahead of a correct clock.
-	// Default TTL/2 (5s).
+	// Default (zero) TTL/2.
 	ReserveAhead time.Duration
 	// RetryEvery is the background retry interval after a failed renew or
 	// acquire, and the shortest interval between two store attempts that
-	// Next makes itself when the reservation runs out. Default
-	// RenewEvery/4 (500ms).
+	// Next makes itself when the reservation runs out. Default (zero)
+	// RenewEvery/4.
 	RetryEvery time.Duration
-	// StoreTimeout bounds each store call. Default RenewEvery (2s).
+	// StoreTimeout bounds each store call. Default (zero) RenewEvery.
 	StoreTimeout time.Duration
 	// MaxStoreSkew is how far this clock may be behind the store's clock
 	// (persist.WorkerLease.StoreMs, beyond the call's round trip) before the
 	// generator treats it as a clock that moved back: ids are then refused
 	// (retryably, counted in sequencer_clock_rollbacks_total) until the
-	// clock catches up. Default 100ms: NTP keeps servers well within it,
-	// and a clock an hour behind is caught. Negative: no check (tests that
-	// drive a real store with a fake clock).
+	// clock catches up. NTP keeps servers well within the default, and a
+	// clock an hour behind is caught. Negative: no check (tests that drive
+	// a real store with a fake clock).
 	MaxStoreSkew time.Duration
 	// Clock is the time source of the lease and its generator; nil means
 	// the real clock. Every store call takes `now` from it.
@@ -53,13 +55,21 @@ type LeaseConfig struct {
 	Metrics *metrics.Set
 }
 
-func (c *LeaseConfig) setDefaults() error {
-	if c.Holder == "" {
-		return errors.New("idgen: lease config: Holder is required")
+// minLeaseTTL is the shortest LeaseConfig.TTL.
+const minLeaseTTL = 10 * time.Millisecond
+
+// DefaultLeaseConfig returns the defaults (Holder is still required). The
+// intervals it leaves zero follow TTL: RenewEvery TTL/5, ReserveAhead
+// TTL/2, RetryEvery RenewEvery/4, StoreTimeout RenewEvery (docs/IDGEN.md).
+func DefaultLeaseConfig() LeaseConfig {
+	return LeaseConfig{
+		TTL:          10 * time.Second,
+		MaxStoreSkew: 100 * time.Millisecond,
 	}
-	if c.TTL == 0 {
-		c.TTL = 10 * time.Second
-	}
+}
+
+// withDerived returns c with the zero intervals set from TTL.
+func (c LeaseConfig) withDerived() LeaseConfig {
 	if c.RenewEvery == 0 {
 		c.RenewEvery = c.TTL / 5
 	}
@@ -72,19 +82,47 @@ func (c *LeaseConfig) setDefaults() error {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = c.RenewEvery
 	}
-	if c.MaxStoreSkew == 0 {
-		c.MaxStoreSkew = 100 * time.Millisecond
+	return c
+}
+
+// Validate reports every field that makes no sense: TTL as given (zero
+// too), the intervals after the ones left zero follow TTL. Holder is
+// checked by NewLease.
+func (c LeaseConfig) Validate() error {
+	ch := conf.Checker{Pkg: "idgen"}
+	if c.TTL < minLeaseTTL {
+		ch.Bad("TTL", c.TTL, fmt.Sprintf("must be at least %v", minLeaseTTL))
+		return ch.Err()
 	}
-	switch {
-	case c.TTL < 10*time.Millisecond:
-		return fmt.Errorf("idgen: lease config: TTL %s too short", c.TTL)
-	case c.RenewEvery <= 0 || c.RetryEvery <= 0 || c.StoreTimeout <= 0:
-		return fmt.Errorf("idgen: lease config: RenewEvery %s, RetryEvery %s, StoreTimeout %s must be positive",
-			c.RenewEvery, c.RetryEvery, c.StoreTimeout)
-	case !(c.RenewEvery < c.ReserveAhead && c.ReserveAhead <= c.TTL):
-		return fmt.Errorf("idgen: lease config: need RenewEvery (%s) < ReserveAhead (%s) <= TTL (%s)",
-			c.RenewEvery, c.ReserveAhead, c.TTL)
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{{"RenewEvery", c.RenewEvery}, {"ReserveAhead", c.ReserveAhead}, {"RetryEvery", c.RetryEvery}, {"StoreTimeout", c.StoreTimeout}} {
+		if f.v < 0 {
+			ch.Bad(f.name, f.v, "must be > 0 (or 0: derived from TTL)")
+		}
 	}
+	if err := ch.Err(); err != nil {
+		return err
+	}
+	d := c.withDerived()
+	conf.PositiveDuration(&ch, "RetryEvery", d.RetryEvery) // RenewEvery/4 of a RenewEvery of a few ns
+	if !(d.RenewEvery < d.ReserveAhead && d.ReserveAhead <= d.TTL) {
+		ch.Bad("ReserveAhead", d.ReserveAhead, fmt.Sprintf("need RenewEvery (%s) < ReserveAhead (%s) <= TTL (%s)",
+			d.RenewEvery, d.ReserveAhead, d.TTL))
+	}
+	return ch.Err()
+}
+
+func (c *LeaseConfig) setDefaults() error {
+	if c.Holder == "" {
+		return errors.New("idgen: lease config: Holder is required")
+	}
+	conf.FillZero(c, DefaultLeaseConfig())
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	*c = c.withDerived()
 	return nil
 }
 

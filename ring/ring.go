@@ -80,6 +80,11 @@ type Config struct {
 	Load float64
 }
 
+// DefaultConfig returns every default, the values the zero Config means.
+func DefaultConfig() Config {
+	return Config{Partitions: DefaultPartitions, ReplicationFactor: DefaultReplicationFactor, Load: DefaultLoad}
+}
+
 // withDefaults returns c with zero fields set to their defaults, or an error
 // wrapping ErrInvalidConfig.
 func (c Config) withDefaults() (Config, error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strings"
@@ -12,25 +13,28 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/persist/open"
+	"github.com/sequencer-im/sequencer/ring"
 )
 
-// Config is everything a node needs. The zero value of every field means its
-// documented default (applied by WithDefaults); cmd/sequencer fills it from
-// flags and SEQUENCER_* environment variables.
+// Config is everything a node needs. DefaultConfig holds every default
+// (composed from the components' DefaultConfig); the zero value of a field
+// means its default (WithDefaults). cmd/sequencer starts from DefaultConfig
+// and sets it from flags and SEQUENCER_* environment variables, whose
+// defaults are DefaultConfig's.
 type Config struct {
 	// Listen is the API address: Connect, gRPC, gRPC-Web and JSON, plus
-	// /healthz, /readyz and /metrics unless AdminListen is set. Default
-	// 127.0.0.1:7070.
+	// /healthz, /readyz and /metrics unless AdminListen is set.
 	Listen string
 	// Store is a postgres:// or postgresql:// URL or a libpq keyword DSN for
 	// PostgreSQL, or sqlite:PATH / a path without "://" for the embedded
 	// store (the allow-list of persist/open.Parse; anything else is refused).
-	// Default ./data (embedded, ./data/sequencer.db).
+	// The default ./data is the embedded store ./data/sequencer.db.
 	Store string
 	// ClusterListen is the inter-node address; empty runs a single node.
 	ClusterListen string
@@ -38,40 +42,39 @@ type Config struct {
 	// hostname plus a random suffix (a new name per start).
 	NodeID string
 
-	// MaxBody is the largest accepted body in bytes. Default 65536.
+	// MaxBody is the largest accepted body in bytes (api.Config.MaxBody).
 	MaxBody int
 	// Pprof serves Go's /debug/pprof/ handlers on the admin mux (with
 	// /healthz and /metrics). Default off.
 	Pprof bool
 	// MaxBatchBytes is the largest SendBatch request (its protobuf size) in
-	// bytes; larger ones are invalid_argument. Default 4 MiB.
+	// bytes; larger ones are invalid_argument (api.Config.MaxBatchBytes).
 	MaxBatchBytes int
-	// PassivateAfter stops a conversation actor idle this long. Default 30s.
+	// PassivateAfter stops a conversation actor idle this long.
 	PassivateAfter time.Duration
-	// CommitWorkers is the number of parallel group-commit transactions. Default 4.
+	// CommitWorkers is the number of parallel group-commit transactions.
 	CommitWorkers int
-	// MaxBatchMessages bounds the messages of one store transaction. Default 4000.
+	// MaxBatchMessages bounds the messages of one store transaction.
 	MaxBatchMessages int
-	// MaxQueuePerConv bounds the sends queued on one conversation. Default 4096.
+	// MaxQueuePerConv bounds the sends queued on one conversation.
 	MaxQueuePerConv int
-	// MaxPending bounds the sends queued on the node. Default 65536.
+	// MaxPending bounds the sends queued on the node.
 	MaxPending int
 	// MaxPendingBytes bounds the bytes of the sends queued on the node
-	// (bodies and keys). Default 256 MiB.
+	// (bodies and keys).
 	MaxPendingBytes int
-	// MaxConversations bounds the live conversation actors. Default
-	// 1,000,000.
+	// MaxConversations bounds the live conversation actors.
 	MaxConversations int
 	// StoreConns is the PostgreSQL pool size (commits, reads, the worker-id
-	// lease and the membership share it). Default 8.
+	// lease and the membership share it).
 	StoreConns int
 	// CommitTimeout bounds one store commit; past it the outcome is unknown
-	// and the conversation re-reads the store. Default 5s.
+	// and the conversation re-reads the store.
 	CommitTimeout time.Duration
 	// WorkerLeaseTTL is how long the snowflake worker-id lease lives without
-	// renewal. Default 10s.
+	// renewal (idgen.LeaseConfig.TTL).
 	WorkerLeaseTTL time.Duration
-	// DrainTimeout bounds the graceful stop on SIGTERM. Default 30s.
+	// DrainTimeout bounds the graceful stop on SIGTERM.
 	DrainTimeout time.Duration
 
 	// API security (docs/SECURITY.md).
@@ -101,15 +104,15 @@ type Config struct {
 	ClusterAdvertise string
 	// MemberTTL is how long a node's membership lease lives without a
 	// heartbeat; a crashed node's conversations move after about this long.
-	// Default 5s. Must exceed 2*Heartbeat.
+	// Must exceed 2*Heartbeat (cluster.Config.MemberTTL).
 	MemberTTL time.Duration
-	// Heartbeat is the membership lease renewal interval. Default 250ms.
+	// Heartbeat is the membership lease renewal interval.
 	Heartbeat time.Duration
 	// Partitions is the fixed partition count of the ring; every node of a
-	// cluster must use the same value. Default 271.
+	// cluster must use the same value (ring.Config.Partitions).
 	Partitions int
 	// HandoffWait bounds how long a send waits for a moving conversation to
-	// become writable before it fails with unavailable. Default 2s.
+	// become writable before it fails with unavailable.
 	HandoffWait time.Duration
 	// ClusterTLSCert, ClusterTLSKey and ClusterCA (PEM files): mutual TLS
 	// between nodes; a node accepts and dials only peers whose certificate
@@ -122,10 +125,10 @@ type Config struct {
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
 	// shortly after start and then every RetentionEvery. 0 keeps
-	// everything. At least one hour.
+	// everything. At least one hour (minRetention).
 	Retention time.Duration
 	// RetentionEvery is the time between retention passes (jittered by
-	// +-10%). Default 1h.
+	// +-10%).
 	RetentionEvery time.Duration
 
 	// TracerProvider, when set, traces the API's RPCs and the forwards
@@ -134,50 +137,97 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// WithDefaults returns c with every zero field set to its default.
+// minRetention is the shortest Retention other than 0.
+const minRetention = time.Hour
+
+// DefaultConfig returns every default. The components' settings come from
+// their own DefaultConfig; NodeID stays empty (WithDefaults generates one:
+// the hostname plus a random suffix).
+func DefaultConfig() Config {
+	a, ap, cl, wl := actor.DefaultConfig(), api.DefaultConfig(), cluster.DefaultConfig(), idgen.DefaultLeaseConfig()
+	return Config{
+		Listen:           "127.0.0.1:7070",
+		Store:            "./data",
+		MaxBody:          ap.MaxBody,
+		MaxBatchBytes:    ap.MaxBatchBytes,
+		PassivateAfter:   a.PassivateAfter,
+		CommitWorkers:    a.CommitWorkers,
+		MaxBatchMessages: a.MaxBatchMessages,
+		MaxQueuePerConv:  a.MaxQueuePerConv,
+		MaxPending:       a.MaxPending,
+		MaxPendingBytes:  int(a.MaxPendingBytes),
+		MaxConversations: a.MaxConversations,
+		StoreConns:       8,
+		CommitTimeout:    a.CommitTimeout,
+		WorkerLeaseTTL:   wl.TTL,
+		DrainTimeout:     30 * time.Second,
+		MemberTTL:        cl.MemberTTL,
+		Heartbeat:        cl.Heartbeat,
+		Partitions:       cl.Ring.Partitions,
+		HandoffWait:      cl.HandoffWait,
+		RetentionEvery:   time.Hour,
+	}
+}
+
+// WithDefaults returns c with every zero field set to its DefaultConfig
+// value, and a generated NodeID when it is empty.
 func (c Config) WithDefaults() Config {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	defInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	def(&c.Listen, "127.0.0.1:7070")
-	def(&c.Store, "./data")
+	conf.FillZero(&c, DefaultConfig())
 	if c.NodeID == "" {
 		c.NodeID = generatedNodeID()
 	}
-	defInt(&c.MaxBody, sequencer.DefaultMaxBody)
-	defInt(&c.MaxBatchBytes, api.DefaultMaxBatchBytes)
-	defDur(&c.PassivateAfter, 30*time.Second)
-	defInt(&c.CommitWorkers, 4)
-	defInt(&c.MaxBatchMessages, 4000)
-	defInt(&c.MaxQueuePerConv, 4096)
-	defInt(&c.MaxPending, actor.DefaultMaxPending)
-	defInt(&c.MaxPendingBytes, actor.DefaultMaxPendingBytes)
-	defInt(&c.MaxConversations, actor.DefaultMaxConversations)
-	defInt(&c.StoreConns, 8)
-	defDur(&c.CommitTimeout, 5*time.Second)
-	defDur(&c.WorkerLeaseTTL, 10*time.Second)
-	defDur(&c.DrainTimeout, 30*time.Second)
-	defDur(&c.MemberTTL, cluster.DefaultMemberTTL)
-	defDur(&c.Heartbeat, cluster.DefaultHeartbeat)
-	defInt(&c.Partitions, 271)
-	defDur(&c.HandoffWait, 2*time.Second)
-	defDur(&c.RetentionEvery, time.Hour)
 	return c
 }
 
-// Validate reports the first field that makes no sense.
+// The components' parts of a Config, without the dependencies Start adds
+// (store, id source, logger, metrics), and the flag that sets each of their
+// fields: Validate reports the components' rules under the flags' names.
+func (c Config) apiConfig() api.Config {
+	return api.Config{MaxBody: c.MaxBody, MaxBatchBytes: c.MaxBatchBytes, TracerProvider: c.TracerProvider}
+}
+
+var apiFlags = map[string]string{"MaxBody": "max-body", "MaxBatchBytes": "max-batch-bytes"}
+
+func (c Config) actorConfig() actor.Config {
+	return actor.Config{
+		PassivateAfter: c.PassivateAfter, MaxQueuePerConv: c.MaxQueuePerConv, MaxPending: c.MaxPending,
+		MaxPendingBytes: int64(c.MaxPendingBytes), MaxConversations: c.MaxConversations,
+		CommitWorkers: c.CommitWorkers, MaxBatchMessages: c.MaxBatchMessages, CommitTimeout: c.CommitTimeout,
+	}
+}
+
+var actorFlags = map[string]string{
+	"PassivateAfter": "passivate-after", "MaxQueuePerConv": "max-queue-per-conv", "MaxPending": "max-pending",
+	"MaxPendingBytes": "max-pending-bytes", "MaxConversations": "max-conversations",
+	"CommitWorkers": "commit-workers", "MaxBatchMessages": "max-batch-messages", "CommitTimeout": "commit-timeout",
+}
+
+func (c Config) clusterConfig() cluster.Config {
+	return cluster.Config{
+		NodeID: c.NodeID, ClusterListen: c.ClusterListen, ClusterAdvertise: c.ClusterAdvertise,
+		Ring:      ring.Config{Partitions: c.Partitions},
+		MemberTTL: c.MemberTTL, Heartbeat: c.Heartbeat, HandoffWait: c.HandoffWait,
+		TLSCertFile: c.ClusterTLSCert, TLSKeyFile: c.ClusterTLSKey, TLSCAFile: c.ClusterCA,
+		Insecure: c.ClusterInsecure, MaxBody: c.MaxBody, TracerProvider: c.TracerProvider,
+	}
+}
+
+// clusterFlags maps the cluster's tunables; its listen and TLS rules are
+// checked by Validate itself (with flag-specific hints), MaxBody by the
+// API's rule and the partition count against ring's bounds (the ring reads
+// 0 as its default, a flag of 0 is an error).
+var clusterFlags = map[string]string{"MemberTTL": "member-ttl", "Heartbeat": "heartbeat", "HandoffWait": "handoff-wait"}
+
+func (c Config) leaseConfig() idgen.LeaseConfig {
+	return idgen.LeaseConfig{Holder: c.NodeID, TTL: c.WorkerLeaseTTL}
+}
+
+var leaseFlags = map[string]string{"TTL": "worker-lease-ttl"}
+
+// Validate reports every field that makes no sense, as given, named by its
+// flag: zero counts and durations are errors (Start fills them with
+// WithDefaults first), an empty NodeID is not (it is generated). The
+// components' settings are checked by their own Validate.
 func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
@@ -202,6 +252,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("cors-origins %q: want an origin like https://app.example.com, or *", o))
 		}
 	}
+	cflags := clusterFlags
 	if c.ClusterListen != "" {
 		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
 			errs = append(errs, fmt.Errorf("cluster-listen %q: %w", c.ClusterListen, err))
@@ -216,45 +267,27 @@ func (c Config) Validate() error {
 		if !IsPostgres(c.Store) {
 			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL store (--store postgres://...): nodes meet in the shared database"))
 		}
+		if c.NodeID != "" {
+			cflags = maps.Clone(clusterFlags)
+			cflags["NodeID"] = "node-id" // a cluster node id also has no '/'
+		}
 	}
-	if len(c.NodeID) == 0 || len(c.NodeID) > 64 {
+	if len(c.NodeID) > 64 {
 		errs = append(errs, fmt.Errorf("node-id must be 1..64 bytes"))
 	}
-	if c.MaxBody < 1 || c.MaxBody > 64<<20 {
-		errs = append(errs, fmt.Errorf("max-body %d: must be 1..67108864", c.MaxBody))
+	ch := conf.Checker{}
+	conf.Positive(&ch, "store-conns", c.StoreConns)
+	conf.Range(&ch, "partitions", c.Partitions, 1, ring.MaxPartitions)
+	conf.PositiveDuration(&ch, "drain-timeout", c.DrainTimeout)
+	conf.PositiveDuration(&ch, "RetentionEvery", c.RetentionEvery)
+	if c.Retention < 0 || c.Retention > 0 && c.Retention < minRetention {
+		ch.Bad("retention", c.Retention, fmt.Sprintf("must be 0 (keep forever) or at least %v", minRetention))
 	}
-	if c.MaxBatchBytes < 1<<10 || c.MaxBatchBytes > 64<<20 {
-		errs = append(errs, fmt.Errorf("max-batch-bytes %d: must be 1024..67108864", c.MaxBatchBytes))
-	}
-	pos := func(name string, v int) {
-		if v < 1 {
-			errs = append(errs, fmt.Errorf("%s %d: must be >= 1", name, v))
-		}
-	}
-	pos("commit-workers", c.CommitWorkers)
-	pos("max-batch-messages", c.MaxBatchMessages)
-	pos("max-queue-per-conv", c.MaxQueuePerConv)
-	pos("max-pending", c.MaxPending)
-	pos("max-pending-bytes", c.MaxPendingBytes)
-	pos("max-conversations", c.MaxConversations)
-	pos("store-conns", c.StoreConns)
-	pos("partitions", c.Partitions)
-	if c.MemberTTL <= 2*c.Heartbeat {
-		errs = append(errs, fmt.Errorf("member-ttl %v must exceed 2 x heartbeat %v", c.MemberTTL, c.Heartbeat))
-	}
-	if c.Retention != 0 && c.Retention < time.Hour {
-		errs = append(errs, fmt.Errorf("retention %v: must be 0 (keep forever) or at least 1h", c.Retention))
-	}
-	for name, d := range map[string]time.Duration{
-		"passivate-after": c.PassivateAfter, "commit-timeout": c.CommitTimeout,
-		"worker-lease-ttl": c.WorkerLeaseTTL, "drain-timeout": c.DrainTimeout,
-		"member-ttl": c.MemberTTL, "heartbeat": c.Heartbeat, "handoff-wait": c.HandoffWait,
-		"retention interval": c.RetentionEvery,
-	} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))
-		}
-	}
+	ch.Add(conf.Rename(c.apiConfig().Validate(), "", apiFlags))
+	ch.Add(conf.Rename(c.actorConfig().Validate(), "", actorFlags))
+	ch.Add(conf.Rename(c.clusterConfig().Validate(), "", cflags))
+	ch.Add(conf.Rename(c.leaseConfig().Validate(), "", leaseFlags))
+	errs = append(errs, ch.Err())
 	return errors.Join(errs...)
 }
 

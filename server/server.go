@@ -35,7 +35,6 @@ import (
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/persist/sqlite"
-	"github.com/sequencer-im/sequencer/ring"
 )
 
 var (
@@ -152,7 +151,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.store = st
 
-	s.lease, err = idgen.NewLease(st, idgen.LeaseConfig{Holder: cfg.NodeID, TTL: cfg.WorkerLeaseTTL, Metrics: s.metrics})
+	lcfg := cfg.leaseConfig()
+	lcfg.Metrics = s.metrics
+	s.lease, err = idgen.NewLease(st, lcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -172,12 +173,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 	}
 
-	acfg := actor.Config{
-		Store: st, IDs: s.lease, Metrics: s.metrics, Logger: log,
-		PassivateAfter: cfg.PassivateAfter, MaxQueuePerConv: cfg.MaxQueuePerConv, MaxPending: cfg.MaxPending,
-		MaxPendingBytes: int64(cfg.MaxPendingBytes), MaxConversations: cfg.MaxConversations,
-		CommitWorkers: cfg.CommitWorkers, MaxBatchMessages: cfg.MaxBatchMessages, CommitTimeout: cfg.CommitTimeout,
-	}
+	acfg := cfg.actorConfig()
+	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger = st, s.lease, s.metrics, log
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.ClusterListen != "" {
@@ -185,15 +182,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		if !ok {
 			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
 		}
-		s.cluster, err = cluster.New(cluster.Config{
-			NodeID: cfg.NodeID, Store: table.Membership(), ClusterListen: cfg.ClusterListen,
-			ClusterAdvertise: cfg.ClusterAdvertise, APIAddr: s.Addr(),
-			Ring:      ring.Config{Partitions: cfg.Partitions},
-			MemberTTL: cfg.MemberTTL, Heartbeat: cfg.Heartbeat, HandoffWait: cfg.HandoffWait,
-			TLSCertFile: cfg.ClusterTLSCert, TLSKeyFile: cfg.ClusterTLSKey, TLSCAFile: cfg.ClusterCA,
-			Insecure: cfg.ClusterInsecure, MaxBody: cfg.MaxBody,
-			Logger: log, Metrics: s.metrics, TracerProvider: cfg.TracerProvider,
-		})
+		ccfg := cfg.clusterConfig()
+		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics = table.Membership(), s.Addr(), log, s.metrics
+		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
@@ -216,10 +207,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
 	s.registerGauges()
 
-	svc := api.NewService(api.Config{
-		Sender: sender, Reader: st, MaxBody: cfg.MaxBody, MaxBatchBytes: cfg.MaxBatchBytes, Metrics: s.metrics, Logger: log, Router: router,
-		TracerProvider: cfg.TracerProvider,
-	})
+	scfg := cfg.apiConfig()
+	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = sender, st, router, s.metrics, log
+	svc := api.NewService(scfg)
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())

@@ -13,10 +13,11 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer/admin"
-	"github.com/sequencer-im/sequencer/ring"
+	"github.com/sequencer-im/sequencer/server"
 )
 
-const adminUsage = `sequencer admin COMMAND [args] [flags]: operator commands on the store's tables
+// adminUsage is the admin command's help (its defaults are serve's).
+var adminUsage = fmt.Sprintf(`sequencer admin COMMAND [args] [flags]: operator commands on the store's tables
 
 Commands:
   members                 member rows: state (live, leaving, expired), lease left, leases held
@@ -32,12 +33,12 @@ Commands:
 
 Flags of every command (--store and --partitions also from the environment, as for serve):
   --store       [SEQUENCER_STORE]       the store, as for serve (postgres://... or a path / sqlite:PATH)
-  --partitions  [SEQUENCER_PARTITIONS]  the nodes' --partitions (default 271)
+  --partitions  [SEQUENCER_PARTITIONS]  the nodes' --partitions (default %d)
   --json                                machine-readable output
 
 Cluster commands (members, partitions, route, drain, forget) need PostgreSQL.
 See docs/OPERATIONS.md.
-`
+`, server.DefaultConfig().Partitions)
 
 // adminCmd runs `sequencer admin ...`.
 func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) string) error {
@@ -59,7 +60,7 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	fs := flag.NewFlagSet("admin "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := fs.String("store", "./data", "postgres://... DSN, or a file path / sqlite:PATH for the embedded store")
-	partitions := fs.Int("partitions", ring.DefaultPartitions, "the ring's partition count: the nodes' --partitions")
+	partitions := fs.Int("partitions", server.DefaultConfig().Partitions, "the ring's partition count: the nodes' --partitions")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	var force *bool
 	var wait *time.Duration

@@ -97,13 +97,13 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 }
 
 // serveFlags binds every server.Config field to a flag (and its environment
-// variable). Defaults shown are server.Config's.
+// variable). Every default is server.DefaultConfig()'s (TestServeFlagDefaults).
 func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
-	d := server.Config{NodeID: "x"}.WithDefaults()
+	d := server.DefaultConfig()
 	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics and the web console /console/ unless --admin-listen)")
 	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); embedded store: sqlite:PATH or a path without ://; anything else is refused")
-	fs.StringVar(&c.ClusterListen, "cluster-listen", "", "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
-	fs.StringVar(&c.NodeID, "node-id", "", "stable name of this node in the cluster (default: hostname plus a random suffix)")
+	fs.StringVar(&c.ClusterListen, "cluster-listen", d.ClusterListen, "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
+	fs.StringVar(&c.NodeID, "node-id", d.NodeID, "stable name of this node in the cluster (default: hostname plus a random suffix)")
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
 	fs.IntVar(&c.MaxBatchBytes, "max-batch-bytes", d.MaxBatchBytes, "largest SendBatch request in bytes (larger: invalid_argument)")
 	fs.DurationVar(&c.PassivateAfter, "passivate-after", d.PassivateAfter, "stop a conversation actor after it idled this long")
@@ -117,30 +117,32 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.DurationVar(&c.CommitTimeout, "commit-timeout", d.CommitTimeout, "bound on one store commit; past it the outcome is re-read from the store")
 	fs.DurationVar(&c.WorkerLeaseTTL, "worker-lease-ttl", d.WorkerLeaseTTL, "lifetime of the snowflake worker-id lease without renewal")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", d.DrainTimeout, "bound on the graceful stop after SIGTERM")
-	fs.StringVar(&c.ClusterAdvertise, "cluster-advertise", "", "inter-node address other nodes dial (default: the address --cluster-listen bound)")
-	fs.StringVar(&c.ClusterTLSCert, "cluster-tls-cert", "", "cluster: this node's certificate (PEM) for mutual TLS between nodes (with --cluster-tls-key and --cluster-ca)")
-	fs.StringVar(&c.ClusterTLSKey, "cluster-tls-key", "", "cluster: the private key (PEM) of --cluster-tls-cert")
-	fs.StringVar(&c.ClusterCA, "cluster-ca", "", "cluster: CA certificate (PEM); nodes accept and dial only peers whose certificate chains to it")
-	fs.BoolVar(&c.ClusterInsecure, "cluster-insecure", false, "cluster: allow a non-loopback --cluster-listen without TLS (plain HTTP/2; refused otherwise)")
+	fs.StringVar(&c.ClusterAdvertise, "cluster-advertise", d.ClusterAdvertise, "inter-node address other nodes dial (default: the address --cluster-listen bound)")
+	fs.StringVar(&c.ClusterTLSCert, "cluster-tls-cert", d.ClusterTLSCert, "cluster: this node's certificate (PEM) for mutual TLS between nodes (with --cluster-tls-key and --cluster-ca)")
+	fs.StringVar(&c.ClusterTLSKey, "cluster-tls-key", d.ClusterTLSKey, "cluster: the private key (PEM) of --cluster-tls-cert")
+	fs.StringVar(&c.ClusterCA, "cluster-ca", d.ClusterCA, "cluster: CA certificate (PEM); nodes accept and dial only peers whose certificate chains to it")
+	fs.BoolVar(&c.ClusterInsecure, "cluster-insecure", d.ClusterInsecure, "cluster: allow a non-loopback --cluster-listen without TLS (plain HTTP/2; refused otherwise)")
 	fs.DurationVar(&c.MemberTTL, "member-ttl", d.MemberTTL, "cluster: a node silent this long is presumed dead and its conversations move (failover time)")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", d.Heartbeat, "cluster: membership lease renewal interval (member-ttl must exceed 2x heartbeat)")
 	fs.IntVar(&c.Partitions, "partitions", d.Partitions, "cluster: fixed partition count of the ring, the same on every node")
 	fs.DurationVar(&c.HandoffWait, "handoff-wait", d.HandoffWait, "cluster: how long a send waits for a moving conversation before unavailable")
 	fs.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.BoolVar(&c.Pprof, "pprof", false, "serve Go's /debug/pprof/ profiles with the health endpoints (use with --admin-listen: they are not behind the API token)")
+	fs.BoolVar(&c.Pprof, "pprof", d.Pprof, "serve Go's /debug/pprof/ profiles with the health endpoints (use with --admin-listen: they are not behind the API token)")
+	c.Retention = d.Retention
 	fs.Var(admin.Duration{D: &c.Retention}, "retention", "delete messages older than this (90d, 36h; heads are kept, seqs never go back); 0 keeps everything")
-	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate: serve the API with TLS (HTTP/2 via ALPN and HTTP/1.1); re-read on SIGHUP")
-	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
-	fs.StringVar(&c.ClientCA, "client-ca", "", "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
-	fs.StringVar(&c.AuthTokenFile, "auth-token-file", "", "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
-	fs.StringVar(&c.AdminListen, "admin-listen", "", "address for /healthz, /readyz, /metrics and the web console /console/ (they then leave --listen)")
+	fs.StringVar(&c.TLSCert, "tls-cert", d.TLSCert, "PEM certificate: serve the API with TLS (HTTP/2 via ALPN and HTTP/1.1); re-read on SIGHUP")
+	fs.StringVar(&c.TLSKey, "tls-key", d.TLSKey, "PEM private key of --tls-cert")
+	fs.StringVar(&c.ClientCA, "client-ca", d.ClientCA, "with TLS: require API client certificates signed by this PEM CA (bundle); re-read on SIGHUP")
+	fs.StringVar(&c.AuthTokenFile, "auth-token-file", d.AuthTokenFile, "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
+	fs.StringVar(&c.AdminListen, "admin-listen", d.AdminListen, "address for /healthz, /readyz, /metrics and the web console /console/ (they then leave --listen)")
+	c.CORSOrigins = d.CORSOrigins
 	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
 }
 
 func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg server.Config
+	cfg := server.DefaultConfig() // the fields without a flag keep their default
 	var level string
 	serveFlags(fs, &cfg, &level)
 	format := fs.String("log-format", "text", "text (key=value lines) or json (one JSON object per line)")
@@ -152,7 +154,8 @@ func serve(args []string, stderr io.Writer, getenv func(string) string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	cfg = cfg.WithDefaults()
+	// As given: a flag set to 0 is an error, not its default. An empty
+	// --node-id is generated in server.Run.
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
@@ -191,7 +194,7 @@ const serveGCPercent = 400
 func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	store := fs.String("store", "./data", "postgres://... DSN, or a file path / sqlite:PATH for the embedded store")
+	store := fs.String("store", server.DefaultConfig().Store, "postgres://... DSN, or a file path / sqlite:PATH for the embedded store")
 	fs.Usage = usageWithEnv(fs, "sequencer migrate [flags]: apply the store's schema migrations and exit")
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err

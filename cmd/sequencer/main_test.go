@@ -106,6 +106,9 @@ func TestUsageErrorsExit2WithOneLine(t *testing.T) {
 		"client-ca no tls":  {[]string{"serve", "--client-ca", "ca.pem"}, nil, "client-ca"},
 		"bad cors origin":   {[]string{"serve", "--cors-origins", "app.example.com"}, nil, "cors-origins"},
 		"bad log level":     {[]string{"serve", "--log-level", "loud"}, nil, "log-level"},
+		"zero count":        {[]string{"serve", "--commit-workers", "0"}, nil, "commit-workers 0: must be >= 1"},
+		"zero duration env": {[]string{"serve"}, map[string]string{"SEQUENCER_HEARTBEAT": "0s"}, "heartbeat 0s: must be > 0"},
+		"ttl under 2 beats": {[]string{"serve", "--member-ttl", "400ms"}, nil, "member-ttl 400ms: must exceed twice heartbeat (250ms)"},
 		"unknown command":   {[]string{"frobnicate"}, nil, "unknown command"},
 	} {
 		var out, errb bytes.Buffer
