@@ -62,9 +62,17 @@ type Config struct {
 	// MaxConversations bounds the live conversation actors. Default
 	// 1,000,000.
 	MaxConversations int
-	// StoreConns is the PostgreSQL pool size (commits, reads, the worker-id
-	// lease and the membership share it). Default 8.
+	// StoreConns is the size of the PostgreSQL read pool (pulls, lookups,
+	// head loads, retention). Default 8.
 	StoreConns int
+	// StoreCommitConns is the size of the PostgreSQL commit pool, used by
+	// commits only, so reads never delay them. 0 (the default) means
+	// CommitWorkers.
+	StoreCommitConns int
+	// StoreControlConns is the size of the PostgreSQL control pool: cluster
+	// membership heartbeats and partition leases, the worker-id lease, so
+	// that reads and commits cannot starve them. 0 (the default) means 2.
+	StoreControlConns int
 	// CommitTimeout bounds one store commit; past it the outcome is unknown
 	// and the conversation re-reads the store. Default 5s.
 	CommitTimeout time.Duration

@@ -145,7 +145,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
-		Postgres: postgres.Options{MaxConns: int32(cfg.StoreConns)}})
+		Postgres: storePools(cfg)})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -260,6 +260,17 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
+// storePools sizes the PostgreSQL store's pools: reads StoreConns, commits
+// StoreCommitConns (default: one per commit worker), control
+// StoreControlConns (default 2, postgres.Options).
+func storePools(cfg Config) postgres.Options {
+	commits := cfg.StoreCommitConns
+	if commits <= 0 {
+		commits = cfg.CommitWorkers
+	}
+	return postgres.Options{MaxConns: int32(cfg.StoreConns), CommitConns: int32(commits), ControlConns: int32(cfg.StoreControlConns)}
+}
+
 // registerGauges registers the gauges read on every scrape: pending sends
 // and bytes against their limits, the group-commit queue, the PostgreSQL
 // pools and (in cluster mode) the heartbeat age and the partitions moving.
@@ -270,10 +281,12 @@ func (s *Server) registerGauges() {
 	})
 	s.metrics.CommitQueue(func() int { return s.node.Stats().CommitQueue })
 	if pg, ok := s.store.(*postgres.Store); ok {
-		s.metrics.StorePool("main", func() metrics.PoolStat {
-			st := pg.PoolStats()
-			return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
-		})
+		for _, name := range []string{"read", "commit", "control"} {
+			s.metrics.StorePool(name, func() metrics.PoolStat {
+				st := pg.PoolStats()[name]
+				return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
+			})
+		}
 	}
 	if c := s.cluster; c != nil {
 		s.metrics.ClusterState(

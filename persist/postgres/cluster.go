@@ -56,9 +56,11 @@ const (
 	DefaultStuckAfter = time.Second
 )
 
-// Cluster returns the membership table of this store's database (same pool).
+// Cluster returns the membership table of this store's database, on the
+// store's control pool (reads and commits cannot starve heartbeats), which
+// follows the same server as the other pools.
 func (s *Store) Cluster() *ClusterStore {
-	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
+	return &ClusterStore{pool: s.control, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
 }
 
 // WithClock returns a copy of c that reads time from clk instead of the
