@@ -13,6 +13,9 @@
 // written), and a lost connection, timeout or cancel once COMMIT is on its
 // way is sequencer.ErrUnknownOutcome.
 //
+// It keeps three connection pools (reads, commits, control: Options) that
+// follow one server through a primary switch (primary.go).
+//
 // It never assigns seqs or msg_ids and never decides ownership; it only
 // refuses commits that would break contiguity, uniqueness or fencing.
 //
