@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
@@ -297,5 +298,49 @@ func TestPrimaryTrackerRules(t *testing.T) {
 				t.Fatalf("after connecting to %v: connection to %v usable %v", step.connect, id, p.isCurrent(id))
 			}
 		}
+	}
+}
+
+// On a server that refuses the control and WAL functions to the store's
+// role (some managed services), the store still works: its servers are
+// then known by their start time alone.
+func TestServerIdentityWithoutControlFunctions(t *testing.T) {
+	srv := pgtest.StartServer(t) // private: its privileges change
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{
+		"REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC",
+		"CREATE ROLE app LOGIN",
+		"GRANT CREATE ON SCHEMA public TO app",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u, err := url.Parse(srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("app")
+	st, err := Open(ctx, u.String(), Options{})
+	if err != nil {
+		t.Fatalf("open as a role without pg_control_system: %v", err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Commit(ctx, []persist.ConvBatch{msgs("c", 0, 1, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := st.LoadHead(ctx, "c"); err != nil || h != 1 {
+		t.Fatalf("head %d, %v; want 1", h, err)
+	}
+	if cur := st.primary.Current(); cur.system != "" || cur.timeline != 0 || cur.started == "" {
+		t.Fatalf("server identity %v, want the start time alone", cur)
 	}
 }

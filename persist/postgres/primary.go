@@ -65,11 +65,20 @@ const serverIDKey = "sequencer.server"
 // already uses (a demoted primary).
 var errOlderTimeline = errors.New("postgres: server is on an older timeline than the current primary (a demoted primary)")
 
+// serverStartSQL is the fallback of serverIDSQL on a server that refuses
+// the control or WAL functions (some managed services): the server is then
+// known by its start time only, and no timeline is compared.
+const serverStartSQL = `SELECT '', '0', extract(epoch FROM pg_postmaster_start_time())::text`
+
 // readServerID reads and returns c's serverID.
 func readServerID(ctx context.Context, c *pgconn.PgConn) (serverID, error) {
 	res, err := c.Exec(ctx, serverIDSQL).ReadAll()
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		res, err = c.Exec(ctx, serverStartSQL).ReadAll()
+	}
 	if err != nil {
-		return serverID{}, err
+		return serverID{}, fmt.Errorf("postgres: read the server's identity: %w", err)
 	}
 	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 3 {
 		return serverID{}, errors.New("postgres: unreadable server identity")
