@@ -254,6 +254,13 @@ func forFailover(cfg *pgxpool.Config, primary *primaryTracker) {
 		return nil
 	}
 	cfg.PrepareConn = primary.usable
+	// pgxpool pings a connection idle for more than 1s before PrepareConn
+	// sees it; a connection to a server that is no longer current is not
+	// pinged (its server may be silent: the ping would wait PingTimeout)
+	// but destroyed by PrepareConn.
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Second && primary.isCurrent(serverOf(p.Conn.PgConn()))
+	}
 	// A server that refuses writes (a primary demoted or fenced read-only,
 	// or a standby reached without target_session_attrs=read-write)
 	// answers read_only_sql_transaction: drop the connection, so the next
