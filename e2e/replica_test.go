@@ -123,13 +123,18 @@ func (p *probe) ackedAfter(t time.Time) bool {
 // is a primary with a synchronous standby behind a multi-host DSN, loses the
 // primary, promotes the standby, and checks: sends recover without
 // restarting any node, every acked message is on the new primary, and every
-// conversation's seqs are 1..head. Two ways to lose the primary:
+// conversation's seqs are 1..head. Three ways to lose the primary:
 //   - kill9: SIGKILL to the postmaster and its backends (a crashed host:
 //     connections are reset at once); one node;
-//   - frozen: SIGSTOP to every process of the primary (a paused VM or a host
+//   - frozen: SIGSTOP to the primary's postmaster only: new dials hang, but
+//     the established sessions keep running on the old data (reads answer,
+//     commits wait for the gone standby), so the nodes must stop using them
+//     once the new primary is reached; two nodes in cluster mode, so
+//     membership heartbeats and partition fences ride through the switch
+//     too;
+//   - paused: SIGSTOP to every process of the primary (a paused VM or a host
 //     cut off without resets: connections and new dials hang); two nodes in
-//     cluster mode, so membership heartbeats and partition fences ride
-//     through the switch too.
+//     cluster mode.
 func TestPostgresPrimarySwitchSync(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -138,6 +143,7 @@ func TestPostgresPrimarySwitchSync(t *testing.T) {
 	}{
 		{"kill9", false, func(p *pgtest.Node) { p.Kill9() }},
 		{"frozen", true, func(p *pgtest.Node) { p.Freeze() }},
+		{"paused", true, func(p *pgtest.Node) { p.FreezeAll() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary, standby, dsn := replicaPair(t, true)

@@ -153,7 +153,7 @@ type PoolStat struct {
 }
 
 // StorePool reports sequencer_store_pool_{acquired,idle,total,max}_conns
-// {pool=name} for one PostgreSQL connection pool ("main": the store's pool).
+// {pool=name} for one PostgreSQL connection pool ("read", "commit" or "control").
 func (s *Set) StorePool(name string, stat func() PoolStat) {
 	if s == nil {
 		return
@@ -165,7 +165,7 @@ func (s *Set) StorePool(name string, stat func() PoolStat) {
 		func() float64 { return float64(stat().Idle) })
 	s.gaugeFunc("sequencer_store_pool_total_conns", "PostgreSQL connections open (acquired, idle and being opened), by pool.", l,
 		func() float64 { return float64(stat().Total) })
-	s.gaugeFunc("sequencer_store_pool_max_conns", "PostgreSQL pool size, by pool (--store-conns for main).", l,
+	s.gaugeFunc("sequencer_store_pool_max_conns", "PostgreSQL pool size, by pool (--store-conns for read, --store-commit-conns, --store-control-conns).", l,
 		func() float64 { return float64(stat().Max) })
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/persist/open"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -65,9 +67,17 @@ type Config struct {
 	MaxPendingBytes int
 	// MaxConversations bounds the live conversation actors.
 	MaxConversations int
-	// StoreConns is the PostgreSQL pool size (commits, reads, the worker-id
-	// lease and the membership share it).
+	// StoreConns is the size of the PostgreSQL read pool (pulls, lookups,
+	// head loads, retention).
 	StoreConns int
+	// StoreCommitConns is the size of the PostgreSQL commit pool, used by
+	// commits only, so reads never delay them. 0 (the default) means
+	// CommitWorkers.
+	StoreCommitConns int
+	// StoreControlConns is the size of the PostgreSQL control pool: cluster
+	// membership heartbeats and partition leases, the worker-id lease and
+	// Settle, so that reads and commits cannot starve them.
+	StoreControlConns int
 	// CommitTimeout bounds one store commit; past it the outcome is unknown
 	// and the conversation re-reads the store.
 	CommitTimeout time.Duration
@@ -145,27 +155,29 @@ const minRetention = time.Hour
 // the hostname plus a random suffix).
 func DefaultConfig() Config {
 	a, ap, cl, wl := actor.DefaultConfig(), api.DefaultConfig(), cluster.DefaultConfig(), idgen.DefaultLeaseConfig()
+	pg := postgres.DefaultOptions()
 	return Config{
-		Listen:           "127.0.0.1:7070",
-		Store:            "./data",
-		MaxBody:          ap.MaxBody,
-		MaxBatchBytes:    ap.MaxBatchBytes,
-		PassivateAfter:   a.PassivateAfter,
-		CommitWorkers:    a.CommitWorkers,
-		MaxBatchMessages: a.MaxBatchMessages,
-		MaxQueuePerConv:  a.MaxQueuePerConv,
-		MaxPending:       a.MaxPending,
-		MaxPendingBytes:  int(a.MaxPendingBytes),
-		MaxConversations: a.MaxConversations,
-		StoreConns:       8,
-		CommitTimeout:    a.CommitTimeout,
-		WorkerLeaseTTL:   wl.TTL,
-		DrainTimeout:     30 * time.Second,
-		MemberTTL:        cl.MemberTTL,
-		Heartbeat:        cl.Heartbeat,
-		Partitions:       cl.Ring.Partitions,
-		HandoffWait:      cl.HandoffWait,
-		RetentionEvery:   time.Hour,
+		Listen:            "127.0.0.1:7070",
+		Store:             "./data",
+		MaxBody:           ap.MaxBody,
+		MaxBatchBytes:     ap.MaxBatchBytes,
+		PassivateAfter:    a.PassivateAfter,
+		CommitWorkers:     a.CommitWorkers,
+		MaxBatchMessages:  a.MaxBatchMessages,
+		MaxQueuePerConv:   a.MaxQueuePerConv,
+		MaxPending:        a.MaxPending,
+		MaxPendingBytes:   int(a.MaxPendingBytes),
+		MaxConversations:  a.MaxConversations,
+		StoreConns:        int(pg.MaxConns),
+		StoreControlConns: int(pg.ControlConns),
+		CommitTimeout:     a.CommitTimeout,
+		WorkerLeaseTTL:    wl.TTL,
+		DrainTimeout:      30 * time.Second,
+		MemberTTL:         cl.MemberTTL,
+		Heartbeat:         cl.Heartbeat,
+		Partitions:        cl.Ring.Partitions,
+		HandoffWait:       cl.HandoffWait,
+		RetentionEvery:    time.Hour,
 	}
 }
 
@@ -277,6 +289,8 @@ func (c Config) Validate() error {
 	}
 	ch := conf.Checker{}
 	conf.Positive(&ch, "store-conns", c.StoreConns)
+	conf.Range(&ch, "store-commit-conns", c.StoreCommitConns, 0, math.MaxInt32)
+	conf.Positive(&ch, "store-control-conns", c.StoreControlConns)
 	conf.Range(&ch, "partitions", c.Partitions, 1, ring.MaxPartitions)
 	conf.PositiveDuration(&ch, "drain-timeout", c.DrainTimeout)
 	conf.PositiveDuration(&ch, "RetentionEvery", c.RetentionEvery)

@@ -162,25 +162,26 @@ func TestComponentValidateNamesTheBadField(t *testing.T) {
 // with WithDefaults first; `serve --max-pending 0` is an error).
 func TestServerValidateNamesTheFlag(t *testing.T) {
 	for flag, set := range map[string]func(*Config, int){
-		"max-body":           func(c *Config, v int) { c.MaxBody = v },
-		"max-batch-bytes":    func(c *Config, v int) { c.MaxBatchBytes = v },
-		"passivate-after":    func(c *Config, v int) { c.PassivateAfter = time.Duration(v) },
-		"commit-workers":     func(c *Config, v int) { c.CommitWorkers = v },
-		"max-batch-messages": func(c *Config, v int) { c.MaxBatchMessages = v },
-		"max-queue-per-conv": func(c *Config, v int) { c.MaxQueuePerConv = v },
-		"max-pending":        func(c *Config, v int) { c.MaxPending = v },
-		"max-pending-bytes":  func(c *Config, v int) { c.MaxPendingBytes = v },
-		"max-conversations":  func(c *Config, v int) { c.MaxConversations = v },
-		"store-conns":        func(c *Config, v int) { c.StoreConns = v },
-		"commit-timeout":     func(c *Config, v int) { c.CommitTimeout = time.Duration(v) },
-		"worker-lease-ttl":   func(c *Config, v int) { c.WorkerLeaseTTL = time.Duration(v) },
-		"drain-timeout":      func(c *Config, v int) { c.DrainTimeout = time.Duration(v) },
-		"member-ttl":         func(c *Config, v int) { c.MemberTTL = time.Duration(v) },
-		"heartbeat":          func(c *Config, v int) { c.Heartbeat = time.Duration(v) },
-		"partitions":         func(c *Config, v int) { c.Partitions = v },
-		"handoff-wait":       func(c *Config, v int) { c.HandoffWait = time.Duration(v) },
-		"RetentionEvery":     func(c *Config, v int) { c.RetentionEvery = time.Duration(v) },
-		"retention":          func(c *Config, v int) { c.Retention = time.Duration(v) },
+		"max-body":            func(c *Config, v int) { c.MaxBody = v },
+		"max-batch-bytes":     func(c *Config, v int) { c.MaxBatchBytes = v },
+		"passivate-after":     func(c *Config, v int) { c.PassivateAfter = time.Duration(v) },
+		"commit-workers":      func(c *Config, v int) { c.CommitWorkers = v },
+		"max-batch-messages":  func(c *Config, v int) { c.MaxBatchMessages = v },
+		"max-queue-per-conv":  func(c *Config, v int) { c.MaxQueuePerConv = v },
+		"max-pending":         func(c *Config, v int) { c.MaxPending = v },
+		"max-pending-bytes":   func(c *Config, v int) { c.MaxPendingBytes = v },
+		"max-conversations":   func(c *Config, v int) { c.MaxConversations = v },
+		"store-conns":         func(c *Config, v int) { c.StoreConns = v },
+		"store-control-conns": func(c *Config, v int) { c.StoreControlConns = v },
+		"commit-timeout":      func(c *Config, v int) { c.CommitTimeout = time.Duration(v) },
+		"worker-lease-ttl":    func(c *Config, v int) { c.WorkerLeaseTTL = time.Duration(v) },
+		"drain-timeout":       func(c *Config, v int) { c.DrainTimeout = time.Duration(v) },
+		"member-ttl":          func(c *Config, v int) { c.MemberTTL = time.Duration(v) },
+		"heartbeat":           func(c *Config, v int) { c.Heartbeat = time.Duration(v) },
+		"partitions":          func(c *Config, v int) { c.Partitions = v },
+		"handoff-wait":        func(c *Config, v int) { c.HandoffWait = time.Duration(v) },
+		"RetentionEvery":      func(c *Config, v int) { c.RetentionEvery = time.Duration(v) },
+		"retention":           func(c *Config, v int) { c.Retention = time.Duration(v) },
 	} {
 		for _, v := range []int{0, -1} {
 			if flag == "retention" && v == 0 {
@@ -202,6 +203,11 @@ func TestServerValidateNamesTheFlag(t *testing.T) {
 		}
 	}
 	c := DefaultConfig()
+	c.StoreCommitConns = -1 // 0 means one per commit worker
+	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "store-commit-conns -1") {
+		t.Errorf("store-commit-conns -1: %v", err)
+	}
+	c = DefaultConfig()
 	c.MemberTTL, c.Heartbeat = 2*time.Second, time.Second
 	if err := c.Validate(); err == nil || err.Error() != "member-ttl 2s: must exceed twice heartbeat (1s)" {
 		t.Errorf("ttl vs heartbeat: %v", err)

@@ -50,10 +50,11 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 }
 
 // The per-scrape gauges of a clustered PostgreSQL node: pending against the
-// limits, the commit queue, both pools, the heartbeat age and the
+// limits, the commit queue, the three pools, the heartbeat age and the
 // partitions moving (all of them, until this only node holds them).
 func TestGaugesOfAClusteredNode(t *testing.T) {
 	s := start(t, Config{Store: pgtest.NewDatabase(t), ClusterListen: "127.0.0.1:0", StoreConns: 5,
+		CommitWorkers: 3, StoreControlConns: 1,
 		MaxPending: 1234, MaxPendingBytes: 5 << 20}, nil)
 	for _, c := range []struct {
 		name   string
@@ -65,13 +66,15 @@ func TestGaugesOfAClusteredNode(t *testing.T) {
 		{"sequencer_pending_bytes", nil, 0},
 		{"sequencer_pending_bytes_limit", nil, 5 << 20},
 		{"sequencer_commit_queue_batches", nil, 0},
-		{"sequencer_store_pool_max_conns", []string{"pool", "main"}, 5},
+		{"sequencer_store_pool_max_conns", []string{"pool", "read"}, 5},
+		{"sequencer_store_pool_max_conns", []string{"pool", "commit"}, 3}, // StoreCommitConns 0: CommitWorkers
+		{"sequencer_store_pool_max_conns", []string{"pool", "control"}, 1},
 	} {
 		if v, ok := gauge(t, s, c.name, c.labels...); !ok || v != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, v, ok, c.want)
 		}
 	}
-	for _, pool := range []string{"main"} {
+	for _, pool := range []string{"read", "commit", "control"} {
 		total, ok := gauge(t, s, "sequencer_store_pool_total_conns", "pool", pool)
 		acq, _ := gauge(t, s, "sequencer_store_pool_acquired_conns", "pool", pool)
 		idle, _ := gauge(t, s, "sequencer_store_pool_idle_conns", "pool", pool)

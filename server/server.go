@@ -145,7 +145,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
-		Postgres: postgres.Options{MaxConns: int32(cfg.StoreConns)}})
+		Postgres: storePools(cfg)})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -250,20 +250,35 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
+// storePools sizes the PostgreSQL store's pools: reads StoreConns, commits
+// StoreCommitConns (0: one per commit worker), control StoreControlConns.
+func storePools(cfg Config) postgres.Options {
+	commits := cfg.StoreCommitConns
+	if commits <= 0 {
+		commits = cfg.CommitWorkers
+	}
+	return postgres.Options{MaxConns: int32(cfg.StoreConns), CommitConns: int32(commits), ControlConns: int32(cfg.StoreControlConns)}
+}
+
 // registerGauges registers the gauges read on every scrape: pending sends
 // and bytes against their limits, the group-commit queue, the PostgreSQL
 // pools and (in cluster mode) the heartbeat age and the partitions moving.
+// poolReporter is the capability of a store with connection pools
+// (PostgreSQL) to report them for the sequencer_store_pool_* gauges.
+type poolReporter interface {
+	StorePool(name string) metrics.PoolStat
+}
+
 func (s *Server) registerGauges() {
 	s.metrics.Pending(func() (int64, int64, int64, int64) {
 		l := s.node.Stats()
 		return l.Pending, l.MaxPending, l.PendingBytes, l.MaxPendingBytes
 	})
 	s.metrics.CommitQueue(func() int { return s.node.Stats().CommitQueue })
-	if pg, ok := s.store.(*postgres.Store); ok {
-		s.metrics.StorePool("main", func() metrics.PoolStat {
-			st := pg.PoolStats()
-			return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
-		})
+	if pools, ok := s.store.(poolReporter); ok {
+		for _, name := range postgres.PoolNames {
+			s.metrics.StorePool(name, func() metrics.PoolStat { return pools.StorePool(name) })
+		}
 	}
 	if c := s.cluster; c != nil {
 		s.metrics.ClusterState(

@@ -1,11 +1,14 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -29,6 +32,8 @@ type Node struct {
 	port  int
 	extra []string
 	cur   *localServer
+	// stopped: processes FreezeAll stopped (Thaw and Stop resume them).
+	stopped []int
 }
 
 // StartPrimary initdb's and starts a server that accepts streaming
@@ -139,9 +144,12 @@ func (n *Node) DSN(db string) string {
 }
 
 // Kill9 loses the server the way a crashed machine does: SIGKILL to the
-// postmaster and, at once, to every process of its process group (its
-// backends, WAL sender and writer), so no orphaned backend can finish a
-// transaction afterwards. It returns when the postmaster is gone.
+// postmaster and to every process it forked (its backends, WAL sender and
+// writer), so no orphaned backend can finish a transaction afterwards.
+// PostgreSQL puts each child in a session of its own (setsid), so a signal
+// to the postmaster's process group would reach the postmaster alone: the
+// children are found by their parent pid, with the postmaster stopped first
+// so it forks no more. It returns when the postmaster is gone.
 func (n *Node) Kill9() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -149,10 +157,40 @@ func (n *Node) Kill9() {
 		return
 	}
 	pid := n.cur.cmd.Process.Pid
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	for _, c := range childrenOf(pid) {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	<-n.cur.done
 	n.cur = nil
+	n.stopped = nil
+}
+
+// childrenOf lists the pids whose parent is pid (from /proc).
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 2 && f[1] == strconv.Itoa(pid) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Stop shuts the server down (fast shutdown), keeping its data. A frozen
@@ -161,9 +199,7 @@ func (n *Node) Stop() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cur != nil {
-		if n.cur.cmd.Process != nil {
-			_ = syscall.Kill(-n.cur.cmd.Process.Pid, syscall.SIGCONT)
-		}
+		n.thawLocked()
 		n.cur.halt()
 		n.cur = nil
 	}
@@ -261,23 +297,51 @@ func (n *Node) Log() string {
 	return lastLines(out, 40)
 }
 
-// Freeze stops every process of the server (SIGSTOP to its process group):
-// the port still accepts TCP connections (the kernel queues them) but
-// nothing answers, like a paused VM or a host cut off behind a silent
-// network. Thaw or Kill9 ends it.
+// Freeze stops the postmaster (SIGSTOP): the port still accepts TCP
+// connections (the kernel queues them) but no new session starts. The
+// sessions already established keep running (each backend is a process of
+// its own session), with the old primary's data: they answer reads, and
+// with a synchronous standby gone their commits wait forever. That is an
+// old primary after a switch whose listener is cut off but whose clients
+// still reach it: the case where a client must not keep reading from it.
+// Thaw or Kill9 ends it.
 func (n *Node) Freeze() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cur != nil && n.cur.cmd.Process != nil {
-		_ = syscall.Kill(-n.cur.cmd.Process.Pid, syscall.SIGSTOP)
+		pid := n.cur.cmd.Process.Pid
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+		n.stopped = append(n.stopped, pid)
 	}
 }
 
-// Thaw resumes a frozen server (SIGCONT to its process group).
-func (n *Node) Thaw() {
+// FreezeAll stops the postmaster and every process it forked (SIGSTOP), as
+// a paused VM or a host cut off without resets: connections and new dials
+// hang, nothing answers. Thaw or Kill9 ends it.
+func (n *Node) FreezeAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cur != nil && n.cur.cmd.Process != nil {
-		_ = syscall.Kill(-n.cur.cmd.Process.Pid, syscall.SIGCONT)
+		pid := n.cur.cmd.Process.Pid
+		_ = syscall.Kill(pid, syscall.SIGSTOP) // forks no more
+		n.stopped = append(n.stopped, pid)
+		for _, c := range childrenOf(pid) {
+			_ = syscall.Kill(c, syscall.SIGSTOP)
+			n.stopped = append(n.stopped, c)
+		}
 	}
+}
+
+// Thaw resumes what Freeze or FreezeAll stopped (SIGCONT).
+func (n *Node) Thaw() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.thawLocked()
+}
+
+func (n *Node) thawLocked() {
+	for _, pid := range n.stopped {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
+	n.stopped = nil
 }

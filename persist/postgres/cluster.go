@@ -59,9 +59,11 @@ const (
 	DefaultStuckAfter = time.Second
 )
 
-// Cluster returns the membership table of this store's database (same pool).
+// Cluster returns the membership table of this store's database, on the
+// store's control pool (reads and commits cannot starve heartbeats), which
+// follows the same server as the other pools.
 func (s *Store) Cluster() *ClusterStore {
-	return &ClusterStore{pool: s.pool, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
+	return &ClusterStore{pool: s.control, lockTimeout: DefaultLockTimeout, stuckAfter: DefaultStuckAfter}
 }
 
 // Membership is Cluster as the membership.Store a cluster node needs (the

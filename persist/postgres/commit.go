@@ -172,7 +172,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if len(batches) == 0 {
 		return nil
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.commits.Acquire(ctx)
 	if err != nil {
 		return unavailable("commit: acquire connection", err)
 	}

@@ -286,7 +286,7 @@ func TestReadOnlyServerDropsConnection(t *testing.T) {
 	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
 		t.Fatalf("commit on a read-only server: %v, want ErrStoreUnavailable", err)
 	}
-	for st.pool.Stat().TotalConns() != 0 {
+	for st.commits.Stat().TotalConns() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the connection to the read-only server is still pooled")
 		}

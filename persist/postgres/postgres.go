@@ -13,6 +13,9 @@
 // written), and a lost connection, timeout or cancel once COMMIT is on its
 // way is sequencer.ErrUnknownOutcome.
 //
+// It keeps three connection pools (reads, commits, control: Options) that
+// follow one server through a primary switch (primary.go).
+//
 // It never assigns seqs or msg_ids and never decides ownership; it only
 // refuses commits that would break contiguity, uniqueness or fencing.
 //
@@ -37,14 +40,31 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-// Options configures a Store. The zero value is usable.
+// Options configures a Store. The zero value is usable: zero pool sizes are
+// DefaultOptions'.
+//
+// The store keeps three connection pools, so that one kind of work cannot
+// take the connections of another: reads (MaxConns), commits
+// (CommitConns) and control (ControlConns: cluster membership heartbeats,
+// partition leases, the worker-id lease, settling unknown commits). All
+// three follow the same server after a primary switch (primary.go).
 type Options struct {
-	// MaxConns is the pool size. Default 8 (group-commit writers plus
-	// reads).
+	// MaxConns is the read pool's size: Pull (ReadRange), lookups, head
+	// loads, retention.
 	MaxConns int32
+	// CommitConns is the commit pool's size: only Commit uses it, so a
+	// burst of reads never delays a commit. Give it at least as many
+	// connections as commits run in parallel (the group-commit workers).
+	CommitConns int32
+	// ControlConns is the control pool's size: cluster membership
+	// (heartbeats, joins, partition leases), the worker-id lease and
+	// Settle, so that neither reads nor commits can starve a heartbeat and
+	// make a healthy node look dead.
+	ControlConns int32
 	// ConnectTimeout bounds one connection attempt to one host of the DSN
 	// (dial, TLS, authentication, the target_session_attrs check). With a
 	// multi-host DSN every new connection tries the hosts in order, so a
@@ -66,9 +86,22 @@ type Options struct {
 	IdleInTxTimeout time.Duration
 }
 
+// DefaultOptions returns the default pool sizes (every other zero field
+// has its documented default).
+func DefaultOptions() Options {
+	return Options{MaxConns: 8, CommitConns: 4, ControlConns: 2}
+}
+
 func (o Options) withDefaults() Options {
+	d := DefaultOptions()
 	if o.MaxConns <= 0 {
-		o.MaxConns = 8
+		o.MaxConns = d.MaxConns
+	}
+	if o.CommitConns <= 0 {
+		o.CommitConns = d.CommitConns
+	}
+	if o.ControlConns <= 0 {
+		o.ControlConns = d.ControlConns
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 2 * time.Second
@@ -101,8 +134,11 @@ const copyMinRows = 1000
 
 // Store is a persist.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	mode insertMode
+	pool    *pgxpool.Pool // reads (Options.MaxConns)
+	commits *pgxpool.Pool // Commit (Options.CommitConns)
+	control *pgxpool.Pool // membership, worker-id lease, Settle (Options.ControlConns)
+	primary *primaryTracker
+	mode    insertMode
 
 	settleMu  sync.Mutex
 	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
@@ -125,7 +161,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
 	}
-	cfg.MaxConns = opts.MaxConns
 	if cfg.ConnConfig.ConnectTimeout <= 0 { // not set by the DSN
 		cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	}
@@ -134,16 +169,32 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
 	cfg.PingTimeout = opts.PingTimeout
-	forFailover(cfg)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open pool: %v", err))
+	primary := newPrimaryTracker()
+	forFailover(cfg, primary)
+	// The three pools share the hooks (and with them the host preference
+	// and the current server).
+	s := &Store{primary: primary}
+	for _, p := range []struct {
+		pool **pgxpool.Pool
+		name string
+		size int32
+	}{{&s.pool, "read", opts.MaxConns}, {&s.commits, "commit", opts.CommitConns}, {&s.control, "control", opts.ControlConns}} {
+		pc := cfg.Copy()
+		pc.MaxConns = p.size
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			s.Close()
+			return nil, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrStoreUnavailable, fmt.Sprintf("postgres: open %s pool: %v", p.name, err))
+		}
+		*p.pool = pool
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, unavailable("ping", err)
+	for _, p := range []*pgxpool.Pool{s.pool, s.commits, s.control} {
+		if err := p.Ping(ctx); err != nil {
+			s.Close()
+			return nil, unavailable("ping", err)
+		}
 	}
-	return &Store{pool: pool}, nil
+	return s, nil
 }
 
 // forFailover sets the pool up to follow a primary switch behind a
@@ -162,8 +213,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 //   - a connection the pool destroys that is already broken has its socket
 //     closed at once, ending the drain (a healthy one is closed politely);
 //   - new connections try first the host of the newest connection;
-//   - a connection to a server that refuses writes is dropped.
-func forFailover(cfg *pgxpool.Config) {
+//   - a connection to a server that refuses writes is dropped;
+//   - every connection is tagged with its server, and only connections to
+//     the current server (the newest connection's) are handed out;
+//     servers on an older timeline than one seen are refused (primary.go).
+func forFailover(cfg *pgxpool.Config, primary *primaryTracker) {
 	limit := cfg.ConnConfig.ConnectTimeout
 	dial := cfg.ConnConfig.DialFunc
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -181,17 +235,39 @@ func forFailover(cfg *pgxpool.Config) {
 		noCancelRequests(&cc.Config)
 		return nil
 	}
+	// After target_session_attrs' check (if any), per host tried: read the
+	// server's identity, refuse a demoted primary.
+	validate := cfg.ConnConfig.ValidateConnect
+	cfg.ConnConfig.ValidateConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		if validate != nil {
+			if err := validate(ctx, c); err != nil {
+				return err
+			}
+		}
+		return primary.validate(ctx, c)
+	}
 	next := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		pref.connected(c.PgConn().Conn())
 		established(c.PgConn().Conn())
 		if err := c.PgConn().Conn().SetDeadline(time.Time{}); err != nil {
 			return err
 		}
 		if next != nil {
-			return next(ctx, c)
+			if err := next(ctx, c); err != nil {
+				return err
+			}
 		}
+		pref.connected(c.PgConn().Conn())
+		primary.connected(c.PgConn())
 		return nil
+	}
+	cfg.PrepareConn = primary.usable
+	// pgxpool pings a connection idle for more than 1s before PrepareConn
+	// sees it; a connection to a server that is no longer current is not
+	// pinged (its server may be silent: the ping would wait PingTimeout)
+	// but destroyed by PrepareConn.
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Second && primary.isCurrent(serverOf(p.Conn.PgConn()))
 	}
 	// A server that refuses writes (a primary demoted or fenced read-only,
 	// or a standby reached without target_session_attrs=read-write)
@@ -206,7 +282,7 @@ func forFailover(cfg *pgxpool.Config) {
 		return onPgError == nil || onPgError(c, e)
 	}
 	cfg.BeforeClose = func(c *pgx.Conn) {
-		if c.IsClosed() {
+		if stale, _ := c.PgConn().CustomData()[staleKey].(bool); c.IsClosed() || stale {
 			_ = c.PgConn().Conn().Close()
 		}
 	}
@@ -261,14 +337,31 @@ func established(c net.Conn) {
 	}
 }
 
-// Pool exposes the connection pool to packages that keep their own tables in
-// the same database (the cluster's membership and partition leases).
+// Pool exposes the read pool (tests read the tables through it).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// PoolStats returns the state of the connection pool, for metrics.
-func (s *Store) PoolStats() *pgxpool.Stat { return s.pool.Stat() }
+// PoolNames are the store's connection pools, as StorePool names them.
+var PoolNames = []string{"read", "commit", "control"}
 
-// Ping checks the database answers.
+// StorePool reports one pool's connections (name: one of PoolNames) for
+// the sequencer_store_pool_* gauges; the zero PoolStat for another name.
+func (s *Store) StorePool(name string) metrics.PoolStat {
+	var p *pgxpool.Pool
+	switch name {
+	case "read":
+		p = s.pool
+	case "commit":
+		p = s.commits
+	case "control":
+		p = s.control
+	default:
+		return metrics.PoolStat{}
+	}
+	st := p.Stat()
+	return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
+}
+
+// Ping checks the database answers (on the read pool).
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.pool.Ping(ctx); err != nil {
 		return unavailable("ping", err)
@@ -278,7 +371,11 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes every connection.
 func (s *Store) Close() error {
-	s.pool.Close()
+	for _, p := range []*pgxpool.Pool{s.pool, s.commits, s.control} {
+		if p != nil {
+			p.Close()
+		}
+	}
 	return nil
 }
 

@@ -90,7 +90,7 @@ func (s *Store) settleOne(ctx context.Context, b backendKey) error {
 	// terminating it would end the wait and publish a commit no standby has
 	// (a failover would lose it), so it is left to finish: it ends once a
 	// standby confirms, and Settle waits for that.
-	_, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	_, err := s.control.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE pid = $1 AND backend_start = $2 AND wait_event IS DISTINCT FROM 'SyncRep'`,
 		int64(b.pid), b.start)
 	var pg *pgconn.PgError
@@ -99,7 +99,7 @@ func (s *Store) settleOne(ctx context.Context, b backendKey) error {
 	}
 	for {
 		var alive bool
-		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)`,
+		err := s.control.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)`,
 			int64(b.pid), b.start).Scan(&alive)
 		if err != nil {
 			return unavailable("settle: wait for the backend of an unknown commit", err)

@@ -49,7 +49,7 @@ func TestSyncStandbyDownTimedOutCommitStaysInvisible(t *testing.T) {
 	}
 	// Once the broken connection is gone from the pool, pgx's cleanup
 	// (where it would send the cancel request) is over.
-	for st.pool.Stat().TotalConns() != 0 {
+	for st.commits.Stat().TotalConns() != 0 {
 		if ctx.Err() != nil {
 			t.Fatal("the broken connection never left the pool")
 		}

@@ -45,7 +45,7 @@ func (s *Store) AcquireWorker(ctx context.Context, holder string, now time.Time,
 		var id int16
 		var token, lastMs, storeMs, highMs int64
 		var expires time.Time
-		err := s.pool.QueryRow(ctx, acquireSQL, holder, now, end).Scan(&id, &token, &lastMs, &expires, &storeMs, &highMs)
+		err := s.control.QueryRow(ctx, acquireSQL, holder, now, end).Scan(&id, &token, &lastMs, &expires, &storeMs, &highMs)
 		if err == nil {
 			return persist.WorkerLease{WorkerID: int(id), Holder: holder, Token: uint64(token),
 				Expires: expires.UTC(), LastMs: lastMs, StoreMs: storeMs, HighWaterMs: highMs}, nil
@@ -54,7 +54,7 @@ func (s *Store) AcquireWorker(ctx context.Context, holder string, now time.Time,
 			return persist.WorkerLease{}, unavailable("acquire worker id", err)
 		}
 		var free bool
-		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM worker_lease
+		if err := s.control.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM worker_lease
 			WHERE expires_at IS NULL OR expires_at < $1)`, now).Scan(&free); err != nil {
 			return persist.WorkerLease{}, unavailable("acquire worker id", err)
 		}
@@ -69,7 +69,7 @@ func (s *Store) AcquireWorker(ctx context.Context, holder string, now time.Time,
 func (s *Store) RenewWorker(ctx context.Context, lease persist.WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (persist.WorkerLease, error) {
 	var stored, storeMs int64
 	var expires time.Time
-	err := s.pool.QueryRow(ctx, `UPDATE worker_lease
+	err := s.control.QueryRow(ctx, `UPDATE worker_lease
 		SET expires_at = $5, last_ms = GREATEST(COALESCE(last_ms, 0), $4)
 		WHERE worker_id = $1 AND holder = $2 AND token = $3 AND expires_at >= $6
 		RETURNING last_ms, expires_at, (extract(epoch FROM clock_timestamp()) * 1000)::int8`,
@@ -93,7 +93,7 @@ func (s *Store) RenewWorker(ctx context.Context, lease persist.WorkerLease, last
 // stale release only raises last_ms (a higher last_ms only makes later
 // holders more careful).
 func (s *Store) ReleaseWorker(ctx context.Context, lease persist.WorkerLease, lastMs int64) error {
-	_, err := s.pool.Exec(ctx, `UPDATE worker_lease
+	_, err := s.control.Exec(ctx, `UPDATE worker_lease
 		SET last_ms = CASE WHEN holder = $2 AND token = $3 AND expires_at IS NOT NULL THEN $4
 		                   ELSE GREATEST(COALESCE(last_ms, 0), $4) END,
 		    expires_at = CASE WHEN holder = $2 AND token = $3 THEN NULL ELSE expires_at END
