@@ -70,6 +70,16 @@ func TestOpenCreatesDirectoryAndUsesWALFull(t *testing.T) {
 	if err := s.w.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy); err != nil || busy != 5000 {
 		t.Fatalf("busy_timeout = %d, %v", busy, err)
 	}
+	// The writer's performance settings (README "Writer settings").
+	for _, p := range []struct {
+		pragma string
+		want   int
+	}{{"temp_store", 2 /* MEMORY */}, {"cache_size", -writerCacheKiB}, {"wal_autocheckpoint", walCheckpointPages}} {
+		var got int
+		if err := s.w.QueryRowContext(ctx, "PRAGMA "+p.pragma).Scan(&got); err != nil || got != p.want {
+			t.Fatalf("%s = %d (want %d), %v", p.pragma, got, p.want, err)
+		}
+	}
 	if s.Path() != path {
 		t.Fatalf("Path() = %q, want %q", s.Path(), path)
 	}
