@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -158,7 +159,9 @@ func errTooLarge(limit int64) *connect.Error {
 // protocol the client speaks (Connect, gRPC, gRPC-Web), before the Connect
 // handler sees it: Connect's own read limit answers resource_exhausted,
 // which clients retry. The body is read here whole (the handler would buffer
-// it anyway; every RPC is unary) and handed on as a byte reader.
+// it anyway; every RPC is unary) into a pooled buffer and handed on as a
+// reader of it; the buffer is reused once the handler returned (the Connect
+// handler copies what it keeps: messages are unmarshaled, not aliased).
 func limitBody(svc *Service, ew *connect.ErrorWriter, limit int64, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > limit {
@@ -166,11 +169,14 @@ func limitBody(svc *Service, ew *connect.ErrorWriter, limit int64, next http.Han
 			_ = ew.Write(w, r, errTooLarge(limit))
 			return
 		}
-		var buf bytes.Buffer
+		b := getBody()
+		defer putBody(b)
 		if r.ContentLength > 0 {
-			buf.Grow(int(r.ContentLength))
+			b.buf.Grow(int(r.ContentLength))
 		}
-		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		b.lim = io.LimitedReader{R: r.Body, N: limit + 1}
+		n, err := b.buf.ReadFrom(&b.lim)
+		b.lim = io.LimitedReader{}
 		if err != nil {
 			svc.refuse(r, connect.CodeCanceled)
 			_ = ew.Write(w, r, connect.NewError(connect.CodeCanceled, errors.New("request body not received")))
@@ -181,10 +187,36 @@ func limitBody(svc *Service, ew *connect.ErrorWriter, limit int64, next http.Han
 			_ = ew.Write(w, r, errTooLarge(limit))
 			return
 		}
-		r.Body = io.NopCloser(&buf)
+		r.Body = b
 		r.ContentLength = n
 		next.ServeHTTP(w, r)
 	})
+}
+
+// body is a request body read whole: the reader limitBody hands on.
+type body struct {
+	buf bytes.Buffer
+	lim io.LimitedReader
+}
+
+func (b *body) Read(p []byte) (int, error) { return b.buf.Read(p) }
+func (b *body) Close() error               { return nil }
+
+// maxPooledBody is the largest buffer kept for reuse: a Send's (bodies up to
+// 64 KiB, base64 in JSON). Larger ones (big SendBatch requests) are left to
+// the garbage collector.
+const maxPooledBody = 128 << 10
+
+var bodyPool = sync.Pool{New: func() any { return new(body) }}
+
+func getBody() *body { return bodyPool.Get().(*body) }
+
+func putBody(b *body) {
+	if b.buf.Cap() > maxPooledBody {
+		return
+	}
+	b.buf.Reset()
+	bodyPool.Put(b)
 }
 
 // requireToken answers a request without a valid bearer token with

@@ -22,9 +22,11 @@ import (
 	"github.com/sequencer-im/sequencer/internal/tracing"
 	"net/http"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -102,6 +104,7 @@ type Service struct {
 	metrics  *metrics.Set
 	log      *slog.Logger
 	tracer   trace.TracerProvider
+	hot      hotMetrics // the series of successful sends, resolved once
 }
 
 var (
@@ -283,10 +286,10 @@ func (s *Service) countSend(res sequencer.SendResult) {
 		return
 	}
 	if res.Duplicate {
-		s.metrics.Sends.WithLabelValues("duplicate").Inc()
+		s.hot.sendsDup.get(func() prometheus.Counter { return s.metrics.Sends.WithLabelValues("duplicate") }).Inc()
 		s.metrics.DedupHits.Inc()
 	} else {
-		s.metrics.Sends.WithLabelValues("ok").Inc()
+		s.hot.sendsOK.get(func() prometheus.Counter { return s.metrics.Sends.WithLabelValues("ok") }).Inc()
 	}
 }
 
@@ -493,7 +496,19 @@ func (s *Service) logFailure(ctx context.Context, method string, err error, attr
 	return ToConnectError(ctx, err)
 }
 
-func (s *Service) ok(method string) { s.count(method, "ok") }
+func (s *Service) ok(method string) {
+	if s.metrics == nil {
+		return
+	}
+	switch method {
+	case methodSend:
+		s.hot.sendOK.get(func() prometheus.Counter { return s.metrics.Requests.WithLabelValues(methodSend, "ok") }).Inc()
+	case methodSendBatch:
+		s.hot.batchOK.get(func() prometheus.Counter { return s.metrics.Requests.WithLabelValues(methodSendBatch, "ok") }).Inc()
+	default:
+		s.count(method, "ok")
+	}
+}
 
 // refuse counts an RPC refused by a guard in front of the handler (token,
 // size) under its method and code.
@@ -516,20 +531,49 @@ func (s *Service) observeSend(ctx context.Context, method string, start time.Tim
 	if s.metrics == nil {
 		return
 	}
-	code := "ok"
+	var h prometheus.Observer
 	switch {
 	case err != nil:
-		code = CodeOf(ctx, err).String()
-	case dup:
-		code = "duplicate"
+		h = s.metrics.SendSeconds.WithLabelValues(method, CodeOf(ctx, err).String())
+	case method == methodSend && dup:
+		h = s.hot.sendSecondsDup.get(func() prometheus.Observer { return s.metrics.SendSeconds.WithLabelValues(methodSend, "duplicate") })
+	case method == methodSend:
+		h = s.hot.sendSecondsOK.get(func() prometheus.Observer { return s.metrics.SendSeconds.WithLabelValues(methodSend, "ok") })
+	case method == methodSendBatch:
+		h = s.hot.batchSecondsOK.get(func() prometheus.Observer { return s.metrics.SendSeconds.WithLabelValues(methodSendBatch, "ok") })
+	default:
+		h = s.metrics.SendSeconds.WithLabelValues(method, "ok")
 	}
-	s.metrics.SendSeconds.WithLabelValues(method, code).Observe(time.Since(start).Seconds())
+	h.Observe(time.Since(start).Seconds())
 }
 
 func (s *Service) count(method, code string) {
 	if s.metrics != nil {
 		s.metrics.Requests.WithLabelValues(method, code).Inc()
 	}
+}
+
+// hotMetrics holds the series every successful send updates, looked up
+// (label hashing, a map lookup under a lock) on first use only. They are
+// resolved lazily so a series still appears in /metrics only once it
+// happened.
+type hotMetrics struct {
+	sendsOK, sendsDup                             cached[prometheus.Counter]
+	sendOK, batchOK                               cached[prometheus.Counter]
+	sendSecondsOK, sendSecondsDup, batchSecondsOK cached[prometheus.Observer]
+}
+
+// cached is a value computed on first use; concurrent first uses may each
+// compute it (WithLabelValues returns the same series every time).
+type cached[T any] struct{ p atomic.Pointer[T] }
+
+func (c *cached[T]) get(resolve func() T) T {
+	if p := c.p.Load(); p != nil {
+		return *p
+	}
+	v := resolve()
+	c.p.Store(&v)
+	return v
 }
 
 // recovered answers a panicking handler with internal and logs the panic.
