@@ -192,8 +192,9 @@ func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 6
 
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
 // and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes()),
-// WithCompressMinBytes(1 KiB) and a recover that answers internal and logs
-// the panic; opts come after and may override them.
+// WithCompressMinBytes(1 KiB), a recover that answers internal and logs
+// the panic, and the JSON codec of jsoncodec.go (protojson's answers, with a
+// direct path for Send); opts come after and may override them.
 func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Handler) {
 	base := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.ReadMaxBytes()),
@@ -202,6 +203,7 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 		// nothing. Pull pages and messages above 1 KiB still compress.
 		connect.WithCompressMinBytes(compressMinBytes),
 	}
+	base = append(base, jsonCodecs()...) // a direct path for JSON Sends (jsoncodec.go)
 	if ic := tracing.Interceptor(s.tracer, false); ic != nil {
 		base = append(base, ic)
 	}
