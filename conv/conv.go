@@ -137,7 +137,8 @@ type waiter struct {
 // resend of it that arrived while it was queued or in flight.
 type entry struct {
 	req     sequencer.SendRequest
-	waiters []waiter
+	waiters []waiter          // first holds the first one: one allocation per send
+	first   [1]waiter         // backing array of waiters until a resend attaches
 	msg     sequencer.Message // assigned ids while in flight
 	lookup  bool              // in flight: its key hit uk_from_client
 }
@@ -264,7 +265,8 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 		e.waiters = append(e.waiters, waiter{token: token, ctx: ctx, resend: true})
 		return
 	}
-	e := &entry{req: req, waiters: []waiter{{token: token, ctx: ctx}}}
+	e := &entry{req: req, first: [1]waiter{{token: token, ctx: ctx}}}
+	e.waiters = e.first[:]
 	if c.pending == nil {
 		c.pending = make(map[sequencer.ClientKey]*entry)
 	}
@@ -456,9 +458,15 @@ func (c *Core) form() {
 		}
 		msgs = append(msgs, e.msg)
 	}
-	batch := make([]*entry, len(msgs))
-	copy(batch, c.queue)
-	c.queue = c.queue[len(msgs):]
+	var batch []*entry
+	if len(msgs) == len(c.queue) {
+		// Every queued send is in the batch: the queue's array becomes it.
+		batch, c.queue = c.queue, nil
+	} else {
+		batch = make([]*entry, len(msgs))
+		copy(batch, c.queue)
+		c.queue = c.queue[len(msgs):]
+	}
 	if idErr != nil {
 		// No id, no seq: fail this send and every one still queued.
 		c.failQueue(retryable(idErr, "issue msg_id"))
@@ -624,7 +632,7 @@ func (c *Core) fail(e *entry, err error) {
 
 func (c *Core) release(e *entry) {
 	c.held -= len(e.waiters)
-	e.waiters = nil
+	e.waiters, e.first = nil, [1]waiter{}
 	c.forget(e)
 }
 
