@@ -431,15 +431,17 @@ func (n *Node) leave(a *convActor, passivated bool) bool {
 	}
 	n.floors.put(convID, a.core.Floor())
 	a.left = true
-	if a.gone != nil {
-		close(a.gone)
-	}
 	n.live.Add(-1)
 	if n.m != nil {
 		n.m.LiveConvs.Dec()
 		if passivated {
 			n.m.Passivations.Inc()
 		}
+	}
+	// Last: StopConversations returns once gone is closed, and the actor is
+	// then no longer counted.
+	if a.gone != nil {
+		close(a.gone)
 	}
 	return true
 }
