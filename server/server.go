@@ -233,7 +233,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.http.TLSConfig = tlsConf
 		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
 	} else {
-		go func() { s.served <- s.http.Serve(s.listener) }()
+		go func() { s.served <- s.http.Serve(api.BufferedListener(s.listener)) }()
 	}
 	s.stopWatch = s.startWatch(watchInterval)
 	if cfg.Retention > 0 {
