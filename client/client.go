@@ -194,8 +194,7 @@ func (c *Client) send(ctx context.Context, req SendRequest, queued func()) (Send
 		MsgType:     int32(req.MsgType),
 		Body:        req.Body,
 	}
-	cl := call{op: "send", convID: req.ConvID,
-		subject: fmt.Sprintf("conv_id %q from_uid %d client_msg_id %q", req.ConvID, req.FromUID, key)}
+	cl := call{op: "send", convID: req.ConvID, send: true, fromUID: req.FromUID, clientMsgID: key}
 	err := c.retry(ctx, cl, func(ctx context.Context) (*node, error) {
 		target, err := c.sendTarget(ctx, req.ConvID)
 		if err != nil {

@@ -165,6 +165,18 @@ type call struct {
 	op      string // "send", "pull", ...
 	convID  string // "" when the call is not about one conversation
 	subject string // what the error message names, e.g. `conv_id "g:1"`
+	// A send names its key; its subject is built only for an error.
+	send        bool
+	fromUID     uint64
+	clientMsgID string
+}
+
+// what is the subject an error message names.
+func (cl call) what() string {
+	if cl.send {
+		return fmt.Sprintf("conv_id %q from_uid %d client_msg_id %q", cl.convID, cl.fromUID, cl.clientMsgID)
+	}
+	return cl.subject
 }
 
 // attemptFunc makes one attempt under ctx (bounded by AttemptTimeout) and
@@ -177,24 +189,28 @@ type attemptFunc func(ctx context.Context) (*node, error)
 // attempt's error (a *connect.Error when the node answered).
 func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error {
 	if c.closed.Load() {
-		return fmt.Errorf("%s %s: %w", cl.op, cl.subject, ErrClosed)
+		return fmt.Errorf("%s %s: %w", cl.op, cl.what(), ErrClosed)
 	}
 	p := c.cfg.Retry
-	bctx, cancel := context.WithTimeout(ctx, p.Deadline)
-	defer cancel()
+	// The budget is a time, not a context: each attempt gets one context
+	// (ctx bounded by the earlier of the budget and AttemptTimeout), so a
+	// call costs one timer, not two. spent reports what a context of the
+	// budget would: ctx ended or the budget's deadline passed.
+	budget := time.Now().Add(p.Deadline)
+	spent := func() bool { return ctx.Err() != nil || !time.Now().Before(budget) }
 	var prevErr error
 	var prevF failure
 	for n := 1; ; n++ {
-		actx, acancel := context.WithTimeout(bctx, p.AttemptTimeout)
+		actx, acancel := context.WithDeadline(ctx, earliest(budget, time.Now().Add(p.AttemptTimeout)))
 		target, err := attempt(actx)
-		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && bctx.Err() == nil
+		timedOut := err != nil && errors.Is(actx.Err(), context.DeadlineExceeded) && !spent()
 		acancel()
 		if err == nil {
 			return nil
 		}
 		f := classify(err, timedOut)
 		c.noteFailure(target, cl.convID, f)
-		if ctx.Err() == nil && bctx.Err() != nil && (f.code == sequencer.CodeDeadlineExceeded || f.code == sequencer.CodeCanceled) {
+		if ctx.Err() == nil && spent() && (f.code == sequencer.CodeDeadlineExceeded || f.code == sequencer.CodeCanceled) {
 			// The client's own retry budget ran out during this attempt, not
 			// the caller's: report the retryable failure that spent it.
 			if prevErr != nil {
@@ -210,13 +226,17 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 			return last("")
 		case ctx.Err() != nil:
 			return last("")
-		case bctx.Err() != nil:
+		case spent():
 			return last(fmt.Sprintf("retry budget %v spent", p.Deadline))
 		case p.MaxAttempts > 0 && n >= p.MaxAttempts:
 			return last("max attempts reached")
 		}
 		wait := p.backoff(n)
-		if dl, ok := bctx.Deadline(); ok && time.Until(dl) < wait {
+		dl := budget
+		if cdl, ok := ctx.Deadline(); ok {
+			dl = earliest(dl, cdl)
+		}
+		if time.Until(dl) < wait {
 			// No time for another attempt: stop now rather than sleep into
 			// the deadline.
 			if cdl, ok := ctx.Deadline(); ok && !cdl.After(dl) {
@@ -228,14 +248,24 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 		}
 		c.log.DebugContext(ctx, "sequencer client: retrying", "op", cl.op, "conv_id", cl.convID, "attempt", n,
 			"node", nodeURL(target), "code", f.code.String(), "backoff", wait, "err", err)
+		// The wait ends before the budget (checked above): only ctx can
+		// cut it short.
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-bctx.Done():
+		case <-ctx.Done():
 			t.Stop()
 			return last("")
 		}
 	}
+}
+
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // giveUp builds the error of a call that will not be retried again.
@@ -250,7 +280,7 @@ func (c *Client) giveUp(ctx context.Context, cl call, attempts int, err error, f
 			cause = fmt.Errorf("%w (last attempt: %w)", ce, err)
 		}
 	}
-	msg := cl.op + " " + cl.subject
+	msg := cl.op + " " + cl.what()
 	if attempts > 1 {
 		msg += fmt.Sprintf(" (%d attempts", attempts)
 		if why != "" {
