@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	msqlite "modernc.org/sqlite"
@@ -76,6 +77,9 @@ type Store struct {
 	w    *sql.DB // the one writer connection
 	r    *sql.DB // readers
 	lock *dirLock
+
+	insMu sync.Mutex
+	ins   map[int]*sql.Stmt // prepared row INSERTs by row count (commit.go)
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -182,7 +186,14 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes both pools (the WAL is checkpointed by SQLite on the last
 // close).
 func (s *Store) Close() error {
-	return errors.Join(s.r.Close(), s.w.Close(), s.lock.release())
+	s.insMu.Lock()
+	var errs []error
+	for _, st := range s.ins {
+		errs = append(errs, st.Close())
+	}
+	s.ins = nil
+	s.insMu.Unlock()
+	return errors.Join(append(errs, s.r.Close(), s.w.Close(), s.lock.release())...)
 }
 
 func unavailable(op string, err error) error {

@@ -218,3 +218,58 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 		t.Fatalf("Commit on a closed store: %v", err)
 	}
 }
+
+// Commits of every shape of row count (full 200-row chunks, the prepared
+// power-of-two tails and their sums) store exactly their rows.
+func TestCommitRowCountsAcrossInsertStatements(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	var id uint64
+	for i, rows := range []int{1, 2, 3, 7, 127, 128, 129, 199, 200, 201, 255, 399, 400, 455} {
+		conv := fmt.Sprintf("rows:%d", i)
+		b := persist.ConvBatch{ConvID: conv}
+		for j := range rows {
+			id++
+			b.Messages = append(b.Messages, sequencer.Message{MsgID: id, ConvID: conv, Seq: uint64(j + 1), FromUID: 7,
+				MsgType: 1, Body: []byte{byte(j)}, ClientMsgID: fmt.Sprintf("k%d", id), ServerAt: time.UnixMilli(1_700_000_000_000)})
+		}
+		if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
+			t.Fatalf("%d rows: %v", rows, err)
+		}
+		got, err := s.ReadRange(ctx, conv, 0, 1000)
+		if err != nil || len(got) != rows {
+			t.Fatalf("%d rows committed, %d read back, %v", rows, len(got), err)
+		}
+		for j, m := range got {
+			if m.Seq != uint64(j+1) || m.MsgID != b.Messages[j].MsgID || m.Body[0] != byte(j) || m.ClientMsgID != b.Messages[j].ClientMsgID {
+				t.Fatalf("%d rows: row %d is %+v, want %+v", rows, j, m, b.Messages[j])
+			}
+		}
+		if head, err := s.LoadHead(ctx, conv); err != nil || head != uint64(rows) {
+			t.Fatalf("%d rows: head %d, %v", rows, head, err)
+		}
+	}
+	// A conflict in a tail statement is still a conflict of that row.
+	dup := persist.ConvBatch{ConvID: "rows:dup"}
+	for j := range 131 {
+		key := fmt.Sprintf("d%d", j)
+		if j == 130 {
+			key = "k1" // from_uid 7's first key above: uk_from_client
+		}
+		dup.Messages = append(dup.Messages, sequencer.Message{MsgID: 1_000_000 + uint64(j), ConvID: "rows:dup", Seq: uint64(j + 1),
+			FromUID: 7, MsgType: 1, Body: []byte{1}, ClientMsgID: key, ServerAt: time.UnixMilli(1_700_000_000_000)})
+	}
+	err := s.Commit(ctx, []persist.ConvBatch{dup})
+	var ce *persist.ConflictError
+	if !errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].ClientMsgID != "k1" {
+		t.Fatalf("commit with a taken key: %v", err)
+	}
+	if head, _ := s.LoadHead(ctx, "rows:dup"); head != 0 {
+		t.Fatalf("refused commit moved the head to %d", head)
+	}
+	s.insMu.Lock()
+	defer s.insMu.Unlock()
+	if len(s.ins) != 9 {
+		t.Fatalf("%d prepared INSERTs, want 9: the commits above did not use them", len(s.ins))
+	}
+}
