@@ -65,7 +65,14 @@ type convActor struct {
 	gone chan struct{}
 
 	stopping bool // handoff or shutdown: leave as soon as idle
+
+	// commitDone is the actor's commit.Done, made once (not a closure per
+	// batch).
+	commitDone func(err error)
 }
+
+// committedOK is the message of every successful commit (immutable).
+var committedOK = &committed{}
 
 func (a *convActor) Receive(ctx pa.Context) {
 	if a.left {
@@ -168,15 +175,22 @@ func (a *convActor) execute(ctx pa.Context) {
 			root.Send(self, &headLoaded{head: head, err: err})
 		}()
 	case rd.Commit != nil:
-		n.writer.Submit(*rd.Commit, func(err error) {
-			// A stale fence means the partition was taken over: the
-			// cluster must know at once (it steps this node down).
-			var sf *persist.StaleFenceError
-			if o := n.cfg.Ownership; o != nil && errors.As(err, &sf) {
-				o.Refused(sf.Fences)
+		if a.commitDone == nil {
+			a.commitDone = func(err error) {
+				if err == nil {
+					root.Send(self, committedOK)
+					return
+				}
+				// A stale fence means the partition was taken over: the
+				// cluster must know at once (it steps this node down).
+				var sf *persist.StaleFenceError
+				if o := n.cfg.Ownership; o != nil && errors.As(err, &sf) {
+					o.Refused(sf.Fences)
+				}
+				root.Send(self, &committed{err: err})
 			}
-			root.Send(self, &committed{err: err})
-		})
+		}
+		n.writer.Submit(*rd.Commit, a.commitDone)
 	case rd.Resolve != nil:
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {

@@ -304,10 +304,11 @@ func nothingWritten(err error) bool { return persist.OutcomeOf(err) == persist.N
 
 // Result labels of metrics.CommitSeconds.
 func result(err error) string {
+	if err == nil {
+		return "ok"
+	}
 	_, conflict := persist.AsConflict(err)
 	switch {
-	case err == nil:
-		return "ok"
 	case errors.Is(err, sequencer.ErrUnknownOutcome):
 		return "unknown"
 	case conflict:
