@@ -11,19 +11,19 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/netbuf"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
-// A server on BufferedListener answers gRPC over h2c (many concurrent
+// A server on netbuf.Listener (the API port without TLS) answers gRPC over h2c (many concurrent
 // streams on one connection, messages smaller and larger than the buffer)
 // and JSON over HTTP/1.1 keep-alive exactly as on a bare listener.
-func TestBufferedListenerServesH2CAndHTTP1(t *testing.T) {
+func TestListenerServesH2CAndHTTP1(t *testing.T) {
 	sender := &fakeSender{}
 	sender.set(func(req sequencer.SendRequest) (sequencer.SendResult, error) {
 		return sequencer.SendResult{MsgID: uint64(len(req.Body)) + 1000, Seq: req.FromUID}, nil
@@ -34,7 +34,7 @@ func TestBufferedListenerServesH2CAndHTTP1(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := NewServer(ln.Addr().String(), NewHTTPHandler(svc, nil, nil))
-	go srv.Serve(BufferedListener(ln))
+	go srv.Serve(netbuf.Listener(ln))
 	t.Cleanup(func() { srv.Close() })
 	url := "http://" + ln.Addr().String()
 
@@ -83,25 +83,3 @@ func TestBufferedListenerServesH2CAndHTTP1(t *testing.T) {
 	}
 }
 
-// Accept errors pass through; a closed listener stops Serve.
-func TestBufferedListenerClose(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bl := BufferedListener(ln)
-	done := make(chan error, 1)
-	go func() {
-		_, err := bl.Accept()
-		done <- err
-	}()
-	bl.Close()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Accept on a closed listener returned no error")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Accept did not return after Close")
-	}
-}

@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/internal/netbuf"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -233,7 +234,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		s.http.TLSConfig = tlsConf
 		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
 	} else {
-		go func() { s.served <- s.http.Serve(api.BufferedListener(s.listener)) }()
+		go func() { s.served <- s.http.Serve(netbuf.Listener(s.listener)) }()
 	}
 	s.stopWatch = s.startWatch(watchInterval)
 	if cfg.Retention > 0 {
