@@ -55,7 +55,7 @@ type sendGroup struct {
 // conversation enter its actor as one message, in slice order, so they get
 // increasing seqs (when both succeed). When ctx ends first, the items not yet
 // answered get canceled / deadline_exceeded (their outcome is unknown).
-func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
+func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
 	if len(out) != len(reqs) {
 		panic("actor: SendBatch: len(out) != len(reqs)")
 	}
@@ -118,7 +118,7 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 // counted on success; release undoes it). Ownership is not asked here: the
 // cluster routed the send here because it holds the partition, and the
 // commit takes its fence (Ownership.Fence) when its batch is formed.
-func (n *Node) admit(convID string, size int64) error {
+func (n *Conversations) admit(convID string, size int64) error {
 	if n.closed.Load() {
 		return sequencer.ErrShuttingDown
 	}
@@ -135,7 +135,7 @@ func (n *Node) admit(convID string, size int64) error {
 }
 
 // release uncounts one admitted send of size bytes.
-func (n *Node) release(size int64) {
+func (n *Conversations) release(size int64) {
 	n.pending.Add(-1)
 	n.pendingBytes.Add(-size)
 }

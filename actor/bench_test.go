@@ -16,14 +16,14 @@ import (
 
 var benchRun atomic.Int64
 
-// benchNode measures Node.Send throughput with many concurrent senders over
+// benchNode measures Conversations.Send throughput with many concurrent senders over
 // many conversations: msgs/s and the mean rows per store transaction.
 func benchNode(b *testing.B, st persist.Store, convs, senders int) {
 	m := metrics.New()
 	run := benchRun.Add(1)
 	ids := &counterIDs{}
 	ids.n.Store(uint64(run) << 40) // msg_ids never repeat across runs on one store
-	n, err := NewNode(Config{Store: st, IDs: ids, Metrics: m})
+	n, err := NewConversations(Config{Store: st, IDs: ids, Metrics: m})
 	if err != nil {
 		b.Fatal(err)
 	}

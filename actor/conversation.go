@@ -46,7 +46,7 @@ type (
 // It is also the router's entry for the conversation (one allocation per
 // live conversation, not two).
 type convActor struct {
-	node *Node
+	node *Conversations
 	pid  *pa.PID    // set before the actor enters the router
 	core *conv.Core // touched only by the actor (its ConvID by anyone)
 

@@ -1,6 +1,6 @@
 // Package actor runs the conversations of one node: one protoactor actor per
 // live conversation wraps the single-writer core (package conv), a node
-// router (Node) finds or spawns the actor by conv_id, and one group-commit
+// router (Conversations) finds or spawns the actor by conv_id, and one group-commit
 // writer (package commit) merges the batches of all conversations into few
 // store transactions.
 //
@@ -56,7 +56,7 @@ type Ownership interface {
 	Refused(fences []persist.Fence)
 }
 
-// Config configures a Node. Store and IDs are required. DefaultConfig holds
+// Config configures a Conversations. Store and IDs are required. DefaultConfig holds
 // every default; a zero field in the Config given to NewNode means its
 // default.
 type Config struct {
@@ -134,8 +134,11 @@ func (c Config) commitConfig() commit.Config {
 
 const shardCount = 64
 
-// Node routes sends to conversation actors. Safe for concurrent use.
-type Node struct {
+// Conversations are the conversation actors of one node: it routes sends
+// to them (one actor per conversation), admits them against the node's
+// bounds and owns the group-commit writer they share. Safe for concurrent
+// use.
+type Conversations struct {
 	cfg    Config
 	log    *slog.Logger
 	m      *metrics.Set
@@ -153,7 +156,7 @@ type Node struct {
 
 	// Passivation: one sweeper per node (not a timer per actor) posts
 	// idleCheckMsg to the actors idle for PassivateAfter.
-	epoch      time.Time // lastActive stamps are nanoseconds since epoch (monotonic)
+	started    time.Time // lastActive stamps are nanoseconds since started (monotonic)
 	sweepEvery time.Duration
 	sweepStop  chan struct{}
 	sweepDone  chan struct{}
@@ -172,7 +175,7 @@ type shard struct {
 
 // NewNode starts a node: its actor system and group-commit writer. Zero
 // fields of cfg take their DefaultConfig value; a negative one is an error.
-func NewNode(cfg Config) (*Node, error) {
+func NewConversations(cfg Config) (*Conversations, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("actor: Config.Store is required")
 	}
@@ -194,7 +197,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), epoch: time.Now(),
+	n := &Conversations{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), started: time.Now(),
 		floors: newFloors(cfg.MaxFloors), logs: ratelog.New(log, 10*time.Second),
 		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
 	// protoactor logs dead letters and supervision at info; keep warnings.
@@ -231,7 +234,7 @@ func sweepInterval(passivateAfter time.Duration) time.Duration {
 
 // sweep posts idleCheckMsg to every actor idle for PassivateAfter (at most
 // one outstanding per actor) until Close.
-func (n *Node) sweep() {
+func (n *Conversations) sweep() {
 	defer close(n.sweepDone)
 	t := time.NewTicker(n.sweepEvery)
 	defer t.Stop()
@@ -257,7 +260,7 @@ func (n *Node) sweep() {
 }
 
 // now returns the node's monotonic clock for activity stamps.
-func (n *Node) now() int64 { return int64(time.Since(n.epoch)) }
+func (n *Conversations) now() int64 { return int64(time.Since(n.started)) }
 
 // Send stores req (already validated) and answers after the durable commit,
 // or with a coded error: resource_exhausted when the node or the
@@ -265,7 +268,7 @@ func (n *Node) now() int64 { return int64(time.Since(n.epoch)) }
 // lease or ownership forbids writing, already_exists for a resend key used
 // in another conversation, canceled / deadline_exceeded when ctx ends first
 // (the send may still be stored: a resend with the same client_msg_id tells).
-func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
 	size := pendingSize(&req)
 	if err := n.admit(req.ConvID, size); err != nil {
 		return sequencer.SendResult{}, err
@@ -289,7 +292,7 @@ func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.S
 // each once its in-flight batch finished and its queue drained (new sends
 // are refused by Ownership before this is called, so queued ones fail at
 // their fence). It returns when all of them left the router, or ctx ends.
-func (n *Node) StopConversations(ctx context.Context, match func(convID string) bool) error {
+func (n *Conversations) StopConversations(ctx context.Context, match func(convID string) bool) error {
 	var refs []*convActor
 	for i := range n.shards {
 		sh := &n.shards[i]
@@ -318,7 +321,7 @@ func (n *Node) StopConversations(ctx context.Context, match func(convID string) 
 }
 
 // LiveConversations returns the number of conversation actors.
-func (n *Node) LiveConversations() int { return int(n.live.Load()) }
+func (n *Conversations) LiveConversations() int { return int(n.live.Load()) }
 
 // Load is the node's admission state and group-commit backlog (Stats).
 type Load struct {
@@ -328,7 +331,7 @@ type Load struct {
 }
 
 // Stats reads the node's Load (for metrics; cheap: atomics and one lock).
-func (n *Node) Stats() Load {
+func (n *Conversations) Stats() Load {
 	return Load{
 		Pending: n.pending.Load(), MaxPending: int64(n.cfg.MaxPending),
 		PendingBytes: n.pendingBytes.Load(), MaxPendingBytes: n.cfg.MaxPendingBytes,
@@ -338,7 +341,7 @@ func (n *Node) Stats() Load {
 
 // Close drains the node: new sends get sequencer.ErrShuttingDown, queued and
 // in-flight batches commit or fail cleanly, then actors and writer stop.
-func (n *Node) Close(ctx context.Context) error {
+func (n *Conversations) Close(ctx context.Context) error {
 	if n.closed.Swap(true) {
 		return nil
 	}
@@ -358,13 +361,13 @@ func (n *Node) Close(ctx context.Context) error {
 	return err
 }
 
-func (n *Node) shard(convID string) *shard {
+func (n *Conversations) shard(convID string) *shard {
 	return &n.shards[maphash.String(n.seed, convID)%shardCount]
 }
 
 // route returns convID's actor, spawning it if needed, with one more send
 // counted in transit to it.
-func (n *Node) route(convID string) (*convActor, error) {
+func (n *Conversations) route(convID string) (*convActor, error) {
 	sh := n.shard(convID)
 	sh.mu.RLock()
 	if ref := sh.convs[convID]; ref != nil && !sh.closed {
@@ -394,7 +397,7 @@ func (n *Node) route(convID string) (*convActor, error) {
 	return ref, nil
 }
 
-func (n *Node) spawn(sh *shard, convID string) (*convActor, error) {
+func (n *Conversations) spawn(sh *shard, convID string) (*convActor, error) {
 	fence := func() (persist.Fence, error) { return persist.Fence{}, nil }
 	if o := n.cfg.Ownership; o != nil {
 		fence = func() (persist.Fence, error) { return o.Fence(convID) }
@@ -418,7 +421,7 @@ func (n *Node) spawn(sh *shard, convID string) (*convActor, error) {
 
 // leave removes a from the router if no send is on its way to it. The
 // actor calls it only when its core is idle; after true it must stop.
-func (n *Node) leave(a *convActor, passivated bool) bool {
+func (n *Conversations) leave(a *convActor, passivated bool) bool {
 	convID := a.core.ConvID()
 	sh := n.shard(convID)
 	sh.mu.Lock()

@@ -48,12 +48,12 @@ func req(conv, key string) sequencer.SendRequest {
 	return sequencer.SendRequest{ConvID: conv, FromUID: 1, ClientMsgID: key, MsgType: 1, Body: []byte(key)}
 }
 
-func newNode(t *testing.T, cfg Config) *Node {
+func newNode(t *testing.T, cfg Config) *Conversations {
 	t.Helper()
 	if cfg.IDs == nil {
 		cfg.IDs = &counterIDs{}
 	}
-	n, err := NewNode(cfg)
+	n, err := NewConversations(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ type answer struct {
 	err error
 }
 
-func sendAsync(n *Node, ctx context.Context, r sequencer.SendRequest) <-chan answer {
+func sendAsync(n *Conversations, ctx context.Context, r sequencer.SendRequest) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
 		res, err := n.Send(ctx, r)

@@ -40,7 +40,7 @@ type success struct {
 	res  sequencer.SendResult
 }
 
-// runProof drives a Node over faulty.New(inner) with concurrent clients
+// runProof drives Conversations over faulty.New(inner) with concurrent clients
 // (new sends, resends of the same key by other clients, the same key in
 // another conversation, callers that give up) while the store fails at
 // random, then checks the invariants against the inner store:
@@ -55,7 +55,7 @@ type success struct {
 func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 	fs := faulty.New(inner, pc.Seed, pc.Rates)
 	m := metrics.New()
-	n, err := NewNode(Config{Store: fs, IDs: &counterIDs{}, Metrics: m, PassivateAfter: 2 * time.Millisecond,
+	n, err := NewConversations(Config{Store: fs, IDs: &counterIDs{}, Metrics: m, PassivateAfter: 2 * time.Millisecond,
 		CommitTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)

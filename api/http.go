@@ -284,4 +284,3 @@ func NewServer(addr string, h http.Handler) *http.Server {
 		MaxHeaderBytes:    MaxHeaderBytes,
 	}
 }
-

@@ -82,4 +82,3 @@ func TestListenerServesH2CAndHTTP1(t *testing.T) {
 		t.Fatalf("%d sends reached the sender, want 69", got)
 	}
 }
-

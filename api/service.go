@@ -38,7 +38,7 @@ import (
 )
 
 // Sender stores a validated message and answers only after the durable
-// commit (the engine: actor.Node). Its errors carry sequencer Codes.
+// commit (the conversations of this node: actor.Conversations). Its errors carry sequencer Codes.
 type Sender interface {
 	Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error)
 	// SendBatch stores every request independently, as Send would, and

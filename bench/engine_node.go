@@ -21,7 +21,7 @@ import (
 func init() {
 	registerEngine(EngineSpec{
 		Key: "a", Name: "sequencer, in process",
-		About: "this sequencer's engine (actor.Node): one actor per conversation assigns seqs, a group-commit writer stores " +
+		About: "this sequencer's conversations in process (actor.Conversations): one actor per conversation assigns seqs, a group-commit writer stores " +
 			"many conversations' batches per transaction; msg_ids from a leased worker id",
 		NeedsSchema: true,
 		Open:        openNode,
@@ -35,13 +35,13 @@ func init() {
 	})
 }
 
-// nodeEngine is engine (a): the actor.Node that `sequencer serve` runs, built
+// nodeEngine is engine (a): the actor.Conversations that `sequencer serve` runs, built
 // the way package server builds it (store opened and migrated by
 // persist/open with its defaults, worker id leased in the store, the
 // server's default node settings), with no network in between. Only
 // PassivateAfter comes from the bench (--passivate).
 type nodeEngine struct {
-	node  *actor.Node
+	node  *actor.Conversations
 	lease *idgen.Lease
 	store persist.Store
 	m     *metrics.Set
@@ -68,7 +68,7 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	if env.Passivate > 0 {
 		passivate = env.Passivate
 	}
-	node, err := actor.NewNode(actor.Config{
+	node, err := actor.NewConversations(actor.Config{
 		Store: store, IDs: lease, Metrics: m,
 		PassivateAfter: passivate, MaxQueuePerConv: def.MaxQueuePerConv, MaxPending: def.MaxPending,
 		CommitWorkers: def.CommitWorkers, MaxBatchMessages: def.MaxBatchMessages, CommitTimeout: def.CommitTimeout,

@@ -26,13 +26,13 @@ import (
 )
 
 // Several nodes in one process, each with its own PostgreSQL pool, worker
-// id, actor.Node and connect transport on 127.0.0.1:0 (the real wire), on one
+// id, actor.Conversations and connect transport on 127.0.0.1:0 (the real wire), on one
 // fresh database.
 
 type ipNode struct {
 	id    string
 	cn    *Node
-	an    *actor.Node
+	an    *actor.Conversations
 	store *postgres.Store
 	lease *idgen.Lease
 	tr    Transport // the transport given in Config (nil: the default)
@@ -80,7 +80,7 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 	if n.cn, err = New(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if n.an, err = actor.NewNode(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: n.cn, Logger: simLogger()}); err != nil {
+	if n.an, err = actor.NewConversations(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: n.cn, Logger: simLogger()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.cn.Start(ctx, n.an); err != nil {

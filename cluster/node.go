@@ -40,7 +40,7 @@ import (
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-// Local is this node's conversation writer (*actor.Node satisfies it).
+// Local is this node's conversation writer (*actor.Conversations satisfies it).
 type Local interface {
 	// Send sequences and stores one message of a conversation this node
 	// owns (the writer asks Node.Fence for the fence of every commit).

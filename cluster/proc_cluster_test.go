@@ -172,7 +172,7 @@ func (pc *procCluster) send(pick func() *child, conv, clientID string, within ti
 }
 
 // TestProcessCluster runs nodes as separate processes (each with its own
-// connect transport on a random port, its own actor.Node and worker id) on
+// connect transport on a random port, its own actor.Conversations and worker id) on
 // one database, and sends through random nodes while a node leaves
 // gracefully, a new one joins and one is killed. Every acked message is
 // stored at its seq, seqs are 1..head in every conversation, and no msg_id

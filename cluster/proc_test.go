@@ -165,7 +165,7 @@ type sendReply struct {
 
 // runNodeChild runs a whole cluster node the way server/ wires one: the
 // PostgreSQL store ($SEQUENCER_TEST_DSN, migrated by the parent), a leased
-// worker id, an actor.Node that commits through the cluster's fence watch
+// worker id, an actor.Conversations that commits through the cluster's fence watch
 // and asks it for fences, and the cluster node over the connect transport
 // (h2c) on 127.0.0.1:0. A small HTTP API on 127.0.0.1:0 drives it: POST /send, GET
 // /ready, GET /route, POST /leave. Closing stdin leaves gracefully.
@@ -205,7 +205,7 @@ func runNodeChild() {
 	if err != nil {
 		fail("cluster config", err)
 	}
-	an, err := actor.NewNode(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: cn, Logger: log})
+	an, err := actor.NewConversations(actor.Config{Store: store, IDs: leaseIDs{lease}, Ownership: cn, Logger: log})
 	if err != nil {
 		fail("actor node", err)
 	}

@@ -1,8 +1,8 @@
 package idgen
 
-// NextID is Next, under the name the engine's IDSource asks for
+// NextID is Next, under the name actor.IDSource asks for
 // (actor.IDSource, conv.IDSource).
 func (g *Generator) NextID() (uint64, error) { return g.Next() }
 
-// NextID is Next, under the name the engine's IDSource asks for.
+// NextID is Next, under the name actor.IDSource asks for.
 func (l *Lease) NextID() (uint64, error) { return l.Next() }

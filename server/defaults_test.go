@@ -244,13 +244,13 @@ func TestConstructorsRefuseNegativeFields(t *testing.T) {
 		!strings.Contains(err.Error(), "commit: MaxMessages -1") {
 		t.Errorf("commit.New(MaxMessages -1): %v", err)
 	}
-	if _, err := actor.NewNode(actor.Config{Store: noStore{}, IDs: noIDs{}, MaxPending: -1}); err == nil ||
+	if _, err := actor.NewConversations(actor.Config{Store: noStore{}, IDs: noIDs{}, MaxPending: -1}); err == nil ||
 		!strings.Contains(err.Error(), "actor: MaxPending -1") {
-		t.Errorf("actor.NewNode(MaxPending -1): %v", err)
+		t.Errorf("actor.NewConversations(MaxPending -1): %v", err)
 	}
-	if _, err := actor.NewNode(actor.Config{Store: noStore{}, IDs: noIDs{}, CommitTimeout: -time.Second}); err == nil ||
+	if _, err := actor.NewConversations(actor.Config{Store: noStore{}, IDs: noIDs{}, CommitTimeout: -time.Second}); err == nil ||
 		!strings.Contains(err.Error(), "actor: CommitTimeout -1s") {
-		t.Errorf("actor.NewNode(CommitTimeout -1s): %v", err)
+		t.Errorf("actor.NewConversations(CommitTimeout -1s): %v", err)
 	}
 	if _, err := idgen.New(idgen.Config{WorkerID: -1}); err == nil || !strings.Contains(err.Error(), "idgen: WorkerID -1") {
 		t.Errorf("idgen.New(WorkerID -1): %v", err)

@@ -39,7 +39,7 @@ import (
 )
 
 var (
-	_ api.Sender = (*actor.Node)(nil)
+	_ api.Sender = (*actor.Conversations)(nil)
 	_ api.Sender = (*cluster.Node)(nil)
 	_ api.Router = (*cluster.Node)(nil)
 	_ api.Reader = persist.Store(nil)
@@ -52,7 +52,7 @@ type Server struct {
 	metrics   *metrics.Set
 	store     persist.Store
 	lease     *idgen.Lease
-	node      *actor.Node
+	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
 	console   *console.Console
 	http      *http.Server
@@ -193,7 +193,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		// refused for a stale fence makes the node step down.
 		acfg.Ownership = s.cluster
 	}
-	s.node, err = actor.NewNode(acfg)
+	s.node, err = actor.NewConversations(acfg)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func TestPoisonedMessageFailsAlone(t *testing.T) {
 	s, _ := newStore(t)
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	n, err := actor.NewNode(actor.Config{Store: s, IDs: &stallIDs{}, Logger: log})
+	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 			stopped <- int(pid)
 		}
 	}
-	n, err := actor.NewNode(actor.Config{Store: s, IDs: &stallIDs{}, CommitTimeout: time.Second, CommitWorkers: 2})
+	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, CommitTimeout: time.Second, CommitWorkers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
