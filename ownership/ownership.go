@@ -136,7 +136,8 @@ func (c *Core) Ring() *ring.Ring { return c.ring }
 // Part is what the node knows of partition p.
 func (c *Core) Part(p uint32) Part { return c.parts[p] }
 
-// Renewed is the local time the last successful renewal was sent.
+// RenewedAt is the local time the last successful renewal (or join) was
+// sent.
 func (c *Core) RenewedAt() time.Time { return c.renewed }
 
 // Changes counts the changes so far: the shell wakes its waiters when it
