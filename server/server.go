@@ -261,15 +261,15 @@ func storePools(cfg Config) postgres.Options {
 	return postgres.Options{MaxConns: int32(cfg.StoreConns), CommitConns: int32(commits), ControlConns: int32(cfg.StoreControlConns)}
 }
 
-// registerGauges registers the gauges read on every scrape: pending sends
-// and bytes against their limits, the group-commit queue, the PostgreSQL
-// pools and (in cluster mode) the heartbeat age and the partitions moving.
 // poolReporter is the capability of a store with connection pools
 // (PostgreSQL) to report them for the sequencer_store_pool_* gauges.
 type poolReporter interface {
 	StorePool(name string) metrics.PoolStat
 }
 
+// registerGauges registers the gauges read on every scrape: pending sends
+// and bytes against their limits, the group-commit queue, the PostgreSQL
+// pools and (in cluster mode) the heartbeat age and the partitions moving.
 func (s *Server) registerGauges() {
 	s.metrics.Pending(func() (int64, int64, int64, int64) {
 		l := s.node.Stats()
