@@ -66,7 +66,7 @@ func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequ
 	admitted := 0
 	for i := range reqs {
 		items[i] = batchItem{b: w, idx: i, size: pendingSize(&reqs[i])}
-		if err := n.admit(reqs[i].ConvID, items[i].size); err != nil {
+		if err := n.admit(items[i].size); err != nil {
 			out[i] = sequencer.SendOutcome{Err: err}
 			w.answered[i] = true
 			continue
@@ -113,12 +113,12 @@ func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequ
 	}
 }
 
-// admit checks that a send for convID of size bytes (pendingSize) may enter:
+// admit checks that a send of size bytes (pendingSize) may enter:
 // the node is open and has room for one more send and its bytes (both
 // counted on success; release undoes it). Ownership is not asked here: the
 // cluster routed the send here because it holds the partition, and the
 // commit takes its fence (Ownership.Fence) when its batch is formed.
-func (n *Conversations) admit(convID string, size int64) error {
+func (n *Conversations) admit(size int64) error {
 	if n.closed.Load() {
 		return sequencer.ErrShuttingDown
 	}

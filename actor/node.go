@@ -270,7 +270,7 @@ func (n *Conversations) now() int64 { return int64(time.Since(n.started)) }
 // (the send may still be stored: a resend with the same client_msg_id tells).
 func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
 	size := pendingSize(&req)
-	if err := n.admit(req.ConvID, size); err != nil {
+	if err := n.admit(size); err != nil {
 		return sequencer.SendResult{}, err
 	}
 	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
@@ -447,14 +447,6 @@ func (n *Conversations) leave(a *convActor, passivated bool) bool {
 		close(a.gone)
 	}
 	return true
-}
-
-// coded returns err with a domain code (unavailable unless it has one).
-func coded(err error, what string) error {
-	if sequencer.ErrorCode(err) == sequencer.CodeInternal {
-		return sequencer.Wrap(sequencer.CodeUnavailable, err, what)
-	}
-	return fmt.Errorf("%s: %w", what, err)
 }
 
 // warnOnly passes records at warning level and above.
