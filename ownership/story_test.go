@@ -1,13 +1,9 @@
 package ownership
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,20 +12,17 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/storytest"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt expectations with the actual output")
-
 // TestStories runs the stories in testdata/*.txt against the core. The
 // harness plays the shell of package cluster, one step per command, against
 // one in-memory membership table (membership.Mem, the same rules as the
 // PostgreSQL table) and a fake clock shared by the table and every node.
-// Each block is a command line, a "----" line and the expected output up to
-// a blank line; lines starting with '#' are comments. Run with -rewrite to
-// regenerate (then read the diff: the files are the specification).
+// The file format and -rewrite are internal/storytest's.
 //
 // Commands (NODE names a process; several processes may share a node id):
 //
@@ -46,93 +39,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt expectations w
 //	tick DURATION            time passes (the table expires rows by it)
 //	state NODE               the core's state
 func TestStories(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no stories: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runStory(t, f) })
-	}
-}
-
-type block struct {
-	comments []string
-	cmd      string
-	want     string
-	line     int
-}
-
-func parseStory(t *testing.T, path string) []block {
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var blocks []block
-	var cur block
-	var out []string
-	state, n := 0, 0 // state 0: before a command, 1: after it, 2: in its output
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		n++
-		l := sc.Text()
-		switch state {
-		case 0:
-			if strings.HasPrefix(l, "#") || strings.TrimSpace(l) == "" {
-				cur.comments = append(cur.comments, l)
-				continue
-			}
-			cur.cmd, cur.line, state = l, n, 1
-		case 1:
-			if l != "----" {
-				t.Fatalf("%s:%d: want ---- after command", path, n)
-			}
-			state, out = 2, nil
-		case 2:
-			if l == "" {
-				cur.want = strings.Join(out, "\n")
-				blocks = append(blocks, cur)
-				cur, state = block{}, 0
-				continue
-			}
-			out = append(out, l)
-		}
-	}
-	switch state {
-	case 2:
-		cur.want = strings.Join(out, "\n")
-		blocks = append(blocks, cur)
-	case 1:
-		t.Fatalf("%s: command without ----", path)
-	}
-	return blocks
-}
-
-func runStory(t *testing.T, path string) {
-	blocks := parseStory(t, path)
-	h := newHarness(t)
-	var rewritten strings.Builder
-	for _, b := range blocks {
-		got := h.do(b.cmd)
-		if got == "" {
-			got = "(none)"
-		}
-		if *rewrite {
-			for _, c := range b.comments {
-				rewritten.WriteString(c + "\n")
-			}
-			rewritten.WriteString(b.cmd + "\n----\n" + got + "\n\n")
-			continue
-		}
-		if got != b.want {
-			t.Fatalf("%s:%d: %s\n got:\n%s\nwant:\n%s", path, b.line, b.cmd, got, b.want)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(strings.TrimRight(rewritten.String(), "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	storytest.Run(t, func(t *testing.T) func(string) string { return newHarness(t).do })
 }
 
 const (
