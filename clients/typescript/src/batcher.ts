@@ -18,6 +18,7 @@ export type UnaryRpc = (item: SendRequest, signal: AbortSignal) => Promise<SendR
 export interface BatchLimits {
   maxItems: number; // most items in one request
   maxBytes: number; // about the most bytes in one request
+  maxInFlight: number; // most requests in flight at once
   maxQueuedItems: number; // past these an enqueue waits for room
   maxQueuedBytes: number;
   timeoutMs: number; // each request's deadline
@@ -29,18 +30,30 @@ export function itemSize(req: SendRequest): number {
 }
 
 /**
- * Batcher sends the attempts queued for one node: while one SendBatch to the
- * node is in flight the next attempts wait, and go out together when it
- * returns, at most maxItems items and about maxBytes per request. A call that
- * finds the node idle goes out at the end of the current tick, so sends made
- * in one synchronous burst share a request. A full queue makes enqueue wait
- * for room. A node that answers SendBatch unimplemented (an older server)
- * gets every later item as a unary Send.
+ * Batcher sends the attempts queued for one node as SendBatch requests, at
+ * most maxItems items and about maxBytes each, with up to maxInFlight
+ * requests in flight. While fewer are in flight, queued attempts go out at
+ * the end of the current tick, so sends made in one synchronous burst share
+ * a request; at the limit they wait, and the next request to return makes
+ * room for the next request.
+ *
+ * Order guard: the items of one conversation are never in two requests in
+ * flight at once. A request skips (leaves queued, in order) every item whose
+ * conversation is in a request still in flight, and the items of one
+ * conversation it takes go in queue order; the node gives seqs in item
+ * order, so attempts of one conversation queued in order get increasing
+ * seqs in that order. A request's answer releases its conversations and
+ * the queue is scanned again.
+ *
+ * A full queue makes enqueue wait for room. A node that answers SendBatch
+ * unimplemented (an older server) gets every later item as a unary Send.
  */
 export class Batcher {
   private queue: Pending[] = [];
   private bytes = 0;
-  private inFlight = false;
+  private inFlight = 0;
+  /** Conversations with items in a request in flight. */
+  private busy = new Set<string>();
   private scheduled = false;
   private waiters: Array<() => void> = [];
   /** The node has no SendBatch: items go as unary Sends. */
@@ -78,51 +91,91 @@ export class Batcher {
   }
 
   private kick(): void {
-    if (this.inFlight || this.scheduled) {
+    if (this.scheduled || this.inFlight >= this.limits.maxInFlight) {
       return;
     }
     this.scheduled = true;
     queueMicrotask(() => {
       this.scheduled = false;
-      void this.flush();
+      this.flush();
     });
   }
 
+  // flush sends what the queue allows while fewer than maxInFlight requests
+  // are in flight.
+  private flush(): void {
+    if (this.unsupported) {
+      this.sendEach(this.drain());
+      return;
+    }
+    while (this.inFlight < this.limits.maxInFlight) {
+      const batch = this.take();
+      if (batch.length === 0) {
+        return;
+      }
+      void this.send(batch);
+    }
+  }
+
+  // take removes the next request's items from the queue: in queue order,
+  // skipping settled items and the items of busy conversations, up to
+  // maxItems and about maxBytes.
   private take(): Pending[] {
     const out: Pending[] = [];
+    const rest: Pending[] = [];
     let bytes = 0;
-    while (this.queue.length > 0 && out.length < this.limits.maxItems) {
-      const p = this.queue[0];
+    let removed = false;
+    const q = this.queue;
+    let i = 0;
+    for (; i < q.length; i++) {
+      const p = q[i];
       if (p.done) {
-        this.queue.shift();
         this.bytes -= p.size;
+        removed = true;
         continue;
       }
-      if (out.length > 0 && bytes + p.size > this.limits.maxBytes) {
-        break;
+      if (this.busy.has(p.req.convId)) {
+        rest.push(p);
+        continue;
       }
-      this.queue.shift();
+      if (out.length >= this.limits.maxItems || (out.length > 0 && bytes + p.size > this.limits.maxBytes)) {
+        break; // full: this item and every later one wait, so no conversation's order changes
+      }
       this.bytes -= p.size;
+      removed = true;
       out.push(p);
       bytes += p.size;
     }
+    if (removed) {
+      this.queue = i < q.length ? rest.concat(q.slice(i)) : rest;
+      this.wake();
+    }
+    return out;
+  }
+
+  // drain removes every unsettled item from the queue.
+  private drain(): Pending[] {
+    const out = this.queue.filter((p) => !p.done);
+    this.queue = [];
+    this.bytes = 0;
+    this.wake();
+    return out;
+  }
+
+  private wake(): void {
     const waiters = this.waiters;
     this.waiters = [];
     for (const w of waiters) {
       w();
     }
-    return out;
   }
 
-  private async flush(): Promise<void> {
-    if (this.inFlight) {
-      return;
+  private async send(batch: Pending[]): Promise<void> {
+    this.inFlight++;
+    const convs = new Set(batch.map((p) => p.req.convId));
+    for (const c of convs) {
+      this.busy.add(c);
     }
-    const batch = this.take();
-    if (batch.length === 0) {
-      return;
-    }
-    this.inFlight = true;
     const ac = new AbortController();
     const timer = setTimeout(() => ac.abort(new Error("SendBatch attempt timed out")), this.limits.timeoutMs);
     try {
@@ -150,7 +203,10 @@ export class Batcher {
       }
     } finally {
       clearTimeout(timer);
-      this.inFlight = false;
+      this.inFlight--;
+      for (const c of convs) {
+        this.busy.delete(c);
+      }
       if (this.queue.length > 0) {
         this.kick();
       }

@@ -52,6 +52,11 @@ export interface ClientOptions {
   maxBatchItems?: number;
   /** About the most bytes in one SendBatch (default 3 MiB; the server's default limit is 4 MiB). */
   maxBatchBytes?: number;
+  /**
+   * Most SendBatch requests in flight to one node (default 4, 1..64; 1 = one
+   * at a time). The items of one conversation are never in two of them at once.
+   */
+  maxBatchesInFlight?: number;
   /** Bounds of what waits for one node (default 10 000 items, 32 MiB); past them send waits for room. */
   maxQueuedItems?: number;
   maxQueuedBytes?: number;
@@ -114,6 +119,9 @@ export type { Route };
 /** The server's limit of items per SendBatch. */
 export const MAX_BATCH_ITEMS = 1000;
 
+/** The most maxBatchesInFlight allows. */
+export const MAX_BATCHES_IN_FLIGHT = 64;
+
 const defaults = {
   deadlineMs: 30_000,
   attemptTimeoutMs: 10_000,
@@ -121,6 +129,7 @@ const defaults = {
   maxBackoffMs: 1_000,
   routeCacheSize: 65_536,
   maxBatchBytes: 3 << 20,
+  maxBatchesInFlight: 4,
   maxQueuedItems: 10_000,
   maxQueuedBytes: 32 << 20,
 };
@@ -326,6 +335,10 @@ export class SequencerClient {
     if (maxItems < 1 || maxItems > MAX_BATCH_ITEMS) {
       throw new SequencerError("invalid_argument", `sequencer client: maxBatchItems: must be 1..${MAX_BATCH_ITEMS}, got ${maxItems}`);
     }
+    const inFlight = opts.maxBatchesInFlight ?? defaults.maxBatchesInFlight;
+    if (!Number.isInteger(inFlight) || inFlight < 1 || inFlight > MAX_BATCHES_IN_FLIGHT) {
+      throw new SequencerError("invalid_argument", `sequencer client: maxBatchesInFlight: must be 1..${MAX_BATCHES_IN_FLIGHT}, got ${inFlight}`);
+    }
     this.interceptors = [];
     if (opts.token !== undefined) {
       const auth = `Bearer ${opts.token}`;
@@ -354,6 +367,7 @@ export class SequencerClient {
     return new Node(url, seed, sessions, transport, {
       maxItems: this.opts.maxBatchItems ?? MAX_BATCH_ITEMS,
       maxBytes: this.opts.maxBatchBytes ?? defaults.maxBatchBytes,
+      maxInFlight: this.opts.maxBatchesInFlight ?? defaults.maxBatchesInFlight,
       maxQueuedItems: this.opts.maxQueuedItems ?? defaults.maxQueuedItems,
       maxQueuedBytes: this.opts.maxQueuedBytes ?? defaults.maxQueuedBytes,
       timeoutMs: this.retry.attemptTimeoutMs,

@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
-import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, type SendInput } from "../src/index.js";
+import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, type SendInput, type SendResult } from "../src/index.js";
 import { startSingle, type NodeProc } from "./harness.js";
 
 let node: NodeProc;
@@ -215,42 +215,129 @@ describe("single node", () => {
     }
   });
 
-  test("C09 coalescing: sends queue while a request is in flight; at most 1000 items per request", async () => {
-    let release!: () => void;
-    const gate = new Promise<void>((r) => (release = r));
-    let held = false;
-    const hold: Interceptor = (next) => async (req) => {
-      if (req.method.name === "SendBatch" && !held) {
-        held = true;
-        await gate;
+  test("C09 coalescing: up to maxBatchesInFlight (default 4) SendBatch requests in flight per node, one conversation never in two; with 1, sends queue behind the one in flight; each conversation's seqs contiguous and in call order; at most 1000 items per request", async () => {
+    // flight watches SendBatch requests between the client and the node:
+    // how many are in flight at most, and whether a conversation is in two.
+    const flight = { now: 0, max: 0, convs: new Set<string>(), overlaps: [] as string[], holding: false, held: [] as Array<() => void> };
+    const watch: Interceptor = (next) => async (req) => {
+      if (req.method.name !== "SendBatch") {
+        return next(req);
       }
-      return next(req);
+      const convs = new Set((req.message as unknown as { items: { convId: string }[] }).items.map((i) => i.convId));
+      for (const c of convs) {
+        if (flight.convs.has(c)) {
+          flight.overlaps.push(c);
+        }
+        flight.convs.add(c);
+      }
+      flight.max = Math.max(flight.max, ++flight.now);
+      try {
+        if (flight.holding) {
+          await new Promise<void>((r) => flight.held.push(r));
+        }
+        return await next(req);
+      } finally {
+        flight.now--;
+        for (const c of convs) {
+          flight.convs.delete(c);
+        }
+      }
     };
-    const rec = recorder();
-    const c = client({ interceptors: [rec.icpt, hold] });
-    try {
-      await c.route("ts:c09");
-      const first = c.send({ convId: "ts:c09", fromUid: 1n, body: "first" });
-      await new Promise((r) => setImmediate(r)); // the first request is out (held)
-      assert.equal(rec.count("SendBatch"), 1);
-      const more = Array.from({ length: 10 }, (_, i) => c.send({ convId: "ts:c09", fromUid: 1n, body: `more ${i}` }));
-      await new Promise((r) => setImmediate(r));
-      assert.equal(rec.count("SendBatch"), 1, "queued behind the in-flight request");
-      release();
-      const res = await Promise.all([first, ...more]);
-      assert.deepEqual(rec.calls.filter((x) => x.method === "SendBatch").map((x) => x.items), [1, 10]);
-      assert.deepEqual(res.map((r) => r.seq), Array.from({ length: 11 }, (_, i) => BigInt(i + 1)));
+    const releaseAll = () => {
+      flight.holding = false;
+      for (const r of flight.held.splice(0)) {
+        r();
+      }
+    };
+    const tick = () => new Promise((r) => setImmediate(r));
+    const until = async (what: string, cond: () => boolean) => {
+      for (const end = Date.now() + 5000; !cond(); await new Promise((r) => setTimeout(r, 5))) {
+        assert.ok(Date.now() < end, `timed out waiting for ${what}`);
+      }
+    };
+    const batches = (rec: ReturnType<typeof recorder>) => rec.calls.filter((x) => x.method === "SendBatch");
 
+    // maxBatchesInFlight 1: sends to other conversations wait behind the request in flight, then go together.
+    const rec1 = recorder();
+    const one = client({ maxBatchesInFlight: 1, interceptors: [rec1.icpt, watch] });
+    try {
+      await Promise.all(Array.from({ length: 11 }, (_, i) => one.route(`ts:c09-one-${i}`)));
+      flight.holding = true;
+      const first = one.send({ convId: "ts:c09-one-0", fromUid: 1n, body: "first" });
+      await until("the first request", () => flight.held.length === 1);
+      const more = Array.from({ length: 10 }, (_, i) => one.send({ convId: `ts:c09-one-${i + 1}`, fromUid: 1n, body: `more ${i}` }));
+      await tick();
+      await tick();
+      assert.equal(rec1.count("SendBatch"), 1, "queued behind the in-flight request");
+      releaseAll();
+      const res = await Promise.all([first, ...more]);
+      assert.deepEqual(batches(rec1).map((x) => x.items), [1, 10]);
+      assert.ok(res.every((r) => r.seq === 1n));
+      assert.equal(flight.max, 1);
+    } finally {
+      releaseAll();
+      one.close();
+    }
+
+    // The default: 4 requests in flight, not 5; a conversation in flight waits for its answer.
+    flight.max = 0;
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt, watch] });
+    try {
+      const convs = Array.from({ length: 5 }, (_, i) => `ts:c09-four-${i}`);
+      await Promise.all(convs.map((cv) => c.route(cv)));
+      flight.holding = true;
+      const sent: Array<Promise<SendResult>> = [];
+      for (let i = 0; i < 4; i++) {
+        sent.push(c.send({ convId: convs[i], fromUid: 1n, body: `${i}` }));
+        await until(`request ${i + 1} in flight`, () => flight.held.length === i + 1);
+      }
+      sent.push(c.send({ convId: convs[4], fromUid: 1n, body: "fifth" }), c.send({ convId: convs[0], fromUid: 1n, body: "again" }));
+      await tick();
+      await tick();
+      assert.equal(rec.count("SendBatch"), 4, "4 in flight: the next sends queue");
+      releaseAll();
+      const res = await Promise.all(sent);
+      assert.deepEqual(res.map((r) => r.seq), [1n, 1n, 1n, 1n, 1n, 2n]);
+      assert.equal(flight.max, 4, "4 requests were in flight at once, never 5");
+      assert.deepEqual(batches(rec).slice(4).flatMap((x) => x.keys).sort(), [res[4].clientMsgId, res[5].clientMsgId].sort(), "both went after an answer");
+
+      // Many concurrent sends over 64 conversations, in waves across ticks;
+      // a wave's 8 conversations differ from the previous waves', so requests overlap.
+      const n = 64;
+      await Promise.all(Array.from({ length: n }, (_, i) => c.route(`ts:c09-load-${i}`)));
+      flight.max = 0;
+      const calls: Array<{ conv: number; p: Promise<SendResult> }> = [];
+      for (let w = 0; w < 60; w++) {
+        for (let i = 0; i < 100; i++) {
+          const conv = (w * 8 + (i % 8) + (w >> 3)) % n;
+          calls.push({ conv, p: c.send({ convId: `ts:c09-load-${conv}`, fromUid: 2n, body: `${w}/${i}` }) });
+        }
+        await tick();
+      }
+      const res2 = await Promise.all(calls.map((x) => x.p));
+      for (let conv = 0; conv < n; conv++) {
+        const seqs = res2.filter((_, k) => calls[k].conv === conv).map((r) => r.seq);
+        assert.deepEqual(seqs, seqs.map((_, k) => BigInt(k + 1)), `conversation ${conv}: seqs contiguous, in call order`);
+        assert.equal(await c.getHead(`ts:c09-load-${conv}`), BigInt(seqs.length));
+      }
+      assert.ok(res2.every((r) => !r.duplicate), "no retries");
+
+      // A burst above the cap: at most 1000 items per request.
       await Promise.all(Array.from({ length: 50 }, (_, i) => c.route(`ts:c09-${i}`)));
+      const before = rec.count("SendBatch");
       const big = Array.from({ length: 2 * MAX_BATCH_ITEMS + 500 }, (_, i): SendInput => ({ convId: `ts:c09-${i % 50}`, fromUid: 2n, body: "x" }));
       const out = await c.sendMany(big);
       assert.ok(out.every((o) => o.ok));
-      assert.deepEqual(rec.calls.filter((x) => x.method === "SendBatch").slice(2).map((x) => x.items), [1000, 1000, 500]);
+      assert.deepEqual(batches(rec).slice(before).map((x) => x.items), [1000, 1000, 500], "each request holds all 50 conversations: one at a time");
+      assert.ok(batches(rec).every((x) => x.items <= MAX_BATCH_ITEMS));
       // A burst of one conversation whose route is not cached yet shares one Route and keeps its order.
       const fresh = await c.sendMany(Array.from({ length: 20 }, (): SendInput => ({ convId: "ts:c09-fresh", fromUid: 3n, body: "y" })));
       assert.deepEqual(fresh.map((o) => (o.ok ? o.result.seq : -1n)), Array.from({ length: 20 }, (_, i) => BigInt(i + 1)));
+      assert.ok(flight.max <= 4, `${flight.max} requests in flight`);
+      assert.deepEqual(flight.overlaps, [], "no conversation in two requests in flight");
     } finally {
-      release();
+      releaseAll();
       c.close();
     }
   });
