@@ -73,6 +73,9 @@ type Config struct {
 	ServeBin string
 	// Protocol the SDK engines (e, e-batch) speak: grpc (default) or connect.
 	Protocol string
+	// BatchesInFlight is the most SendBatch requests the e-batch engines'
+	// SDK keeps in flight (0: the SDK's default).
+	BatchesInFlight int
 	// SQLiteDir is where the SQLite engines' files go: a directory
 	// seqbench-<run id> inside it, removed at the end unless Keep. Default
 	// the system's temporary directory.
@@ -231,6 +234,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for the e engines on PostgreSQL, e.g. http://127.0.0.1:7070")
 	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary the e engines start as 'serve' on a fresh store per scenario (default: sequencer beside this executable)")
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
+	fs.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the e-batch engines: most SendBatch requests in flight to the node (0: the Go SDK's default, client.DefaultBatchMaxInFlight)")
 	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
 	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections of engines b and c (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
@@ -282,6 +286,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	if cfg.Protocol != "grpc" && cfg.Protocol != "connect" {
 		return fmt.Errorf("--protocol must be grpc or connect, got %q", cfg.Protocol)
+	}
+	if cfg.BatchesInFlight < 0 || cfg.BatchesInFlight > 64 {
+		return fmt.Errorf("--batches-in-flight must be 0..64, got %d", cfg.BatchesInFlight)
 	}
 	needRedis, needPG, needSQLite := false, false, false
 	for i, s := range specs {
@@ -469,7 +476,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
-		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,

@@ -210,6 +210,8 @@ func TestMainHelpAndBadFlags(t *testing.T) {
 		{"--engines", "e-json"}, // so does every e engine
 		{"--engines", "e-batch-sqlite", "--target", "http://127.0.0.1:1"}, // starts its own server
 		{"--skew", "0.5"},
+		{"--engines", "a", "--batches-in-flight", "-1"},
+		{"--engines", "a", "--batches-in-flight", "65"},
 		{"stray"},
 	} {
 		errb.Reset()

@@ -73,6 +73,9 @@ type Env struct {
 	// Protocol is the RPC protocol the SDK engines (e, e-batch) speak:
 	// "grpc" or "connect".
 	Protocol string
+	// BatchesInFlight is e-batch's client.BatchPolicy.MaxInFlight (0: the
+	// SDK's default).
+	BatchesInFlight int
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
 	CopyWriters int

@@ -100,7 +100,7 @@ func newSDKClient(batching bool) func(env Env) (Engine, error) {
 		c, err := client.New(client.Config{
 			Addrs: []string{env.Target}, Protocol: proto, DisableRouting: true,
 			Retry:    client.RetryPolicy{MaxAttempts: 1},
-			Batching: client.BatchPolicy{Disabled: !batching},
+			Batching: client.BatchPolicy{Disabled: !batching, MaxInFlight: env.BatchesInFlight},
 		})
 		if err != nil {
 			return nil, err

@@ -14,9 +14,12 @@ import (
 )
 
 // batcher coalesces the Sends to one node into SendBatch requests: at most
-// one request in flight; whatever queued meanwhile goes out in the next
-// one (up to MaxItems / MaxBytes), so the batch size follows the load and
-// an idle client adds no delay.
+// MaxInFlight requests in flight; whatever queued meanwhile goes out in the
+// next one (up to MaxItems / MaxBytes), so the batch size follows the load
+// and an idle client adds no delay. The items of one conversation are never
+// in two requests in flight at once: an item whose conversation is in a
+// request still in flight waits in the queue for that request's answer, so
+// items of one conversation queued in order are stored in that order.
 type batcher struct {
 	n      *node
 	policy BatchPolicy
@@ -30,7 +33,8 @@ type batcher struct {
 	space    *sync.Cond // broadcast when the queue shrinks or a waiter's ctx ends
 	queue    []*queued
 	bytes    int
-	inflight bool
+	inflight int            // requests in flight (flush goroutines running)
+	busy     map[string]int // items in flight, by conversation
 }
 
 // queued is one Send waiting for its place in a request and its answer.
@@ -66,7 +70,7 @@ func (e *itemError) Error() string { return e.ce.Error() }
 func (e *itemError) Unwrap() error { return e.ce }
 
 func newBatcher(n *node, p BatchPolicy, budget time.Duration) *batcher {
-	b := &batcher{n: n, policy: p, budget: budget}
+	b := &batcher{n: n, policy: p, budget: budget, busy: map[string]int{}}
 	b.space = sync.NewCond(&b.mu)
 	return b
 }
@@ -113,20 +117,23 @@ func (b *batcher) enqueue(ctx context.Context, q *queued) error {
 	}
 	b.queue = append(b.queue, q)
 	b.bytes += q.size
-	if !b.inflight {
-		b.inflight = true
+	if b.inflight < b.policy.MaxInFlight && b.busy[q.msg.GetConvId()] == 0 {
+		b.inflight++
 		go b.flush()
 	}
 	return nil
 }
 
-// flush sends requests until the queue is empty.
+// flush sends requests until nothing in the queue can go: the queue is
+// empty, or each item's conversation is in a request still in flight (the
+// flush goroutine of that request takes them after its answer).
 func (b *batcher) flush() {
 	if b.policy.Linger > 0 {
 		time.Sleep(b.policy.Linger)
 	}
+	var batch []*queued
 	for {
-		batch := b.take()
+		batch = b.take(batch)
 		if batch == nil {
 			return
 		}
@@ -134,28 +141,46 @@ func (b *batcher) flush() {
 	}
 }
 
-// take removes the next request's items from the queue (nil: queue empty,
-// and no request is in flight any more).
-func (b *batcher) take() []*queued {
+// take releases the conversations of done, the request just answered (nil
+// at first), and removes the next request's items from the queue: in queue
+// order, up to MaxItems / MaxBytes, skipping the items whose conversation is
+// in another request in flight. Nil: nothing can go, and this flush
+// goroutine is no longer in flight.
+func (b *batcher) take(done []*queued) []*queued {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
-		b.inflight = false
-		return nil
+	for _, q := range done {
+		conv := q.msg.GetConvId()
+		if b.busy[conv]--; b.busy[conv] == 0 {
+			delete(b.busy, conv)
+		}
 	}
-	n, size := 0, 0
-	for n < len(b.queue) && n < b.policy.MaxItems {
-		if n > 0 && size+b.queue[n].size > b.policy.MaxBytes {
+	batch := make([]*queued, 0, min(len(b.queue), b.policy.MaxItems))
+	size, kept := 0, 0
+	for i, q := range b.queue {
+		if len(batch) == b.policy.MaxItems || (len(batch) > 0 && size+q.size > b.policy.MaxBytes) {
+			kept += copy(b.queue[kept:], b.queue[i:]) // full: the rest stays, in order
 			break
 		}
-		size += b.queue[n].size
-		n++
+		if b.busy[q.msg.GetConvId()] > 0 {
+			b.queue[kept] = q
+			kept++
+			continue
+		}
+		batch = append(batch, q)
+		size += q.size
 	}
-	batch := make([]*queued, n)
-	copy(batch, b.queue)
-	rest := copy(b.queue, b.queue[n:])
-	clear(b.queue[rest:])
-	b.queue = b.queue[:rest]
+	// The busy marks go on after the scan: items of one conversation that
+	// both fit go in this request, in queue order.
+	for _, q := range batch {
+		b.busy[q.msg.GetConvId()]++
+	}
+	clear(b.queue[kept:])
+	b.queue = b.queue[:kept]
+	if len(batch) == 0 {
+		b.inflight--
+		return nil
+	}
 	b.bytes -= size
 	b.space.Broadcast()
 	return batch

@@ -23,9 +23,11 @@ import (
 
 // countingTransport counts the RPC requests by method.
 type countingTransport struct {
-	base http.RoundTripper
-	mu   sync.Mutex
-	n    map[string]int
+	base     http.RoundTripper
+	mu       sync.Mutex
+	n        map[string]int
+	inFlight int // SendBatch requests sent whose response headers have not come back
+	most     int
 }
 
 func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -33,7 +35,27 @@ func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	c.mu.Lock()
 	c.n[m]++
 	c.mu.Unlock()
+	if m != "SendBatch" {
+		return c.base.RoundTrip(req)
+	}
+	c.mu.Lock()
+	c.inFlight++
+	c.most = max(c.most, c.inFlight)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.inFlight--
+		c.mu.Unlock()
+	}()
 	return c.base.RoundTrip(req)
+}
+
+// mostInFlight is the most SendBatch requests seen in flight at once (a lower bound
+// of the real figure: a request counts until its response headers arrive).
+func (c *countingTransport) mostInFlight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.most
 }
 
 func (c *countingTransport) count(m string) int {
@@ -152,6 +174,148 @@ func TestSendMany(t *testing.T) {
 			t.Fatalf("resend of item %d: %+v %v, first %+v", i, res2[i], errs2[i], res[i])
 		}
 	}
+}
+
+// CLIENTS.md C09 and U6: up to MaxInFlight SendBatch requests to one node
+// are in flight at once, never more; a message whose conversation is in a
+// request in flight waits for that request's answer while other
+// conversations' messages go, and nothing waits longer than that.
+func TestBatchesInFlightAndConversationOrder(t *testing.T) {
+	f := startFake(t)
+	type held struct {
+		convs   []string
+		release chan struct{}
+	}
+	arrived := make(chan held, 16)
+	f.setBatch(func(items []*sequencerv1.SendRequest) {
+		h := held{release: make(chan struct{})}
+		for _, it := range items {
+			h.convs = append(h.convs, it.GetConvId())
+		}
+		arrived <- h
+		<-h.release
+	})
+	c := newClient(t, client.Config{Addrs: []string{f.addr}, DisableRouting: true,
+		Batching: client.BatchPolicy{MaxInFlight: 2}})
+	ctx := ctxT(t)
+	type answer struct {
+		key string
+		res client.SendResult
+		err error
+	}
+	answers := make(chan answer, 16)
+	sendAsync := func(conv, key string) {
+		go func() {
+			res, err := c.Send(ctx, client.SendRequest{ConvID: conv, FromUID: 1, ClientMsgID: key, Body: []byte("x")})
+			answers <- answer{key, res, err}
+		}()
+	}
+	next := func(want string) held {
+		t.Helper()
+		select {
+		case h := <-arrived:
+			if strings.Join(h.convs, ",") != want {
+				t.Fatalf("request carries %v, want [%s]", h.convs, want)
+			}
+			return h
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no request for [%s]", want)
+			return held{}
+		}
+	}
+	queued := func(n int, what string) {
+		t.Helper()
+		testwait.For(t, 10*time.Second, time.Millisecond, what, func() bool { return client.QueuedAt(c, f.addr) == n })
+	}
+
+	sendAsync("x", "x1")
+	r1 := next("x")
+	sendAsync("x", "x2") // x is in flight: waits
+	queued(1, "x2 to wait behind the request holding x1")
+	sendAsync("y", "y1") // another conversation: a second request
+	r2 := next("y")
+	sendAsync("z", "z1") // two in flight, the most: waits
+	queued(2, "z1 to wait: two requests in flight")
+	select {
+	case h := <-arrived:
+		t.Fatalf("a third request went out while two were in flight: %v", h.convs)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if n := client.QueuedAt(c, f.addr); n != 2 {
+		t.Fatalf("%d queued, want x2 and z1", n)
+	}
+	close(r2.release) // y answered: z1 goes, x2 still waits for x1
+	r3 := next("z")
+	if n := client.QueuedAt(c, f.addr); n != 1 {
+		t.Fatalf("%d queued after y's answer, want x2 alone", n)
+	}
+	close(r1.release) // x1 answered: x2 goes
+	r4 := next("x")
+	close(r3.release)
+	close(r4.release)
+	seqs := map[string]uint64{}
+	for range 4 {
+		a := <-answers
+		if a.err != nil {
+			t.Fatalf("send %s: %v", a.key, a.err)
+		}
+		seqs[a.key] = a.res.Seq
+	}
+	if seqs["x1"] >= seqs["x2"] {
+		t.Fatalf("x1 stored at %d, x2 at %d: not in queue order", seqs["x1"], seqs["x2"])
+	}
+}
+
+// SendMany's items of one conversation are stored in item order although
+// several requests are in flight (other senders keep the node busy, so the
+// items are spread over many requests).
+func TestSendManyOrderWithRequestsInFlight(t *testing.T) {
+	ctx := ctxT(t)
+	node := startNode(t, t.TempDir(), "127.0.0.1:0")
+	tr := &countingTransport{base: h2cTransport(), n: map[string]int{}}
+	t.Cleanup(tr.base.(*http.Transport).CloseIdleConnections)
+	c := newClient(t, client.Config{Addrs: []string{node.Addr()}, HTTPClient: &http.Client{Transport: tr},
+		Batching: client.BatchPolicy{MaxItems: 16}})
+	stop := make(chan struct{})
+	var noise sync.WaitGroup
+	for s := range 16 {
+		noise.Add(1)
+		go func() {
+			defer noise.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := c.Send(ctx, client.SendRequest{ConvID: fmt.Sprintf("noise:%d", s), FromUID: 1, Body: []byte("n")}); err != nil {
+					t.Errorf("noise send: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	var reqs []client.SendRequest
+	for i := range 2000 {
+		reqs = append(reqs, client.SendRequest{ConvID: fmt.Sprintf("o:%d", i%20), FromUID: 1, ClientMsgID: fmt.Sprint("m", i), Body: []byte(fmt.Sprint(i))})
+	}
+	res, errs := c.SendMany(ctx, reqs)
+	close(stop)
+	noise.Wait()
+	last := map[string]uint64{}
+	for i := range reqs {
+		if errs[i] != nil {
+			t.Fatalf("item %d: %v", i, errs[i])
+		}
+		if res[i].Seq != last[reqs[i].ConvID]+1 {
+			t.Fatalf("item %d of %s got seq %d after %d: not in item order", i, reqs[i].ConvID, res[i].Seq, last[reqs[i].ConvID])
+		}
+		last[reqs[i].ConvID] = res[i].Seq
+	}
+	if most := tr.mostInFlight(); most > client.DefaultBatchMaxInFlight {
+		t.Fatalf("%d requests in flight at once, the most allowed is %d", most, client.DefaultBatchMaxInFlight)
+	}
+	t.Logf("%d SendBatch requests, at most %d in flight at once", tr.count("SendBatch"), tr.mostInFlight())
 }
 
 // A full queue for a node blocks Send until there is room or its ctx ends.

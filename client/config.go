@@ -90,6 +90,7 @@ const (
 	DefaultBatchMaxBytes       = 3 << 20
 	DefaultBatchMaxQueuedItems = 10000
 	DefaultBatchMaxQueuedBytes = 32 << 20
+	DefaultBatchMaxInFlight    = 4
 )
 
 // Config configures a Client. Only Addrs is required.
@@ -139,11 +140,13 @@ type Config struct {
 }
 
 // BatchPolicy coalesces concurrent Sends to the same node into SendBatch
-// requests, adaptively like the server's group commit: while one request to
-// a node is in flight, the next Sends queue and go out together when it
-// returns. Each Send still gets its own result and error, and is retried on
-// its own with its own client_msg_id. The zero value of every field means its
-// documented default.
+// requests, adaptively like the server's group commit: while MaxInFlight
+// requests to a node are in flight, the next Sends queue and go out together
+// when one returns. The messages of one conversation are never in two
+// requests in flight at once, so messages of one conversation queued in
+// order (SendMany's items) are stored in that order. Each Send still gets its
+// own result and error, and is retried on its own with its own
+// client_msg_id. The zero value of every field means its documented default.
 type BatchPolicy struct {
 	// Disabled sends every message in its own Send RPC. Default false.
 	Disabled bool
@@ -161,6 +164,9 @@ type BatchPolicy struct {
 	// and 32 MiB.
 	MaxQueuedItems int
 	MaxQueuedBytes int
+	// MaxInFlight is the most SendBatch requests in flight to one node at
+	// once (1..64). Default 4.
+	MaxInFlight int
 }
 
 // withDefaults returns c with every zero field set to its default.
@@ -180,6 +186,9 @@ func (c Config) withDefaults() Config {
 	}
 	if b.MaxQueuedBytes == 0 {
 		b.MaxQueuedBytes = DefaultBatchMaxQueuedBytes
+	}
+	if b.MaxInFlight == 0 {
+		b.MaxInFlight = DefaultBatchMaxInFlight
 	}
 	if c.Retry.AttemptTimeout == 0 {
 		c.Retry.AttemptTimeout = DefaultAttemptTimeout
@@ -236,6 +245,9 @@ func (c Config) validate() error {
 	}
 	if b := c.Batching; b.MaxItems < 0 || b.MaxItems > 1000 || b.MaxBytes < 0 || b.MaxQueuedItems < 0 || b.MaxQueuedBytes < 0 || b.Linger < 0 {
 		errs = append(errs, fmt.Errorf("batching %+v: max_items must be 1..1000 and the other bounds >= 0", b))
+	}
+	if n := c.Batching.MaxInFlight; n < 0 || n > 64 {
+		errs = append(errs, fmt.Errorf("batching.max_in_flight %d: must be 1..64", n))
 	}
 	return errors.Join(errs...)
 }

@@ -35,6 +35,7 @@ type fakeNode struct {
 	sendKeys []string                                                // client_msg_ids received
 	stored   map[string]uint64                                       // client_msg_id -> seq
 	noBatch  bool                                                    // answer SendBatch unimplemented (an older server)
+	batchFn  func(items []*sequencerv1.SendRequest)                  // called as a SendBatch arrives; nil: nothing
 }
 
 func startFake(t *testing.T) *fakeNode {
@@ -64,6 +65,12 @@ func (f *fakeNode) routeTo(address, nodeID string, v uint64) {
 	f.setRoute(func(string) (*sequencerv1.RouteResponse, error) {
 		return &sequencerv1.RouteResponse{NodeId: nodeID, Address: address, Partition: 7, Epoch: 3, MembershipVersion: v}, nil
 	})
+}
+
+func (f *fakeNode) setBatch(fn func(items []*sequencerv1.SendRequest)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batchFn = fn
 }
 
 func (f *fakeNode) setSend(fn func(n int) error) {
@@ -109,10 +116,13 @@ func (f *fakeNode) Send(_ context.Context, req *connect.Request[sequencerv1.Send
 // becomes that item's error).
 func (f *fakeNode) SendBatch(ctx context.Context, req *connect.Request[sequencerv1.SendBatchRequest]) (*connect.Response[sequencerv1.SendBatchResponse], error) {
 	f.mu.Lock()
-	old := f.noBatch
+	old, hook := f.noBatch, f.batchFn
 	f.mu.Unlock()
 	if old {
 		return f.UnimplementedSequencerServiceHandler.SendBatch(ctx, req)
+	}
+	if hook != nil {
+		hook(req.Msg.GetItems())
 	}
 	out := &sequencerv1.SendBatchResponse{}
 	for _, it := range req.Msg.GetItems() {
