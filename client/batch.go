@@ -16,10 +16,12 @@ import (
 // batcher coalesces the Sends to one node into SendBatch requests: at most
 // MaxInFlight requests in flight; whatever queued meanwhile goes out in the
 // next one (up to MaxItems / MaxBytes), so the batch size follows the load
-// and an idle client adds no delay. The items of one conversation are never
-// in two requests in flight at once: an item whose conversation is in a
-// request still in flight waits in the queue for that request's answer, so
-// items of one conversation queued in order are stored in that order.
+// and an idle client adds no delay. Ordered items (SendMany's) of one
+// conversation are never in two requests in flight at once: such an item
+// whose conversation has an ordered item in a request still in flight waits
+// in the queue for that request's answer, so they are stored in item order.
+// Sends from concurrent goroutines have no order between them and may go in
+// concurrent requests, so a hot conversation keeps the node busy.
 type batcher struct {
 	n      *node
 	policy BatchPolicy
@@ -34,14 +36,15 @@ type batcher struct {
 	queue    []*queued
 	bytes    int
 	inflight int            // requests in flight (flush goroutines running)
-	busy     map[string]int // items in flight, by conversation
+	busy     map[string]int // ordered items in flight, by conversation
 }
 
 // queued is one Send waiting for its place in a request and its answer.
 type queued struct {
-	msg  *sequencerv1.SendRequest
-	size int
-	done chan itemAnswer // buffered 1
+	msg     *sequencerv1.SendRequest
+	size    int
+	ordered bool            // a SendMany item: ordered with its conversation's other items
+	done    chan itemAnswer // buffered 1
 }
 
 type itemAnswer struct {
@@ -82,9 +85,11 @@ func itemSize(m *sequencerv1.SendRequest) int {
 
 // send queues msg for the node and waits for its answer (or ctx). A full
 // queue blocks until there is room or ctx ends. queuedHook is called once
-// msg is queued (or failed to be).
-func (b *batcher) send(ctx context.Context, msg *sequencerv1.SendRequest, queuedHook func()) (*sequencerv1.SendResponse, error) {
-	q := &queued{msg: msg, size: itemSize(msg), done: make(chan itemAnswer, 1)}
+// msg is queued (or failed to be). ordered: msg is never in a request
+// together in flight with another request holding an ordered item of its
+// conversation.
+func (b *batcher) send(ctx context.Context, msg *sequencerv1.SendRequest, ordered bool, queuedHook func()) (*sequencerv1.SendResponse, error) {
+	q := &queued{msg: msg, size: itemSize(msg), ordered: ordered, done: make(chan itemAnswer, 1)}
 	err := b.enqueue(ctx, q)
 	queuedHook()
 	if err != nil {
@@ -117,7 +122,7 @@ func (b *batcher) enqueue(ctx context.Context, q *queued) error {
 	}
 	b.queue = append(b.queue, q)
 	b.bytes += q.size
-	if b.inflight < b.policy.MaxInFlight && b.busy[q.msg.GetConvId()] == 0 {
+	if b.inflight < b.policy.MaxInFlight && !b.waits(q) {
 		b.inflight++
 		go b.flush()
 	}
@@ -125,8 +130,9 @@ func (b *batcher) enqueue(ctx context.Context, q *queued) error {
 }
 
 // flush sends requests until nothing in the queue can go: the queue is
-// empty, or each item's conversation is in a request still in flight (the
-// flush goroutine of that request takes them after its answer).
+// empty, or each item waits for an ordered item of its conversation in a
+// request still in flight (the flush goroutine of that request takes them
+// after its answer).
 func (b *batcher) flush() {
 	if b.policy.Linger > 0 {
 		time.Sleep(b.policy.Linger)
@@ -141,15 +147,23 @@ func (b *batcher) flush() {
 	}
 }
 
+// waits reports whether q must wait for another request in flight.
+func (b *batcher) waits(q *queued) bool {
+	return q.ordered && b.busy[q.msg.GetConvId()] > 0
+}
+
 // take releases the conversations of done, the request just answered (nil
 // at first), and removes the next request's items from the queue: in queue
-// order, up to MaxItems / MaxBytes, skipping the items whose conversation is
-// in another request in flight. Nil: nothing can go, and this flush
-// goroutine is no longer in flight.
+// order, up to MaxItems / MaxBytes, skipping the ordered items whose
+// conversation has ordered items in another request in flight. Nil:
+// nothing can go, and this flush goroutine is no longer in flight.
 func (b *batcher) take(done []*queued) []*queued {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, q := range done {
+		if !q.ordered {
+			continue
+		}
 		conv := q.msg.GetConvId()
 		if b.busy[conv]--; b.busy[conv] == 0 {
 			delete(b.busy, conv)
@@ -162,7 +176,7 @@ func (b *batcher) take(done []*queued) []*queued {
 			kept += copy(b.queue[kept:], b.queue[i:]) // full: the rest stays, in order
 			break
 		}
-		if b.busy[q.msg.GetConvId()] > 0 {
+		if b.waits(q) {
 			b.queue[kept] = q
 			kept++
 			continue
@@ -170,10 +184,12 @@ func (b *batcher) take(done []*queued) []*queued {
 		batch = append(batch, q)
 		size += q.size
 	}
-	// The busy marks go on after the scan: items of one conversation that
-	// both fit go in this request, in queue order.
+	// The busy marks go on after the scan: ordered items of one
+	// conversation that both fit go in this request, in queue order.
 	for _, q := range batch {
-		b.busy[q.msg.GetConvId()]++
+		if q.ordered {
+			b.busy[q.msg.GetConvId()]++
+		}
 	}
 	clear(b.queue[kept:])
 	b.queue = b.queue[:kept]

@@ -177,9 +177,10 @@ func TestSendMany(t *testing.T) {
 }
 
 // CLIENTS.md C09 and U6: up to MaxInFlight SendBatch requests to one node
-// are in flight at once, never more; a message whose conversation is in a
-// request in flight waits for that request's answer while other
-// conversations' messages go, and nothing waits longer than that.
+// are in flight at once, never more; an ordered item (SendMany's) whose
+// conversation has an ordered item in a request in flight waits for that
+// request's answer while other items go (an unordered Send of the same
+// conversation too), and nothing waits longer than that.
 func TestBatchesInFlightAndConversationOrder(t *testing.T) {
 	f := startFake(t)
 	type held struct {
@@ -196,7 +197,7 @@ func TestBatchesInFlightAndConversationOrder(t *testing.T) {
 		<-h.release
 	})
 	c := newClient(t, client.Config{Addrs: []string{f.addr}, DisableRouting: true,
-		Batching: client.BatchPolicy{MaxInFlight: 2}})
+		Batching: client.BatchPolicy{MaxInFlight: 3}})
 	ctx := ctxT(t)
 	type answer struct {
 		key string
@@ -204,9 +205,16 @@ func TestBatchesInFlightAndConversationOrder(t *testing.T) {
 		err error
 	}
 	answers := make(chan answer, 16)
-	sendAsync := func(conv, key string) {
+	sendAsync := func(conv, key string, ordered bool) {
 		go func() {
-			res, err := c.Send(ctx, client.SendRequest{ConvID: conv, FromUID: 1, ClientMsgID: key, Body: []byte("x")})
+			req := client.SendRequest{ConvID: conv, FromUID: 1, ClientMsgID: key, Body: []byte("x")}
+			var res client.SendResult
+			var err error
+			if ordered {
+				res, err = client.SendOrdered(ctx, c, req)
+			} else {
+				res, err = c.Send(ctx, req)
+			}
 			answers <- answer{key, res, err}
 		}()
 	}
@@ -228,33 +236,41 @@ func TestBatchesInFlightAndConversationOrder(t *testing.T) {
 		testwait.For(t, 10*time.Second, time.Millisecond, what, func() bool { return client.QueuedAt(c, f.addr) == n })
 	}
 
-	sendAsync("x", "x1")
+	sendAsync("x", "x1", true)
 	r1 := next("x")
-	sendAsync("x", "x2") // x is in flight: waits
+	sendAsync("x", "x2", true) // an ordered x is in flight: waits
 	queued(1, "x2 to wait behind the request holding x1")
-	sendAsync("y", "y1") // another conversation: a second request
+	sendAsync("y", "y1", true) // another conversation: a second request
 	r2 := next("y")
-	sendAsync("z", "z1") // two in flight, the most: waits
-	queued(2, "z1 to wait: two requests in flight")
+	sendAsync("x", "x3", false) // unordered: goes although x1 is in flight
+	r3 := next("x")
+	sendAsync("z", "z1", true) // three in flight, the most: waits
+	queued(2, "z1 to wait: three requests in flight")
 	select {
 	case h := <-arrived:
-		t.Fatalf("a third request went out while two were in flight: %v", h.convs)
+		t.Fatalf("a fourth request went out while three were in flight: %v", h.convs)
 	case <-time.After(50 * time.Millisecond):
 	}
 	if n := client.QueuedAt(c, f.addr); n != 2 {
 		t.Fatalf("%d queued, want x2 and z1", n)
 	}
 	close(r2.release) // y answered: z1 goes, x2 still waits for x1
-	r3 := next("z")
+	r4 := next("z")
 	if n := client.QueuedAt(c, f.addr); n != 1 {
 		t.Fatalf("%d queued after y's answer, want x2 alone", n)
 	}
+	close(r3.release) // x3 answered: x2 still waits, for x1
+	select {
+	case h := <-arrived:
+		t.Fatalf("a request went out after x3's answer while x1 is in flight: %v", h.convs)
+	case <-time.After(50 * time.Millisecond):
+	}
 	close(r1.release) // x1 answered: x2 goes
-	r4 := next("x")
-	close(r3.release)
+	r5 := next("x")
 	close(r4.release)
+	close(r5.release)
 	seqs := map[string]uint64{}
-	for range 4 {
+	for range 5 {
 		a := <-answers
 		if a.err != nil {
 			t.Fatalf("send %s: %v", a.key, a.err)

@@ -202,7 +202,7 @@ func (c *Client) send(ctx context.Context, req SendRequest, queued func()) (Send
 		}
 		var out *sequencerv1.SendResponse
 		if target.batch != nil && !target.batch.unsupported.Load() {
-			out, err = target.batch.send(ctx, msg, signal)
+			out, err = target.batch.send(ctx, msg, queued != nil, signal)
 		} else {
 			signal()
 			var resp *connect.Response[sequencerv1.SendResponse]

@@ -142,9 +142,10 @@ type Config struct {
 // BatchPolicy coalesces concurrent Sends to the same node into SendBatch
 // requests, adaptively like the server's group commit: while MaxInFlight
 // requests to a node are in flight, the next Sends queue and go out together
-// when one returns. The messages of one conversation are never in two
-// requests in flight at once, so messages of one conversation queued in
-// order (SendMany's items) are stored in that order. Each Send still gets its
+// when one returns. SendMany's items of one conversation are never in two
+// requests in flight at once, so they are stored in item order; Sends from
+// concurrent goroutines have no order between them and may share the
+// requests in flight even for one conversation. Each Send still gets its
 // own result and error, and is retried on its own with its own
 // client_msg_id. The zero value of every field means its documented default.
 type BatchPolicy struct {
