@@ -346,7 +346,7 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 		return nil
 	})
 	c := newClient(t, client.Config{Addrs: []string{f.addr}, DisableRouting: true,
-		Batching: client.BatchPolicy{MaxQueuedItems: 2}})
+		Batching: client.BatchPolicy{MaxQueuedItems: 2, MaxInFlight: 1}})
 	ctx := ctxT(t)
 	go func() {
 		_, _ = c.Send(ctx, client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "first", Body: []byte("x")})
