@@ -147,6 +147,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	wq.Add("_pragma", "cache_size(-"+strconv.Itoa(writerCacheKiB)+")")
 	wq.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(walCheckpointPages)+")")
 	wq.Set("_txlock", "immediate")
+	// The writer's -wal file gathers its writes (walbuf.go).
+	if err := registerWALBufVFS(); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	wq.Set("vfs", walBufVFS)
 	w, err := sql.Open("sqlite", file+"?"+wq.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
