@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -75,11 +76,36 @@ func (s *Store) insertStmts(ctx context.Context) map[int]*sql.Stmt {
 // TIMESTAMPTZ(3) column after persist/postgres truncates it.
 func storedMs(t time.Time) int64 { return t.UnixMilli() }
 
+// mergeRows bounds the rows of one transaction made of several Commit calls
+// (a single larger call still goes alone).
+const mergeRows = 4000
+
+// commitReq is one Commit call waiting for the writer goroutine.
+type commitReq struct {
+	ctx     context.Context
+	batches []persist.ConvBatch
+	rows    int
+	taken   bool // under Store.qmu: the writer has it; Commit waits for err
+	err     error
+	done    chan struct{}
+}
+
 // Commit writes all batches in one BEGIN IMMEDIATE transaction on the writer
 // connection; see persist.Store. An error before COMMIT rolls back and wraps
 // ErrStoreUnavailable (or is the refusal: *StaleFenceError,
 // *HeadMismatchError, *ConflictError); an error from COMMIT itself wraps
 // ErrUnknownOutcome.
+//
+// Concurrent calls are group-committed: SQLite has one writer, so the calls
+// that arrive while a transaction runs wait, and the writer goroutine then
+// commits them together in one transaction (up to mergeRows rows): one WAL
+// sync, each conversation's head page and each index page written once for
+// all of them. If that transaction fails before COMMIT (nothing written),
+// each call is committed again on its own, so each gets the answer it would
+// have had alone; an unknown outcome is every call's answer.
+//
+// Waiting for the writer is bounded by ctx; once its transaction has begun,
+// Commit returns when it ends (committed or rolled back), whatever ctx does.
 func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if err := persist.CheckBatches(batches); err != nil {
 		return err
@@ -87,6 +113,166 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if len(batches) == 0 {
 		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return unavailable("commit", err)
+	}
+	r := &commitReq{ctx: ctx, batches: batches, done: make(chan struct{})}
+	for i := range batches {
+		r.rows += len(batches[i].Messages)
+	}
+	s.qmu.Lock()
+	if s.closing {
+		s.qmu.Unlock()
+		return unavailable("commit", errors.New("store closed"))
+	}
+	s.queue = append(s.queue, r)
+	s.calls.Add(1)
+	s.qmu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+	}
+	s.qmu.Lock()
+	if !r.taken {
+		for i, q := range s.queue {
+			if q == r {
+				s.queue = append(s.queue[:i], s.queue[i+1:]...)
+				break
+			}
+		}
+		s.qmu.Unlock()
+		return unavailable("commit: waiting for the writer", ctx.Err())
+	}
+	s.qmu.Unlock()
+	<-r.done
+	return r.err
+}
+
+// writeLoop is the writer goroutine: it commits the queued calls, several
+// at a time, until Close.
+func (s *Store) writeLoop() {
+	defer close(s.loopDone)
+	for {
+		select {
+		case <-s.wake:
+		case <-s.stop:
+		}
+		for {
+			group := s.take()
+			if group == nil {
+				break
+			}
+			s.commitGroup(group)
+		}
+		select {
+		case <-s.stop:
+			if s.drained() {
+				return
+			}
+		default:
+		}
+	}
+}
+
+// drained reports whether nothing is queued (after Close: nothing more can
+// be).
+func (s *Store) drained() bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return len(s.queue) == 0
+}
+
+// take removes the longest prefix of the queue that fits in mergeRows rows
+// (at least one call); nil if the queue is empty.
+func (s *Store) take() []*commitReq {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	n, rows := 0, 0
+	for n < len(s.queue) {
+		k := s.queue[n].rows
+		if n > 0 && (rows+k > mergeRows) {
+			break
+		}
+		rows += k
+		s.queue[n].taken = true
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	s.groups.Add(1)
+	group := make([]*commitReq, n)
+	copy(group, s.queue)
+	rest := copy(s.queue, s.queue[n:])
+	clear(s.queue[rest:])
+	s.queue = s.queue[:rest]
+	return group
+}
+
+// commitGroup commits the calls of group in one transaction and answers
+// each of them.
+func (s *Store) commitGroup(group []*commitReq) {
+	if len(group) == 1 {
+		r := group[0]
+		r.err = s.commitTx(r.ctx, r.batches, true)
+		close(r.done)
+		return
+	}
+	var all []persist.ConvBatch
+	for _, r := range group {
+		all = append(all, r.batches...)
+	}
+	ctx, release := allDone(group)
+	// Keys two calls share, or a conversation in two calls, fail this
+	// transaction like any refusal and are sorted out below.
+	err := s.commitTx(ctx, all, false)
+	release()
+	if err != nil && !errors.Is(err, sequencer.ErrUnknownOutcome) {
+		// Nothing was written: each call on its own, in order.
+		for _, r := range group {
+			r.err = s.commitTx(r.ctx, r.batches, true)
+			close(r.done)
+		}
+		return
+	}
+	for _, r := range group {
+		r.err = err
+		close(r.done)
+	}
+}
+
+// allDone returns a context that ends when every call's context has ended
+// (the transaction is abandoned only when no caller waits for it), and the
+// function that releases it.
+func allDone(group []*commitReq) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int32
+	left.Store(int32(len(group)))
+	stops := make([]func() bool, len(group))
+	for i, r := range group {
+		stops[i] = context.AfterFunc(r.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// commitTx writes batches in one transaction. With lookup false a unique
+// key violation is reported as unavailable without looking up the rows that
+// hold the keys (the caller commits the calls again one by one).
+func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, lookup bool) error {
 	// Waiting for the writer connection is bounded by ctx. The transaction
 	// itself is not bound to ctx: database/sql would roll it back from
 	// another goroutine when ctx ends, racing with COMMIT. ctx bounds each
@@ -109,6 +295,9 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 		tx.Rollback()
 		var ce *conflictCause
 		if errors.As(err, &ce) {
+			if !lookup {
+				return unavailable("commit: unique key conflict", ce.err)
+			}
 			return s.conflicts(ctx, batches, ce.err)
 		}
 		return err

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	msqlite "modernc.org/sqlite"
@@ -80,6 +81,17 @@ type Store struct {
 
 	insMu sync.Mutex
 	ins   map[int]*sql.Stmt // prepared row INSERTs by row count (commit.go)
+
+	// The group commit (commit.go): Commit queues its call, the writer
+	// goroutine (writeLoop) takes the queue.
+	qmu      sync.Mutex
+	queue    []*commitReq
+	closing  bool
+	wake     chan struct{} // a call was queued (buffer 1)
+	stop     chan struct{} // closed by Close
+	loopDone chan struct{} // closed when writeLoop returned
+	calls    atomic.Int64  // Commit calls queued
+	groups   atomic.Int64  // groups of calls taken by writeLoop
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -135,6 +147,11 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	wq.Add("_pragma", "cache_size(-"+strconv.Itoa(writerCacheKiB)+")")
 	wq.Add("_pragma", "wal_autocheckpoint("+strconv.Itoa(walCheckpointPages)+")")
 	wq.Set("_txlock", "immediate")
+	// The writer's -wal file gathers its writes (walbuf.go).
+	if err := registerWALBufVFS(); err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	wq.Set("vfs", walBufVFS)
 	w, err := sql.Open("sqlite", file+"?"+wq.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
@@ -163,7 +180,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	r.SetMaxOpenConns(opts.ReadConns)
 	r.SetMaxIdleConns(opts.ReadConns)
 	ok = true
-	return &Store{path: abs, w: w, r: r, lock: lock}, nil
+	s := &Store{path: abs, w: w, r: r, lock: lock,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{})}
+	go s.writeLoop()
+	return s, nil
 }
 
 // Path returns the database file's absolute path.
@@ -186,6 +206,13 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes both pools (the WAL is checkpointed by SQLite on the last
 // close).
 func (s *Store) Close() error {
+	s.qmu.Lock()
+	if !s.closing {
+		s.closing = true
+		close(s.stop)
+	}
+	s.qmu.Unlock()
+	<-s.loopDone // the calls queued before Close are committed
 	s.insMu.Lock()
 	var errs []error
 	for _, st := range s.ins {
