@@ -186,6 +186,8 @@ func TestClusterZombie(t *testing.T) {
 	convs := convNames(100)
 	var pinnedErrs sync.Map // code -> count, for clients pinned to the zombie
 	var pinnedFatal atomic.Int64
+	var sdkErrMu sync.Mutex
+	var sdkErrSample []string // errors the SDK surfaced (it retries on its own)
 	l := &load{convs: convs, clients: 48, led: newLedger(),
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
 			if i%3 == 0 { // pinned to the zombie, raw gRPC
@@ -203,6 +205,11 @@ func TestClusterZombie(t *testing.T) {
 			}
 			res, err := sdk.Send(ctx, client.SendRequest{ConvID: conv, FromUID: from, ClientMsgID: cid, Body: body})
 			if err != nil {
+				sdkErrMu.Lock()
+				if len(sdkErrSample) < 5 {
+					sdkErrSample = append(sdkErrSample, fmt.Sprintf("%s: %v", cid, err))
+				}
+				sdkErrMu.Unlock()
 				return 0, 0, err
 			}
 			return res.MsgID, res.Seq, nil
@@ -252,7 +259,7 @@ func TestClusterZombie(t *testing.T) {
 		return true
 	})
 	if n := l.errs.Load(); n != 0 {
-		t.Errorf("%d sends failed for good", n)
+		t.Errorf("%d sends failed for good; the SDK's errors: %q", n, sdkErrSample)
 	}
 	l.led.verify(t, openStore(t, dsn), convs)
 	// Every stored row was acked to its client: no commit of the zombie landed
