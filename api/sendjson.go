@@ -1,9 +1,13 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sequencer-im/sequencer"
 
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
@@ -38,8 +42,17 @@ type sendJSON struct {
 var sendSpec = connect.Spec{Procedure: sequencerv1connect.SequencerServiceSendProcedure, StreamType: connect.StreamTypeUnary}
 
 // acceptCompression is the Accept-Encoding the Connect handler answers: the
-// names of its compressors (the default: gzip only).
-const acceptCompression = "gzip"
+// names of its compressors (the default: gzip only). It and contentTypes are
+// shared by every answer: header values are replaced or appended to (a new
+// array: len == cap), never written in place.
+var acceptCompression = []string{"gzip"}
+
+// contentTypes are the Content-Type answers of the direct path: the
+// request's own, as the Connect handler answers.
+var contentTypes = map[string][]string{
+	"application/json":                {"application/json"},
+	"application/json; charset=utf-8": {"application/json; charset=utf-8"},
+}
 
 func (h *sendJSON) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, ok := r.Body.(*body)
@@ -59,24 +72,36 @@ func (h *sendJSON) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	header := w.Header()
-	header["Content-Type"] = []string{ctype}
-	header["Accept-Encoding"] = []string{acceptCompression}
+	header["Content-Type"] = contentTypes[ctype]
+	header["Accept-Encoding"] = acceptCompression
 	res, err := h.call(r, msg)
 	if err != nil {
 		_ = h.ew.Write(w, r, err)
 		return
 	}
-	out, err := jsonCodec{}.MarshalAppend(b.out[:0], res.Msg)
-	if err != nil {
-		_ = h.ew.Write(w, r, connect.NewError(connect.CodeInternal, err))
+	out, ok := appendSendResult(b.out[:0], res)
+	if !ok { // a time protojson refuses: its error, as the codec answers it
+		_, err := jsonCodec{}.MarshalAppend(nil, sendResponse(res))
+		_ = h.ew.Write(w, r, connect.NewError(connect.CodeInternal, fmt.Errorf("marshal message: %w", err)))
 		return
 	}
 	b.out = out
 	_, _ = w.Write(out)
 }
 
+// appendSendResult appends the JSON of res's SendResponse (appendSendResponse)
+// without building it on the heap.
+func appendSendResult(dst []byte, res sequencer.SendResult) ([]byte, bool) {
+	r := sequencerv1.SendResponse{MsgId: res.MsgID, Seq: res.Seq, Duplicate: res.Duplicate}
+	ts := timestamppb.Timestamp{Seconds: res.ServerAt.Unix(), Nanos: int32(res.ServerAt.Nanosecond())}
+	if !res.ServerAt.IsZero() {
+		r.ServerAt = &ts
+	}
+	return appendSendResponse(dst, &r)
+}
+
 // call runs Send, answering a panic as connect.WithRecover does.
-func (h *sendJSON) call(r *http.Request, msg *sequencerv1.SendRequest) (res *connect.Response[sequencerv1.SendResponse], err error) {
+func (h *sendJSON) call(r *http.Request, msg *sequencerv1.SendRequest) (res sequencer.SendResult, err error) {
 	ctx := r.Context()
 	panicked := true
 	defer func() {
@@ -85,10 +110,10 @@ func (h *sendJSON) call(r *http.Request, msg *sequencerv1.SendRequest) (res *con
 			if p == http.ErrAbortHandler { //nolint:errorlint // net/http compares with ==
 				panic(p)
 			}
-			res, err = nil, h.svc.recovered(ctx, sendSpec, r.Header, p)
+			res, err = sequencer.SendResult{}, h.svc.recovered(ctx, sendSpec, r.Header, p)
 		}
 	}()
-	res, err = h.svc.Send(ctx, connect.NewRequest(msg))
+	res, err = h.svc.send(ctx, msg)
 	panicked = false
 	return res, err
 }

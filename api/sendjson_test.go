@@ -146,6 +146,12 @@ func TestSendJSONDirectMatchesConnect(t *testing.T) {
 		"duplicate": func(sequencer.SendRequest) (sequencer.SendResult, error) {
 			return sequencer.SendResult{MsgID: 5, Seq: 1, ServerAt: at, Duplicate: true}, nil
 		},
+		"time out of protojson's range": func(sequencer.SendRequest) (sequencer.SendResult, error) {
+			return sequencer.SendResult{MsgID: 5, Seq: 1, ServerAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, nil
+		},
+		"no time": func(sequencer.SendRequest) (sequencer.SendResult, error) {
+			return sequencer.SendResult{MsgID: 5, Seq: 1}, nil
+		},
 		"unavailable": func(sequencer.SendRequest) (sequencer.SendResult, error) {
 			return sequencer.SendResult{}, sequencer.Errorf(sequencer.CodeUnavailable, "store unavailable")
 		},
