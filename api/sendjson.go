@@ -8,7 +8,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
-
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -29,9 +28,9 @@ import (
 // the Connect handler unchanged. Errors are written by connect's
 // ErrorWriter (the Connect unary error JSON and status), a panic in Send is
 // answered like WithRecover's. Service.Send sets no response headers or
-// trailers, so the answer's headers are the Connect handler's own. Not installed when tracing is on (the
-// interceptor must see every call). sendjson_test.go compares its answers
-// with the Connect handler's.
+// trailers, so the answer's headers are the Connect handler's own. Not
+// installed when tracing is on (the interceptor must see every call).
+// sendjson_test.go compares its answers with the Connect handler's.
 type sendJSON struct {
 	svc  *Service
 	ew   *connect.ErrorWriter
