@@ -66,14 +66,25 @@ type Edge struct {
 // order: the request id (reqid: the caller's X-Request-Id when sane, else a
 // new one; answered in the X-Request-Id response header and logged as
 // request_id by a reqid.Handler), CORS (answers preflights), bearer token,
-// request size, then the Connect handler.
+// request size, then the Connect handler. A unary Send in Connect's JSON
+// form takes a direct path to the service instead of the Connect handler,
+// with the same answer (sendjson.go); not when tracing is on.
 func NewAPIMux(svc *Service, edge Edge) *http.ServeMux {
+	return newAPIMux(svc, edge, svc.tracer == nil)
+}
+
+// newAPIMux is NewAPIMux; direct installs the direct path of JSON Sends
+// (sendjson.go) in front of the Connect handler. The tests compare the two.
+func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 	limit := edge.MaxRequestBytes
 	if limit <= 0 {
 		limit = svc.ReadMaxBytes()
 	}
 	path, h := svc.Handler(connect.WithReadMaxBytes(limit))
 	ew := connect.NewErrorWriter()
+	if direct {
+		h = &sendJSON{svc: svc, ew: ew, next: h}
+	}
 	h = limitBody(svc, ew, int64(limit), h)
 	if edge.Tokens != nil {
 		h = requireToken(svc, ew, edge.Tokens, h)
@@ -197,6 +208,7 @@ func limitBody(svc *Service, ew *connect.ErrorWriter, limit int64, next http.Han
 type body struct {
 	buf bytes.Buffer
 	lim io.LimitedReader
+	out []byte // sendJSON's answer
 }
 
 func (b *body) Read(p []byte) (int, error) { return b.buf.Read(p) }

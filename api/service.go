@@ -212,21 +212,32 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 
 // Send validates the request and hands it to the Sender; the answer carries
 // the stored message's ids (the first send's on a resend, duplicate: true).
-func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (_ *connect.Response[sequencerv1.SendResponse], err error) {
+func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.SendRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
+	res, err := s.send(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(sendResponse(res)), nil
+}
+
+// send is Send but for building the answer's message (the direct JSON path
+// writes the result itself): validation, the Sender, metrics and logs, and
+// the error for the client.
+func (s *Service) send(ctx context.Context, msg *sequencerv1.SendRequest) (_ sequencer.SendResult, err error) {
 	dup := false
 	defer func(start time.Time) { s.observeSend(ctx, methodSend, start, err, dup) }(time.Now())
-	in, err := ValidateSend(req.Msg, s.maxBody)
+	in, err := ValidateSend(msg, s.maxBody)
 	if err != nil {
-		return nil, s.fail(ctx, methodSend, err)
+		return sequencer.SendResult{}, s.fail(ctx, methodSend, err)
 	}
 	res, err := s.sender.Send(ctx, in)
 	if err != nil {
-		return nil, s.fail(ctx, methodSend, err, "conv_id", in.ConvID, "from_uid", in.FromUID, "client_msg_id", in.ClientMsgID)
+		return sequencer.SendResult{}, s.fail(ctx, methodSend, err, "conv_id", in.ConvID, "from_uid", in.FromUID, "client_msg_id", in.ClientMsgID)
 	}
 	s.ok(methodSend)
 	s.countSend(res)
 	dup = res.Duplicate
-	return connect.NewResponse(sendResponse(res)), nil
+	return res, nil
 }
 
 // SendBatch validates every item on its own, hands the valid ones to the
