@@ -239,11 +239,12 @@ func (n *Node) forwardBatch(addr string, batch []*fwdItem) error {
 		TimeoutMs: uint32(max(timeout*9/10/time.Millisecond, 1)),
 		Items:     make([]*clusterv1.ForwardItem, len(batch)),
 	}
+	items := make([]clusterv1.ForwardItem, len(batch)) // one allocation per batch, not per item
 	for i, it := range batch {
-		msg.Items[i] = &clusterv1.ForwardItem{
-			ConvId: it.req.ConvID, FromUid: it.req.FromUID, ClientMsgId: it.req.ClientMsgID,
-			MsgType: int32(it.req.MsgType), Body: it.req.Body,
-		}
+		f := &items[i]
+		f.ConvId, f.FromUid, f.ClientMsgId = it.req.ConvID, it.req.FromUID, it.req.ClientMsgID
+		f.MsgType, f.Body = int32(it.req.MsgType), it.req.Body
+		msg.Items[i] = f
 	}
 	n.met.forwardBatch(len(batch))
 	reply, err := n.tr.Forward(ctx, addr, msg)
@@ -362,11 +363,7 @@ func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*c
 			out[i] = vout[k]
 		}
 	}
-	reply := &clusterv1.ForwardBatchReply{NodeId: n.cfg.NodeID, Results: make([]*clusterv1.ForwardReply, len(out))}
-	for i, o := range out {
-		reply.Results[i] = encodeReply(o.Result, o.Err)
-	}
-	return reply, nil
+	return encodeReplies(n.cfg.NodeID, out), nil
 }
 
 // checkSender refuses a batch whose sender is not a live member at the

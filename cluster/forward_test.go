@@ -2,10 +2,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sequencer-im/sequencer"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
@@ -163,4 +166,45 @@ func TestForwardPolicy(t *testing.T) {
 		t.Fatalf("%d batches more than expected", n)
 	}
 	s.checkAcked()
+}
+
+// TestEncodeReplies: a batch's answers encoded together read back as each
+// encoded alone: results, and errors with their code and sentinel.
+func TestEncodeReplies(t *testing.T) {
+	at := time.UnixMilli(1700000000123).UTC()
+	out := []sequencer.SendOutcome{
+		{Result: sequencer.SendResult{MsgID: 11, Seq: 1, ServerAt: at}},
+		{Err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving, "partition 3 moving")},
+		{Result: sequencer.SendResult{MsgID: 12, Seq: 2, ServerAt: at, Duplicate: true}},
+		{Err: sequencer.Wrap(sequencer.CodeInvalidArgument, nil, "body too large")},
+		{Result: sequencer.SendResult{MsgID: 13, Seq: 3, ServerAt: at}},
+	}
+	wire, err := proto.Marshal(encodeReplies("a", out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply clusterv1.ForwardBatchReply
+	if err := proto.Unmarshal(wire, &reply); err != nil {
+		t.Fatal(err)
+	}
+	if reply.NodeId != "a" || len(reply.Results) != len(out) {
+		t.Fatalf("reply from %q with %d results, want a and %d", reply.NodeId, len(reply.Results), len(out))
+	}
+	for i, o := range out {
+		if want := encodeReply(o.Result, o.Err); !proto.Equal(reply.Results[i], want) {
+			t.Fatalf("result %d: %v, want %v", i, reply.Results[i], want)
+		}
+		r := reply.Results[i]
+		r.NodeId = reply.NodeId
+		res, err := decodeReply(r)
+		if o.Err == nil && (err != nil || res != o.Result) {
+			t.Fatalf("result %d decoded as %+v, %v; want %+v", i, res, err, o.Result)
+		}
+		if o.Err != nil && sequencer.ErrorCode(err) != sequencer.ErrorCode(o.Err) {
+			t.Fatalf("error %d decoded as %v (code %v), want code %v", i, err, sequencer.ErrorCode(err), sequencer.ErrorCode(o.Err))
+		}
+	}
+	if _, err := decodeReply(reply.Results[1]); !errors.Is(err, sequencer.ErrOwnershipMoving) {
+		t.Fatalf("error 1 decoded as %v, want ErrOwnershipMoving", err)
+	}
 }
