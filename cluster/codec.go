@@ -33,6 +33,30 @@ var sentinels = []struct {
 	{"context_deadline_exceeded", context.DeadlineExceeded},
 }
 
+// encodeReplies answers a forwarded batch: Results[i] for out[i]. The
+// results are allocated together (a batch has up to MaxForwardItems).
+func encodeReplies(nodeID string, out []sequencer.SendOutcome) *clusterv1.ForwardBatchReply {
+	reply := &clusterv1.ForwardBatchReply{NodeId: nodeID, Results: make([]*clusterv1.ForwardReply, len(out))}
+	replies := make([]clusterv1.ForwardReply, len(out))
+	oks := make([]clusterv1.ForwardReply_Result, 0, len(out))
+	results := make([]clusterv1.SendResult, 0, len(out))
+	for i, o := range out {
+		r := &replies[i]
+		reply.Results[i] = r
+		if o.Err != nil {
+			r.Outcome = encodeReply(o.Result, o.Err).Outcome
+			continue
+		}
+		results = append(results, clusterv1.SendResult{})
+		res := &results[len(results)-1]
+		res.MsgId, res.Seq, res.Duplicate = o.Result.MsgID, o.Result.Seq, o.Result.Duplicate
+		res.ServerAtUnixNano = o.Result.ServerAt.UnixNano()
+		oks = append(oks, clusterv1.ForwardReply_Result{Result: res})
+		r.Outcome = &oks[len(oks)-1]
+	}
+	return reply
+}
+
 func encodeReply(res sequencer.SendResult, err error) *clusterv1.ForwardReply {
 	if err == nil {
 		return &clusterv1.ForwardReply{Outcome: &clusterv1.ForwardReply_Result{Result: &clusterv1.SendResult{

@@ -9,9 +9,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
@@ -568,7 +571,11 @@ func TestInProcessForwardThroughput(t *testing.T) {
 	}
 	pc := newProcCluster(t)
 	a := pc.startInProcess("a", ipOptions{})
-	b := pc.startInProcess("b", ipOptions{})
+	var ct *countingTransport // b's forwards: batches formed
+	b := pc.startInProcess("b", ipOptions{wrap: func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}})
 	pc.waitInProcess(a, b)
 	convs := convsOwnedBy(t, a, "a", "bench", 1000)
 	const batch = 50
@@ -613,15 +620,35 @@ func TestInProcessForwardThroughput(t *testing.T) {
 				}
 			}()
 		}
-		start := time.Now()
+		start, cpu0, pg0, tx0 := time.Now(), processCPU(), backendsCPU(pc.dsn), xactCommits(t, pc.dsn)
+		b0, i0 := ct.batches.Load(), ct.items.Load()
 		wg.Wait()
 		rate := float64(acked.Load()) / time.Since(start).Seconds()
-		t.Logf("%-32s %8.0f sends/s", name, rate)
+		perSend := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(max(acked.Load(), 1)) }
+		line := fmt.Sprintf("%-32s %8.0f sends/s, µs CPU/send: %5.1f this process (both nodes), %5.1f its PostgreSQL backends",
+			name, rate, perSend(processCPU()-cpu0), perSend(backendsCPU(pc.dsn)-pg0))
+		time.Sleep(time.Second) // PostgreSQL publishes its counters at most once a second
+		line += fmt.Sprintf(", %.1f sends/transaction", float64(acked.Load())/float64(max(xactCommits(t, pc.dsn)-tx0, 1)))
+		if nb := ct.batches.Load() - b0; nb > 0 {
+			line += fmt.Sprintf(", %.1f items/forwarded batch", float64(ct.items.Load()-i0)/float64(nb))
+		}
+		t.Log(line)
 		return rate
 	}
 	t.Logf("2 nodes in one process, %d closed-loop senders, %d conversations owned by a, %v each", senders, len(convs), window)
-	if os.Getenv("SEQUENCER_FORWARD_BENCH_ONLY") == "unary-forwarded" {
+	// SEQUENCER_FORWARD_BENCH_ONLY runs one row (to profile it alone).
+	switch os.Getenv("SEQUENCER_FORWARD_BENCH_ONLY") {
+	case "unary-direct":
+		measure("unary, direct to the owner", a, 1)
+		return
+	case "unary-forwarded":
 		measure("unary, forwarded by the other", b, 1)
+		return
+	case "batches-direct":
+		measure("batches of 50, direct", a, batch)
+		return
+	case "batches-forwarded":
+		measure("batches of 50, forwarded", b, batch)
 		return
 	}
 	du := measure("unary, direct to the owner", a, 1)
@@ -629,6 +656,64 @@ func TestInProcessForwardThroughput(t *testing.T) {
 	db := measure("batches of 50, direct", a, batch)
 	fb := measure("batches of 50, forwarded", b, batch)
 	t.Logf("forwarded/direct: unary %.0f%%, batches %.0f%%", 100*fu/du, 100*fb/db)
+}
+
+// processCPU is the CPU time (user + system) this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// xactCommits is the database's count of committed transactions.
+func xactCommits(t *testing.T, dsn string) int64 {
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var n int64
+	if err := c.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// backendsCPU is the CPU time used so far by the PostgreSQL backends
+// serving the database of dsn, when they run on this machine (read from
+// /proc by their process title; 0 otherwise).
+func backendsCPU(dsn string) time.Duration {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return 0
+	}
+	dirs, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		if err != nil || !strings.HasPrefix(string(cmd), "postgres: ") || !strings.Contains(string(cmd), " "+cfg.Database+" ") {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 12th and 13th.
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) > 12 {
+			u, _ := strconv.ParseInt(f[11], 10, 64)
+			s, _ := strconv.ParseInt(f[12], 10, 64)
+			ticks += u + s
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ = 100 on Linux
 }
 
 // held counts the partitions n holds.

@@ -78,9 +78,10 @@ type Node struct {
 	changed chan struct{}
 	seen    uint64
 
-	fwdMu     sync.Mutex            // guards peers
+	fwdMu     sync.Mutex            // guards peers and fwdPolicy
 	peers     map[string]*peerQueue // forwarded items waiting, by owner address
-	fwdCtx    context.Context       // batches in flight; canceled by Close
+	fwdPolicy forwardPolicy
+	fwdCtx    context.Context // batches in flight; canceled by Close
 	fwdCancel context.CancelFunc
 	viewReads *rate.Limiter // membership re-reads asked by forwarded batches
 	wakeMu    sync.Mutex
@@ -148,6 +149,7 @@ func New(cfg Config) (*Node, error) {
 		wakeBeat:     make(chan struct{}, 1),
 		wakeRecon:    make(chan struct{}, 1),
 		peers:        map[string]*peerQueue{},
+		fwdPolicy:    defaultForwardPolicy,
 		viewReads:    rate.NewLimiter(rate.Limit(10), 10),
 		wakes:        map[string]*rate.Limiter{},
 		drain:        make(chan struct{}),

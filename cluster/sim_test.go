@@ -227,6 +227,7 @@ type sim struct {
 	order []string // creation order
 	seq   int
 	acked map[sequencer.ClientKey]sequencer.SendResult
+	wrap  func(id string, tr Transport) Transport // optional: wraps each node's transport
 }
 
 type simNode struct {
@@ -254,7 +255,7 @@ func (s *sim) cfg(id string) Config {
 	return Config{
 		NodeID:      id,
 		Store:       s.audit,
-		Transport:   s.net.Transport("sim://" + id + fmt.Sprintf("/%d", s.seq)),
+		Transport:   s.transport(id, s.net.Transport("sim://"+id+fmt.Sprintf("/%d", s.seq))),
 		APIAddr:     "api://" + id,
 		Ring:        simRing,
 		MemberTTL:   5 * time.Second,
@@ -264,6 +265,14 @@ func (s *sim) cfg(id string) Config {
 		Clock:       s.clk,
 		Logger:      simLogger(),
 	}
+}
+
+// transport is node id's transport: tr, or wrapped by s.wrap.
+func (s *sim) transport(id string, tr Transport) Transport {
+	if s.wrap != nil {
+		return s.wrap(id, tr)
+	}
+	return tr
 }
 
 func simLogger() *slog.Logger {
