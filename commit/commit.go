@@ -37,7 +37,9 @@ import (
 // field in the Config given to New means its default.
 type Config struct {
 	Store persist.Store // required
-	// Workers is the number of transactions in flight at once.
+	// Workers is the most transactions in flight at once (two start as
+	// soon as anything is queued, a further one only when extraMinRows
+	// messages wait).
 	Workers int
 	// MaxMessages bounds the rows of one transaction.
 	MaxMessages int
@@ -86,9 +88,23 @@ type Writer struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	queue  []*item
+	rows   int // messages in queue
+	busy   int // workers in a transaction
 	closed bool
 	wg     sync.WaitGroup
 }
+
+// eagerWorkers transactions start as soon as anything is queued; a further
+// worker starts one only when at least extraMinRows messages wait. Without
+// the rule, four idle workers split a burst (a SendBatch request's items
+// arriving together) into four small transactions, and PostgreSQL's cost per
+// message grows with the number of transactions: through SendBatch on
+// 10,000 conversations, 4 eager workers made transactions of 54 messages
+// where 2 made 93-97, and 2 stored 28-30k msg/s against 22-25k.
+const (
+	eagerWorkers = 2
+	extraMinRows = 128
+)
 
 // New starts a writer with cfg.Workers workers. Zero fields take their
 // DefaultConfig value; a negative one is an error.
@@ -125,8 +141,12 @@ func (w *Writer) Submit(b persist.ConvBatch, done Done) {
 		return
 	}
 	w.queue = append(w.queue, &item{batch: b, done: done})
+	w.rows += len(b.Messages)
+	wake := w.busy < eagerWorkers || w.rows >= extraMinRows
 	w.mu.Unlock()
-	w.cond.Signal()
+	if wake {
+		w.cond.Signal()
+	}
 }
 
 // QueueLen is the number of conversation batches queued and not yet taken
@@ -162,16 +182,21 @@ func (w *Writer) work() {
 			return
 		}
 		w.commit(group)
+		w.mu.Lock()
+		w.busy--
+		w.mu.Unlock()
 	}
 }
 
-// take waits for queued batches and removes the longest prefix of the queue
-// that fits in MaxMessages rows (at least one batch). nil: closed and empty.
+// take waits for queued batches (and, when eagerWorkers others are in a
+// transaction, for extraMinRows messages) and removes the longest prefix of
+// the queue that fits in MaxMessages rows (at least one batch). nil: closed
+// and empty.
 func (w *Writer) take() []*item {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for len(w.queue) == 0 {
-		if w.closed {
+	for len(w.queue) == 0 || (w.busy >= eagerWorkers && w.rows < extraMinRows && !w.closed) {
+		if len(w.queue) == 0 && w.closed {
 			return nil
 		}
 		w.cond.Wait()
@@ -190,7 +215,9 @@ func (w *Writer) take() []*item {
 	rest := copy(w.queue, w.queue[n:])
 	clear(w.queue[rest:])
 	w.queue = w.queue[:rest]
-	if rest > 0 {
+	w.rows -= rows
+	w.busy++
+	if rest > 0 && (w.busy < eagerWorkers || w.rows >= extraMinRows) {
 		w.cond.Signal() // more work for another worker
 	}
 	return group

@@ -165,6 +165,56 @@ func TestMergesManyConversations(t *testing.T) {
 	}
 }
 
+// Two transactions start as soon as anything is queued; while two are in
+// flight a third worker waits for extraMinRows messages (a burst is not
+// split into many small transactions), and what it left queued goes when a
+// transaction ends.
+func TestExtraWorkersWaitForRows(t *testing.T) {
+	gates := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	st := newHookStore(func(ctx context.Context, call int, bs []persist.ConvBatch) error {
+		if call < len(gates) {
+			<-gates[call]
+		}
+		return nil
+	})
+	w, err := New(Config{Store: st, Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAnswers(5)
+	w.Submit(batch("a", 1), a.done("a"))
+	waitFor(t, func() bool { return len(st.Calls()) == 1 })
+	w.Submit(batch("b", 1), a.done("b"))
+	waitFor(t, func() bool { return len(st.Calls()) == 2 }) // the second eager worker
+	w.Submit(batch("small", extraMinRows-2), a.done("small"))
+	time.Sleep(20 * time.Millisecond)
+	if n := len(st.Calls()); n != 2 {
+		t.Fatalf("%d transactions started with two in flight and %d messages queued, want 2", n, extraMinRows-2)
+	}
+	w.Submit(batch("more", 2), a.done("more")) // now extraMinRows wait: a third worker goes
+	waitFor(t, func() bool { return len(st.Calls()) == 3 })
+	if c := st.Calls()[2]; len(c) != 2 {
+		t.Fatalf("the third transaction holds %d conversations, want small and more", len(c))
+	}
+	w.Submit(batch("late", 1), a.done("late")) // three in flight: waits for one to end
+	time.Sleep(20 * time.Millisecond)
+	if n := len(st.Calls()); n != 3 {
+		t.Fatalf("%d transactions started with three in flight and 1 message queued, want 3", n)
+	}
+	close(gates[0])
+	waitFor(t, func() bool { return len(st.Calls()) == 4 }) // late went when the first transaction ended
+	close(gates[1])
+	a.wait(t)
+	for _, conv := range []string{"a", "b", "small", "more", "late"} {
+		if err := a.err(t, conv); err != nil {
+			t.Fatalf("%s: %v", conv, err)
+		}
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A conflict fails only the conversations it names; the others are
 // committed again at once, without them, and succeed.
 func TestBlameOnlyNamedConversations(t *testing.T) {

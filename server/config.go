@@ -54,7 +54,8 @@ type Config struct {
 	MaxBatchBytes int
 	// PassivateAfter stops a conversation actor idle this long.
 	PassivateAfter time.Duration
-	// CommitWorkers is the number of parallel group-commit transactions.
+	// CommitWorkers is the most parallel group-commit transactions (see
+	// commit.Config.Workers).
 	CommitWorkers int
 	// MaxBatchMessages bounds the messages of one store transaction.
 	MaxBatchMessages int

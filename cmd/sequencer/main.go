@@ -107,7 +107,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
 	fs.IntVar(&c.MaxBatchBytes, "max-batch-bytes", d.MaxBatchBytes, "largest SendBatch request in bytes (larger: invalid_argument)")
 	fs.DurationVar(&c.PassivateAfter, "passivate-after", d.PassivateAfter, "stop a conversation actor after it idled this long")
-	fs.IntVar(&c.CommitWorkers, "commit-workers", d.CommitWorkers, "parallel group-commit transactions")
+	fs.IntVar(&c.CommitWorkers, "commit-workers", d.CommitWorkers, "parallel group-commit transactions (two start as soon as anything waits; each further one only when 128 messages wait)")
 	fs.IntVar(&c.MaxBatchMessages, "max-batch-messages", d.MaxBatchMessages, "most messages in one store transaction")
 	fs.IntVar(&c.MaxQueuePerConv, "max-queue-per-conv", d.MaxQueuePerConv, "sends queued on one conversation before resource_exhausted")
 	fs.IntVar(&c.MaxPending, "max-pending", d.MaxPending, "sends queued on the node before resource_exhausted")
