@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/sequencer-im/sequencer/bench"
+	"github.com/sequencer-im/sequencer/cmd/sequencer-bench/internal/bench"
 )
 
 func main() {

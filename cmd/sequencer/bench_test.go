@@ -66,7 +66,7 @@ func TestServerAndClientDoNotLinkTheBench(t *testing.T) {
 			t.Fatalf("go list -deps %s listed %d packages: %q", pkg, len(deps), out)
 		}
 		for _, d := range deps {
-			if strings.HasPrefix(d, "github.com/redis/go-redis") || d == "github.com/sequencer-im/sequencer/bench" {
+			if strings.HasPrefix(d, "github.com/redis/go-redis") || d == "github.com/sequencer-im/sequencer/cmd/sequencer-bench/internal/bench" {
 				t.Errorf("%s links %s", pkg, d)
 			}
 		}

@@ -27,7 +27,7 @@ var layers = [][]string{
 	// 5: operator commands and the wiring of one node.
 	{"admin", "server"},
 	// 6: the commands.
-	{"bench", "cmd/sequencer"},
+	{"cmd/sequencer-bench/internal/bench", "cmd/sequencer"},
 	{"cmd/sequencer-bench"},
 }
 
