@@ -102,6 +102,13 @@ func (a *convActor) Receive(ctx pa.Context) {
 	case *headLoaded:
 		a.core.HeadLoaded(m.head, m.err)
 	case *committed:
+		// A stale fence means the partition was taken over: the cluster
+		// must know at once (it steps this node down). Told from here, the
+		// actor's loop, never from the commit worker.
+		var sf *persist.StaleFenceError
+		if errors.As(m.err, &sf) {
+			a.node.cfg.Ownership.Refused(sf.Fences)
+		}
 		a.core.Committed(m.err)
 	case *resolved:
 		a.core.Resolved(m.head, m.rows, m.err)
@@ -144,6 +151,17 @@ func (orphanActor) Receive(pa.Context) {}
 func (a *convActor) execute(ctx pa.Context) {
 	rd := a.core.Ready()
 	n := a.node
+	for rd.Form > 0 {
+		// What the batch needs from the node, handed back at once: the core
+		// asks nothing else meanwhile.
+		a.core.Formed(n.formation(a.core.ConvID(), rd.Form))
+		more := a.core.Ready()
+		more.Replies = append(rd.Replies, more.Replies...)
+		if more.Regressed == nil {
+			more.Regressed = rd.Regressed
+		}
+		rd = more
+	}
 	if rd.Regressed != nil {
 		n.log.Error("conversation refused: the store lost acknowledged messages (see docs: never backwards)",
 			"conv_id", a.core.ConvID(), "err", rd.Regressed)
@@ -180,12 +198,6 @@ func (a *convActor) execute(ctx pa.Context) {
 				if err == nil {
 					root.Send(self, committedOK)
 					return
-				}
-				// A stale fence means the partition was taken over: the
-				// cluster must know at once (it steps this node down).
-				var sf *persist.StaleFenceError
-				if o := n.cfg.Ownership; o != nil && errors.As(err, &sf) {
-					o.Refused(sf.Fences)
 				}
 				root.Send(self, &committed{err: err})
 			}

@@ -39,12 +39,11 @@ import (
 type IDSource interface{ NextID() (uint64, error) }
 
 // Ownership is the cluster's say over this node's writes (cluster.Node
-// implements it). nil Ownership = single node: owns everything, zero
-// (unfenced) Fence. The send path asks it twice: the cluster routes a send
-// here only while it holds the conversation's partition (cluster.Node.Send),
-// and each commit takes its fence from Fence when the batch is formed; the
-// store checks that fence in the commit's transaction, which is where safety
-// lives.
+// implements it; SingleNode is the default). Each batch takes its fence
+// from Fence when it is formed (the answer of ownership.Core.Writable, the
+// one "may this node write" in memory); the store checks that fence in the
+// commit's transaction, which is where safety lives. Both methods are called
+// from the conversation's actor, never from the commit writer.
 type Ownership interface {
 	// Fence returns the fence commits of convID must carry, or an error
 	// wrapping sequencer.ErrNotOwner / sequencer.ErrOwnershipMoving when the
@@ -56,6 +55,14 @@ type Ownership interface {
 	Refused(fences []persist.Fence)
 }
 
+// SingleNode is the Ownership of a node without a cluster: it writes every
+// conversation with the zero (unfenced) fence. A store that a cluster uses
+// refuses such commits (persist.ErrUnfenced).
+type SingleNode struct{}
+
+func (SingleNode) Fence(string) (persist.Fence, error) { return persist.Fence{}, nil }
+func (SingleNode) Refused([]persist.Fence)             {}
+
 // Config configures a Conversations. Store and IDs are required. DefaultConfig holds
 // every default; a zero field in the Config given to NewNode means its
 // default.
@@ -64,7 +71,7 @@ type Config struct {
 	IDs       IDSource
 	Clock     clock.Clock  // server_at source; default the real clock
 	Metrics   *metrics.Set // optional
-	Ownership Ownership    // nil: single node, unfenced
+	Ownership Ownership    // default SingleNode (unfenced)
 	Logger    *slog.Logger // optional
 
 	PassivateAfter   time.Duration // idle conversation actors stop after this
@@ -187,6 +194,9 @@ func NewConversations(cfg Config) (*Conversations, error) {
 		return nil, err
 	}
 	cfg.Clock = clock.Or(cfg.Clock)
+	if cfg.Ownership == nil {
+		cfg.Ownership = SingleNode{}
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -257,6 +267,26 @@ func (n *Conversations) sweep() {
 			sh.mu.RUnlock()
 		}
 	}
+}
+
+// formation answers a conversation core's Ready.Form: the fence of convID
+// (ownership first: no id is spent on a batch that may not be written), n
+// msg_ids (fewer when the generator fails) and the time.
+func (n *Conversations) formation(convID string, count int) conv.Formation {
+	fence, err := n.cfg.Ownership.Fence(convID)
+	if err != nil {
+		return conv.Formation{FenceErr: err}
+	}
+	f := conv.Formation{Fence: fence, IDs: make([]uint64, 0, count), Now: n.cfg.Clock.Now()}
+	for range count {
+		id, err := n.cfg.IDs.NextID()
+		if err != nil {
+			f.IDErr = err
+			break
+		}
+		f.IDs = append(f.IDs, id)
+	}
+	return f
 }
 
 // now returns the node's monotonic clock for activity stamps.
@@ -398,11 +428,7 @@ func (n *Conversations) route(convID string) (*convActor, error) {
 }
 
 func (n *Conversations) spawn(sh *shard, convID string) (*convActor, error) {
-	fence := func() (persist.Fence, error) { return persist.Fence{}, nil }
-	if o := n.cfg.Ownership; o != nil {
-		fence = func() (persist.Fence, error) { return o.Fence(convID) }
-	}
-	core, err := conv.New(conv.Config{ConvID: convID, IDs: n.cfg.IDs, Clock: n.cfg.Clock, Fence: fence,
+	core, err := conv.New(conv.Config{ConvID: convID,
 		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.MaxBatchMessages, Floor: n.floors.get(convID)})
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")

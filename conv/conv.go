@@ -4,10 +4,13 @@
 // retryable failure) and for the head.
 //
 // It is a pure state machine in the style of etcd raft's RawNode: it performs
-// no I/O, starts no goroutines and reads no timers. The caller feeds it inputs
-// (Send, HeadLoaded, Committed, Resolved, LookedUp), then takes a Ready and
-// executes its effects: at most one store operation is outstanding at any
-// time, and its answer comes back as the matching input.
+// no I/O, starts no goroutines, reads no clock and calls nothing outside
+// itself. The caller feeds it inputs (Send, HeadLoaded, Formed, Committed,
+// Resolved, LookedUp), then takes a Ready and executes its effects: at most
+// one store operation is outstanding at any time, and its answer comes back
+// as the matching input. What a batch needs from the node (the ownership
+// fence, msg_ids, the time) the core asks for (Ready.Form) and the caller
+// hands back (Formed).
 //
 // The core must never: assign a seq before the head is known from the store;
 // assign a seq while a commit's outcome is unknown; answer a send with a seq
@@ -24,26 +27,13 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/persist"
 )
-
-// IDSource issues msg_ids (idgen.Generator implements it). An error (clock
-// moved back, worker lease lost) fails the sends that needed an id.
-type IDSource interface {
-	NextID() (uint64, error)
-}
 
 // Config configures one conversation's core. DefaultConfig holds every
 // default; a field <= 0 given to New means its default.
 type Config struct {
 	ConvID string
-	IDs    IDSource    // required
-	Clock  clock.Clock // server_at source; default the real clock
-	// Fence is asked for the ownership token each time a batch is formed;
-	// an error fails every queued send with that error. nil: the zero
-	// (unfenced) Fence.
-	Fence func() (persist.Fence, error)
 	// MaxQueue is the most sends the conversation holds at once (queued, in
 	// flight, and resends waiting on them); more are refused with
 	// sequencer.ErrOverloaded.
@@ -61,7 +51,7 @@ type Config struct {
 	Floor uint64
 }
 
-// DefaultConfig returns every default (ConvID and IDs are still required).
+// DefaultConfig returns every default (ConvID is still required).
 func DefaultConfig() Config {
 	return Config{MaxQueue: 4096, MaxBatch: 4000, MemoSize: 64}
 }
@@ -88,14 +78,19 @@ type Resolve struct {
 
 // Ready holds the effects the caller must execute. Replies may be delivered
 // at once: every ack in them follows a durable commit. At most one of
-// LoadHead, Commit, Resolve and Lookup is set; its answer is the matching
-// input (HeadLoaded, Committed, Resolved, LookedUp).
+// LoadHead, Form, Commit, Resolve and Lookup is set; its answer is the
+// matching input (HeadLoaded, Formed, Committed, Resolved, LookedUp).
 type Ready struct {
-	LoadHead bool                  // read the head, answer HeadLoaded
-	Commit   *persist.ConvBatch    // commit this batch, answer Committed
-	Resolve  *Resolve              // re-read after an unknown outcome, answer Resolved
-	Lookup   []sequencer.ClientKey // FindByClientKey each key, answer LookedUp
-	Replies  []Reply
+	LoadHead bool // read the head, answer HeadLoaded
+	// Form asks for what the next batch of Form queued sends needs from the
+	// node: the ownership fence of the conversation, Form msg_ids and the
+	// time; answer Formed before any other input (nothing else is asked
+	// meanwhile).
+	Form    int
+	Commit  *persist.ConvBatch    // commit this batch, answer Committed
+	Resolve *Resolve              // re-read after an unknown outcome, answer Resolved
+	Lookup  []sequencer.ClientKey // FindByClientKey each key, answer LookedUp
+	Replies []Reply
 	// Regressed is set once, when the store's head fell below a seq this
 	// conversation acked (sequencer.ErrHeadRegressed): the caller logs it
 	// loudly and counts it. The core refuses every send from then on.
@@ -104,7 +99,7 @@ type Ready struct {
 
 // Empty reports whether r has nothing to do.
 func (r *Ready) Empty() bool {
-	return !r.LoadHead && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0 && r.Regressed == nil
+	return !r.LoadHead && r.Form == 0 && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0 && r.Regressed == nil
 }
 
 // LookupResult is the answer to one key of Ready.Lookup: the stored message
@@ -116,11 +111,25 @@ type LookupResult struct {
 	Err error
 }
 
+// Formation answers Ready.Form.
+type Formation struct {
+	// FenceErr: the node may not write this conversation now (not owner,
+	// moving): every queued send fails with it (nothing was written).
+	FenceErr error
+	Fence    persist.Fence // the fence the commit carries (zero: unfenced)
+	// IDs holds up to Form msg_ids; IDErr says why there are fewer (clock
+	// moved back, worker lease lost): the sends left without an id fail.
+	IDs   []uint64
+	IDErr error
+	Now   time.Time // server_at of the batch (kept to the millisecond, UTC)
+}
+
 type op int
 
 const (
 	opNone op = iota
 	opLoad
+	opForm
 	opCommit
 	opResolve
 	opLookup
@@ -146,8 +155,7 @@ type entry struct {
 // Core is one conversation's single writer. It is not safe for concurrent
 // use: one goroutine (the conversation's actor) drives it.
 type Core struct {
-	cfg   Config
-	clock clock.Clock
+	cfg Config
 
 	head      uint64 // last committed seq, valid when headKnown
 	headKnown bool
@@ -176,9 +184,6 @@ func New(cfg Config) (*Core, error) {
 	if cfg.ConvID == "" {
 		return nil, errors.New("conv: ConvID is required")
 	}
-	if cfg.IDs == nil {
-		return nil, errors.New("conv: IDs is required")
-	}
 	d := DefaultConfig()
 	if cfg.MaxQueue <= 0 {
 		cfg.MaxQueue = d.MaxQueue
@@ -191,7 +196,6 @@ func New(cfg Config) (*Core, error) {
 	}
 	return &Core{
 		cfg:   cfg,
-		clock: clock.Or(cfg.Clock),
 		memo:  newMemo(cfg.MemoSize),
 		floor: cfg.Floor,
 	}, nil
@@ -422,34 +426,29 @@ func (c *Core) advance() {
 		c.ready.LoadHead = true
 		return
 	}
-	c.form()
+	c.op = opForm
+	c.ready.Form = min(len(c.queue), c.cfg.MaxBatch)
 }
 
-// form assigns seqs head+1.. to the queued sends and hands out the commit.
-func (c *Core) form() {
-	fence := persist.Fence{}
-	if c.cfg.Fence != nil {
-		f, err := c.cfg.Fence()
-		if err != nil {
-			c.failQueue(retryable(err, "fence"))
-			return
-		}
-		fence = f
+// Formed answers Ready.Form: it assigns seqs head+1.. to the queued sends
+// that got an id and hands out their commit.
+func (c *Core) Formed(f Formation) {
+	if c.op != opForm {
+		return
 	}
-	n := min(len(c.queue), c.cfg.MaxBatch)
-	now := c.clock.Now().Truncate(time.Millisecond).UTC()
+	c.op = opNone
+	if f.FenceErr != nil {
+		c.failQueue(retryable(f.FenceErr, "fence"))
+		return
+	}
+	n := min(len(c.queue), c.cfg.MaxBatch, len(f.IDs))
+	now := f.Now.Truncate(time.Millisecond).UTC()
 	msgs := make([]sequencer.Message, 0, n)
-	var idErr error
-	for _, e := range c.queue[:n] {
-		id, err := c.cfg.IDs.NextID()
-		if err != nil {
-			idErr = err
-			break
-		}
+	for i, e := range c.queue[:n] {
 		e.msg = sequencer.Message{
-			MsgID:       id,
+			MsgID:       f.IDs[i],
 			ConvID:      c.cfg.ConvID,
-			Seq:         c.head + 1 + uint64(len(msgs)),
+			Seq:         c.head + 1 + uint64(i),
 			FromUID:     e.req.FromUID,
 			MsgType:     e.req.MsgType,
 			Body:        e.req.Body,
@@ -467,8 +466,13 @@ func (c *Core) form() {
 		copy(batch, c.queue)
 		c.queue = c.queue[len(msgs):]
 	}
-	if idErr != nil {
-		// No id, no seq: fail this send and every one still queued.
+	if n < min(len(c.queue)+n, c.cfg.MaxBatch) {
+		// No id, no seq: fail the sends that got none, and every one still
+		// queued.
+		idErr := f.IDErr
+		if idErr == nil {
+			idErr = sequencer.Errorf(sequencer.CodeUnavailable, "%d msg_ids for %d sends", len(f.IDs), n+len(c.queue))
+		}
 		c.failQueue(retryable(idErr, "issue msg_id"))
 	}
 	if len(c.queue) == 0 {
@@ -478,7 +482,7 @@ func (c *Core) form() {
 		return
 	}
 	c.batch = batch
-	c.inflight = &persist.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: fence, Messages: msgs}
+	c.inflight = &persist.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
 	c.op = opCommit
 	c.ready.Commit = c.inflight
 }

@@ -3,6 +3,7 @@ package conv_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/conv"
@@ -19,7 +20,8 @@ func (c *counter) NextID() (uint64, error) { c.next++; return 1000 + c.next, nil
 // then take its Ready and carry it out. The core performs no I/O; here a
 // map stands in for the store.
 func Example() {
-	core, err := conv.New(conv.Config{ConvID: "g:1", IDs: &counter{}})
+	core, err := conv.New(conv.Config{ConvID: "g:1"})
+	ids := &counter{}
 	if err != nil {
 		panic(err)
 	}
@@ -40,6 +42,15 @@ func Example() {
 		case rd.LoadHead:
 			fmt.Println("load head")
 			core.HeadLoaded(head, nil)
+		case rd.Form > 0:
+			// What the batch needs from the node: the fence (zero: a single
+			// node), msg_ids and the time.
+			f := conv.Formation{Now: time.Now()}
+			for range rd.Form {
+				id, _ := ids.NextID()
+				f.IDs = append(f.IDs, id)
+			}
+			core.Formed(f)
 		case rd.Commit != nil:
 			fmt.Printf("commit seqs %d..%d\n", rd.Commit.PrevHead+1, rd.Commit.LastSeq())
 			commit(rd.Commit, stored, &head)

@@ -83,17 +83,26 @@ func runModel(t *testing.T, seed uint64) {
 	pendingOp := map[string]*Ready{} // the store op each core waits for
 	fenceDown := false
 	for _, cv := range convs {
-		c, err := New(Config{ConvID: cv, IDs: ids, Clock: clk, MaxQueue: 8, MaxBatch: 3, MemoSize: 4,
-			Fence: func() (persist.Fence, error) {
-				if fenceDown {
-					return persist.Fence{}, sequencer.ErrOwnershipMoving
-				}
-				return persist.Fence{}, nil
-			}})
+		c, err := New(Config{ConvID: cv, MaxQueue: 8, MaxBatch: 3, MemoSize: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
 		cores[cv] = c
+	}
+	form := func(n int) Formation {
+		if fenceDown {
+			return Formation{FenceErr: sequencer.ErrOwnershipMoving}
+		}
+		f := Formation{Now: clk.Now()}
+		for range n {
+			id, err := ids.NextID()
+			if err != nil {
+				f.IDErr = err
+				break
+			}
+			f.IDs = append(f.IDs, id)
+		}
+		return f
 	}
 	var sends []*sendRec
 	cancels := map[int]context.CancelFunc{}
@@ -180,7 +189,7 @@ func runModel(t *testing.T, seed uint64) {
 			}
 			c.LookedUp(rs)
 		}
-		check(cv, c.Ready())
+		check(cv, ready(c, form))
 	}
 
 	for step := 0; step < 1500; step++ {
@@ -203,7 +212,7 @@ func runModel(t *testing.T, seed uint64) {
 			cancels[tok] = cancel
 			sends = append(sends, &sendRec{conv: cv, key: key})
 			cores[cv].Send(ctx, tok, sequencer.SendRequest{ConvID: cv, FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("x")})
-			check(cv, cores[cv].Ready())
+			check(cv, ready(cores[cv], form))
 		case p < 63: // a recent caller gives up
 			if len(sends) > 0 {
 				cancels[max(0, len(sends)-1-rng.IntN(10))]()

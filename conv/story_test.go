@@ -59,8 +59,7 @@ func newHarness(t *testing.T) *harness {
 }
 
 func (h *harness) newCore(conv string, maxQueue, maxBatch, memo int, floor uint64) {
-	c, err := New(Config{ConvID: conv, IDs: h.ids, Clock: h.clk, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo, Floor: floor,
-		Fence: func() (persist.Fence, error) { return h.fence, h.fenceErr }})
+	c, err := New(Config{ConvID: conv, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo, Floor: floor})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -201,8 +200,42 @@ func (h *harness) do(line string) string {
 	return h.printReady()
 }
 
+// formation answers Ready.Form from the harness's fence, ids and clock, as
+// the actor does from the node's.
+func (h *harness) formation(n int) Formation {
+	if h.fenceErr != nil {
+		return Formation{FenceErr: h.fenceErr}
+	}
+	f := Formation{Fence: h.fence, Now: h.clk.Now()}
+	for range n {
+		id, err := h.ids.NextID()
+		if err != nil {
+			f.IDErr = err
+			break
+		}
+		f.IDs = append(f.IDs, id)
+	}
+	return f
+}
+
+// ready takes the core's Ready, answering a Form at once (the printed
+// stories show the commit it leads to).
+func ready(c *Core, form func(n int) Formation) Ready {
+	rd := c.Ready()
+	for rd.Form > 0 {
+		c.Formed(form(rd.Form))
+		more := c.Ready()
+		more.Replies = append(rd.Replies, more.Replies...)
+		if more.Regressed == nil {
+			more.Regressed = rd.Regressed
+		}
+		rd = more
+	}
+	return rd
+}
+
 func (h *harness) printReady() string {
-	rd := h.core.Ready()
+	rd := ready(h.core, h.formation)
 	var b strings.Builder
 	if rd.LoadHead {
 		b.WriteString("load-head\n")
