@@ -416,13 +416,11 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 	remote := map[string][]int{} // owner's cluster address -> item indexes
 	owners := map[string]string{}
 	var slow []int
+	now := n.clk.Now()
 	n.mu.RLock()
-	active := n.core.Phase() == ownership.PhaseActive
 	for i := range reqs {
-		dst := n.core.Route(ring.PartitionOf(reqs[i].ConvID, n.partitions))
+		dst := n.core.Route(ring.PartitionOf(reqs[i].ConvID, n.partitions), now)
 		switch {
-		case !active:
-			slow = append(slow, i)
 		case dst.Way == ownership.WayLocal:
 			local = append(local, i)
 		case dst.Way == ownership.WayForward && !forwarded:

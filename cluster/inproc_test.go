@@ -126,7 +126,7 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 		if ok {
 			for _, n := range nodes { // every node's view has caught up
 				caught := read(n.cn, (*ownership.Core).View).Version == v.Version
-				if n.cn.Ready() != nil || !caught {
+				if n.cn.Serving() != nil || !caught {
 					ok, why = false, n.id+" not caught up"
 				}
 			}

@@ -586,15 +586,15 @@ func (n *Node) HandleWake(peer string, w *clusterv1.WakeRequest) {
 }
 
 // Fence implements the writer's ownership check (actor.Ownership): the fence
-// for a commit of convID by the core (ownership.Core.Fence), or an error
-// wrapping sequencer.ErrNotOwner or sequencer.ErrOwnershipMoving (both
-// retryable).
+// for a commit of convID by the one predicate (ownership.Core.Writable), or
+// an error wrapping sequencer.ErrNotOwner or sequencer.ErrOwnershipMoving
+// (both retryable).
 func (n *Node) Fence(convID string) (persist.Fence, error) {
 	p := ring.PartitionOf(convID, n.partitions)
 	now := n.clk.Now()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return n.core.Fence(p, now)
+	return n.core.Writable(p, now)
 }
 
 // Refused implements the writer's report of a commit refused for stale
@@ -610,14 +610,14 @@ func (n *Node) Refused(fences []persist.Fence) {
 	}
 }
 
-// Ready reports whether this node can serve sends: started, a live member
-// (heartbeat renewed within MemberTTL) with a known ring, not stepping down,
-// superseded or leaving.
-func (n *Node) Ready() error {
+// Serving reports whether this node can take sends (its part of /readyz):
+// started, a live member (heartbeat renewed within MemberTTL) with a known
+// ring, not stepping down, superseded or leaving (ownership.Core.Serving).
+func (n *Node) Serving() error {
 	now := n.clk.Now()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return n.core.Ready(now)
+	return n.core.Serving(now)
 }
 
 // DrainRequested is closed when this node's heartbeat finds its own member

@@ -247,7 +247,7 @@ func runNodeChild() {
 		json.NewEncoder(w).Encode(out)
 	})
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, r *http.Request) {
-		if err := cn.Ready(); err != nil {
+		if err := cn.Serving(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}

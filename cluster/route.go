@@ -19,9 +19,10 @@ type Location = ownership.Location
 // members, and sequencer.ErrShuttingDown after Leave.
 func (n *Node) Locate(convID string) (Location, error) {
 	p := ring.PartitionOf(convID, n.partitions)
+	now := n.clk.Now()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	return n.core.Locate(p)
+	return n.core.Locate(p, now)
 }
 
 // Route implements sequencer.Router: the owner of convID by this node's view,
@@ -77,8 +78,9 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 		// The route: local, forwarded, or wait for a change. The local
 		// writer asks for the fence again when it commits (Fence); the
 		// store checks that fence in the commit's transaction.
+		now := n.clk.Now()
 		n.mu.RLock()
-		dst, changed := n.core.Route(p), n.changed
+		dst, changed := n.core.Route(p, now), n.changed
 		n.mu.RUnlock()
 
 		var err error

@@ -657,7 +657,7 @@ func TestSimGracefulLeave(t *testing.T) {
 	if _, err := b.node.Send(context.Background(), sequencer.SendRequest{ConvID: "x", FromUID: 1, ClientMsgID: "y", MsgType: 1}); !errors.Is(err, sequencer.ErrShuttingDown) {
 		t.Fatalf("send on a left node: %v, want ErrShuttingDown", err)
 	}
-	if b.node.Ready() == nil {
+	if b.node.Serving() == nil {
 		t.Fatal("a left node reports ready")
 	}
 	v, _ := s.mem.View(context.Background())
@@ -845,7 +845,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	s.nodes["b-old"].dead = false
 	s.step("b-old")
 	s.step("b-old")
-	if err := oldNode.Ready(); err == nil {
+	if err := oldNode.Serving(); err == nil {
 		t.Fatal("superseded process reports ready")
 	}
 	if oldNode.held() != 0 {
@@ -906,7 +906,7 @@ func TestSimRejoinRefusedSupersedes(t *testing.T) {
 	default:
 		t.Fatalf("Superseded() not closed after the rejoin was refused:\n%s", s.dump())
 	}
-	if err := oldNode.Ready(); err == nil {
+	if err := oldNode.Serving(); err == nil {
 		t.Fatal("superseded process reports ready")
 	}
 	old.dead = true
@@ -940,7 +940,7 @@ func TestSimStoreOutageKeepsSafety(t *testing.T) {
 		if _, err := s.nodes[id].node.Fence(simConvs[0]); err == nil {
 			t.Fatalf("%s hands out fences after its lease could not be renewed for longer than the TTL", id)
 		}
-		if s.nodes[id].node.Ready() == nil {
+		if s.nodes[id].node.Serving() == nil {
 			t.Fatalf("%s is ready without renewing its lease", id)
 		}
 	}

@@ -227,6 +227,10 @@ func (c *Core) Idle() bool {
 func (c *Core) Ready() Ready {
 	rd := c.ready
 	c.ready = Ready{}
+	if c.op == opForm {
+		// Everything queued by now goes in the batch (up to MaxBatch).
+		rd.Form = min(len(c.queue), c.cfg.MaxBatch)
+	}
 	return rd
 }
 
@@ -427,7 +431,6 @@ func (c *Core) advance() {
 		return
 	}
 	c.op = opForm
-	c.ready.Form = min(len(c.queue), c.cfg.MaxBatch)
 }
 
 // Formed answers Ready.Form: it assigns seqs head+1.. to the queued sends
@@ -441,7 +444,8 @@ func (c *Core) Formed(f Formation) {
 		c.failQueue(retryable(f.FenceErr, "fence"))
 		return
 	}
-	n := min(len(c.queue), c.cfg.MaxBatch, len(f.IDs))
+	want := min(len(c.queue), c.cfg.MaxBatch)
+	n := min(want, len(f.IDs))
 	now := f.Now.Truncate(time.Millisecond).UTC()
 	msgs := make([]sequencer.Message, 0, n)
 	for i, e := range c.queue[:n] {
@@ -466,12 +470,12 @@ func (c *Core) Formed(f Formation) {
 		copy(batch, c.queue)
 		c.queue = c.queue[len(msgs):]
 	}
-	if n < min(len(c.queue)+n, c.cfg.MaxBatch) {
+	if n < want {
 		// No id, no seq: fail the sends that got none, and every one still
 		// queued.
 		idErr := f.IDErr
 		if idErr == nil {
-			idErr = sequencer.Errorf(sequencer.CodeUnavailable, "%d msg_ids for %d sends", len(f.IDs), n+len(c.queue))
+			idErr = sequencer.Errorf(sequencer.CodeUnavailable, "%d msg_ids for %d sends", len(f.IDs), want)
 		}
 		c.failQueue(retryable(idErr, "issue msg_id"))
 	}

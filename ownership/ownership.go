@@ -243,6 +243,9 @@ func (c *Core) Observed(v membership.View) { c.adopt(v, time.Time{}) }
 // until sent+MemberTTL.
 func (c *Core) adopt(v membership.View, sent time.Time) {
 	if sent.After(c.renewed) {
+		if sent.Sub(c.renewed) > c.cfg.MemberTTL && !c.renewed.IsZero() {
+			c.changed() // writable again: sends waiting on Route retry
+		}
 		c.renewed = sent
 	}
 	if v.Version < c.view.Version {
@@ -464,28 +467,46 @@ func Decide(r *ring.Ring, view *membership.View, selfID, incarnation string, par
 
 // Queries.
 
-// status is why the node cannot write at all ("" when it can, as far as its
-// phase and trouble go).
-func (c *Core) status() string {
-	if c.trouble != TroubleNone {
-		return c.trouble.String()
+// refusal is why the node serves nothing at all (not started, left,
+// superseded): a final answer for Route and Locate; nil otherwise.
+func (c *Core) refusal() error {
+	if c.phase == PhaseNew || c.phase == PhaseLeft || c.phase == PhaseSuperseded {
+		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown,
+			fmt.Sprintf("cluster node %s is %s", c.cfg.NodeID, c.phase))
 	}
-	if c.phase != PhaseActive && c.phase != PhaseLeaving {
-		return c.phase.String()
-	}
-	return ""
+	return nil
 }
 
-// Fence is the one "may I write" check in memory: the fence a commit of a
-// conversation of partition p must carry, if this node holds p, it is not
-// moving, and the membership lease was renewed within MemberTTL of now.
-// Otherwise an error wrapping sequencer.ErrNotOwner or
-// sequencer.ErrOwnershipMoving (both retryable: nothing was written). The
-// store checks the fence again in the commit's transaction.
-func (c *Core) Fence(p uint32, now time.Time) (persist.Fence, error) {
-	if s := c.status(); s != "" {
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("node %s is %s", c.self.NodeID, s))
+// nodeWritable is the part of Writable that does not depend on the
+// partition: the node is an active (or leaving) member, not in trouble, and
+// its membership lease was renewed within MemberTTL of now.
+func (c *Core) nodeWritable(now time.Time) error {
+	if c.trouble != TroubleNone {
+		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+			fmt.Sprintf("node %s is %s", c.self.NodeID, c.trouble))
+	}
+	if c.phase != PhaseActive && c.phase != PhaseLeaving {
+		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+			fmt.Sprintf("node %s is %s", c.self.NodeID, c.phase))
+	}
+	if d := now.Sub(c.renewed); d > c.cfg.MemberTTL {
+		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+			fmt.Sprintf("node %s has not renewed its membership for %v", c.self.NodeID, d.Round(time.Millisecond)))
+	}
+	return nil
+}
+
+// Writable is the ONE answer in memory to "may this node commit for a
+// conversation of partition p at now": the fence the commit must carry when
+// the node is an active (or leaving) member not in trouble, renewed within
+// MemberTTL, holding p and not handing it off. Otherwise an error wrapping
+// sequencer.ErrNotOwner or sequencer.ErrOwnershipMoving (both retryable:
+// nothing was written). Route's local way, Serving and Locate's epoch are
+// derived from it. The store checks the fence again inside the commit's
+// transaction: that is the other place, and the one safety rests on.
+func (c *Core) Writable(p uint32, now time.Time) (persist.Fence, error) {
+	if err := c.nodeWritable(now); err != nil {
+		return persist.Fence{}, err
 	}
 	switch st := c.parts[p]; {
 	case !st.Held:
@@ -495,27 +516,24 @@ func (c *Core) Fence(p uint32, now time.Time) (persist.Fence, error) {
 		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
 			fmt.Sprintf("partition %d is moving away from node %s", p, c.self.NodeID))
 	}
-	if d := now.Sub(c.renewed); d > c.cfg.MemberTTL {
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("node %s has not renewed its membership for %v", c.self.NodeID, d.Round(time.Millisecond)))
-	}
 	return persist.Fence{Partition: p, Owner: c.self.Incarnation, Epoch: c.parts[p].Epoch}, nil
 }
 
-// Ready reports whether this node can serve sends at now: a live member
-// (renewed within MemberTTL) with a known ring, not in trouble, not
-// stepping down, superseded or leaving.
-func (c *Core) Ready(now time.Time) error {
-	switch {
-	case c.phase == PhaseNew:
+// Serving reports whether this node can take sends at now (readiness): it
+// is a member that could write what it holds (Writable's node part), with
+// itself in its membership view, and not leaving.
+func (c *Core) Serving(now time.Time) error {
+	switch c.phase {
+	case PhaseNew:
 		return errors.New("cluster: not started")
-	case c.phase == PhaseLeaving || c.phase == PhaseLeft:
+	case PhaseLeaving, PhaseLeft:
 		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "cluster: node is leaving")
-	case c.phase != PhaseActive || c.trouble != TroubleNone:
-		return fmt.Errorf("cluster: node %s", c.status())
 	}
-	if d := now.Sub(c.renewed); d > c.cfg.MemberTTL {
-		return fmt.Errorf("cluster: membership not renewed for %v (last error: %v)", d.Round(time.Millisecond), c.beatErr)
+	if err := c.nodeWritable(now); err != nil {
+		if d := now.Sub(c.renewed); d > c.cfg.MemberTTL && c.trouble == TroubleNone && c.phase == PhaseActive {
+			return fmt.Errorf("cluster: membership not renewed for %v (last error: %v)", d.Round(time.Millisecond), c.beatErr)
+		}
+		return fmt.Errorf("cluster: %w", err)
 	}
 	if _, ok := c.view.Member(c.self.NodeID); !ok {
 		return errors.New("cluster: this node is not in the membership view yet")

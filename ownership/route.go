@@ -2,6 +2,7 @@ package ownership
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/membership"
@@ -33,15 +34,14 @@ type Destination struct {
 	Version   uint64 // the membership view's version
 }
 
-// Route answers where a send for partition p goes by the current view. It
-// does not check the lease's freshness: Fence does that when the commit
-// takes its fence.
-func (c *Core) Route(p uint32) Destination {
+// Route answers where a send for partition p goes at now by the current
+// view: refused when the node serves nothing; forwarded when the ring names
+// another owner; local exactly when the ring names this node and Writable
+// gives a fence; else wait (with Writable's reason).
+func (c *Core) Route(p uint32, now time.Time) Destination {
 	d := Destination{Partition: p, Version: c.view.Version}
-	if c.phase == PhaseNew || c.phase == PhaseLeft || c.phase == PhaseSuperseded {
-		d.Way = WayRefuse
-		d.Err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown,
-			fmt.Sprintf("cluster node %s is %s", c.cfg.NodeID, c.phase))
+	if err := c.refusal(); err != nil {
+		d.Way, d.Err = WayRefuse, err
 		return d
 	}
 	owner, ok := c.ring.Owner(p)
@@ -63,19 +63,9 @@ func (c *Core) Route(p uint32) Destination {
 		d.Way = WayForward
 		return d
 	}
-	d.Way = WayWait
-	switch st := c.parts[p]; {
-	case c.trouble != TroubleNone || c.phase == PhaseSteppingDown:
-		d.Err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("node %s is stepping down", c.self.NodeID))
-	case !st.Held:
-		d.Err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-			fmt.Sprintf("partition %d not taken yet by its owner %s", p, c.self.NodeID))
-	case st.Moving:
-		d.Err = sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
-			fmt.Sprintf("partition %d is moving away from %s", p, c.self.NodeID))
-	default:
-		d.Way = WayLocal
+	d.Way = WayLocal
+	if _, err := c.Writable(p, now); err != nil {
+		d.Way, d.Err = WayWait, err
 	}
 	return d
 }
@@ -90,12 +80,14 @@ type Location struct {
 	MembershipVersion uint64
 }
 
-// Locate answers where partition p lives by the current view: a retryable
-// error wrapping sequencer.ErrNotOwner when the view has no members, and
-// sequencer.ErrShuttingDown when the node does not serve.
-func (c *Core) Locate(p uint32) (Location, error) {
-	if c.phase == PhaseNew || c.phase == PhaseLeft {
-		return Location{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "cluster node not running")
+// Locate answers where partition p lives by the current view at now: a
+// retryable error wrapping sequencer.ErrNotOwner when the view has no
+// members, and sequencer.ErrShuttingDown when the node serves nothing (as
+// Route refuses). The epoch is this node's fence when it is the owner and
+// Writable, else the view's lease of the owner's incarnation.
+func (c *Core) Locate(p uint32, now time.Time) (Location, error) {
+	if err := c.refusal(); err != nil {
+		return Location{}, err
 	}
 	owner, ok := c.ring.Owner(p)
 	if !ok {
@@ -105,13 +97,12 @@ func (c *Core) Locate(p uint32) (Location, error) {
 	loc := Location{NodeID: owner.NodeID, ClusterAddr: owner.Address, Partition: p, MembershipVersion: c.view.Version}
 	m, _ := c.view.Member(owner.NodeID)
 	loc.APIAddr = m.APIAddr
-	switch {
-	case owner.NodeID == c.self.NodeID && c.parts[p].Held:
-		loc.Epoch = c.parts[p].Epoch
-	default:
-		if l, ok := c.view.Lease(p); ok && l.Owner != "" && l.Owner == m.Incarnation {
-			loc.Epoch = l.Epoch
+	if owner.NodeID == c.self.NodeID {
+		if f, err := c.Writable(p, now); err == nil {
+			loc.Epoch = f.Epoch
 		}
+	} else if l, ok := c.view.Lease(p); ok && l.Owner != "" && l.Owner == m.Incarnation {
+		loc.Epoch = l.Epoch
 	}
 	return loc, nil
 }

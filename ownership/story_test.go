@@ -123,7 +123,7 @@ func (h *harness) do(line string) string {
 		return strings.Join(append(out, h.state(p)), "\n")
 	case "commit":
 		part := h.partition(kv["p"])
-		fence, err := c.Fence(part, now)
+		fence, err := c.Writable(part, now)
 		if err != nil {
 			return "not written: " + err.Error()
 		}
@@ -136,7 +136,7 @@ func (h *harness) do(line string) string {
 		}
 		return fmt.Sprintf("committed with fence %s@%d", fence.Owner, fence.Epoch)
 	case "route":
-		d := c.Route(h.partition(kv["p"]))
+		d := c.Route(h.partition(kv["p"]), now)
 		switch d.Way {
 		case WayLocal:
 			return "local"
@@ -146,7 +146,7 @@ func (h *harness) do(line string) string {
 		return fmt.Sprintf("%s: %v (retryable: %v)", d.Way, d.Err, sequencer.ErrorCode(d.Err) == sequencer.CodeUnavailable &&
 			!errors.Is(d.Err, sequencer.ErrShuttingDown))
 	case "ready":
-		if err := c.Ready(now); err != nil {
+		if err := c.Serving(now); err != nil {
 			return "not ready: " + err.Error()
 		}
 		return "ready"

@@ -326,7 +326,7 @@ func (s *Server) ready() error {
 		return sequencer.ErrWorkerLeaseLost
 	}
 	if s.cluster != nil {
-		if err := s.cluster.Ready(); err != nil {
+		if err := s.cluster.Serving(); err != nil {
 			return sequencer.Wrap(sequencer.CodeUnavailable, err, "cluster membership not ready")
 		}
 	}
