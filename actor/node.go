@@ -67,7 +67,7 @@ func (SingleNode) Refused([]persist.Fence)             {}
 // every default; a zero field in the Config given to NewNode means its
 // default.
 type Config struct {
-	Store     persist.Store
+	Store     persist.ConvStore
 	IDs       IDSource
 	Clock     clock.Clock  // server_at source; default the real clock
 	Metrics   *metrics.Set // optional

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
@@ -49,11 +50,7 @@ type Sender interface {
 }
 
 // Reader answers the read RPCs. persist.Store satisfies it.
-type Reader interface {
-	LoadHead(ctx context.Context, convID string) (uint64, error)
-	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
-	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
-}
+type Reader = persist.Reader
 
 // Router tells which node owns a conversation now.
 type Router interface {

@@ -36,7 +36,7 @@ import (
 // Config configures a Writer. DefaultConfig holds every default; a zero
 // field in the Config given to New means its default.
 type Config struct {
-	Store persist.Store // required
+	Store persist.Committer // required
 	// Workers is the most transactions in flight at once (two start as
 	// soon as anything is queued, a further one only when extraMinRows
 	// messages wait).

@@ -1,8 +1,11 @@
 package persist
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/sequencer-im/sequencer"
 )
@@ -76,4 +79,32 @@ func CheckBatches(batches []ConvBatch) error {
 		return &ConflictError{Conflicts: conflicts}
 	}
 	return nil
+}
+
+// Fences returns the distinct non-zero fences of batches, ordered by
+// partition (then owner and epoch), and whether any batch is unfenced: what
+// a store checks inside a commit's transaction. Every store collects them
+// here, so they check (and lock) lease rows in the same order.
+func Fences(batches []ConvBatch) (fences []Fence, unfenced bool) {
+	for i := range batches {
+		f := batches[i].Fence
+		switch {
+		case f.IsZero():
+			unfenced = true
+		case !slices.Contains(fences, f):
+			fences = append(fences, f)
+		}
+	}
+	slices.SortFunc(fences, func(a, b Fence) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), strings.Compare(a.Owner, b.Owner), cmp.Compare(a.Epoch, b.Epoch))
+	})
+	return fences, unfenced
+}
+
+// SortConflicts puts a ConflictError's rows in the order every store
+// reports them: by conversation, seq, then key.
+func SortConflicts(cs []Conflict) {
+	slices.SortStableFunc(cs, func(a, b Conflict) int {
+		return cmp.Or(strings.Compare(a.ConvID, b.ConvID), cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Key, b.Key))
+	})
 }

@@ -1,7 +1,11 @@
 // Package persist defines what the sequencer needs from durable storage, and
-// nothing more: load a conversation's head, commit one atomic batch spanning
-// many conversations (fenced), find a message by its resend key, read a seq
-// range, get a message by msg_id, and lease worker ids and partitions.
+// nothing more, as role-sized interfaces (Committer, ConvReader, Reader,
+// Retention, WorkerLeases, ReadPositions; Store is all of them): load a
+// conversation's head, commit one atomic batch spanning many conversations
+// (fenced), find a message by its resend key, read a seq range, get a
+// message by msg_id, trim old messages, lease worker ids, keep read
+// positions. The cluster's membership and partition-lease table is package
+// membership's interface, which the shared stores implement too.
 //
 // Implementations: persist/postgres (pgx) and persist/sqlite (embedded,
 // modernc.org/sqlite), and for tests persist/memstore (in memory, not
@@ -50,9 +54,22 @@ type ConvBatch struct {
 // LastSeq returns the seq the head moves to.
 func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages)) }
 
-// Store is the durable storage of messages, heads and leases.
+// The roles a store plays, each the size of what one consumer needs. Every
+// store implements all of them (Store) and pins it at compile time
+// (var _ persist.Store = (*Store)(nil)); a consumer asks for its role only.
 //
-// Commit is all-or-nothing over every ConvBatch passed. Its error is one of:
+//   - Committer: the group-commit writer (package commit);
+//   - ConvStore: a conversation's writer (package actor): Committer + ConvReader;
+//   - Reader: the API's reads (package api);
+//   - Retention: the retention pass (TrimAll) and `admin trim`;
+//   - WorkerLeases: the snowflake worker-id lease (package idgen);
+//   - ReadPositions: users' read positions;
+//   - membership.Store: the cluster's member and partition-lease table
+//     (the stores a cluster can share; see membership.Provider).
+
+// Committer commits batches of many conversations, all or nothing.
+//
+// Commit's error is one of:
 //   - nil: everything is durably stored (fsync'd / committed);
 //   - *ConflictError: a unique key (uk_conv_seq, uk_from_client, msg_id) is
 //     already taken; nothing was written;
@@ -64,22 +81,55 @@ func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages
 //     it answers the senders or assigns another seq;
 //   - an error wrapping sequencer.ErrStoreUnavailable: nothing was written
 //     (failed before the commit was sent).
-type Store interface {
+//
+// OutcomeOf is the one place that reads these.
+type Committer interface {
+	// Commit writes all batches in one transaction, checking each batch's
+	// Fence and PrevHead inside it.
+	Commit(ctx context.Context, batches []ConvBatch) error
+}
+
+// ConvReader is what a conversation's writer reads: the head it continues
+// from, the truth after an unknown outcome, and stored resend keys.
+type ConvReader interface {
 	// LoadHead returns the highest seq ever committed in conv, 0 if none. It
 	// never goes backwards, even after Trim deleted rows.
 	LoadHead(ctx context.Context, convID string) (uint64, error)
-	// Commit writes all batches in one transaction (see the type comment).
-	Commit(ctx context.Context, batches []ConvBatch) error
 	// FindByClientKey returns the stored message with this resend key, or
 	// sequencer.ErrNotFound.
 	FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error)
 	// ReadRange returns up to limit messages of conv with seq > afterSeq,
 	// ascending.
 	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
+	// Settle returns once every transaction of an earlier Commit that
+	// returned sequencer.ErrUnknownOutcome is finished on the server
+	// (committed or rolled back), so that reads made after it see the final
+	// outcome: a transaction that outlived its connection (a stalled backend
+	// that ignored the cancel) cannot commit after Settle returned. It fails
+	// (retryably) when it cannot tell yet. Stores whose commits cannot
+	// outlive the Commit call (SQLite, in-memory) return nil at once.
+	Settle(ctx context.Context) error
+}
+
+// ConvStore is the store of a node's conversation writers (package actor):
+// its commits go through the group-commit writer.
+type ConvStore interface {
+	Committer
+	ConvReader
+}
+
+// Reader is what the API reads: heads, seq ranges and messages by msg_id.
+type Reader interface {
+	LoadHead(ctx context.Context, convID string) (uint64, error)
+	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
 	// GetMessage returns the message with msgID, or sequencer.ErrNotFound.
 	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
-	// Trim deletes conv's messages with seq <= throughSeq (retention). The
-	// head is kept.
+}
+
+// Retention deletes old messages; heads (and read positions) are never
+// touched.
+type Retention interface {
+	// Trim deletes conv's messages with seq <= throughSeq. The head is kept.
 	Trim(ctx context.Context, convID string, throughSeq uint64) error
 	// TrimBefore is one step of a retention pass over every conversation:
 	// for up to limit conversations whose conv_id sorts after `after` (in
@@ -90,16 +140,13 @@ type Store interface {
 	// head; heads are never touched. It returns the cursor for the next
 	// step ("" when the pass is complete) and the number of rows deleted.
 	TrimBefore(ctx context.Context, before time.Time, after string, limit int) (next string, deleted int, err error)
+}
 
-	// Settle returns once every transaction of an earlier Commit that
-	// returned sequencer.ErrUnknownOutcome is finished on the server
-	// (committed or rolled back), so that reads made after it see the final
-	// outcome: a transaction that outlived its connection (a stalled backend
-	// that ignored the cancel) cannot commit after Settle returned. It fails
-	// (retryably) when it cannot tell yet. Stores whose commits cannot
-	// outlive the Commit call (SQLite, in-memory) return nil at once.
-	Settle(ctx context.Context) error
-
+// Store is the durable storage of messages, heads and leases: every role.
+type Store interface {
+	ConvStore
+	Reader
+	Retention
 	WorkerLeases
 
 	// Ping checks the store answers.

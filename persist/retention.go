@@ -16,7 +16,7 @@ const DefaultTrimStep = 200
 // deleted. It returns the rows deleted; on an error (or ctx ending) it stops
 // and returns what was deleted so far; the next pass starts over and
 // finishes the job (each step is idempotent).
-func TrimAll(ctx context.Context, s Store, before time.Time, step int, onStep func(deleted int)) (int, error) {
+func TrimAll(ctx context.Context, s Retention, before time.Time, step int, onStep func(deleted int)) (int, error) {
 	if step <= 0 {
 		step = DefaultTrimStep
 	}

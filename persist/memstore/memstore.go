@@ -180,19 +180,13 @@ func (s *Store) head(convID string) uint64 {
 // cluster holds any partition, unfenced batches (persist.ErrUnfenced).
 func (s *Store) checkFences(batches []persist.ConvBatch) error {
 	var stale []persist.Fence
-	unfenced := false
-	for i := range batches {
-		f := batches[i].Fence
-		if f.IsZero() {
-			unfenced = true
-			continue
-		}
-		if l, ok := s.leases[f.Partition]; (!ok || l != f) && !slices.Contains(stale, f) {
+	fences, unfenced := persist.Fences(batches)
+	for _, f := range fences {
+		if l, ok := s.leases[f.Partition]; !ok || l != f {
 			stale = append(stale, f)
 		}
 	}
 	if len(stale) > 0 {
-		slices.SortFunc(stale, func(a, b persist.Fence) int { return cmp.Compare(a.Partition, b.Partition) })
 		return &persist.StaleFenceError{Fences: stale}
 	}
 	if unfenced {

@@ -195,28 +195,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 
 func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch) error {
 	// Distinct non-zero fences, in partition order.
-	var fences []persist.Fence
-	seenFence := map[persist.Fence]bool{}
-	unfenced := false
-	for i := range batches {
-		f := batches[i].Fence
-		switch {
-		case f.IsZero():
-			unfenced = true
-		case !seenFence[f]:
-			seenFence[f] = true
-			fences = append(fences, f)
-		}
-	}
-	sort.Slice(fences, func(i, j int) bool {
-		if fences[i].Partition != fences[j].Partition {
-			return fences[i].Partition < fences[j].Partition
-		}
-		if fences[i].Owner != fences[j].Owner {
-			return fences[i].Owner < fences[j].Owner
-		}
-		return fences[i].Epoch < fences[j].Epoch
-	})
+	fences, unfenced := persist.Fences(batches)
 	parts := make([]int64, len(fences))
 	owners := make([]string, len(fences))
 	epochs := make([]int64, len(fences))
@@ -448,14 +427,6 @@ func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays,
 		// and the lookup: nothing was written, a retry may well succeed.
 		return unavailable("commit: unique key conflict with a row that is gone", cause)
 	}
-	sort.SliceStable(out, func(a, b int) bool {
-		if out[a].ConvID != out[b].ConvID {
-			return out[a].ConvID < out[b].ConvID
-		}
-		if out[a].Seq != out[b].Seq {
-			return out[a].Seq < out[b].Seq
-		}
-		return out[a].Key < out[b].Key
-	})
+	persist.SortConflicts(out)
 	return &persist.ConflictError{Conflicts: out}
 }

@@ -320,18 +320,8 @@ func (c *conflictCause) Error() string { return c.err.Error() }
 // stage runs the fence checks, the head compare-and-set and the inserts.
 func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch, ins map[int]*sql.Stmt) error {
 	var stale []persist.Fence
-	seen := map[persist.Fence]bool{}
-	unfenced := false
-	for i := range batches {
-		f := batches[i].Fence
-		if f.IsZero() {
-			unfenced = true
-			continue
-		}
-		if seen[f] {
-			continue
-		}
-		seen[f] = true
+	fences, unfenced := persist.Fences(batches)
+	for _, f := range fences {
 		var owner string
 		var epoch int64
 		err := tx.QueryRowContext(ctx, `SELECT owner, epoch FROM partition_lease WHERE partition = ?`, int64(f.Partition)).Scan(&owner, &epoch)
@@ -345,7 +335,6 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 		}
 	}
 	if len(stale) > 0 {
-		sort.Slice(stale, func(i, j int) bool { return stale[i].Partition < stale[j].Partition })
 		return &persist.StaleFenceError{Fences: stale}
 	}
 	if unfenced {
@@ -529,14 +518,6 @@ func (s *Store) conflicts(ctx context.Context, batches []persist.ConvBatch, caus
 	if len(out) == 0 {
 		return unavailable("commit: unique key conflict with a row that is gone", cause)
 	}
-	sort.SliceStable(out, func(a, b int) bool {
-		if out[a].ConvID != out[b].ConvID {
-			return out[a].ConvID < out[b].ConvID
-		}
-		if out[a].Seq != out[b].Seq {
-			return out[a].Seq < out[b].Seq
-		}
-		return out[a].Key < out[b].Key
-	})
+	persist.SortConflicts(out)
 	return &persist.ConflictError{Conflicts: out}
 }
