@@ -270,6 +270,20 @@ func (s *Mem) RequestDrain(ctx context.Context, nodeID string) (Member, error) {
 // else Fenced returns a *persist.StaleFenceError listing the stale ones.
 // While write runs, no Acquire can take a fenced partition.
 func (s *Mem) Fenced(fences []persist.Fence, write func()) error {
+	return s.FencedCommit(fences, false, func() error {
+		if write != nil {
+			write()
+		}
+		return nil
+	})
+}
+
+// FencedCommit is the in-commit check of an in-memory store (memstore):
+// every non-zero fence of fences must hold (else *persist.StaleFenceError),
+// and an unfenced commit (unfenced set) is refused with persist.ErrUnfenced
+// while any partition is held; then write runs, with no Acquire or Release
+// in between, and its error is returned.
+func (s *Mem) FencedCommit(fences []persist.Fence, unfenced bool, write func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var stale []persist.Fence
@@ -284,8 +298,20 @@ func (s *Mem) Fenced(fences []persist.Fence, write func()) error {
 	if len(stale) > 0 {
 		return &persist.StaleFenceError{Fences: stale}
 	}
-	if write != nil {
-		write()
+	if unfenced {
+		for _, l := range s.leases {
+			if l.Owner != "" {
+				return persist.ErrUnfenced
+			}
+		}
 	}
-	return nil
+	return write()
+}
+
+// PutLeaseForTest makes partition f.Partition held by f.Owner at f.Epoch
+// (f.Owner "": released), whatever the members.
+func (s *Mem) PutLeaseForTest(f persist.Fence) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leases[f.Partition] = Lease{Partition: f.Partition, Owner: f.Owner, Epoch: f.Epoch}
 }

@@ -18,10 +18,12 @@ var layers = [][]string{
 		"deploy", "e2e"},
 	// 1: interfaces and pure building blocks.
 	{"persist", "ring", "metrics", "proto/cluster/v1/clusterv1connect", "proto/sequencer/v1/sequencerv1connect"},
-	// 2: the membership rules, the single-writer core, ids, the simple stores.
-	{"membership", "conv", "idgen", "persist/memstore", "persist/sqlite", "persist/storetest"},
-	// 3: the ownership core, group commit, PostgreSQL (which implements membership), test kits.
-	{"ownership", "commit", "persist/postgres", "persist/faulty", "membership/membershiptest"},
+	// 2: the membership rules, the single-writer core, ids, the embedded store.
+	{"membership", "conv", "idgen", "persist/sqlite", "persist/storetest"},
+	// 3: the ownership core, group commit, the stores that implement membership (PostgreSQL, memstore), test kits.
+	{"ownership", "commit", "persist/postgres", "persist/memstore", "membership/membershiptest"},
+	// 3b: the fault-injecting wrapper (over any store, memstore by default).
+	{"persist/faulty"},
 	// 4: the conversations of a node, the cluster shell, the API edge, the SDK, store selection.
 	{"actor", "cluster", "api", "client", "console", "persist/open"},
 	// 5: operator commands and the wiring of one node.

@@ -25,6 +25,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -39,12 +41,16 @@ const maxText = 64
 // Store is an in-memory persist.Store. The zero value is not usable: call
 // New. Safe for concurrent use; every call is atomic.
 type Store struct {
-	mu     sync.Mutex
+	// Mem is the cluster's member and partition-lease table
+	// (membership.Store): commits are fenced against its leases, atomically
+	// with Acquire and Release, as PostgreSQL's FOR SHARE does.
+	*membership.Mem
+
+	mu     sync.Mutex // taken before Mem's lock, never after
 	closed bool
 	convs  map[string]*conv
 	byID   map[uint64]sequencer.Message
 	byKey  map[sequencer.ClientKey]uint64 // resend key -> msg_id
-	leases map[uint32]persist.Fence       // partition leases (Fence.Owner "" = released)
 	// workers are the worker-id leases; a zero expires means free.
 	workers [workerIDs]worker
 }
@@ -64,15 +70,23 @@ type worker struct {
 }
 
 var (
-	_ persist.Store        = (*Store)(nil)
-	_ persist.WorkerLeases = (*Store)(nil)
+	_ persist.Store       = (*Store)(nil)
+	_ membership.Store    = (*Store)(nil)
+	_ membership.Provider = (*Store)(nil)
 )
 
-// New returns an empty store.
-func New() *Store {
-	return &Store{convs: map[string]*conv{}, byID: map[uint64]sequencer.Message{},
-		byKey: map[sequencer.ClientKey]uint64{}, leases: map[uint32]persist.Fence{}}
+// New returns an empty store whose member leases follow the real clock.
+func New() *Store { return NewWithClock(nil) }
+
+// NewWithClock returns an empty store whose member leases follow c (a fake
+// clock in simulations; nil: the real one).
+func NewWithClock(c clock.Clock) *Store {
+	return &Store{Mem: membership.NewMem(c), convs: map[string]*conv{}, byID: map[uint64]sequencer.Message{},
+		byKey: map[sequencer.ClientKey]uint64{}}
 }
+
+// Membership implements membership.Provider: the store's own table.
+func (s *Store) Membership() membership.Store { return s.Mem }
 
 // enter locks the store for one call; it fails (nothing done) when ctx has
 // ended or the store is closed.
@@ -132,9 +146,13 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 			}
 		}
 	}
-	if err := s.checkFences(batches); err != nil {
-		return err
-	}
+	fences, unfenced := persist.Fences(batches)
+	return s.Mem.FencedCommit(fences, unfenced, func() error { return s.write(batches) })
+}
+
+// write checks the heads and the unique keys and stores every row, or none
+// (s.mu and the lease table held).
+func (s *Store) write(batches []persist.ConvBatch) error {
 	var mismatched []string
 	for i := range batches {
 		if s.head(batches[i].ConvID) != batches[i].PrevHead {
@@ -174,29 +192,6 @@ func (s *Store) head(convID string) uint64 {
 		return c.head
 	}
 	return 0
-}
-
-// checkFences refuses stale fences (*persist.StaleFenceError) and, while a
-// cluster holds any partition, unfenced batches (persist.ErrUnfenced).
-func (s *Store) checkFences(batches []persist.ConvBatch) error {
-	var stale []persist.Fence
-	fences, unfenced := persist.Fences(batches)
-	for _, f := range fences {
-		if l, ok := s.leases[f.Partition]; !ok || l != f {
-			stale = append(stale, f)
-		}
-	}
-	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	if unfenced {
-		for _, l := range s.leases {
-			if l.Owner != "" {
-				return persist.ErrUnfenced
-			}
-		}
-	}
-	return nil
 }
 
 // checkStoredKeys reports every row that hits a unique key of a stored row
@@ -491,7 +486,7 @@ func (s *Store) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) e
 		return err
 	}
 	defer s.mu.Unlock()
-	s.leases[f.Partition] = f
+	s.Mem.PutLeaseForTest(f)
 	return nil
 }
 

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
 	"github.com/sequencer-im/sequencer/persist/storetest"
@@ -143,5 +146,61 @@ func TestServerDoesNotLinkIt(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("go list -deps ./persist/faulty does not show memstore")
+	}
+}
+
+// The store is also the cluster's membership table: the ONE membership
+// conformance suite runs on it.
+func TestMembershipConformance(t *testing.T) {
+	membershiptest.Run(t, func(t *testing.T, clk *clock.Fake) membership.Store {
+		return memstore.NewWithClock(clk).Membership()
+	})
+}
+
+// A lease taken through the membership table fences commits: its owner
+// commits at its epoch; once the owner's member row expired and another
+// incarnation took the partition (epoch+1), the old fence is refused and
+// nothing of it is stored; an unfenced commit is refused while a partition
+// is held.
+func TestCommitsAreFencedByTheMembershipTable(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC))
+	s := memstore.NewWithClock(clk)
+	const ttl = time.Second
+	join := func(id string) membership.View {
+		v, err := s.Join(ctx, membership.Member{NodeID: id, Incarnation: id + "/1", ClusterAddr: id + ":1"}, ttl, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v := join("a")
+	ls, err := s.Acquire(ctx, "a/1", v.Version, []uint32{3})
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("acquire: %v %v", ls, err)
+	}
+	fa := persist.Fence{Partition: 3, Owner: "a/1", Epoch: ls[0].Epoch}
+	b := one("c1", 1, []byte("x"))
+	b.Fence = fa
+	if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
+		t.Fatalf("owner's commit: %v", err)
+	}
+	if err := s.Commit(ctx, []persist.ConvBatch{one("c2", 2, nil)}); !errors.Is(err, persist.ErrUnfenced) {
+		t.Fatalf("unfenced commit while a partition is held: %v", err)
+	}
+	clk.Advance(2 * ttl) // a's row expires
+	v = join("b")
+	ls, err = s.Acquire(ctx, "b/1", v.Version, []uint32{3})
+	if err != nil || len(ls) != 1 || ls[0].Epoch != fa.Epoch+1 {
+		t.Fatalf("takeover: %v %v", ls, err)
+	}
+	stale := one("c1", 3, []byte("y"))
+	stale.PrevHead, stale.Messages[0].Seq, stale.Fence = 1, 2, fa
+	var sf *persist.StaleFenceError
+	if err := s.Commit(ctx, []persist.ConvBatch{stale}); !errors.As(err, &sf) || len(sf.Fences) != 1 || sf.Fences[0] != fa {
+		t.Fatalf("stale owner's commit: %v", err)
+	}
+	if h, _ := s.LoadHead(ctx, "c1"); h != 1 {
+		t.Fatalf("head %d after the stale commit, want 1", h)
 	}
 }
