@@ -70,9 +70,9 @@ func TestForwardPolicy(t *testing.T) {
 	}
 	b := s.nodes["b"].node
 	gate.on.Store(true)
-	b.fwdMu.Lock()
-	b.fwdPolicy = forwardPolicy{eager: 2, minBatch: 5, stall: time.Hour}
-	b.fwdMu.Unlock()
+	b.fwd.mu.Lock()
+	b.fwd.policy = forwardPolicy{eager: 2, minBatch: 5, stall: time.Hour}
+	b.fwd.mu.Unlock()
 
 	type answer struct {
 		req sequencer.SendRequest
@@ -109,12 +109,12 @@ func TestForwardPolicy(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			b.fwdMu.Lock()
+			b.fwd.mu.Lock()
 			items, w := 0, 0
-			for _, pq := range b.peers {
+			for _, pq := range b.fwd.peers {
 				items, w = pq.items, pq.workers
 			}
-			b.fwdMu.Unlock()
+			b.fwd.mu.Unlock()
 			if items == n && w == workers {
 				return
 			}
@@ -144,10 +144,12 @@ func TestForwardPolicy(t *testing.T) {
 	if c4.items != 5 {
 		t.Fatalf("the batch for the waiting items carries %d, want 5", c4.items)
 	}
-	b.fwdMu.Lock()
-	b.fwdPolicy.stall = time.Millisecond
-	b.fwdMu.Unlock()
+	b.fwd.mu.Lock()
+	b.fwd.policy.stall = time.Millisecond
+	b.fwd.mu.Unlock()
 	send(1) // the batches in flight stall: this one does not wait for them
+	waitQueued(1, 3)
+	s.clk.Advance(time.Millisecond) // the node's clock: the stall guard runs on it
 	c5 := next("batches in flight stalled")
 	if c5.items != 1 {
 		t.Fatalf("the stall batch carries %d items, want 1", c5.items)

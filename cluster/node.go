@@ -78,18 +78,14 @@ type Node struct {
 	changed chan struct{}
 	seen    uint64
 
-	fwdMu     sync.Mutex            // guards peers and fwdPolicy
-	peers     map[string]*peerQueue // forwarded items waiting, by owner address
-	fwdPolicy forwardPolicy
-	fwdCtx    context.Context // batches in flight; canceled by Close
-	fwdCancel context.CancelFunc
+	fwd       *forwarder    // queues and batches the sends owned by other nodes
 	viewReads *rate.Limiter // membership re-reads asked by forwarded batches
 	wakeMu    sync.Mutex
 	wakes     map[string]*rate.Limiter // wake-ups accepted, by sender
 	drainOnce sync.Once
 	drain     chan struct{} // closed when an operator marked this member leaving (DrainRequested)
 
-	// suspectUntil (unix nanos): a peer stopped answering at the transport
+	// suspectUntil (unix nanos, n.clk): a peer stopped answering at the transport
 	// level; until then the membership is read every suspectPoll, so its
 	// row's expiry (if it crashed) is seen at once.
 	suspectUntil atomic.Int64
@@ -148,14 +144,23 @@ func New(cfg Config) (*Node, error) {
 		changed:      make(chan struct{}),
 		wakeBeat:     make(chan struct{}, 1),
 		wakeRecon:    make(chan struct{}, 1),
-		peers:        map[string]*peerQueue{},
-		fwdPolicy:    defaultForwardPolicy,
 		viewReads:    rate.NewLimiter(rate.Limit(10), 10),
 		wakes:        map[string]*rate.Limiter{},
 		drain:        make(chan struct{}),
 		supersededCh: make(chan struct{}),
 	}
-	n.fwdCtx, n.fwdCancel = context.WithCancel(context.Background())
+	n.fwd = newForwarder(forwarderDeps{
+		clk:     cfg.Clock,
+		forward: tr.Forward,
+		self: func() (string, string, uint64) {
+			n.mu.RLock()
+			defer n.mu.RUnlock()
+			return n.core.Self().NodeID, n.core.Self().Incarnation, n.core.View().Version
+		},
+		suspect: n.suspect,
+		met:     n.met,
+		timeout: cfg.ForwardTimeout,
+	})
 	return n, nil
 }
 
@@ -310,7 +315,7 @@ func (n *Node) startLoops() {
 		defer close(n.beatDone)
 		for {
 			d := n.cfg.Heartbeat
-			if time.Now().UnixNano() < n.suspectUntil.Load() {
+			if n.clk.Now().UnixNano() < n.suspectUntil.Load() {
 				d = min(d, suspectPoll)
 			}
 			t := time.NewTimer(d)
@@ -635,7 +640,7 @@ const suspectPoll = 100 * time.Millisecond
 // row must expire first), it only reads the membership more often until a
 // crashed peer's row would have expired.
 func (n *Node) suspect() {
-	n.suspectUntil.Store(time.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat).UnixNano())
+	n.suspectUntil.Store(n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat).UnixNano())
 	n.poke(n.wakeBeat)
 }
 
@@ -719,7 +724,7 @@ func (n *Node) Leave(ctx context.Context) error {
 // need the transport to carry their replies back. Forwards still waiting when
 // it closes fail with a retryable error.
 func (n *Node) Close() error {
-	n.fwdCancel()
+	n.fwd.close()
 	if err := n.tr.Close(); err != nil {
 		return fmt.Errorf("cluster: closing the transport: %w", err)
 	}

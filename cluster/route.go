@@ -103,8 +103,8 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 				return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))
 			}
-			it := n.newFwdItem(ctx, req)
-			n.enqueue(dst.Owner.ClusterAddr, []*fwdItem{it})
+			it := newFwdItem(ctx, req)
+			n.fwd.enqueue(dst.Owner.ClusterAddr, []*fwdItem{it})
 			o := n.await(ctx, dst.Owner.NodeID, it)
 			switch o.kind {
 			case fwdAnswered:
