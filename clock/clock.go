@@ -51,8 +51,8 @@ type Fake struct {
 	mu     sync.Mutex
 	now    time.Time
 	slept  time.Duration
-	timers []*fakeTimer // pending AfterFunc calls
-	OnNow func(t time.Time) time.Time // optional: rewrite each reading (e.g. jumps)
+	timers []*fakeTimer                // pending AfterFunc calls
+	OnNow  func(t time.Time) time.Time // optional: rewrite each reading (e.g. jumps)
 }
 
 // NewFake returns a fake clock at t.
