@@ -133,7 +133,7 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 	now := n.clk.Now()
 	n.mu.RLock()
 	for i := range reqs {
-		dst := n.core.Route(ring.PartitionOf(reqs[i].ConvID, n.partitions), now)
+		dst := n.core.Dispatch(ring.PartitionOf(reqs[i].ConvID, n.partitions), now)
 		switch {
 		case dst.Way == ownership.WayLocal:
 			local = append(local, i)

@@ -468,7 +468,7 @@ func (n *Node) stepDown(ctx context.Context, rd ownership.Round) {
 // handoff gives up partitions ps (Leave): no new fences, in-flight batches
 // finish, then the leases are released.
 func (n *Node) handoff(ctx context.Context, ps []uint32) {
-	var leases []membership.Lease
+	var leases []membership.PartitionLease
 	n.update(func(c *ownership.Core) { leases = c.StartHandoff(ps) })
 	n.release(ctx, leases)
 }
@@ -476,7 +476,7 @@ func (n *Node) handoff(ctx context.Context, ps []uint32) {
 // release hands off leases already marked moving: their conversations stop
 // (in-flight batches finish), then the leases are released. On a failed
 // release they stay moving and the next round retries.
-func (n *Node) release(ctx context.Context, leases []membership.Lease) {
+func (n *Node) release(ctx context.Context, leases []membership.PartitionLease) {
 	if len(leases) == 0 {
 		return
 	}

@@ -80,7 +80,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 		// store checks that fence in the commit's transaction.
 		now := n.clk.Now()
 		n.mu.RLock()
-		dst, changed := n.core.Route(p, now), n.changed
+		dst, changed := n.core.Dispatch(p, now), n.changed
 		n.mu.RUnlock()
 
 		var err error

@@ -386,7 +386,7 @@ func (s *sim) settled() bool {
 		for p := range c.Partitions() {
 			st := c.Part(uint32(p))
 			want := slices.Contains(owned, uint32(p))
-			if st.Held != want || st.Moving {
+			if st.Held != want || st.HandingOff {
 				ok = false
 			}
 		}
@@ -547,7 +547,7 @@ type auditStore struct {
 	takes  int
 }
 
-func (a *auditStore) Acquire(ctx context.Context, inc string, version uint64, ps []uint32) ([]membership.Lease, error) {
+func (a *auditStore) Acquire(ctx context.Context, inc string, version uint64, ps []uint32) ([]membership.PartitionLease, error) {
 	before, err := a.Store.View(ctx)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ type Mem struct {
 	mu      sync.Mutex
 	version uint64
 	members map[string]Member // by NodeID
-	leases  map[uint32]Lease
+	leases  map[uint32]PartitionLease
 	// Fail, when set, is called at the start of every method with its name;
 	// a non-nil result is returned as the method's error (nothing changed).
 	Fail func(op string) error
@@ -33,7 +33,7 @@ var _ Store = (*Mem)(nil)
 
 // NewMem returns an empty store whose lease times follow c.
 func NewMem(c clock.Clock) *Mem {
-	return &Mem{clock: clock.Or(c), members: map[string]Member{}, leases: map[uint32]Lease{}}
+	return &Mem{clock: clock.Or(c), members: map[string]Member{}, leases: map[uint32]PartitionLease{}}
 }
 
 func (s *Mem) fail(op string) error {
@@ -172,7 +172,7 @@ func (s *Mem) Remove(ctx context.Context, nodeID, incarnation string) error {
 	return nil
 }
 
-func (s *Mem) Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]Lease, error) {
+func (s *Mem) Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]PartitionLease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.fail("Acquire"); err != nil {
@@ -195,7 +195,7 @@ func (s *Mem) Acquire(ctx context.Context, incarnation string, version uint64, p
 	if !self {
 		return nil, nil
 	}
-	var taken []Lease
+	var taken []PartitionLease
 	for _, p := range slices.Sorted(slices.Values(partitions)) {
 		l, ok := s.leases[p]
 		if ok && l.Owner != "" && l.Owner != incarnation && liveInc[l.Owner] {
@@ -204,14 +204,14 @@ func (s *Mem) Acquire(ctx context.Context, incarnation string, version uint64, p
 		if len(taken) > 0 && taken[len(taken)-1].Partition == p {
 			continue // listed twice
 		}
-		l = Lease{Partition: p, Owner: incarnation, Epoch: l.Epoch + 1}
+		l = PartitionLease{Partition: p, Owner: incarnation, Epoch: l.Epoch + 1}
 		s.leases[p] = l
 		taken = append(taken, l)
 	}
 	return taken, nil
 }
 
-func (s *Mem) Release(ctx context.Context, leases []Lease) error {
+func (s *Mem) Release(ctx context.Context, leases []PartitionLease) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.fail("Release"); err != nil {
@@ -313,5 +313,5 @@ func (s *Mem) FencedCommit(fences []persist.Fence, unfenced bool, write func() e
 func (s *Mem) PutLeaseForTest(f persist.Fence) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.leases[f.Partition] = Lease{Partition: f.Partition, Owner: f.Owner, Epoch: f.Epoch}
+	s.leases[f.Partition] = PartitionLease{Partition: f.Partition, Owner: f.Owner, Epoch: f.Epoch}
 }

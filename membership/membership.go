@@ -65,8 +65,8 @@ type Member struct {
 	Version string
 }
 
-// Lease is one partition's lease row. Owner "" means released (free).
-type Lease struct {
+// PartitionLease is one partition's lease row. Owner "" means released (free).
+type PartitionLease struct {
 	Partition uint32
 	Owner     string // an Incarnation, or "" when released
 	Epoch     uint64 // bumped by every Acquire; never goes down
@@ -84,7 +84,7 @@ type View struct {
 	Members []Member
 	// Leases are all partition lease rows, sorted by Partition. Partitions
 	// never acquired have no row.
-	Leases []Lease
+	Leases []PartitionLease
 	// Now is the store's clock when the view was read.
 	Now time.Time
 }
@@ -113,8 +113,8 @@ func (v View) Live(incarnation string) bool {
 }
 
 // Lease returns the lease row of partition p.
-func (v View) Lease(p uint32) (Lease, bool) {
-	i, ok := slices.BinarySearchFunc(v.Leases, p, func(l Lease, p uint32) int {
+func (v View) Lease(p uint32) (PartitionLease, bool) {
+	i, ok := slices.BinarySearchFunc(v.Leases, p, func(l PartitionLease, p uint32) int {
 		switch {
 		case l.Partition < p:
 			return -1
@@ -124,7 +124,7 @@ func (v View) Lease(p uint32) (Lease, bool) {
 		return 0
 	})
 	if !ok {
-		return Lease{}, false
+		return PartitionLease{}, false
 	}
 	return v.Leases[i], true
 }
@@ -174,10 +174,10 @@ type Store interface {
 	// decided on the latest view). It returns the leases taken, sorted by
 	// Partition. Taking a lease waits for every in-flight commit fenced with
 	// the previous (owner, epoch) to finish, and fences out later ones.
-	Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]Lease, error)
+	Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]PartitionLease, error)
 	// Release frees each lease still held at exactly its Owner and Epoch
 	// (Owner becomes "", Epoch kept). Leases no longer held so are skipped.
-	Release(ctx context.Context, leases []Lease) error
+	Release(ctx context.Context, leases []PartitionLease) error
 	// View reads the current view without changing anything.
 	View(ctx context.Context) (View, error)
 	// Rows reads every member row, expired ones not yet removed included,

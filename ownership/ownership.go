@@ -63,7 +63,7 @@ func (t Trouble) String() string {
 // Part is what the node knows of one partition.
 type Part struct {
 	Held   bool   // this incarnation holds the lease at Epoch
-	Moving bool   // being handed off: no new fences; released next
+	HandingOff bool   // being handed off: no new fences; released next
 	Epoch  uint64 // valid while Held
 }
 
@@ -158,11 +158,11 @@ func (c *Core) Held() int {
 }
 
 // HeldLeases returns the leases held, in partition order.
-func (c *Core) HeldLeases() []membership.Lease {
-	var ls []membership.Lease
+func (c *Core) HeldLeases() []membership.PartitionLease {
+	var ls []membership.PartitionLease
 	for i, st := range c.parts {
 		if st.Held {
-			ls = append(ls, membership.Lease{Partition: uint32(i), Owner: c.self.Incarnation, Epoch: st.Epoch})
+			ls = append(ls, membership.PartitionLease{Partition: uint32(i), Owner: c.self.Incarnation, Epoch: st.Epoch})
 		}
 	}
 	return ls
@@ -288,7 +288,7 @@ type Round struct {
 	// effort; they also expire with the member row). Reason says why.
 	StepDown bool
 	Reason   Trouble
-	Leases   []membership.Lease
+	Leases   []membership.PartitionLease
 	// Final: the node id belongs to another live process; after the step
 	// down the node is out for good (Superseded must be called).
 	Final bool
@@ -299,7 +299,7 @@ type Round struct {
 	// Release: hand off these partitions: stop their conversations, then
 	// release the leases and report Released (nothing on failure: they
 	// stay moving and the next round retries).
-	Release []membership.Lease
+	Release []membership.PartitionLease
 	// Acquire: take the leases of these partitions for Incarnation, decided
 	// on the view of Version; report Acquired.
 	Acquire     []uint32
@@ -358,12 +358,12 @@ func (c *Core) Superseded() {
 
 // StartHandoff marks the held partitions of ps moving (no new fences) and
 // returns their leases, to be released once their conversations stopped.
-func (c *Core) StartHandoff(ps []uint32) []membership.Lease {
-	var ls []membership.Lease
+func (c *Core) StartHandoff(ps []uint32) []membership.PartitionLease {
+	var ls []membership.PartitionLease
 	for _, p := range ps {
 		if st := &c.parts[p]; st.Held {
-			st.Moving = true
-			ls = append(ls, membership.Lease{Partition: p, Owner: c.self.Incarnation, Epoch: st.Epoch})
+			st.HandingOff = true
+			ls = append(ls, membership.PartitionLease{Partition: p, Owner: c.self.Incarnation, Epoch: st.Epoch})
 		}
 	}
 	if len(ls) > 0 {
@@ -374,7 +374,7 @@ func (c *Core) StartHandoff(ps []uint32) []membership.Lease {
 
 // Released records that leases were released: those still held at the same
 // epoch are no longer held.
-func (c *Core) Released(leases []membership.Lease) {
+func (c *Core) Released(leases []membership.PartitionLease) {
 	for _, l := range leases {
 		if st := c.parts[l.Partition]; st.Held && st.Epoch == l.Epoch && l.Owner == c.self.Incarnation {
 			c.parts[l.Partition] = Part{}
@@ -386,7 +386,7 @@ func (c *Core) Released(leases []membership.Lease) {
 // Acquired records leases taken for incarnation. They count only if the
 // node is still that incarnation and active (a step-down in between makes
 // them someone else's to take over).
-func (c *Core) Acquired(incarnation string, leases []membership.Lease) {
+func (c *Core) Acquired(incarnation string, leases []membership.PartitionLease) {
 	if c.self.Incarnation != incarnation || c.phase != PhaseActive || c.trouble != TroubleNone {
 		return
 	}
@@ -449,7 +449,7 @@ func Decide(r *ring.Ring, view *membership.View, selfID, incarnation string, par
 			switch {
 			case hasLease && lease.Epoch > st.Epoch:
 				d.Lost = append(d.Lost, p)
-			case st.Moving || !ours:
+			case st.HandingOff || !ours:
 				d.Release = append(d.Release, p)
 			}
 			continue
@@ -512,7 +512,7 @@ func (c *Core) Writable(p uint32, now time.Time) (persist.Fence, error) {
 	case !st.Held:
 		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 			fmt.Sprintf("partition %d is not held by node %s", p, c.self.NodeID))
-	case st.Moving:
+	case st.HandingOff:
 		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
 			fmt.Sprintf("partition %d is moving away from node %s", p, c.self.NodeID))
 	}

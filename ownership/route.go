@@ -34,11 +34,11 @@ type Destination struct {
 	Version   uint64 // the membership view's version
 }
 
-// Route answers where a send for partition p goes at now by the current
+// Dispatch answers where a send for partition p goes at now by the current
 // view: refused when the node serves nothing; forwarded when the ring names
 // another owner; local exactly when the ring names this node and Writable
 // gives a fence; else wait (with Writable's reason).
-func (c *Core) Route(p uint32, now time.Time) Destination {
+func (c *Core) Dispatch(p uint32, now time.Time) Destination {
 	d := Destination{Partition: p, Version: c.view.Version}
 	if err := c.refusal(); err != nil {
 		d.Way, d.Err = WayRefuse, err

@@ -136,7 +136,7 @@ func (h *harness) do(line string) string {
 		}
 		return fmt.Sprintf("committed with fence %s@%d", fence.Owner, fence.Epoch)
 	case "route":
-		d := c.Route(h.partition(kv["p"]), now)
+		d := c.Dispatch(h.partition(kv["p"]), now)
 		switch d.Way {
 		case WayLocal:
 			return "local"
@@ -311,7 +311,7 @@ func (h *harness) state(p *proc) string {
 		if st.Held {
 			held = append(held, fmt.Sprintf("%d@%d", i, st.Epoch))
 		}
-		if st.Moving {
+		if st.HandingOff {
 			moving = append(moving, strconv.Itoa(i))
 		}
 	}
@@ -354,7 +354,7 @@ func roundString(rd Round) string {
 	return strings.Join(parts, "; ")
 }
 
-func leasesString(ls []membership.Lease) string {
+func leasesString(ls []membership.PartitionLease) string {
 	if len(ls) == 0 {
 		return "[]"
 	}

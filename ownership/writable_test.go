@@ -45,7 +45,7 @@ func TestQueriesFollowWritable(t *testing.T) {
 	if !foundOurs || !foundTheirs {
 		t.Fatal("the ring gives no partition to one of the nodes")
 	}
-	parts := []Part{{}, {Held: true, Epoch: 7}, {Held: true, Moving: true, Epoch: 7}}
+	parts := []Part{{}, {Held: true, Epoch: 7}, {Held: true, HandingOff: true, Epoch: 7}}
 	renewals := []time.Duration{0, ttl / 2, ttl + time.Millisecond}
 	checked := 0
 	for phase := PhaseNew; phase <= PhaseLeft; phase++ {
@@ -90,7 +90,7 @@ func checkQueries(t *testing.T, name string, c *Core, p uint32, now time.Time) {
 	// retryable reason.
 	if werr == nil {
 		st := c.parts[p]
-		if !st.Held || st.Moving || c.trouble != TroubleNone || now.Sub(c.renewed) > c.cfg.MemberTTL ||
+		if !st.Held || st.HandingOff || c.trouble != TroubleNone || now.Sub(c.renewed) > c.cfg.MemberTTL ||
 			(c.phase != PhaseActive && c.phase != PhaseLeaving) {
 			t.Errorf("%s: Writable gave a fence", name)
 		}
@@ -102,7 +102,7 @@ func checkQueries(t *testing.T, name string, c *Core, p uint32, now time.Time) {
 		t.Errorf("%s: Writable refused with %v, not a retryable ownership error", name, werr)
 	}
 
-	d := c.Route(p, now)
+	d := c.Dispatch(p, now)
 	switch {
 	case refused:
 		if d.Way != WayRefuse {
@@ -145,10 +145,10 @@ func checkQueries(t *testing.T, name string, c *Core, p uint32, now time.Time) {
 		if _, ok := c.view.Member(c.self.NodeID); !ok {
 			t.Errorf("%s: serving while not in its own view", name)
 		}
-		if st.Held && !st.Moving && werr != nil {
+		if st.Held && !st.HandingOff && werr != nil {
 			t.Errorf("%s: serving, but may not write a partition it holds: %v", name, werr)
 		}
-	} else if c.phase == PhaseActive && st.Held && !st.Moving && werr == nil {
+	} else if c.phase == PhaseActive && st.Held && !st.HandingOff && werr == nil {
 		if _, ok := c.view.Member(c.self.NodeID); ok {
 			t.Errorf("%s: writable and in its view, but not serving: %v", name, serr)
 		}

@@ -327,7 +327,7 @@ func testLeaveAndRemove(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if vv := beat(t, s, b); !vv.Live(b.Incarnation) {
 		t.Fatal("leaving member expired despite heartbeats")
 	}
-	if err := s.Release(ctx, []membership.Lease{{Partition: 1, Owner: b.Incarnation, Epoch: got1(t, s, 1)}}); err != nil {
+	if err := s.Release(ctx, []membership.PartitionLease{{Partition: 1, Owner: b.Incarnation, Epoch: got1(t, s, 1)}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := acquire(t, s, a.Incarnation, v2.Version, 1, 2); len(got) != 1 || got[1] != 2 {
@@ -383,7 +383,7 @@ func testAcquireRules(t *testing.T, s membership.Store, clk *clock.Fake) {
 		t.Fatalf("re-acquire of own lease: %v, want epoch 2", got)
 	}
 	// Released leases are taken with the next epoch.
-	if err := s.Release(ctx, []membership.Lease{{Partition: 5, Owner: a.Incarnation, Epoch: 1}}); err != nil {
+	if err := s.Release(ctx, []membership.PartitionLease{{Partition: 5, Owner: a.Incarnation, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if l, _ := view(t, s).Lease(5); l.Owner != "" || l.Epoch != 1 {
@@ -444,7 +444,7 @@ func testRelease(t *testing.T, s membership.Store, clk *clock.Fake) {
 	v := join(t, s, b)
 	acquire(t, s, a.Incarnation, v.Version, 1, 2)
 	// Wrong epoch, wrong owner, unknown partition: ignored.
-	err := s.Release(ctx, []membership.Lease{
+	err := s.Release(ctx, []membership.PartitionLease{
 		{Partition: 1, Owner: a.Incarnation, Epoch: 7},
 		{Partition: 2, Owner: b.Incarnation, Epoch: 1},
 		{Partition: 9, Owner: a.Incarnation, Epoch: 1},
@@ -458,7 +458,7 @@ func testRelease(t *testing.T, s membership.Store, clk *clock.Fake) {
 			t.Fatalf("partition %d after bogus releases: %+v", p, l)
 		}
 	}
-	if err := s.Release(ctx, []membership.Lease{{Partition: 2, Owner: a.Incarnation, Epoch: 1}, {Partition: 1, Owner: a.Incarnation, Epoch: 1}}); err != nil {
+	if err := s.Release(ctx, []membership.PartitionLease{{Partition: 2, Owner: a.Incarnation, Epoch: 1}, {Partition: 1, Owner: a.Incarnation, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []uint32{1, 2} {

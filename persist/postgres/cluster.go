@@ -166,7 +166,7 @@ func readView(ctx context.Context, tx pgx.Tx, version uint64, now time.Time) (me
 			rows.Close()
 			return v, err
 		}
-		v.Leases = append(v.Leases, membership.Lease{Partition: uint32(p), Owner: owner, Epoch: uint64(epoch)})
+		v.Leases = append(v.Leases, membership.PartitionLease{Partition: uint32(p), Owner: owner, Epoch: uint64(epoch)})
 	}
 	rows.Close()
 	return v, rows.Err()
@@ -331,7 +331,7 @@ func (c *ClusterStore) setLockTimeout(ctx context.Context, tx pgx.Tx) error {
 	return err
 }
 
-func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]membership.Lease, error) {
+func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version uint64, partitions []uint32) ([]membership.PartitionLease, error) {
 	ps := slices.Clone(partitions)
 	slices.Sort(ps)
 	ps = slices.Compact(ps)
@@ -342,7 +342,7 @@ func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version 
 	for i, p := range ps {
 		parts[i] = int64(p)
 	}
-	var taken []membership.Lease
+	var taken []membership.PartitionLease
 	errStale := errors.New("stale")
 	// The version row is locked only after the partition rows (see the type
 	// comment), so this transaction starts without it.
@@ -403,7 +403,7 @@ func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version 
 				if err := rows.Scan(&p, &epoch); err != nil {
 					return err
 				}
-				taken = append(taken, membership.Lease{Partition: uint32(p), Owner: incarnation, Epoch: uint64(epoch)})
+				taken = append(taken, membership.PartitionLease{Partition: uint32(p), Owner: incarnation, Epoch: uint64(epoch)})
 			}
 			return rows.Err()
 		}
@@ -425,7 +425,7 @@ func (c *ClusterStore) Acquire(ctx context.Context, incarnation string, version 
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(taken, func(a, b membership.Lease) int { return cmp.Compare(a.Partition, b.Partition) })
+	slices.SortFunc(taken, func(a, b membership.PartitionLease) int { return cmp.Compare(a.Partition, b.Partition) })
 	return taken, nil
 }
 
@@ -476,7 +476,7 @@ func (c *ClusterStore) WithStuckAfter(d time.Duration) *ClusterStore {
 	return &cp
 }
 
-func (c *ClusterStore) Release(ctx context.Context, leases []membership.Lease) error {
+func (c *ClusterStore) Release(ctx context.Context, leases []membership.PartitionLease) error {
 	var parts, epochs []int64
 	var owners []string
 	for _, l := range leases {

@@ -153,7 +153,7 @@ func TestClusterEpochBumpWaitsForInFlightCommit(t *testing.T) {
 		t.Fatal("a still live")
 	}
 	type acq struct {
-		ls  []membership.Lease
+		ls  []membership.PartitionLease
 		err error
 	}
 	acqDone := make(chan acq, 1)
