@@ -63,7 +63,7 @@ type Server struct {
 	stopWatch func()
 	served    chan error
 	draining  atomic.Bool
-	health    *api.Health // grpc.health.v1 on the API port
+	health    *api.Health        // grpc.health.v1 on the API port
 	stopTrim  context.CancelFunc // nil without --retention
 	trimDone  chan struct{}
 }
