@@ -326,3 +326,165 @@ func TestGRPCHealthProbeNotServingDuringDrain(t *testing.T) {
 		t.Fatalf("node after the drain: %v", err)
 	}
 }
+
+// toolExample is one `$ grpcurl ...` or `$ grpc-health-probe ...` command of
+// docs/API.md's "From the command line" and the lines printed under it.
+type toolExample struct {
+	line   int
+	args   []string
+	output []string
+}
+
+// parseToolExamples returns the grpcurl and grpc-health-probe commands of
+// the ```sh blocks of doc's section "From the command line", each with its
+// arguments split as a shell would ('...' quoting, backslash-newline).
+func parseToolExamples(doc string) ([]toolExample, error) {
+	lines := strings.Split(doc, "\n")
+	var out []toolExample
+	in, block := false, false
+	var cur *toolExample
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		switch {
+		case strings.HasPrefix(l, "## "):
+			in = l == "## From the command line"
+			continue
+		case !in:
+			continue
+		case strings.HasPrefix(l, "```"):
+			block = !block && strings.TrimSpace(strings.TrimPrefix(l, "```")) == "sh"
+			cur = nil
+			continue
+		case !block:
+			continue
+		}
+		if !strings.HasPrefix(l, "$ ") {
+			if cur != nil {
+				cur.output = append(cur.output, l)
+			}
+			continue
+		}
+		cmd, first := strings.TrimPrefix(l, "$ "), i+1
+		for strings.HasSuffix(cmd, `\`) && i+1 < len(lines) {
+			i++
+			cmd = strings.TrimSuffix(cmd, `\`) + lines[i]
+		}
+		args, err := shellWords(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("docs/API.md:%d: %v", first, err)
+		}
+		if args[0] == "curl" {
+			cur = nil // run by TestAPIDocCurlExamples
+			continue
+		}
+		if args[0] != "grpcurl" && args[0] != "grpc-health-probe" {
+			return nil, fmt.Errorf("docs/API.md:%d: a command the test cannot run: %q", first, cmd)
+		}
+		out = append(out, toolExample{line: first, args: args})
+		cur = &out[len(out)-1]
+	}
+	return out, nil
+}
+
+// shellWords splits s at white space outside single quotes.
+func shellWords(s string) ([]string, error) {
+	var words []string
+	var w strings.Builder
+	inWord, quoted := false, false
+	for _, r := range s {
+		switch {
+		case r == '\'':
+			quoted, inWord = !quoted, true
+		case !quoted && (r == ' ' || r == '\t'):
+			if inWord {
+				words = append(words, w.String())
+				w.Reset()
+				inWord = false
+			}
+		default:
+			w.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quoted {
+		return nil, errors.New("unbalanced single quote")
+	}
+	if inWord {
+		words = append(words, w.String())
+	}
+	return words, nil
+}
+
+// sameJSON compares a documented answer with the printed one: the same
+// fields and values, except msgId and serverAt, which only have to be there.
+func sameJSON(doc, got any) bool {
+	switch d := doc.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok || len(g) != len(d) {
+			return false
+		}
+		for k, dv := range d {
+			gv, ok := g[k]
+			if !ok || (k != "msgId" && k != "serverAt" && !sameJSON(dv, gv)) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(d) {
+			return false
+		}
+		for i := range d {
+			if !sameJSON(d[i], g[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return fmt.Sprint(doc) == fmt.Sprint(got)
+}
+
+// TestAPIDocToolExamples runs docs/API.md's grpcurl and grpc-health-probe
+// examples, in order, against a fresh node and checks what they print.
+func TestAPIDocToolExamples(t *testing.T) {
+	tools := map[string]string{"grpcurl": grpcTool(t, "grpcurl"), "grpc-health-probe": grpcTool(t, "grpc-health-probe")}
+	raw, err := os.ReadFile(apiDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples, err := parseToolExamples(string(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(examples) < 7 {
+		t.Fatalf("%s: %d grpcurl/grpc-health-probe examples in \"From the command line\", want at least 7", apiDoc, len(examples))
+	}
+	n := startNode(t, "doc", "--store", t.TempDir())
+	for _, ex := range examples {
+		args := make([]string, 0, len(ex.args)-1)
+		for _, a := range ex.args[1:] {
+			args = append(args, strings.ReplaceAll(a, docHost, n.Addr))
+		}
+		code, out := runTool(t, tools[ex.args[0]], args...)
+		if code != 0 {
+			t.Fatalf("docs/API.md:%d: %v: exit %d\n%s", ex.line, ex.args, code, out)
+		}
+		want := strings.Join(ex.output, "\n")
+		got := strings.TrimRight(out, "\n")
+		if strings.HasPrefix(want, "{") {
+			var dv, gv any
+			if err := json.Unmarshal([]byte(want), &dv); err != nil {
+				t.Fatalf("docs/API.md:%d: documented output is not JSON: %v", ex.line, err)
+			}
+			if err := json.Unmarshal([]byte(got), &gv); err != nil || !sameJSON(dv, gv) {
+				t.Fatalf("docs/API.md:%d: %v printed\n%s\ndocumented\n%s", ex.line, ex.args, got, want)
+			}
+			continue
+		}
+		if got != want {
+			t.Fatalf("docs/API.md:%d: %v printed\n%s\ndocumented\n%s", ex.line, ex.args, got, want)
+		}
+	}
+}
