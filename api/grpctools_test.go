@@ -295,6 +295,16 @@ func TestReflectionBehindTokenHealthNot(t *testing.T) {
 			t.Fatalf("%s Check without a token: %+v, %v", name, res, err)
 		}
 	}
+	// Connect's JSON over HTTP/1.1 (curl), no token: grpchealth's enum names.
+	res1, err := http.Post(url+"/grpc.health.v1.Health/Check", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res1.Body)
+	res1.Body.Close()
+	if res1.StatusCode != 200 || strings.TrimSpace(string(b)) != `{"status":"SERVING_STATUS_SERVING"}` {
+		t.Fatalf("JSON Check without a token: %d %s", res1.StatusCode, b)
+	}
 	fr.set(errors.New("down"))
 	res, err := grpchealth.NewClient(client, url, connect.WithGRPC()).Check(context.Background(), &grpchealth.CheckRequest{Service: HealthService})
 	if err != nil || res.Status != grpchealth.StatusNotServing {
