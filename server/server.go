@@ -1,6 +1,7 @@
 // Package server wires one sequencer node together: the store, the worker-id
 // lease and msg_id generator, the conversation actors with their group-commit
-// writer, the RPC API (with TLS, bearer tokens, CORS) and the health,
+// writer, the RPC API (with TLS, bearer tokens, CORS, gRPC reflection and
+// gRPC health) and the health,
 // readiness and metrics endpoints (on the API port or --admin-listen), the
 // reload of the API's secrets on SIGHUP, a watch that logs store outages and
 // a lost lease, and (in cluster mode) membership, fenced partition ownership
@@ -347,8 +348,8 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Rout
 	return sequencer.Route{NodeID: s.cfg.NodeID, Address: s.Addr()}, nil
 }
 
-// Shutdown drains: /readyz turns 503 and gRPC health NOT_SERVING; in cluster mode the node leaves the
-// ring and hands its partitions off (its in-flight batches finish, new sends
+// Shutdown drains: /readyz turns 503 and gRPC health NOT_SERVING; in
+// cluster mode the node leaves the ring and hands its partitions off (its in-flight batches finish, new sends
 // are forwarded to the new owners); the API stops taking requests and lets
 // in-flight ones finish (their sends commit or fail cleanly), the actors drain
 // their queues, then the worker-id lease is released and the store closed.
