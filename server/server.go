@@ -1,8 +1,8 @@
 // Package server wires one sequencer node together: the store, the worker-id
 // lease and msg_id generator, the conversation actors with their group-commit
 // writer, the RPC API (with TLS, bearer tokens, CORS, gRPC reflection and
-// gRPC health) and the health,
-// readiness and metrics endpoints (on the API port or --admin-listen), the
+// gRPC health) and the health, readiness and metrics endpoints (on the API
+// port or --admin-listen), the
 // reload of the API's secrets on SIGHUP, a watch that logs store outages and
 // a lost lease, and (in cluster mode) membership, fenced partition ownership
 // and forwarding. It owns the order of start and of the graceful stop; it
