@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check
+.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check grpc-tools
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ image-test: ## build the image and run it on PostgreSQL and on a volume (scripts
 
 deploy-check: ## validate deploy/ (promtool, compose config, systemd-analyze) and run a real Prometheus against real nodes
 	bash scripts/deploy-check.sh
+
+grpc-tools: ## install grpcurl and grpc-health-probe (pinned, go install) into bin/grpc-tools for the e2e tests (scripts/grpc-tools.sh)
+	bash scripts/grpc-tools.sh
 
 clean:
 	rm -rf $(BIN)

@@ -25,7 +25,8 @@ import (
 //
 //   - the API (NewAPIMux): the Connect service at /sequencer.v1.SequencerService/
 //     (gRPC, gRPC-Web, Connect binary and JSON), behind the guards of Edge
-//     (bearer tokens, request size, CORS);
+//     (bearer tokens, request size, CORS), plus gRPC reflection (behind the
+//     token) and gRPC health (not) added by MountGRPCTools (grpctools.go);
 //   - the admin endpoints (NewAdminMux): GET /healthz, GET /readyz and
 //     GET /metrics, never behind a token.
 //

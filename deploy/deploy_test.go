@@ -169,6 +169,15 @@ func TestKubernetesStatefulSet(t *testing.T) {
 	if ports[get(t, c, "readinessProbe", "httpGet", "port").(string)] != 7072 {
 		t.Errorf("readiness probe port is not the admin port: %v", ports)
 	}
+	// The kubelet's grpc: probe has no TLS: with --tls-cert on the API port
+	// it would always fail.
+	if _, tls := flagValue(args, "tls-cert"); tls {
+		for _, probe := range []string{"startupProbe", "readinessProbe", "livenessProbe"} {
+			if m, _ := c.(map[string]any)[probe].(map[string]any); m["grpc"] != nil {
+				t.Errorf("%s is a grpc: probe, but the API port has TLS (kubelet gRPC probes are cleartext)", probe)
+			}
+		}
+	}
 
 	// The grace period covers the preStop sleep and the whole drain.
 	drain := server.Config{}.WithDefaults().DrainTimeout

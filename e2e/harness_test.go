@@ -139,7 +139,7 @@ func (p *proc) waitReady(d time.Duration) {
 			p.t.Fatalf("%s exited before ready: %v\n%s", p.name, p.exit, p.Output())
 		default:
 		}
-		resp, err := http.Get("http://" + p.Addr + "/readyz")
+		resp, err := http.Get("http://" + p.adminAddr() + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -149,6 +149,17 @@ func (p *proc) waitReady(d time.Duration) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.t.Fatalf("%s not ready within %v\n%s", p.name, d, p.Output())
+}
+
+// adminAddr is where /readyz is served: --admin-listen's address when the
+// node has one (for example when the API port has TLS), else the API's.
+func (p *proc) adminAddr() string {
+	for i, a := range p.args {
+		if a == "--admin-listen" && i+1 < len(p.args) {
+			return p.args[i+1]
+		}
+	}
+	return p.Addr
 }
 
 // kill sends SIGKILL and waits.

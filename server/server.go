@@ -1,7 +1,8 @@
 // Package server wires one sequencer node together: the store, the worker-id
 // lease and msg_id generator, the conversation actors with their group-commit
-// writer, the RPC API (with TLS, bearer tokens, CORS) and the health,
-// readiness and metrics endpoints (on the API port or --admin-listen), the
+// writer, the RPC API (with TLS, bearer tokens, CORS, gRPC reflection and
+// gRPC health) and the health, readiness and metrics endpoints (on the API
+// port or --admin-listen), the
 // reload of the API's secrets on SIGHUP, a watch that logs store outages and
 // a lost lease, and (in cluster mode) membership, fenced partition ownership
 // and forwarding. It owns the order of start and of the graceful stop; it
@@ -63,6 +64,7 @@ type Server struct {
 	stopWatch func()
 	served    chan error
 	draining  atomic.Bool
+	health    *api.Health        // grpc.health.v1 on the API port
 	stopTrim  context.CancelFunc // nil without --retention
 	trimDone  chan struct{}
 }
@@ -211,7 +213,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	scfg := cfg.apiConfig()
 	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = sender, st, router, s.metrics, log
 	svc := api.NewService(scfg)
-	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
+	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
+	apiMux := api.NewAPIMux(svc, apiEdge)
+	s.health = api.NewHealth(s.ready)
+	api.MountGRPCTools(apiMux, svc, s.health, apiEdge)
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())
 	if cfg.Pprof {
@@ -343,13 +348,16 @@ func (s *Server) routeSingle(ctx context.Context, convID string) (sequencer.Rout
 	return sequencer.Route{NodeID: s.cfg.NodeID, Address: s.Addr()}, nil
 }
 
-// Shutdown drains: /readyz turns 503; in cluster mode the node leaves the
-// ring and hands its partitions off (its in-flight batches finish, new sends
+// Shutdown drains: /readyz turns 503 and gRPC health NOT_SERVING; in
+// cluster mode the node leaves the ring and hands its partitions off (its in-flight batches finish, new sends
 // are forwarded to the new owners); the API stops taking requests and lets
 // in-flight ones finish (their sends commit or fail cleanly), the actors drain
 // their queues, then the worker-id lease is released and the store closed.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	if s.health != nil {
+		s.health.Drain() // open grpc.health.v1 Watch streams: NOT_SERVING, then end
+	}
 	s.stopRetention()
 	if s.stopWatch != nil {
 		s.stopWatch()
