@@ -210,6 +210,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	scfg := cfg.apiConfig()
 	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = sender, st, router, s.metrics, log
+	// Read positions are served from this node's store for any
+	// conversation, never forwarded: they need no single writer (api.ReadPositions).
+	if rp, ok := st.(persist.ReadPositions); ok {
+		scfg.Positions = rp
+	}
 	svc := api.NewService(scfg)
 	apiMux := api.NewAPIMux(svc, api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins})
 	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
