@@ -71,9 +71,9 @@ func TestReadPositionsJSON(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{`{"convId":"g:1","uid":"7","seq":"3"}`, `{"readSeq":"3","headSeq":"5","unread":"2"}`},
 		{`{"convId":"g:1","uid":"7","seq":"2"}`, `{"readSeq":"3","headSeq":"5","unread":"2"}`}, // never backwards
-		{`{"convId":"g:1","uid":"7"}`, `{"readSeq":"3","headSeq":"5","unread":"2"}`},            // seq 0: the state
-		{`{"convId":"g:1","uid":"7","seq":"99"}`, `{"readSeq":"5","headSeq":"5"}`},              // clamped to the head
-		{`{"convId":"g:empty","uid":"7","seq":"4"}`, `{}`},                                       // head 0: nothing to read
+		{`{"convId":"g:1","uid":"7"}`, `{"readSeq":"3","headSeq":"5","unread":"2"}`},           // seq 0: the state
+		{`{"convId":"g:1","uid":"7","seq":"99"}`, `{"readSeq":"5","headSeq":"5"}`},             // clamped to the head
+		{`{"convId":"g:empty","uid":"7","seq":"4"}`, `{}`},                                     // head 0: nothing to read
 	} {
 		status, _, raw := h.post(t, markReadPath, tc.body)
 		if status != 200 || !sameJSON(t, raw, tc.want) {
