@@ -79,13 +79,13 @@ type ReadPositions interface {
 
 // Config builds a Console.
 type Config struct {
-	NodeID   string
-	Cluster  ClusterView         // required
-	Reader   Reader              // required
+	NodeID  string
+	Cluster ClusterView // required
+	Reader  Reader      // required
 	// Positions answers the lookup's optional uid; nil: a lookup with a uid
 	// is refused (501).
 	Positions ReadPositions
-	Gatherer prometheus.Gatherer // the node's registry; nil: no metrics
+	Gatherer  prometheus.Gatherer // the node's registry; nil: no metrics
 	// SampleEvery is the metrics sampling interval (default 1s); Keep is
 	// how many samples are kept (default 300: five minutes at 1s).
 	SampleEvery time.Duration
