@@ -10,24 +10,30 @@ import (
 
 var _ persist.ReadPositions = (*Store)(nil)
 
-// markReadSQL is MarkRead in ONE statement (one transaction, one round
-// trip): the head is read from conv_head, the position raised to
-// LEAST(seq, head) with GREATEST over the stored one, and the answer is
-// the row as written. Concurrent marks of one (conv_id, uid) serialize on
-// the row (ON CONFLICT waits for the other transaction and re-evaluates
-// GREATEST on its result), so they end at the highest. When nothing is
-// written (head 0, seq 0) the stored position is read instead.
-const markReadSQL = `WITH h AS (
-	SELECT COALESCE((SELECT head FROM conv_head WHERE conv_id = $1), 0) AS head
+// markReadSQL writes a batch of marks (persist.MarkBatcher) in ONE
+// statement (one transaction, one WAL flush): each mark's head is read from
+// conv_head, its position clamped to LEAST(seq, head); the marks of one
+// (conv_id, uid) are merged (max), written in key order (concurrent batches
+// lock rows in the same order: no deadlock) with GREATEST over the stored
+// position, and every mark is answered with the row as written. Concurrent
+// writers of one row serialize on it (ON CONFLICT waits and re-evaluates
+// GREATEST on the other's result), so they end at the highest. A mark that
+// writes nothing (head 0, seq 0) answers the stored position.
+const markReadSQL = `WITH q AS (
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS q(conv_id, uid, seq, ord)
+), h AS (
+	SELECT q.ord, q.conv_id, q.uid, COALESCE(c.head, 0) AS head, LEAST(q.seq, COALESCE(c.head, 0)) AS want
+	FROM q LEFT JOIN conv_head c ON c.conv_id = q.conv_id
 ), up AS (
 	INSERT INTO read_position (conv_id, uid, read_seq)
-	SELECT $1, $2, LEAST($3::bigint, h.head) FROM h WHERE LEAST($3::bigint, h.head) > 0
+	SELECT conv_id, uid, max(want) FROM h WHERE want > 0 GROUP BY conv_id, uid ORDER BY conv_id, uid
 	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(read_position.read_seq, EXCLUDED.read_seq)
-	RETURNING read_seq
+	RETURNING conv_id, uid, read_seq
 )
-SELECT COALESCE((SELECT read_seq FROM up),
-	(SELECT read_seq FROM read_position WHERE conv_id = $1 AND uid = $2), 0), h.head
-FROM h`
+SELECT h.ord, COALESCE(up.read_seq,
+	(SELECT r.read_seq FROM read_position r WHERE r.conv_id = h.conv_id AND r.uid = h.uid), 0), h.head
+FROM h LEFT JOIN up ON up.conv_id = h.conv_id AND up.uid = h.uid
+ORDER BY h.ord`
 
 // readStatesSQL answers every conversation of the list with one query: the
 // list goes in as one array, unnest WITH ORDINALITY keeps its order and
@@ -38,19 +44,54 @@ LEFT JOIN conv_head h ON h.conv_id = q.conv_id
 LEFT JOIN read_position r ON r.conv_id = q.conv_id AND r.uid = $1
 ORDER BY q.ord`
 
-// MarkRead implements persist.ReadPositions. It runs on the read pool (a
-// single short statement; the commit pool stays for Commit) and is durable
-// when it returns (synchronous_commit as the server has it, like commits).
+// MarkRead implements persist.ReadPositions. Concurrent calls share one
+// statement (persist.MarkBatcher, at most two batches in flight) on the
+// read pool (the commit pool stays for Commit); the answer comes after the
+// transaction committed (synchronous_commit as the server has it, like
+// commits).
 func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (persist.ReadState, error) {
 	if err := sequencer.CheckMarkRead(convID, uid, seq); err != nil {
 		return persist.ReadState{}, err
 	}
-	var read, head int64
-	if err := s.pool.QueryRow(ctx, markReadSQL, convID, int64(uid), int64(seq)).Scan(&read, &head); err != nil {
-		// The position may or may not be stored; marking again is harmless.
-		return persist.ReadState{}, classify("mark read", err)
+	s.markOnce.Do(func() { s.marks = &persist.MarkBatcher{Write: s.writeMarks} })
+	return s.marks.MarkRead(ctx, persist.Mark{ConvID: convID, UID: uid, Seq: seq})
+}
+
+// writeMarks is the MarkBatcher's Write: markReadSQL over the batch.
+func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist.ReadState, error) {
+	convs := make([]string, len(marks))
+	uids := make([]int64, len(marks))
+	seqs := make([]int64, len(marks))
+	for i, m := range marks {
+		convs[i], uids[i], seqs[i] = m.ConvID, int64(m.UID), int64(m.Seq)
 	}
-	return persist.ReadState{ConvID: convID, ReadSeq: uint64(read), Head: uint64(head)}, nil
+	rows, err := s.pool.Query(ctx, markReadSQL, convs, uids, seqs)
+	if err != nil {
+		// The positions may or may not be stored; marking again is harmless.
+		return nil, classify("mark read", err)
+	}
+	defer rows.Close()
+	out := make([]persist.ReadState, len(marks))
+	n := 0
+	for rows.Next() {
+		var ord, read, head int64
+		if err := rows.Scan(&ord, &read, &head); err != nil {
+			return nil, unavailable("mark read", err)
+		}
+		i := int(ord - 1)
+		if i < 0 || i >= len(out) {
+			return nil, fmt.Errorf("postgres: mark read: row for ordinal %d of %d", ord, len(out))
+		}
+		out[i] = persist.ReadState{ConvID: marks[i].ConvID, ReadSeq: uint64(read), Head: uint64(head)}
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("mark read", err)
+	}
+	if n != len(out) {
+		return nil, fmt.Errorf("postgres: mark read: %d rows for %d marks", n, len(out))
+	}
+	return out, nil
 }
 
 // ReadStates implements persist.ReadPositions in one query.

@@ -18,32 +18,46 @@ const markReadSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
 	SELECT conv_id, ?2, min(?3, head) FROM conv_head WHERE conv_id = ?1 AND min(?3, head) > 0
 	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)`
 
-// MarkRead implements persist.ReadPositions: the upsert and the read-back
-// in one transaction on the writer connection (so it is serialized with
-// commits and synced like them, synchronous=FULL).
+// MarkRead implements persist.ReadPositions. Concurrent calls share one
+// transaction on the writer connection (persist.MarkBatcher, one batch at a
+// time: the file has one writer), so a burst of marks costs one sync
+// (synchronous=FULL), not one each.
 func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (persist.ReadState, error) {
 	if err := sequencer.CheckMarkRead(convID, uid, seq); err != nil {
 		return persist.ReadState{}, err
 	}
+	s.markOnce.Do(func() { s.marks = &persist.MarkBatcher{Write: s.writeMarks, Flushes: 1} })
+	return s.marks.MarkRead(ctx, persist.Mark{ConvID: convID, UID: uid, Seq: seq})
+}
+
+// writeMarks is the MarkBatcher's Write: every mark's upsert and read-back
+// in one transaction.
+func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist.ReadState, error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return persist.ReadState{}, unavailable("mark read: begin", err)
+		return nil, unavailable("mark read: begin", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, markReadSQL, convID, int64(uid), int64(seq)); err != nil {
-		return persist.ReadState{}, classify("mark read", err)
+	for _, m := range marks {
+		if _, err := tx.ExecContext(ctx, markReadSQL, m.ConvID, int64(m.UID), int64(m.Seq)); err != nil {
+			return nil, classify("mark read", err)
+		}
 	}
-	var read, head int64
-	if err := tx.QueryRowContext(ctx, `SELECT
-		coalesce((SELECT read_seq FROM read_position WHERE conv_id = ?1 AND uid = ?2), 0),
-		coalesce((SELECT head FROM conv_head WHERE conv_id = ?1), 0)`, convID, int64(uid)).Scan(&read, &head); err != nil {
-		return persist.ReadState{}, unavailable("mark read: read back", err)
+	out := make([]persist.ReadState, len(marks))
+	for i, m := range marks {
+		var read, head int64
+		if err := tx.QueryRowContext(ctx, `SELECT
+			coalesce((SELECT read_seq FROM read_position WHERE conv_id = ?1 AND uid = ?2), 0),
+			coalesce((SELECT head FROM conv_head WHERE conv_id = ?1), 0)`, m.ConvID, int64(m.UID)).Scan(&read, &head); err != nil {
+			return nil, unavailable("mark read: read back", err)
+		}
+		out[i] = persist.ReadState{ConvID: m.ConvID, ReadSeq: uint64(read), Head: uint64(head)}
 	}
 	if err := tx.Commit(); err != nil {
-		// The position may or may not be stored; marking again is harmless.
-		return persist.ReadState{}, unavailable("mark read: commit", err)
+		// The positions may or may not be stored; marking again is harmless.
+		return nil, unavailable("mark read: commit", err)
 	}
-	return persist.ReadState{ConvID: convID, ReadSeq: uint64(read), Head: uint64(head)}, nil
+	return out, nil
 }
 
 // ReadStates implements persist.ReadPositions with one query: the
