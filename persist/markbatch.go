@@ -2,6 +2,7 @@ package persist
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -45,7 +46,8 @@ type pendingMark struct {
 }
 
 // MarkRead queues the mark and returns its answer once its batch is
-// written, or ctx's error when ctx ends first (the mark may still land).
+// written, or an error wrapping ctx's when ctx ends first (the mark may
+// still land).
 func (b *MarkBatcher) MarkRead(ctx context.Context, m Mark) (ReadState, error) {
 	p := &pendingMark{m: m, done: make(chan struct{})}
 	b.mu.Lock()
@@ -68,7 +70,7 @@ func (b *MarkBatcher) MarkRead(ctx context.Context, m Mark) (ReadState, error) {
 	case <-p.done:
 		return p.st, p.err
 	case <-ctx.Done():
-		return ReadState{}, sequencer.Wrap(sequencer.CodeUnavailable, ctx.Err(), "mark read: the caller gave up (the mark may land)")
+		return ReadState{}, fmt.Errorf("mark read: the caller gave up (the mark may land): %w", ctx.Err())
 	}
 }
 
