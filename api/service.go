@@ -7,7 +7,7 @@
 //
 // It must never assign seqs or msg_ids, decide ownership, or talk to a store
 // or the actor system directly: it validates, calls the small interfaces
-// below (Sender, Reader, Router), and translates their answers. A request
+// below (Sender, Reader, Router, ReadPositions), and translates their answers. A request
 // that fails validation never reaches the Sender, so it consumes no seq.
 package api
 
@@ -52,6 +52,18 @@ type Sender interface {
 // Reader answers the read RPCs. persist.Store satisfies it.
 type Reader = persist.Reader
 
+// ReadPositions stores users' read positions (persist.ReadPositions: every
+// store has them). They need no single writer, so the node that got the
+// request calls its store directly, never the conversation's owner: a
+// position only moves up (GREATEST in the store, in one statement with the
+// head clamp), so two nodes writing one position during a handoff, or a
+// stale owner after a failover, can only leave the higher of their marks,
+// never a lower one. Its errors carry sequencer Codes.
+type ReadPositions interface {
+	MarkRead(ctx context.Context, convID string, uid, seq uint64) (sequencer.ReadState, error)
+	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]sequencer.ReadState, error)
+}
+
 // Router tells which node owns a conversation now.
 type Router interface {
 	Route(ctx context.Context, convID string) (sequencer.Route, error)
@@ -74,6 +86,9 @@ type Config struct {
 	Reader Reader
 	// Router handles Route. Optional: nil answers Route with unimplemented.
 	Router Router
+	// Positions handles MarkRead and GetReadState. Optional: nil answers
+	// them with unimplemented.
+	Positions ReadPositions
 	// MaxBody is the largest Send body in bytes (1 B..64 MiB).
 	MaxBody int
 	// MaxBatchBytes is the largest SendBatch request (its protobuf size;
@@ -96,6 +111,7 @@ type Service struct {
 	sender   Sender
 	reader   Reader
 	router   Router
+	reads    ReadPositions
 	maxBody  int
 	maxBatch int
 	metrics  *metrics.Set
@@ -116,6 +132,8 @@ const (
 	methodGetMessage = "GetMessage"
 	methodRoute      = "Route"
 	methodSendBatch  = "SendBatch"
+	methodMarkRead   = "MarkRead"
+	methodReadState  = "GetReadState"
 )
 
 // MaxBatchItems is the most items one SendBatch may hold.
@@ -169,6 +187,7 @@ func NewService(cfg Config) *Service {
 		sender:   cfg.Sender,
 		reader:   cfg.Reader,
 		router:   cfg.Router,
+		reads:    cfg.Positions,
 		maxBody:  cfg.MaxBody,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
@@ -458,6 +477,57 @@ func (s *Service) Route(ctx context.Context, req *connect.Request[sequencerv1.Ro
 	}), nil
 }
 
+// errNoPositions answers MarkRead and GetReadState on a node built without
+// ReadPositions.
+var errNoPositions = connect.NewError(connect.CodeUnimplemented, errors.New("read positions are not configured on this node"))
+
+// MarkRead raises uid's read position in conv_id to seq (clamped to the
+// head, never backwards) and answers the stored position, the head and the
+// unread count. The store decides (see ReadPositions); nothing is stored
+// when validation fails. A user's own Send does not move their position.
+func (s *Service) MarkRead(ctx context.Context, req *connect.Request[sequencerv1.MarkReadRequest]) (*connect.Response[sequencerv1.MarkReadResponse], error) {
+	m := req.Msg
+	if err := ValidateMarkRead(m); err != nil {
+		return nil, s.fail(ctx, methodMarkRead, err)
+	}
+	if s.reads == nil {
+		s.count(methodMarkRead, "unimplemented")
+		return nil, errNoPositions
+	}
+	st, err := s.reads.MarkRead(ctx, m.GetConvId(), m.GetUid(), m.GetSeq())
+	if err != nil {
+		return nil, s.fail(ctx, methodMarkRead, fmt.Errorf("mark read: %w", err), "conv_id", m.GetConvId(), "uid", m.GetUid())
+	}
+	s.ok(methodMarkRead)
+	return connect.NewResponse(&sequencerv1.MarkReadResponse{ReadSeq: st.ReadSeq, HeadSeq: st.Head, Unread: st.Unread()}), nil
+}
+
+// GetReadState answers uid's read state in each of conv_ids (1..1,000), in
+// the order given, from one store query.
+func (s *Service) GetReadState(ctx context.Context, req *connect.Request[sequencerv1.GetReadStateRequest]) (*connect.Response[sequencerv1.GetReadStateResponse], error) {
+	m := req.Msg
+	if err := ValidateReadState(m); err != nil {
+		return nil, s.fail(ctx, methodReadState, err)
+	}
+	if s.reads == nil {
+		s.count(methodReadState, "unimplemented")
+		return nil, errNoPositions
+	}
+	states, err := s.reads.ReadStates(ctx, m.GetUid(), m.GetConvIds())
+	if err != nil {
+		return nil, s.fail(ctx, methodReadState, fmt.Errorf("read states: %w", err), "uid", m.GetUid(), "conversations", len(m.GetConvIds()))
+	}
+	if len(states) != len(m.GetConvIds()) {
+		return nil, s.fail(ctx, methodReadState, fmt.Errorf("read states: the store answered %d states for %d conversations", len(states), len(m.GetConvIds())))
+	}
+	out := make([]*sequencerv1.ReadState, len(states))
+	for i, st := range states {
+		out[i] = &sequencerv1.ReadState{ConvId: m.GetConvIds()[i], ReadSeq: st.ReadSeq, HeadSeq: st.Head, Unread: st.Unread()}
+	}
+	s.ok(methodReadState)
+	return connect.NewResponse(&sequencerv1.GetReadStateResponse{States: out}), nil
+}
+
 func messageProto(m *sequencer.Message) *sequencerv1.Message {
 	pm := &sequencerv1.Message{
 		MsgId:       m.MsgID,
@@ -525,7 +595,7 @@ func (s *Service) ok(method string) {
 func (s *Service) refuse(r *http.Request, code connect.Code) {
 	method := procedureMethod(r.URL.Path)
 	switch method {
-	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute:
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState:
 	default:
 		method = "unknown" // the label set stays bounded whatever the path
 	}

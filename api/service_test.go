@@ -32,6 +32,7 @@ type harness struct {
 	url     string
 	sender  *fakeSender
 	reader  *fakeReader
+	reads   *fakePositions
 	metrics *metrics.Set
 
 	logs *syncBuffer // what the Service logged
@@ -46,11 +47,13 @@ type harnessOpt func(*Config)
 func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	t.Helper()
 	h := &harness{sender: &fakeSender{}, reader: newFakeReader(), metrics: metrics.New(), logs: &syncBuffer{}}
+	h.reads = &fakePositions{store: h.reader.store}
 	cfg := Config{
-		Sender:  h.sender,
-		Reader:  h.reader,
-		Metrics: h.metrics,
-		Logger:  slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Sender:    h.sender,
+		Reader:    h.reader,
+		Positions: h.reads,
+		Metrics:   h.metrics,
+		Logger:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Router: RouterFunc(func(_ context.Context, convID string) (sequencer.Route, error) {
 			if convID == "moving" {
 				return sequencer.Route{}, sequencer.ErrOwnershipMoving

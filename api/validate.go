@@ -56,3 +56,17 @@ func ValidateConvID(convID string) error { return sequencer.CheckConvID(convID) 
 
 // ValidateMsgID checks a GetMessage msg_id: > 0 and < 2^63.
 func ValidateMsgID(msgID uint64) error { return sequencer.CheckMsgID(msgID) }
+
+// ValidateMarkRead checks a MarkRead: conv_id as in Send, uid > 0 and
+// < 2^63, seq < 2^63 (0 allowed: it changes nothing; above the head is
+// clamped by the store, not refused).
+func ValidateMarkRead(req *sequencerv1.MarkReadRequest) error {
+	return sequencer.CheckMarkRead(req.GetConvId(), req.GetUid(), req.GetSeq())
+}
+
+// ValidateReadState checks a GetReadState: uid > 0 and < 2^63, and
+// 1..sequencer.MaxReadStateConvs conv_ids, each valid as in Send
+// (duplicates allowed).
+func ValidateReadState(req *sequencerv1.GetReadStateRequest) error {
+	return sequencer.CheckReadStates(req.GetUid(), req.GetConvIds())
+}

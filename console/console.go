@@ -6,8 +6,9 @@
 //	GET /console/api/members          members with heartbeat age
 //	GET /console/api/partitions       every partition's owner and epoch
 //	GET /console/api/metrics          commits/s, acked messages/s, send latency over the last minutes
-//	GET /console/api/conversation?conv_id=ID[&limit=N]
-//	                                  head and the last N messages' ids and times (never bodies);
+//	GET /console/api/conversation?conv_id=ID[&limit=N][&uid=UID]
+//	                                  head and the last N messages' ids and times (never bodies),
+//	                                  and with uid that user's read position and unread count;
 //	                                  needs the API's bearer token when the node has tokens
 //
 // It reads through small interfaces (ClusterView, Reader, a Prometheus
@@ -70,12 +71,21 @@ type Reader interface {
 	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
 }
 
+// ReadPositions answers users' read states (persist.ReadPositions satisfies
+// it).
+type ReadPositions interface {
+	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]sequencer.ReadState, error)
+}
+
 // Config builds a Console.
 type Config struct {
-	NodeID   string
-	Cluster  ClusterView         // required
-	Reader   Reader              // required
-	Gatherer prometheus.Gatherer // the node's registry; nil: no metrics
+	NodeID  string
+	Cluster ClusterView // required
+	Reader  Reader      // required
+	// Positions answers the lookup's optional uid; nil: a lookup with a uid
+	// is refused (501).
+	Positions ReadPositions
+	Gatherer  prometheus.Gatherer // the node's registry; nil: no metrics
 	// SampleEvery is the metrics sampling interval (default 1s); Keep is
 	// how many samples are kept (default 300: five minutes at 1s).
 	SampleEvery time.Duration
@@ -209,6 +219,22 @@ func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, MaxLookup)
 	}
+	var uid uint64
+	if s := r.URL.Query().Get("uid"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err == nil {
+			err = sequencer.CheckUID(n)
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "uid: want a decimal > 0 and < 2^63"})
+			return
+		}
+		if c.cfg.Positions == nil {
+			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "read positions are not available on this node"})
+			return
+		}
+		uid = n
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	head, err := c.cfg.Reader.LoadHead(ctx, conv)
@@ -236,7 +262,19 @@ func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
 		out = append(out, MessageInfo{MsgID: m.MsgID, Seq: m.Seq, FromUID: m.FromUID, MsgType: m.MsgType,
 			ClientMsgID: m.ClientMsgID, ServerAt: m.ServerAt, BodyBytes: len(m.Body)})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"convId": conv, "headSeq": strconv.FormatUint(head, 10), "messages": out})
+	ans := map[string]any{"convId": conv, "headSeq": strconv.FormatUint(head, 10), "messages": out}
+	if uid != 0 {
+		states, err := c.cfg.Positions.ReadStates(ctx, uid, []string{conv})
+		if err != nil || len(states) != 1 {
+			c.cfg.Logger.Debug("console: read state lookup failed", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "store unavailable"})
+			return
+		}
+		st := states[0]
+		ans["readState"] = map[string]string{"uid": strconv.FormatUint(uid, 10), "readSeq": strconv.FormatUint(st.ReadSeq, 10),
+			"headSeq": strconv.FormatUint(st.Head, 10), "unread": strconv.FormatUint(st.Unread(), 10)}
+	}
+	writeJSON(w, http.StatusOK, ans)
 }
 
 // Sample is the node's rates over one sampling interval. Latencies are nil

@@ -197,3 +197,52 @@ func TestSamplerKeepsTheLastSamples(t *testing.T) {
 		t.Fatalf("want the last 3 samples (3, 4, 5 msg/s): %s", body)
 	}
 }
+
+type fakePositions struct{ down bool }
+
+func (p fakePositions) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]sequencer.ReadState, error) {
+	if p.down {
+		return nil, errors.New("dial tcp 10.0.0.5:5432: connection refused (user secret)")
+	}
+	out := make([]sequencer.ReadState, len(convIDs))
+	for i, c := range convIDs {
+		out[i] = sequencer.ReadState{ConvID: c, ReadSeq: uid, Head: 30}
+	}
+	return out, nil
+}
+
+// The lookup with a uid shows that user's read position and unread count.
+func TestConversationReadState(t *testing.T) {
+	c := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}, Positions: fakePositions{}})
+	defer c.Close()
+	code, body := get(t, c, "/console/api/conversation?conv_id=g:1&limit=1&uid=12")
+	var ans struct {
+		HeadSeq   string
+		ReadState map[string]string
+	}
+	if err := json.Unmarshal([]byte(body), &ans); code != 200 || err != nil {
+		t.Fatalf("lookup with uid: %d %s %v", code, body, err)
+	}
+	if want := map[string]string{"uid": "12", "readSeq": "12", "headSeq": "30", "unread": "18"}; len(ans.ReadState) != len(want) ||
+		ans.ReadState["uid"] != "12" || ans.ReadState["readSeq"] != "12" || ans.ReadState["unread"] != "18" || ans.ReadState["headSeq"] != "30" {
+		t.Fatalf("readState = %v, want %v", ans.ReadState, want)
+	}
+	if code, body = get(t, c, "/console/api/conversation?conv_id=g:1"); code != 200 || strings.Contains(body, "readState") {
+		t.Fatalf("lookup without uid: %d %s", code, body)
+	}
+	for _, bad := range []string{"0", "9223372036854775808", "-1", "x"} {
+		if code, _ = get(t, c, "/console/api/conversation?conv_id=g:1&uid="+bad); code != 400 {
+			t.Fatalf("uid %s: %d, want 400", bad, code)
+		}
+	}
+	down := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}, Positions: fakePositions{down: true}})
+	defer down.Close()
+	if code, body = get(t, down, "/console/api/conversation?conv_id=g:1&uid=5"); code != 503 || strings.Contains(body, "10.0.0.5") {
+		t.Fatalf("store down: %d %s", code, body)
+	}
+	none := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}})
+	defer none.Close()
+	if code, _ = get(t, none, "/console/api/conversation?conv_id=g:1&uid=5"); code != http.StatusNotImplemented {
+		t.Fatalf("no read positions: %d, want 501", code)
+	}
+}

@@ -148,6 +148,7 @@ type Store interface {
 	Reader
 	Retention
 	WorkerLeases
+	ReadPositions
 
 	// Ping checks the store answers.
 	Ping(ctx context.Context) error
@@ -325,34 +326,33 @@ func AsConflict(err error) (*ConflictError, bool) {
 	return c, ok
 }
 
-// ReadState is one user's read position in one conversation, with the
-// conversation's committed head. Because seqs are contiguous, Head - ReadSeq is
-// exactly the unread count.
-type ReadState struct {
-	ConvID  string
-	ReadSeq uint64 // 0 when the user never marked anything read
-	Head    uint64 // the committed head (0 for a conversation never written)
-}
-
-// Unread is Head - ReadSeq (never negative: ReadSeq is clamped to the head).
-func (r ReadState) Unread() uint64 {
-	if r.ReadSeq >= r.Head {
-		return 0
-	}
-	return r.Head - r.ReadSeq
-}
+// ReadState is sequencer.ReadState: one user's read position in one
+// conversation, with the conversation's committed head (Head - ReadSeq is
+// exactly the unread count).
+type ReadState = sequencer.ReadState
 
 // ReadPositions stores users' read positions (the seed's third use of seq).
 // Positions live in their own table: retention (Trim, TrimBefore) never
-// touches them.
+// touches them, and nothing but MarkRead writes them (a Commit does not: a
+// user's own Send leaves their position where it is).
+//
+// Both methods first check their arguments with sequencer.CheckMarkRead /
+// sequencer.CheckReadStates (the API's rules) and refuse bad ones with an
+// error of code invalid_argument, touching nothing. A position needs no
+// single writer: it only moves up (GREATEST in SQL), so any node may call
+// MarkRead for any conversation, also during a handoff or after a failover,
+// and the store's row decides.
 type ReadPositions interface {
 	// MarkRead raises uid's read position in convID to min(seq, head), the
-	// head read in the same transaction; a lower seq leaves it unchanged
-	// (never backwards). It returns the position stored after the call and
-	// the head, and is durable before it returns. Concurrent calls end at the
-	// highest of them.
+	// head read in the same transaction (a seq above the head is clamped,
+	// not refused); a lower seq leaves it unchanged (never backwards). It
+	// returns the position stored after the call and the head, and is
+	// durable before it returns. Concurrent calls end at the highest of
+	// them. Marking a conversation whose head is 0 stores nothing and
+	// answers {ReadSeq: 0, Head: 0}.
 	MarkRead(ctx context.Context, convID string, uid uint64, seq uint64) (ReadState, error)
 	// ReadStates returns uid's position and the head of each convID, in the
-	// order given (duplicates allowed), in one round trip to the store.
+	// order given (duplicates allowed, unknown conversations as zeros), in
+	// one round trip to the store.
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // clusterView shows a cluster node's view in the console.
@@ -54,6 +55,9 @@ func (s *Server) startConsole() *console.Console {
 		view = clusterView{s.cluster}
 	}
 	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log}
+	if rp, ok := s.store.(persist.ReadPositions); ok {
+		cfg.Positions = rp
+	}
 	if tokens := s.edge.tokens; tokens != nil {
 		// Conversation lookups show message metadata: the API's token guards them.
 		cfg.Authorize = func(r *http.Request) bool { return tokens.Check(r.Header.Get("Authorization")) }

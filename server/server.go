@@ -212,6 +212,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	scfg := cfg.apiConfig()
 	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = sender, st, router, s.metrics, log
+	// Read positions are served from this node's store for any
+	// conversation, never forwarded: they need no single writer (api.ReadPositions).
+	scfg.Positions = st
 	svc := api.NewService(scfg)
 	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
 	apiMux := api.NewAPIMux(svc, apiEdge)

@@ -154,12 +154,14 @@
     const tok = $("token");
     if (!tok.hidden && tok.value) sessionStorage.setItem(tokenKey, tok.value.trim());
     try {
-      const c = await getJSON("conversation?conv_id=" + encodeURIComponent($("conv").value));
+      const uid = $("uid").value.trim();
+      const c = await getJSON("conversation?conv_id=" + encodeURIComponent($("conv").value) + (uid ? "&uid=" + encodeURIComponent(uid) : ""));
       const rows = c.messages.map((m) => el("tr", { "data-seq": m.seq },
         el("td", {}, m.seq), el("td", {}, m.msgId), el("td", {}, m.fromUid), el("td", {}, m.msgType),
         el("td", {}, m.clientMsgId), el("td", {}, new Date(m.serverAt).toISOString()), el("td", {}, m.bodyBytes + " B")));
       out.replaceChildren(
         el("p", {}, "head seq ", el("b", { id: "headseq" }, c.headSeq), c.messages.length ? ` · last ${c.messages.length} messages, newest first` : " · no messages"),
+        c.readState ? el("p", { id: "readstate" }, `uid ${c.readState.uid}: read up to seq `, el("b", {}, c.readState.readSeq), ` · unread `, el("b", {}, c.readState.unread)) : "",
         el("table", {}, el("thead", {}, el("tr", {}, ...["seq", "msg_id", "from_uid", "type", "client_msg_id", "server_at", "body"].map((h) => el("th", {}, h)))), el("tbody", {}, ...rows)));
     } catch (e) {
       if (e.status === 401) {

@@ -12,8 +12,10 @@
 // ends a stalled backend; SetBrokenSettle makes it return at once, to show
 // that a writer that answered without settling breaks "an error answer is
 // final".
-// Reads (LoadHead, ReadRange, FindByClientKey, GetMessage) can fail with
-// sequencer.ErrStoreUnavailable or be delayed. The wrapper never changes
+// Reads (LoadHead, ReadRange, FindByClientKey, GetMessage) and the read
+// positions (MarkRead, ReadStates, passed to the inner store's
+// persist.ReadPositions) can fail with sequencer.ErrStoreUnavailable or be
+// delayed; a MarkRead can also land and report ErrUnknownOutcome. The wrapper never changes
 // what the inner store stores or answers on the calls it lets through.
 package faulty
 
@@ -68,6 +70,11 @@ const (
 	OpFind     Op = "find_by_client_key"
 	OpRange    Op = "read_range"
 	OpGet      Op = "get_message"
+	// OpMarkRead and OpReadStates are persist.ReadPositions' calls: they
+	// take FailBefore and Delay; OpMarkRead also takes CommitThenFail (the
+	// position is stored, the answer is ErrUnknownOutcome).
+	OpMarkRead   Op = "mark_read"
+	OpReadStates Op = "read_states"
 )
 
 // Rates is the random schedule: the probability of each fault per call.
@@ -389,4 +396,51 @@ func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message
 	return s.Store.GetMessage(ctx, msgID)
 }
 
-var _ persist.Store = (*Store)(nil)
+// positions is the inner store's persist.ReadPositions.
+func (s *Store) positions(op Op) (persist.ReadPositions, error) {
+	rp, ok := s.Store.(persist.ReadPositions)
+	if !ok {
+		return nil, fmt.Errorf("faulty: %s: inner store %T has no read positions", op, s.Store)
+	}
+	return rp, nil
+}
+
+// MarkRead implements persist.ReadPositions over the inner store.
+func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (persist.ReadState, error) {
+	rp, err := s.positions(OpMarkRead)
+	if err != nil {
+		return persist.ReadState{}, err
+	}
+	switch f := s.next(OpMarkRead); f {
+	case FailBefore:
+		s.record(Event{Op: OpMarkRead, Fault: f})
+		return persist.ReadState{}, unavailable(OpMarkRead)
+	case Delay:
+		s.record(Event{Op: OpMarkRead, Fault: f})
+		if err := s.delay(ctx); err != nil {
+			return persist.ReadState{}, fmt.Errorf("faulty: delayed %s: %w: %w", OpMarkRead, sequencer.ErrStoreUnavailable, err)
+		}
+	case CommitThenFail:
+		_, err := rp.MarkRead(ctx, convID, uid, seq)
+		s.record(Event{Op: OpMarkRead, Fault: f, ConvIDs: []string{convID}, InnerErr: err})
+		return persist.ReadState{}, fmt.Errorf("faulty: injected after %s: %w", OpMarkRead, sequencer.ErrUnknownOutcome)
+	}
+	return rp.MarkRead(ctx, convID, uid, seq)
+}
+
+// ReadStates implements persist.ReadPositions over the inner store.
+func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]persist.ReadState, error) {
+	rp, err := s.positions(OpReadStates)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, OpReadStates); err != nil {
+		return nil, err
+	}
+	return rp.ReadStates(ctx, uid, convIDs)
+}
+
+var (
+	_ persist.Store         = (*Store)(nil)
+	_ persist.ReadPositions = (*Store)(nil)
+)

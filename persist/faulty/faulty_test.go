@@ -142,3 +142,43 @@ func TestNoFaultsConformance(t *testing.T) {
 		}{New(inner, 1, Rates{}), inner}
 	})
 }
+
+// Read positions pass through the inner store's; FailBefore stores nothing,
+// CommitThenFail stores the mark and reports an unknown outcome, Delay
+// passes through after the wait.
+func TestReadPositionFaults(t *testing.T) {
+	s := New(nil, 1, Rates{MaxDelay: time.Millisecond})
+	ctx := context.Background()
+	if err := s.Commit(ctx, one(1)); err != nil {
+		t.Fatal(err)
+	}
+	s.Inject(OpMarkRead, FailBefore, CommitThenFail, Delay)
+	s.Inject(OpReadStates, FailBefore)
+	inner := s.Store.(persist.ReadPositions)
+	state := func() persist.ReadState {
+		t.Helper()
+		st, err := inner.ReadStates(ctx, 5, []string{"c1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[0]
+	}
+	if _, err := s.MarkRead(ctx, "c1", 5, 1); !errors.Is(err, sequencer.ErrStoreUnavailable) || state().ReadSeq != 0 {
+		t.Fatalf("fail-before: %v, stored %+v", err, state())
+	}
+	if _, err := s.MarkRead(ctx, "c1", 5, 1); !errors.Is(err, sequencer.ErrUnknownOutcome) || state().ReadSeq != 1 {
+		t.Fatalf("commit-then-fail: %v, stored %+v", err, state())
+	}
+	if st, err := s.MarkRead(ctx, "c1", 6, 1); err != nil || st.ReadSeq != 1 || st.Head != 1 {
+		t.Fatalf("delay: %+v, %v", st, err)
+	}
+	if _, err := s.ReadStates(ctx, 5, []string{"c1"}); !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("read states fail-before: %v", err)
+	}
+	if st, err := s.ReadStates(ctx, 5, []string{"c1"}); err != nil || st[0].ReadSeq != 1 {
+		t.Fatalf("read states: %+v, %v", st, err)
+	}
+	if calls, faulted := s.Count(OpMarkRead, CommitThenFail); calls != 3 || faulted != 1 {
+		t.Fatalf("mark read calls %d, commit-then-fail %d", calls, faulted)
+	}
+}

@@ -51,6 +51,7 @@ type Store struct {
 	convs  map[string]*conv
 	byID   map[uint64]sequencer.Message
 	byKey  map[sequencer.ClientKey]uint64 // resend key -> msg_id
+	reads  map[readKey]uint64             // read positions (never lowered, never past the head)
 	// workers are the worker-id leases; a zero expires means free.
 	workers [workerIDs]worker
 }
@@ -62,6 +63,12 @@ type conv struct {
 	rows []sequencer.Message
 }
 
+// readKey names one user's read position in one conversation.
+type readKey struct {
+	conv string
+	uid  uint64
+}
+
 type worker struct {
 	holder  string
 	token   uint64
@@ -70,9 +77,10 @@ type worker struct {
 }
 
 var (
-	_ persist.Store       = (*Store)(nil)
-	_ membership.Store    = (*Store)(nil)
-	_ membership.Provider = (*Store)(nil)
+	_ persist.Store         = (*Store)(nil)
+	_ persist.ReadPositions = (*Store)(nil)
+	_ membership.Store      = (*Store)(nil)
+	_ membership.Provider   = (*Store)(nil)
 )
 
 // New returns an empty store whose member leases follow the real clock.
@@ -82,7 +90,7 @@ func New() *Store { return NewWithClock(nil) }
 // clock in simulations; nil: the real one).
 func NewWithClock(c clock.Clock) *Store {
 	return &Store{Mem: membership.NewMem(c), convs: map[string]*conv{}, byID: map[uint64]sequencer.Message{},
-		byKey: map[sequencer.ClientKey]uint64{}}
+		byKey: map[sequencer.ClientKey]uint64{}, reads: map[readKey]uint64{}}
 }
 
 // Membership implements membership.Provider: the store's own table.
@@ -504,4 +512,37 @@ func (s *Store) SetHeadForTest(ctx context.Context, convID string, head uint64) 
 	}
 	c.head = head
 	return nil
+}
+
+// MarkRead implements persist.ReadPositions.
+func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (persist.ReadState, error) {
+	if err := sequencer.CheckMarkRead(convID, uid, seq); err != nil {
+		return persist.ReadState{}, err
+	}
+	if err := s.enter(ctx, "mark read"); err != nil {
+		return persist.ReadState{}, err
+	}
+	defer s.mu.Unlock()
+	head := s.head(convID)
+	k := readKey{convID, uid}
+	if to := min(seq, head); to > s.reads[k] {
+		s.reads[k] = to
+	}
+	return persist.ReadState{ConvID: convID, ReadSeq: s.reads[k], Head: head}, nil
+}
+
+// ReadStates implements persist.ReadPositions.
+func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]persist.ReadState, error) {
+	if err := sequencer.CheckReadStates(uid, convIDs); err != nil {
+		return nil, err
+	}
+	if err := s.enter(ctx, "read states"); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	out := make([]persist.ReadState, len(convIDs))
+	for i, c := range convIDs {
+		out[i] = persist.ReadState{ConvID: c, ReadSeq: s.reads[readKey{c, uid}], Head: s.head(c)}
+	}
+	return out, nil
 }

@@ -144,6 +144,9 @@ type Store struct {
 	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
 
 	beforeCommit func(pid uint32) // tests: called with the backend pid before each commit is sent
+
+	markOnce sync.Once
+	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
 }
 
 var _ persist.Store = (*Store)(nil)

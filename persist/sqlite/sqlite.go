@@ -92,6 +92,9 @@ type Store struct {
 	loopDone chan struct{} // closed when writeLoop returned
 	calls    atomic.Int64  // Commit calls queued
 	groups   atomic.Int64  // groups of calls taken by writeLoop
+
+	markOnce sync.Once
+	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
 }
 
 var _ persist.Store = (*Store)(nil)

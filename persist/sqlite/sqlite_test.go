@@ -97,7 +97,7 @@ func TestSchemaMirrorsContract(t *testing.T) {
 			t.Fatalf("im_message DDL lacks %q:\n%s", want, ddl)
 		}
 	}
-	for _, table := range []string{"conv_head", "worker_lease", "partition_lease", "schema_version"} {
+	for _, table := range []string{"conv_head", "worker_lease", "partition_lease", "schema_version", "read_position"} {
 		var n int
 		if err := s.r.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("table %s: %d, %v", table, n, err)
@@ -123,6 +123,9 @@ func TestReopenKeepsEverything(t *testing.T) {
 	if err := s.Trim(ctx, "c", 1); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s.MarkRead(ctx, "c", 5, 1); err != nil {
+		t.Fatal(err)
+	}
 	lease, err := s.AcquireWorker(ctx, "n", time.UnixMilli(1000), time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +139,9 @@ func TestReopenKeepsEverything(t *testing.T) {
 	s2 := openAt(t, path)
 	if h, err := s2.LoadHead(ctx, "c"); err != nil || h != 1 {
 		t.Fatalf("head after reopen = %d, %v", h, err)
+	}
+	if rs, err := s2.ReadStates(ctx, 5, []string{"c"}); err != nil || rs[0].ReadSeq != 1 || rs[0].Head != 1 {
+		t.Fatalf("read state after reopen = %+v, %v", rs, err)
 	}
 	if v, err := s2.SchemaVersion(ctx); err != nil || v < 1 {
 		t.Fatalf("schema version %d, %v", v, err)

@@ -1,7 +1,8 @@
 // Package storetest is the ONE conformance suite every persist.Store
 // implementation runs: `storetest.Run(t, newStore)` from the store package's
 // tests. It checks the behaviour the sequencer relies on (heads, atomic
-// multi-conversation commits, unique keys, fences, ranges, worker leases),
+// multi-conversation commits, unique keys, fences, ranges, worker leases,
+// read positions: persist.ReadPositions, which every store implements),
 // through the Store interface only, plus the optional Hooks for states the
 // interface cannot reach.
 //
@@ -232,6 +233,13 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"WorkerLeaseBasics", testWorkerLeaseBasics},
 		{"WorkerLeasesExhaustedAndTakeover", testWorkerLeasesExhausted},
 		{"WorkerLeasesConcurrentAcquire", testWorkerLeasesConcurrent},
+		{"ReadPositionNeverBackwards", testReadPositionNeverBackwards},
+		{"ReadPositionClampedToHead", testReadPositionClampedToHead},
+		{"ReadPositionHeadZero", testReadPositionHeadZero},
+		{"ReadPositionInvalid", testReadPositionInvalid},
+		{"ReadPositionConcurrentMarks", testReadPositionConcurrent},
+		{"ReadStatesOf1000", testReadStatesMany},
+		{"ReadPositionRetention", testReadPositionsSurviveRetention},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -998,4 +1006,237 @@ func testWorkerLeasesConcurrent(x *suite) {
 	if ids[0] < 0 || ids[len(ids)-1] > 1023 {
 		t.Fatalf("ids out of range: %v", ids)
 	}
+}
+
+// positions returns the store's persist.ReadPositions: every store has them.
+func (x *suite) positions() persist.ReadPositions {
+	x.t.Helper()
+	rp, ok := x.s.(persist.ReadPositions)
+	if !ok {
+		x.t.Fatalf("store %T does not implement persist.ReadPositions", x.s)
+	}
+	return rp
+}
+
+// mark marks uid's position in conv at seq and checks the answer.
+func (x *suite) mark(conv string, uid, seq, wantRead, wantHead uint64) {
+	x.t.Helper()
+	got, err := x.positions().MarkRead(x.ctx, conv, uid, seq)
+	if err != nil {
+		x.t.Fatalf("MarkRead(%q, %d, %d): %v", conv, uid, seq, err)
+	}
+	want := persist.ReadState{ConvID: conv, ReadSeq: wantRead, Head: wantHead}
+	if got != want {
+		x.t.Fatalf("MarkRead(%q, %d, %d) = %+v, want %+v", conv, uid, seq, got, want)
+	}
+}
+
+// states reads uid's states of convs.
+func (x *suite) states(uid uint64, convs ...string) []persist.ReadState {
+	x.t.Helper()
+	got, err := x.positions().ReadStates(x.ctx, uid, convs)
+	if err != nil {
+		x.t.Fatalf("ReadStates(%d, %d convs): %v", uid, len(convs), err)
+	}
+	if len(got) != len(convs) {
+		x.t.Fatalf("ReadStates(%d, %d convs) answered %d states", uid, len(convs), len(got))
+	}
+	return got
+}
+
+// expectState checks uid's stored state of conv.
+func (x *suite) expectState(conv string, uid, read, head uint64) {
+	x.t.Helper()
+	got := x.states(uid, conv)[0]
+	if want := (persist.ReadState{ConvID: conv, ReadSeq: read, Head: head}); got != want {
+		x.t.Fatalf("state of uid %d in %q = %+v, want %+v", uid, conv, got, want)
+	}
+}
+
+func testReadPositionNeverBackwards(x *suite) {
+	t := x.t
+	c := x.conv()
+	x.mustCommit(batch(c, 0, 5))
+	x.expectState(c, 42, 0, 5)
+	x.mark(c, 42, 3, 3, 5)
+	x.mark(c, 42, 2, 3, 5) // lower: unchanged
+	x.mark(c, 42, 0, 3, 5) // zero: unchanged
+	x.mark(c, 42, 3, 3, 5) // same: unchanged
+	x.mark(c, 43, 1, 1, 5) // another user: their own position
+	x.expectState(c, 42, 3, 5)
+	x.expectState(c, 43, 1, 5)
+	if u := x.states(42, c)[0].Unread(); u != 2 {
+		t.Fatalf("unread = %d, want 2", u)
+	}
+	x.mustCommit(batch(c, 5, 3))
+	x.expectState(c, 42, 3, 8)
+	x.mark(c, 42, 8, 8, 8)
+	if u := x.states(42, c)[0].Unread(); u != 0 {
+		t.Fatalf("unread after marking the head = %d, want 0", u)
+	}
+}
+
+func testReadPositionClampedToHead(x *suite) {
+	c := x.conv()
+	x.mustCommit(batch(c, 0, 4))
+	x.mark(c, 7, 9, 4, 4)
+	x.mark(c, 8, sequencer.MaxID-1, 4, 4) // the largest valid seq
+	x.expectState(c, 7, 4, 4)
+	// The clamp used the head of that moment: a later message is unread.
+	x.mustCommit(batch(c, 4, 2))
+	x.expectState(c, 7, 4, 6)
+	x.mark(c, 7, 100, 6, 6)
+}
+
+func testReadPositionHeadZero(x *suite) {
+	c := x.conv()
+	x.mark(c, 9, 5, 0, 0) // nothing to read: nothing stored
+	x.expectState(c, 9, 0, 0)
+	x.mustCommit(batch(c, 0, 3))
+	x.expectState(c, 9, 0, 3) // the early mark did not pre-read seqs 1..3
+	x.mark(c, 9, 2, 2, 3)
+}
+
+func testReadPositionInvalid(x *suite) {
+	t := x.t
+	c := x.conv()
+	x.mustCommit(batch(c, 0, 3))
+	rp := x.positions()
+	invalid := func(what string, err error) {
+		t.Helper()
+		if err == nil || sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
+			t.Fatalf("%s: got %v, want invalid_argument", what, err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		conv     string
+		uid, seq uint64
+	}{
+		{"uid 0", c, 0, 1},
+		{"uid 2^63", c, sequencer.MaxID, 1},
+		{"uid max", c, math.MaxUint64, 1},
+		{"seq 2^63", c, 5, sequencer.MaxID},
+		{"empty conv", "", 5, 1},
+		{"long conv", strings.Repeat("x", 65), 5, 1},
+		{"control conv", "g:\x01", 5, 1},
+		{"bad utf-8 conv", "g:\xff", 5, 1},
+	} {
+		_, err := rp.MarkRead(x.ctx, tc.conv, tc.uid, tc.seq)
+		invalid("MarkRead "+tc.name, err)
+	}
+	_, err := rp.ReadStates(x.ctx, 5, nil)
+	invalid("ReadStates of no conversations", err)
+	_, err = rp.ReadStates(x.ctx, 0, []string{c})
+	invalid("ReadStates uid 0", err)
+	_, err = rp.ReadStates(x.ctx, sequencer.MaxID, []string{c})
+	invalid("ReadStates uid 2^63", err)
+	_, err = rp.ReadStates(x.ctx, 5, []string{c, ""})
+	invalid("ReadStates with an empty conv_id", err)
+	_, err = rp.ReadStates(x.ctx, 5, make([]string, sequencer.MaxReadStateConvs+1))
+	invalid("ReadStates of 1001 conversations", err)
+	x.expectState(c, 5, 0, 3) // nothing was stored
+}
+
+func testReadPositionConcurrent(x *suite) {
+	t := x.t
+	c := x.conv()
+	const head, devices, marks = 60, 6, 20
+	x.mustCommit(batch(c, 0, head))
+	var wg sync.WaitGroup
+	errs := make(chan error, devices)
+	for d := 0; d < devices; d++ {
+		wg.Add(1)
+		go func(d int) {
+			defer wg.Done()
+			prev := uint64(0)
+			for i := 0; i < marks; i++ {
+				// Each device marks a scrambled sequence of seqs, some past the head.
+				seq := uint64((i*7+d*13)%(head+10)) + 1
+				got, err := x.positions().MarkRead(x.ctx, c, 77, seq)
+				if err != nil {
+					errs <- fmt.Errorf("device %d: %w", d, err)
+					return
+				}
+				if got.ReadSeq < min(seq, head) || got.ReadSeq < prev || got.ReadSeq > head || got.Head != head {
+					errs <- fmt.Errorf("device %d marked %d after seeing %d: answer %+v", d, seq, prev, got)
+					return
+				}
+				prev = got.ReadSeq
+			}
+		}(d)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var want uint64
+	for d := 0; d < devices; d++ {
+		for i := 0; i < marks; i++ {
+			want = max(want, min(uint64((i*7+d*13)%(head+10))+1, head))
+		}
+	}
+	x.expectState(c, 77, want, head)
+}
+
+func testReadStatesMany(x *suite) {
+	t := x.t
+	const n = sequencer.MaxReadStateConvs
+	convs := make([]string, n)
+	var bs []persist.ConvBatch
+	heads := map[string]uint64{}
+	for i := range convs {
+		convs[i] = x.conv()
+		if i%3 != 2 { // every third conversation is never written
+			h := uint64(i%5 + 1)
+			bs = append(bs, batch(convs[i], 0, int(h)))
+			heads[convs[i]] = h
+		}
+	}
+	for len(bs) > 0 {
+		k := min(len(bs), 200)
+		x.mustCommit(bs[:k]...)
+		bs = bs[k:]
+	}
+	reads := map[string]uint64{}
+	for i := 0; i < n; i += 7 {
+		c := convs[i]
+		x.mark(c, 5, 2, min(2, heads[c]), heads[c])
+		reads[c] = min(2, heads[c])
+	}
+	// The order given, with duplicates and unknown conversations mixed in.
+	ask := append([]string{}, convs...)
+	ask[10], ask[11] = convs[0], fmt.Sprintf("u:%d", nextID.Add(1))
+	ask[n-1] = convs[7]
+	got := x.states(5, ask...)
+	for i, c := range ask {
+		want := persist.ReadState{ConvID: c, ReadSeq: reads[c], Head: heads[c]}
+		if got[i] != want {
+			t.Fatalf("state %d = %+v, want %+v", i, got[i], want)
+		}
+	}
+	// Another user has read nothing.
+	for i, s := range x.states(6, ask...) {
+		if s.ReadSeq != 0 || s.Head != heads[ask[i]] || s.ConvID != ask[i] {
+			t.Fatalf("uid 6 state %d = %+v", i, s)
+		}
+	}
+}
+
+func testReadPositionsSurviveRetention(x *suite) {
+	a, b := x.conv(), x.conv()
+	x.mustCommit(batch(a, 0, 4), batch(b, 0, 3))
+	x.mark(a, 11, 3, 3, 4)
+	x.mark(b, 11, 3, 3, 3)
+	if err := x.s.Trim(x.ctx, a, 4); err != nil {
+		x.t.Fatalf("Trim: %v", err)
+	}
+	x.trimPass(serverAt.Add(time.Hour), 1000) // deletes every row
+	x.expectStored(a, 4, nil)
+	x.expectStored(b, 3, nil)
+	x.expectState(a, 11, 3, 4)
+	x.expectState(b, 11, 3, 3)
+	x.mark(a, 11, 4, 4, 4)
+	x.mark(b, 11, 1, 3, 3)
 }

@@ -109,6 +109,21 @@ export interface PullResult {
   hasMore: boolean;
 }
 
+/**
+ * ReadState is one user's read position in one conversation: readSeq (0n if
+ * never marked), the conversation's headSeq (0n if never written) and
+ * unread = headSeq - readSeq, exact because seqs have no holes.
+ */
+export interface ReadState {
+  convId: string;
+  readSeq: bigint;
+  headSeq: bigint;
+  unread: bigint;
+}
+
+/** The most conversations one readState call may name. */
+export const MAX_READ_STATE_CONVS = 1000;
+
 export interface CallOptions {
   /** Ends the call (and its retries) early: the error's code is then canceled. */
   signal?: AbortSignal;
@@ -491,6 +506,44 @@ export class SequencerClient {
       throw new SequencerError("internal", `get message msg_id ${id}: empty answer`);
     }
     return messageFromPb(resp.message);
+  }
+
+  /**
+   * markRead raises uid's read position in convId to seq and returns the
+   * stored position with the head and the unread count. The position never
+   * goes backwards (a lower seq changes nothing) and a seq above the head is
+   * clamped to the head; it is durable when the promise resolves. A user's
+   * own send does not move their position: mark the seq send returned to
+   * keep one's own messages from counting as unread. Any node answers it;
+   * retries are harmless (a mark only moves up).
+   */
+  async markRead(convId: string, uid: bigint | string, seq: bigint | string, opts: CallOptions = {}): Promise<ReadState> {
+    const u = toUint64(uid, "uid");
+    const s = toUint64(seq, "seq");
+    const call: CallInfo = { op: "mark read", subject: `conv_id ${JSON.stringify(convId)} uid ${u} seq ${s}` };
+    const resp = await this.withRetry(call, opts, (at) => {
+      at.target = this.anyNode();
+      return at.target.rpc.markRead({ convId, uid: u, seq: s }, { signal: at.signal });
+    });
+    return { convId, readSeq: resp.readSeq, headSeq: resp.headSeq, unread: resp.unread };
+  }
+
+  /**
+   * readState returns uid's read state in each of convIds (1..1000), in the
+   * order given; a conversation never written or never marked has zeros.
+   * One call, answered by one query on the server.
+   */
+  async readState(uid: bigint | string, convIds: string[], opts: CallOptions = {}): Promise<ReadState[]> {
+    const u = toUint64(uid, "uid");
+    const call: CallInfo = { op: "get read state", subject: `uid ${u} (${convIds.length} conversations)` };
+    const resp = await this.withRetry(call, opts, (at) => {
+      at.target = this.anyNode();
+      return at.target.rpc.getReadState({ uid: u, convIds }, { signal: at.signal });
+    });
+    if (resp.states.length !== convIds.length) {
+      throw new SequencerError("internal", `get read state: the server answered ${resp.states.length} states for ${convIds.length} conversations`);
+    }
+    return resp.states.map((st, i) => ({ convId: convIds[i], readSeq: st.readSeq, headSeq: st.headSeq, unread: st.unread }));
   }
 
   /** route asks a node who owns convId now, and remembers the answer for later sends. */

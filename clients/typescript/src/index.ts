@@ -3,6 +3,7 @@ export {
   SequencerClient,
   newClientMsgId,
   MAX_BATCH_ITEMS,
+  MAX_READ_STATE_CONVS,
   type ClientOptions,
   type RetryOptions,
   type TlsOptions,
@@ -11,6 +12,7 @@ export {
   type SendOutcome,
   type Message,
   type PullResult,
+  type ReadState,
   type CallOptions,
   type Route,
 } from "./client.js";

@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
-import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, type SendInput, type SendResult } from "../src/index.js";
+import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, MAX_READ_STATE_CONVS, type SendInput, type SendResult } from "../src/index.js";
 import { startSingle, type NodeProc } from "./harness.js";
 
 let node: NodeProc;
@@ -414,6 +414,63 @@ describe("single node", () => {
       await c.pull("ts:c17", 0n);
       assert.ok(seen.length >= 3); // Route, SendBatch, Pull
       assert.ok(seen.every((h) => h === "Bearer s3cret"));
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C23 read positions: own sends unread until marked, never backwards, clamped, many conversations in order, invalid not retried", async () => {
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt] });
+    try {
+      let last: SendResult | undefined;
+      for (let i = 0; i < 3; i++) {
+        last = await c.send({ convId: "ts:c23", fromUid: 1001n, body: "x" });
+      }
+      const states = await c.readState(1001n, ["ts:c23", "ts:c23-none", "ts:c23"]);
+      assert.deepEqual(states, [
+        { convId: "ts:c23", readSeq: 0n, headSeq: 3n, unread: 3n },
+        { convId: "ts:c23-none", readSeq: 0n, headSeq: 0n, unread: 0n },
+        { convId: "ts:c23", readSeq: 0n, headSeq: 3n, unread: 3n },
+      ]);
+      assert.deepEqual(await c.markRead("ts:c23", 1001n, last!.seq), { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n });
+      assert.deepEqual(await c.markRead("ts:c23", "1001", 1n), { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n }, "never backwards");
+      assert.deepEqual(await c.markRead("ts:c23", 1002n, 2n), { convId: "ts:c23", readSeq: 2n, headSeq: 3n, unread: 1n });
+      assert.deepEqual(await c.markRead("ts:c23", 1003n, 99n), { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n }, "clamped to the head");
+
+      const before = rec.count("MarkRead");
+      await assert.rejects(c.markRead("ts:c23", 0n, 1n), { code: "invalid_argument" });
+      await assert.rejects(c.markRead("ts:c23", 1n, 2n ** 63n), { code: "invalid_argument" });
+      assert.equal(rec.count("MarkRead"), before + 2, "invalid marks are not retried");
+      await assert.rejects(c.readState(1n, []), { code: "invalid_argument" });
+      const many = Array.from({ length: MAX_READ_STATE_CONVS }, (_, i) => `ts:c23-${i}`);
+      await assert.rejects(c.readState(1n, [...many, "one-more"]), { code: "invalid_argument" });
+      const all = await c.readState(1n, many);
+      assert.equal(all.length, MAX_READ_STATE_CONVS);
+      assert.equal(all[999].convId, "ts:c23-999");
+    } finally {
+      c.close();
+    }
+  });
+
+  test("C24 a mark read whose answer was lost is retried, harmlessly", async () => {
+    let lose = 1;
+    const lossy: Interceptor = (next) => async (req) => {
+      const res = await next(req); // the node stored the position ...
+      if (req.method.name === "MarkRead" && lose-- > 0) {
+        // ... and the answer is lost on the way back.
+        throw new ConnectError("read ECONNRESET", Code.Unavailable, undefined, undefined, Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }));
+      }
+      return res;
+    };
+    const rec = recorder();
+    const c = client({ interceptors: [lossy, rec.icpt] });
+    try {
+      for (let i = 0; i < 4; i++) {
+        await c.send({ convId: "ts:c24", fromUid: 1n, body: "x" });
+      }
+      assert.deepEqual(await c.markRead("ts:c24", 9n, 2n), { convId: "ts:c24", readSeq: 2n, headSeq: 4n, unread: 2n });
+      assert.equal(rec.count("MarkRead"), 2);
     } finally {
       c.close();
     }

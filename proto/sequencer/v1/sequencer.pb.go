@@ -929,6 +929,304 @@ func (x *SendError) GetMessage() string {
 	return ""
 }
 
+type MarkReadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..64 bytes, valid UTF-8, no control characters (as in Send).
+	ConvId string `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	// The reader: > 0 and < 2^63.
+	Uid uint64 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	// The highest seq the user has read: < 2^63; 0 changes nothing (and answers
+	// the stored state); above the head is clamped to the head.
+	Seq           uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MarkReadRequest) Reset() {
+	*x = MarkReadRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MarkReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MarkReadRequest) ProtoMessage() {}
+
+func (x *MarkReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MarkReadRequest.ProtoReflect.Descriptor instead.
+func (*MarkReadRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MarkReadRequest) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *MarkReadRequest) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *MarkReadRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+type MarkReadResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored read position after the call (0 if never marked).
+	ReadSeq uint64 `protobuf:"varint,1,opt,name=read_seq,json=readSeq,proto3" json:"read_seq,omitempty"`
+	// The conversation's committed head when the position was written.
+	HeadSeq uint64 `protobuf:"varint,2,opt,name=head_seq,json=headSeq,proto3" json:"head_seq,omitempty"`
+	// head_seq - read_seq: exact, because seqs are contiguous.
+	Unread        uint64 `protobuf:"varint,3,opt,name=unread,proto3" json:"unread,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MarkReadResponse) Reset() {
+	*x = MarkReadResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MarkReadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MarkReadResponse) ProtoMessage() {}
+
+func (x *MarkReadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MarkReadResponse.ProtoReflect.Descriptor instead.
+func (*MarkReadResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *MarkReadResponse) GetReadSeq() uint64 {
+	if x != nil {
+		return x.ReadSeq
+	}
+	return 0
+}
+
+func (x *MarkReadResponse) GetHeadSeq() uint64 {
+	if x != nil {
+		return x.HeadSeq
+	}
+	return 0
+}
+
+func (x *MarkReadResponse) GetUnread() uint64 {
+	if x != nil {
+		return x.Unread
+	}
+	return 0
+}
+
+type GetReadStateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reader: > 0 and < 2^63.
+	Uid uint64 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// 1..1,000 conversation ids, each valid as in Send; duplicates allowed.
+	ConvIds       []string `protobuf:"bytes,2,rep,name=conv_ids,json=convIds,proto3" json:"conv_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReadStateRequest) Reset() {
+	*x = GetReadStateRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReadStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReadStateRequest) ProtoMessage() {}
+
+func (x *GetReadStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReadStateRequest.ProtoReflect.Descriptor instead.
+func (*GetReadStateRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetReadStateRequest) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *GetReadStateRequest) GetConvIds() []string {
+	if x != nil {
+		return x.ConvIds
+	}
+	return nil
+}
+
+type GetReadStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// states[i] answers conv_ids[i].
+	States        []*ReadState `protobuf:"bytes,1,rep,name=states,proto3" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReadStateResponse) Reset() {
+	*x = GetReadStateResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReadStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReadStateResponse) ProtoMessage() {}
+
+func (x *GetReadStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReadStateResponse.ProtoReflect.Descriptor instead.
+func (*GetReadStateResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetReadStateResponse) GetStates() []*ReadState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+// ReadState is one user's read position in one conversation.
+type ReadState struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ConvId string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	// The user's read position (0 if never marked).
+	ReadSeq uint64 `protobuf:"varint,2,opt,name=read_seq,json=readSeq,proto3" json:"read_seq,omitempty"`
+	// The conversation's committed head (0 if never written).
+	HeadSeq uint64 `protobuf:"varint,3,opt,name=head_seq,json=headSeq,proto3" json:"head_seq,omitempty"`
+	// head_seq - read_seq: exact, because seqs are contiguous.
+	Unread        uint64 `protobuf:"varint,4,opt,name=unread,proto3" json:"unread,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadState) Reset() {
+	*x = ReadState{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadState) ProtoMessage() {}
+
+func (x *ReadState) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadState.ProtoReflect.Descriptor instead.
+func (*ReadState) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReadState) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *ReadState) GetReadSeq() uint64 {
+	if x != nil {
+		return x.ReadSeq
+	}
+	return 0
+}
+
+func (x *ReadState) GetHeadSeq() uint64 {
+	if x != nil {
+		return x.HeadSeq
+	}
+	return 0
+}
+
+func (x *ReadState) GetUnread() uint64 {
+	if x != nil {
+		return x.Unread
+	}
+	return 0
+}
+
 var File_sequencer_v1_sequencer_proto protoreflect.FileDescriptor
 
 const file_sequencer_v1_sequencer_proto_rawDesc = "" +
@@ -990,7 +1288,25 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\aoutcome\"9\n" +
 	"\tSendError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage2\xb9\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"N\n" +
+	"\x0fMarkReadRequest\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\"`\n" +
+	"\x10MarkReadResponse\x12\x19\n" +
+	"\bread_seq\x18\x01 \x01(\x04R\areadSeq\x12\x19\n" +
+	"\bhead_seq\x18\x02 \x01(\x04R\aheadSeq\x12\x16\n" +
+	"\x06unread\x18\x03 \x01(\x04R\x06unread\"B\n" +
+	"\x13GetReadStateRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\x04R\x03uid\x12\x19\n" +
+	"\bconv_ids\x18\x02 \x03(\tR\aconvIds\"G\n" +
+	"\x14GetReadStateResponse\x12/\n" +
+	"\x06states\x18\x01 \x03(\v2\x17.sequencer.v1.ReadStateR\x06states\"r\n" +
+	"\tReadState\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
+	"\bread_seq\x18\x02 \x01(\x04R\areadSeq\x12\x19\n" +
+	"\bhead_seq\x18\x03 \x01(\x04R\aheadSeq\x12\x16\n" +
+	"\x06unread\x18\x04 \x01(\x04R\x06unread2\xdb\x04\n" +
 	"\x10SequencerService\x12=\n" +
 	"\x04Send\x12\x19.sequencer.v1.SendRequest\x1a\x1a.sequencer.v1.SendResponse\x12=\n" +
 	"\x04Pull\x12\x19.sequencer.v1.PullRequest\x1a\x1a.sequencer.v1.PullResponse\x12F\n" +
@@ -998,7 +1314,9 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\n" +
 	"GetMessage\x12\x1f.sequencer.v1.GetMessageRequest\x1a .sequencer.v1.GetMessageResponse\x12@\n" +
 	"\x05Route\x12\x1a.sequencer.v1.RouteRequest\x1a\x1b.sequencer.v1.RouteResponse\x12L\n" +
-	"\tSendBatch\x12\x1e.sequencer.v1.SendBatchRequest\x1a\x1f.sequencer.v1.SendBatchResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
+	"\tSendBatch\x12\x1e.sequencer.v1.SendBatchRequest\x1a\x1f.sequencer.v1.SendBatchResponse\x12I\n" +
+	"\bMarkRead\x12\x1d.sequencer.v1.MarkReadRequest\x1a\x1e.sequencer.v1.MarkReadResponse\x12U\n" +
+	"\fGetReadState\x12!.sequencer.v1.GetReadStateRequest\x1a\".sequencer.v1.GetReadStateResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
 
 var (
 	file_sequencer_v1_sequencer_proto_rawDescOnce sync.Once
@@ -1012,7 +1330,7 @@ func file_sequencer_v1_sequencer_proto_rawDescGZIP() []byte {
 	return file_sequencer_v1_sequencer_proto_rawDescData
 }
 
-var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(*SendRequest)(nil),           // 0: sequencer.v1.SendRequest
 	(*SendResponse)(nil),          // 1: sequencer.v1.SendResponse
@@ -1029,34 +1347,44 @@ var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(*SendBatchResponse)(nil),     // 12: sequencer.v1.SendBatchResponse
 	(*SendResult)(nil),            // 13: sequencer.v1.SendResult
 	(*SendError)(nil),             // 14: sequencer.v1.SendError
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*MarkReadRequest)(nil),       // 15: sequencer.v1.MarkReadRequest
+	(*MarkReadResponse)(nil),      // 16: sequencer.v1.MarkReadResponse
+	(*GetReadStateRequest)(nil),   // 17: sequencer.v1.GetReadStateRequest
+	(*GetReadStateResponse)(nil),  // 18: sequencer.v1.GetReadStateResponse
+	(*ReadState)(nil),             // 19: sequencer.v1.ReadState
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
-	15, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
-	15, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
+	20, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
+	20, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
 	2,  // 2: sequencer.v1.PullResponse.messages:type_name -> sequencer.v1.Message
 	2,  // 3: sequencer.v1.GetMessageResponse.message:type_name -> sequencer.v1.Message
 	0,  // 4: sequencer.v1.SendBatchRequest.items:type_name -> sequencer.v1.SendRequest
 	13, // 5: sequencer.v1.SendBatchResponse.results:type_name -> sequencer.v1.SendResult
 	1,  // 6: sequencer.v1.SendResult.ok:type_name -> sequencer.v1.SendResponse
 	14, // 7: sequencer.v1.SendResult.error:type_name -> sequencer.v1.SendError
-	0,  // 8: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
-	3,  // 9: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
-	5,  // 10: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
-	7,  // 11: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
-	9,  // 12: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
-	11, // 13: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
-	1,  // 14: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
-	4,  // 15: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
-	6,  // 16: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
-	8,  // 17: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
-	10, // 18: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
-	12, // 19: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	19, // 8: sequencer.v1.GetReadStateResponse.states:type_name -> sequencer.v1.ReadState
+	0,  // 9: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
+	3,  // 10: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
+	5,  // 11: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
+	7,  // 12: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
+	9,  // 13: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
+	11, // 14: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
+	15, // 15: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
+	17, // 16: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
+	1,  // 17: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
+	4,  // 18: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
+	6,  // 19: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
+	8,  // 20: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
+	10, // 21: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
+	12, // 22: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
+	16, // 23: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
+	18, // 24: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
+	17, // [17:25] is the sub-list for method output_type
+	9,  // [9:17] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_sequencer_v1_sequencer_proto_init() }
@@ -1074,7 +1402,7 @@ func file_sequencer_v1_sequencer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sequencer_v1_sequencer_proto_rawDesc), len(file_sequencer_v1_sequencer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

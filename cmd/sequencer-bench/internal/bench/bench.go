@@ -171,6 +171,8 @@ func (c *Config) setDefaults() {
 		for _, k := range engineKeys() {
 			s := engines[k]
 			switch {
+			case s.OptIn:
+				continue
 			case !s.Remote:
 			case s.SQLite && (c.ServeBin == "" || c.Target != ""):
 				continue // the -sqlite e engines start their own server
@@ -195,6 +197,8 @@ same PostgreSQL and the same im_message table, in one run:
   e-json   'sequencer serve' through plain HTTP/1.1 JSON POSTs of Send (like curl)
   e-batch  'sequencer serve' through the Go SDK's auto-batching (SendBatch)
   a-sqlite, e-sqlite, e-json-sqlite, e-batch-sqlite: the same on the embedded store
+  r-mark, r-state (and -sqlite): read positions through the Go SDK, one MarkRead or one
+           GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
 The e engines start the sequencer binary beside this one (or --serve-bin) as
 'serve' on a fresh store per scenario, or use a running server (--target; not
 the -sqlite ones). Their "server CPU us/msg" is the server process's CPU time
@@ -516,6 +520,12 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 			r.logf("close engine %s: %v", spec.Key, err)
 		}
 	}()
+
+	if sd, ok := eng.(Seeder); ok {
+		if err := sd.Seed(ctx, r.runID+"-"+runName+"-", sc.Convs, sc.Senders); err != nil {
+			return res, fmt.Errorf("seed: %w", err)
+		}
+	}
 
 	var probe *memoryProbe
 	if sc.TouchOnce {

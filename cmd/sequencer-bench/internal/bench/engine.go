@@ -104,7 +104,10 @@ type EngineSpec struct {
 	// SQLite: the engine's store is a fresh SQLite file (Env.DSN
 	// sqlite:PATH) instead of a PostgreSQL schema.
 	SQLite bool
-	Open   func(ctx context.Context, env Env) (Engine, error)
+	// OptIn: not in the default engine list (the read-position engines,
+	// which measure other RPCs than Send).
+	OptIn bool
+	Open  func(ctx context.Context, env Env) (Engine, error)
 }
 
 // engines lists every engine the bench knows, by key.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,8 +27,8 @@ func buildSequencer(t *testing.T) string {
 		gobin = "/usr/local/go/bin/go"
 	}
 	bin := filepath.Join(t.TempDir(), "sequencer")
-	if out, err := exec.Command(gobin, "build", "-o", bin, "../cmd/sequencer").CombinedOutput(); err != nil {
-		t.Fatalf("go build ../cmd/sequencer: %v\n%s", err, out)
+	if out, err := exec.Command(gobin, "build", "-o", bin, "github.com/sequencer-im/sequencer/cmd/sequencer").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/sequencer: %v\n%s", err, out)
 	}
 	return bin
 }
@@ -153,5 +154,60 @@ func TestEngineVariantsStoreMessages(t *testing.T) {
 		} else if !bytes.Equal(b, first) {
 			t.Errorf("%s: body differs from another store's: %x vs %x", name, b, first)
 		}
+	}
+}
+
+// The read-position engines seed their conversations and then answer every
+// operation without an error, on PostgreSQL and on the embedded store; the
+// marks land (the seeded positions and the measured marks are in the
+// store); they are not in the default engine list.
+func TestReadPositionEngines(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	bin := buildSequencer(t)
+	report := filepath.Join(t.TempDir(), "r.md")
+	engines := []string{"r-mark", "r-state", "r-mark-sqlite", "r-state-sqlite"}
+	const n, convs = 300, 1200
+	var stdout, stderr bytes.Buffer
+	args := []string{"--engines", strings.Join(engines, ","), "--scenarios", "light", "--messages", fmt.Sprint(n), "--senders", "4", "--convs", fmt.Sprint(convs),
+		"--serve-bin", bin, "--sqlite-dir", t.TempDir(), "--pg", admin, "--keep", "--progress", "-1s", "--report", report}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	db := &benchDB{admin: admin, Name: rep.Info.Database}
+	db.DSN, _ = withDatabase(admin, db.Name)
+	t.Cleanup(func() { _ = db.Drop(context.Background()) })
+	for _, e := range engines {
+		r, ok := find(rep.Results, e, "light")
+		if !ok || r.Messages != n || r.Errors != 0 || r.Latency.P99 <= 0 {
+			t.Errorf("%s: %+v; want %d operations, no errors, a p99", e, r, n)
+		}
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var positions, heads int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM r_mark_light.read_position), (SELECT count(*) FROM r_mark_light.conv_head)`).Scan(&positions, &heads); err != nil {
+		t.Fatal(err)
+	}
+	// Every conversation seeded with one message and one position; the
+	// measured marks (uids 1..4 on picked conversations) add rows.
+	if heads != convs || positions < convs {
+		t.Errorf("r-mark store: %d heads, %d positions; want %d heads and at least %d positions", heads, positions, convs, convs)
+	}
+	cfg := Config{ServeBin: bin}
+	cfg.setDefaults()
+	if strings.Contains(cfg.Engines, "r-") {
+		t.Errorf("default engines %q include the opt-in read-position engines", cfg.Engines)
 	}
 }

@@ -51,6 +51,12 @@ const (
 	// SequencerServiceSendBatchProcedure is the fully-qualified name of the SequencerService's
 	// SendBatch RPC.
 	SequencerServiceSendBatchProcedure = "/sequencer.v1.SequencerService/SendBatch"
+	// SequencerServiceMarkReadProcedure is the fully-qualified name of the SequencerService's MarkRead
+	// RPC.
+	SequencerServiceMarkReadProcedure = "/sequencer.v1.SequencerService/MarkRead"
+	// SequencerServiceGetReadStateProcedure is the fully-qualified name of the SequencerService's
+	// GetReadState RPC.
+	SequencerServiceGetReadStateProcedure = "/sequencer.v1.SequencerService/GetReadState"
 )
 
 // SequencerServiceClient is a client for the sequencer.v1.SequencerService service.
@@ -71,6 +77,18 @@ type SequencerServiceClient interface {
 	// request with no items, more than 1,000 items, or more bytes than the
 	// batch limit (invalid_argument).
 	SendBatch(context.Context, *connect.Request[v1.SendBatchRequest]) (*connect.Response[v1.SendBatchResponse], error)
+	// MarkRead raises a user's read position in a conversation to seq and
+	// answers the position stored after the call, the head and the unread
+	// count. The position never goes backwards (a lower seq changes nothing),
+	// is clamped to the committed head (a seq above it is not refused), and is
+	// durable before the answer; two devices marking at once end at the higher
+	// seq. A user's own Send does not move their position. Any node answers
+	// (the store's row decides, never backwards); retrying is harmless.
+	MarkRead(context.Context, *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error)
+	// GetReadState answers a user's read state in up to 1,000 conversations at
+	// once, in the order given (duplicates allowed; a conversation never
+	// written answers zeros), in one round trip to the store.
+	GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error)
 }
 
 // NewSequencerServiceClient constructs a client for the sequencer.v1.SequencerService service. By
@@ -120,17 +138,31 @@ func NewSequencerServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(sequencerServiceMethods.ByName("SendBatch")),
 			connect.WithClientOptions(opts...),
 		),
+		markRead: connect.NewClient[v1.MarkReadRequest, v1.MarkReadResponse](
+			httpClient,
+			baseURL+SequencerServiceMarkReadProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("MarkRead")),
+			connect.WithClientOptions(opts...),
+		),
+		getReadState: connect.NewClient[v1.GetReadStateRequest, v1.GetReadStateResponse](
+			httpClient,
+			baseURL+SequencerServiceGetReadStateProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("GetReadState")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sequencerServiceClient implements SequencerServiceClient.
 type sequencerServiceClient struct {
-	send       *connect.Client[v1.SendRequest, v1.SendResponse]
-	pull       *connect.Client[v1.PullRequest, v1.PullResponse]
-	getHead    *connect.Client[v1.GetHeadRequest, v1.GetHeadResponse]
-	getMessage *connect.Client[v1.GetMessageRequest, v1.GetMessageResponse]
-	route      *connect.Client[v1.RouteRequest, v1.RouteResponse]
-	sendBatch  *connect.Client[v1.SendBatchRequest, v1.SendBatchResponse]
+	send         *connect.Client[v1.SendRequest, v1.SendResponse]
+	pull         *connect.Client[v1.PullRequest, v1.PullResponse]
+	getHead      *connect.Client[v1.GetHeadRequest, v1.GetHeadResponse]
+	getMessage   *connect.Client[v1.GetMessageRequest, v1.GetMessageResponse]
+	route        *connect.Client[v1.RouteRequest, v1.RouteResponse]
+	sendBatch    *connect.Client[v1.SendBatchRequest, v1.SendBatchResponse]
+	markRead     *connect.Client[v1.MarkReadRequest, v1.MarkReadResponse]
+	getReadState *connect.Client[v1.GetReadStateRequest, v1.GetReadStateResponse]
 }
 
 // Send calls sequencer.v1.SequencerService.Send.
@@ -163,6 +195,16 @@ func (c *sequencerServiceClient) SendBatch(ctx context.Context, req *connect.Req
 	return c.sendBatch.CallUnary(ctx, req)
 }
 
+// MarkRead calls sequencer.v1.SequencerService.MarkRead.
+func (c *sequencerServiceClient) MarkRead(ctx context.Context, req *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error) {
+	return c.markRead.CallUnary(ctx, req)
+}
+
+// GetReadState calls sequencer.v1.SequencerService.GetReadState.
+func (c *sequencerServiceClient) GetReadState(ctx context.Context, req *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error) {
+	return c.getReadState.CallUnary(ctx, req)
+}
+
 // SequencerServiceHandler is an implementation of the sequencer.v1.SequencerService service.
 type SequencerServiceHandler interface {
 	// Send stores a message and answers only after the durable commit.
@@ -181,6 +223,18 @@ type SequencerServiceHandler interface {
 	// request with no items, more than 1,000 items, or more bytes than the
 	// batch limit (invalid_argument).
 	SendBatch(context.Context, *connect.Request[v1.SendBatchRequest]) (*connect.Response[v1.SendBatchResponse], error)
+	// MarkRead raises a user's read position in a conversation to seq and
+	// answers the position stored after the call, the head and the unread
+	// count. The position never goes backwards (a lower seq changes nothing),
+	// is clamped to the committed head (a seq above it is not refused), and is
+	// durable before the answer; two devices marking at once end at the higher
+	// seq. A user's own Send does not move their position. Any node answers
+	// (the store's row decides, never backwards); retrying is harmless.
+	MarkRead(context.Context, *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error)
+	// GetReadState answers a user's read state in up to 1,000 conversations at
+	// once, in the order given (duplicates allowed; a conversation never
+	// written answers zeros), in one round trip to the store.
+	GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error)
 }
 
 // NewSequencerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -226,6 +280,18 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 		connect.WithSchema(sequencerServiceMethods.ByName("SendBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sequencerServiceMarkReadHandler := connect.NewUnaryHandler(
+		SequencerServiceMarkReadProcedure,
+		svc.MarkRead,
+		connect.WithSchema(sequencerServiceMethods.ByName("MarkRead")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sequencerServiceGetReadStateHandler := connect.NewUnaryHandler(
+		SequencerServiceGetReadStateProcedure,
+		svc.GetReadState,
+		connect.WithSchema(sequencerServiceMethods.ByName("GetReadState")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sequencer.v1.SequencerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SequencerServiceSendProcedure:
@@ -240,6 +306,10 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 			sequencerServiceRouteHandler.ServeHTTP(w, r)
 		case SequencerServiceSendBatchProcedure:
 			sequencerServiceSendBatchHandler.ServeHTTP(w, r)
+		case SequencerServiceMarkReadProcedure:
+			sequencerServiceMarkReadHandler.ServeHTTP(w, r)
+		case SequencerServiceGetReadStateProcedure:
+			sequencerServiceGetReadStateHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -271,4 +341,12 @@ func (UnimplementedSequencerServiceHandler) Route(context.Context, *connect.Requ
 
 func (UnimplementedSequencerServiceHandler) SendBatch(context.Context, *connect.Request[v1.SendBatchRequest]) (*connect.Response[v1.SendBatchResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.SendBatch is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) MarkRead(context.Context, *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.MarkRead is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.GetReadState is not implemented"))
 }

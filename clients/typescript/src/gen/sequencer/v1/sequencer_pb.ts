@@ -15,7 +15,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file sequencer/v1/sequencer.proto.
  */
 export const file_sequencer_v1_sequencer: GenFile = /*@__PURE__*/
-  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgirwEKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlMKC1B1bGxSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEg0KBWxpbWl0GAMgASgNEhEKCW1heF9ieXRlcxgEIAEoDSJbCgxQdWxsUmVzcG9uc2USJwoIbWVzc2FnZXMYASADKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZRIQCghoZWFkX3NlcRgCIAEoBBIQCghoYXNfbW9yZRgDIAEoCCIhCg5HZXRIZWFkUmVxdWVzdBIPCgdjb252X2lkGAEgASgJIiMKD0dldEhlYWRSZXNwb25zZRIQCghoZWFkX3NlcRgBIAEoBCIjChFHZXRNZXNzYWdlUmVxdWVzdBIOCgZtc2dfaWQYASABKAQiPAoSR2V0TWVzc2FnZVJlc3BvbnNlEiYKB21lc3NhZ2UYASABKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZSIfCgxSb3V0ZVJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSJvCg1Sb3V0ZVJlc3BvbnNlEg8KB25vZGVfaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIRCglwYXJ0aXRpb24YAyABKA0SDQoFZXBvY2gYBCABKAQSGgoSbWVtYmVyc2hpcF92ZXJzaW9uGAUgASgEIjwKEFNlbmRCYXRjaFJlcXVlc3QSKAoFaXRlbXMYASADKAsyGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QiPgoRU2VuZEJhdGNoUmVzcG9uc2USKQoHcmVzdWx0cxgBIAMoCzIYLnNlcXVlbmNlci52MS5TZW5kUmVzdWx0ImsKClNlbmRSZXN1bHQSKAoCb2sYASABKAsyGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlSAASKAoFZXJyb3IYAiABKAsyFy5zZXF1ZW5jZXIudjEuU2VuZEVycm9ySABCCQoHb3V0Y29tZSIqCglTZW5kRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJMrkDChBTZXF1ZW5jZXJTZXJ2aWNlEj0KBFNlbmQSGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEj0KBFB1bGwSGS5zZXF1ZW5jZXIudjEuUHVsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlEkYKB0dldEhlYWQSHC5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlcXVlc3QaHS5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlc3BvbnNlEk8KCkdldE1lc3NhZ2USHy5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlcXVlc3QaIC5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlc3BvbnNlEkAKBVJvdXRlEhouc2VxdWVuY2VyLnYxLlJvdXRlUmVxdWVzdBobLnNlcXVlbmNlci52MS5Sb3V0ZVJlc3BvbnNlEkwKCVNlbmRCYXRjaBIeLnNlcXVlbmNlci52MS5TZW5kQmF0Y2hSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlc3BvbnNlQkJaQGdpdGh1Yi5jb20vc2VxdWVuY2VyLWltL3NlcXVlbmNlci9wcm90by9zZXF1ZW5jZXIvdjE7c2VxdWVuY2VydjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgirwEKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlMKC1B1bGxSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEg0KBWxpbWl0GAMgASgNEhEKCW1heF9ieXRlcxgEIAEoDSJbCgxQdWxsUmVzcG9uc2USJwoIbWVzc2FnZXMYASADKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZRIQCghoZWFkX3NlcRgCIAEoBBIQCghoYXNfbW9yZRgDIAEoCCIhCg5HZXRIZWFkUmVxdWVzdBIPCgdjb252X2lkGAEgASgJIiMKD0dldEhlYWRSZXNwb25zZRIQCghoZWFkX3NlcRgBIAEoBCIjChFHZXRNZXNzYWdlUmVxdWVzdBIOCgZtc2dfaWQYASABKAQiPAoSR2V0TWVzc2FnZVJlc3BvbnNlEiYKB21lc3NhZ2UYASABKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZSIfCgxSb3V0ZVJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSJvCg1Sb3V0ZVJlc3BvbnNlEg8KB25vZGVfaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIRCglwYXJ0aXRpb24YAyABKA0SDQoFZXBvY2gYBCABKAQSGgoSbWVtYmVyc2hpcF92ZXJzaW9uGAUgASgEIjwKEFNlbmRCYXRjaFJlcXVlc3QSKAoFaXRlbXMYASADKAsyGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QiPgoRU2VuZEJhdGNoUmVzcG9uc2USKQoHcmVzdWx0cxgBIAMoCzIYLnNlcXVlbmNlci52MS5TZW5kUmVzdWx0ImsKClNlbmRSZXN1bHQSKAoCb2sYASABKAsyGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlSAASKAoFZXJyb3IYAiABKAsyFy5zZXF1ZW5jZXIudjEuU2VuZEVycm9ySABCCQoHb3V0Y29tZSIqCglTZW5kRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIjwKD01hcmtSZWFkUmVxdWVzdBIPCgdjb252X2lkGAEgASgJEgsKA3VpZBgCIAEoBBILCgNzZXEYAyABKAQiRgoQTWFya1JlYWRSZXNwb25zZRIQCghyZWFkX3NlcRgBIAEoBBIQCghoZWFkX3NlcRgCIAEoBBIOCgZ1bnJlYWQYAyABKAQiNAoTR2V0UmVhZFN0YXRlUmVxdWVzdBILCgN1aWQYASABKAQSEAoIY29udl9pZHMYAiADKAkiPwoUR2V0UmVhZFN0YXRlUmVzcG9uc2USJwoGc3RhdGVzGAEgAygLMhcuc2VxdWVuY2VyLnYxLlJlYWRTdGF0ZSJQCglSZWFkU3RhdGUSDwoHY29udl9pZBgBIAEoCRIQCghyZWFkX3NlcRgCIAEoBBIQCghoZWFkX3NlcRgDIAEoBBIOCgZ1bnJlYWQYBCABKAQy2wQKEFNlcXVlbmNlclNlcnZpY2USPQoEU2VuZBIZLnNlcXVlbmNlci52MS5TZW5kUmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USPQoEUHVsbBIZLnNlcXVlbmNlci52MS5QdWxsUmVxdWVzdBoaLnNlcXVlbmNlci52MS5QdWxsUmVzcG9uc2USRgoHR2V0SGVhZBIcLnNlcXVlbmNlci52MS5HZXRIZWFkUmVxdWVzdBodLnNlcXVlbmNlci52MS5HZXRIZWFkUmVzcG9uc2USTwoKR2V0TWVzc2FnZRIfLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVxdWVzdBogLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVzcG9uc2USQAoFUm91dGUSGi5zZXF1ZW5jZXIudjEuUm91dGVSZXF1ZXN0Ghsuc2VxdWVuY2VyLnYxLlJvdXRlUmVzcG9uc2USTAoJU2VuZEJhdGNoEh4uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlcXVlc3QaHy5zZXF1ZW5jZXIudjEuU2VuZEJhdGNoUmVzcG9uc2USSQoITWFya1JlYWQSHS5zZXF1ZW5jZXIudjEuTWFya1JlYWRSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVzcG9uc2USVQoMR2V0UmVhZFN0YXRlEiEuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlcXVlc3QaIi5zZXF1ZW5jZXIudjEuR2V0UmVhZFN0YXRlUmVzcG9uc2VCQlpAZ2l0aHViLmNvbS9zZXF1ZW5jZXItaW0vc2VxdWVuY2VyL3Byb3RvL3NlcXVlbmNlci92MTtzZXF1ZW5jZXJ2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message sequencer.v1.SendRequest
@@ -428,6 +428,158 @@ export const SendErrorSchema: GenMessage<SendError> = /*@__PURE__*/
   messageDesc(file_sequencer_v1_sequencer, 14);
 
 /**
+ * @generated from message sequencer.v1.MarkReadRequest
+ */
+export type MarkReadRequest = Message$1<"sequencer.v1.MarkReadRequest"> & {
+  /**
+   * 1..64 bytes, valid UTF-8, no control characters (as in Send).
+   *
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * The reader: > 0 and < 2^63.
+   *
+   * @generated from field: uint64 uid = 2;
+   */
+  uid: bigint;
+
+  /**
+   * The highest seq the user has read: < 2^63; 0 changes nothing (and answers
+   * the stored state); above the head is clamped to the head.
+   *
+   * @generated from field: uint64 seq = 3;
+   */
+  seq: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.MarkReadRequest.
+ * Use `create(MarkReadRequestSchema)` to create a new message.
+ */
+export const MarkReadRequestSchema: GenMessage<MarkReadRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 15);
+
+/**
+ * @generated from message sequencer.v1.MarkReadResponse
+ */
+export type MarkReadResponse = Message$1<"sequencer.v1.MarkReadResponse"> & {
+  /**
+   * The stored read position after the call (0 if never marked).
+   *
+   * @generated from field: uint64 read_seq = 1;
+   */
+  readSeq: bigint;
+
+  /**
+   * The conversation's committed head when the position was written.
+   *
+   * @generated from field: uint64 head_seq = 2;
+   */
+  headSeq: bigint;
+
+  /**
+   * head_seq - read_seq: exact, because seqs are contiguous.
+   *
+   * @generated from field: uint64 unread = 3;
+   */
+  unread: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.MarkReadResponse.
+ * Use `create(MarkReadResponseSchema)` to create a new message.
+ */
+export const MarkReadResponseSchema: GenMessage<MarkReadResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 16);
+
+/**
+ * @generated from message sequencer.v1.GetReadStateRequest
+ */
+export type GetReadStateRequest = Message$1<"sequencer.v1.GetReadStateRequest"> & {
+  /**
+   * The reader: > 0 and < 2^63.
+   *
+   * @generated from field: uint64 uid = 1;
+   */
+  uid: bigint;
+
+  /**
+   * 1..1,000 conversation ids, each valid as in Send; duplicates allowed.
+   *
+   * @generated from field: repeated string conv_ids = 2;
+   */
+  convIds: string[];
+};
+
+/**
+ * Describes the message sequencer.v1.GetReadStateRequest.
+ * Use `create(GetReadStateRequestSchema)` to create a new message.
+ */
+export const GetReadStateRequestSchema: GenMessage<GetReadStateRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 17);
+
+/**
+ * @generated from message sequencer.v1.GetReadStateResponse
+ */
+export type GetReadStateResponse = Message$1<"sequencer.v1.GetReadStateResponse"> & {
+  /**
+   * states[i] answers conv_ids[i].
+   *
+   * @generated from field: repeated sequencer.v1.ReadState states = 1;
+   */
+  states: ReadState[];
+};
+
+/**
+ * Describes the message sequencer.v1.GetReadStateResponse.
+ * Use `create(GetReadStateResponseSchema)` to create a new message.
+ */
+export const GetReadStateResponseSchema: GenMessage<GetReadStateResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 18);
+
+/**
+ * ReadState is one user's read position in one conversation.
+ *
+ * @generated from message sequencer.v1.ReadState
+ */
+export type ReadState = Message$1<"sequencer.v1.ReadState"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * The user's read position (0 if never marked).
+   *
+   * @generated from field: uint64 read_seq = 2;
+   */
+  readSeq: bigint;
+
+  /**
+   * The conversation's committed head (0 if never written).
+   *
+   * @generated from field: uint64 head_seq = 3;
+   */
+  headSeq: bigint;
+
+  /**
+   * head_seq - read_seq: exact, because seqs are contiguous.
+   *
+   * @generated from field: uint64 unread = 4;
+   */
+  unread: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.ReadState.
+ * Use `create(ReadStateSchema)` to create a new message.
+ */
+export const ReadStateSchema: GenMessage<ReadState> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 19);
+
+/**
  * SequencerService gives every message a global msg_id and a per-conversation,
  * contiguous seq, and answers a Send only after the message is durably stored.
  *
@@ -497,6 +649,34 @@ export const SequencerService: GenService<{
     methodKind: "unary";
     input: typeof SendBatchRequestSchema;
     output: typeof SendBatchResponseSchema;
+  },
+  /**
+   * MarkRead raises a user's read position in a conversation to seq and
+   * answers the position stored after the call, the head and the unread
+   * count. The position never goes backwards (a lower seq changes nothing),
+   * is clamped to the committed head (a seq above it is not refused), and is
+   * durable before the answer; two devices marking at once end at the higher
+   * seq. A user's own Send does not move their position. Any node answers
+   * (the store's row decides, never backwards); retrying is harmless.
+   *
+   * @generated from rpc sequencer.v1.SequencerService.MarkRead
+   */
+  markRead: {
+    methodKind: "unary";
+    input: typeof MarkReadRequestSchema;
+    output: typeof MarkReadResponseSchema;
+  },
+  /**
+   * GetReadState answers a user's read state in up to 1,000 conversations at
+   * once, in the order given (duplicates allowed; a conversation never
+   * written answers zeros), in one round trip to the store.
+   *
+   * @generated from rpc sequencer.v1.SequencerService.GetReadState
+   */
+  getReadState: {
+    methodKind: "unary";
+    input: typeof GetReadStateRequestSchema;
+    output: typeof GetReadStateResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sequencer_v1_sequencer, 0);

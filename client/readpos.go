@@ -1,0 +1,66 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+)
+
+// ReadState is one user's read position in one conversation with the
+// conversation's head; Unread() is Head - ReadSeq, exact because seqs have
+// no holes.
+type ReadState = sequencer.ReadState
+
+// MarkRead raises uid's read position in convID to seq and returns the
+// stored position, the head and (Unread) the unread count. The position
+// never goes backwards (a lower seq changes nothing) and a seq above the
+// head is clamped to the head; it is durable when MarkRead returns. A
+// user's own Send does not move their position: to keep one's own messages
+// from counting as unread, mark the seq Send returned. Any node answers it,
+// and retries are harmless (a mark only moves up), so failed attempts are
+// retried like a Send's.
+func (c *Client) MarkRead(ctx context.Context, convID string, uid, seq uint64) (ReadState, error) {
+	var st ReadState
+	req := &sequencerv1.MarkReadRequest{ConvId: convID, Uid: uid, Seq: seq}
+	err := c.retry(ctx, call{op: "mark read", subject: fmt.Sprintf("conv_id %q uid %d seq %d", convID, uid, seq)},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.MarkRead(ctx, connect.NewRequest(req))
+			if err != nil {
+				return target, err
+			}
+			st = ReadState{ConvID: convID, ReadSeq: resp.Msg.GetReadSeq(), Head: resp.Msg.GetHeadSeq()}
+			return target, nil
+		})
+	return st, err
+}
+
+// ReadState returns uid's read state in each of convIDs (1..1,000; more is
+// invalid_argument), in the order given; a conversation never written or
+// never marked has zeros. One call, answered by one query on the server.
+func (c *Client) ReadState(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error) {
+	var out []ReadState
+	req := &sequencerv1.GetReadStateRequest{Uid: uid, ConvIds: convIDs}
+	err := c.retry(ctx, call{op: "get read state", subject: fmt.Sprintf("uid %d (%d conversations)", uid, len(convIDs))},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.GetReadState(ctx, connect.NewRequest(req))
+			if err != nil {
+				return target, err
+			}
+			states := resp.Msg.GetStates()
+			if len(states) != len(convIDs) {
+				return target, sequencer.Errorf(sequencer.CodeInternal, "get read state: the server answered %d states for %d conversations", len(states), len(convIDs))
+			}
+			out = make([]ReadState, len(states))
+			for i, s := range states {
+				out[i] = ReadState{ConvID: convIDs[i], ReadSeq: s.GetReadSeq(), Head: s.GetHeadSeq()}
+			}
+			return target, nil
+		})
+	return out, err
+}
