@@ -127,7 +127,7 @@ func (s *Store) commitOnce(ctx context.Context, p *plan) error {
 	var args []any
 	q.WriteString("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION; SELECT CONNECTION_ID();")
 	if len(p.fences) > 0 {
-		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN (")
+		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease FORCE INDEX (PRIMARY) WHERE `partition` IN (")
 		sqlList(&q, len(p.fences), "?")
 		q.WriteString(") ORDER BY `partition` LOCK IN SHARE MODE;")
 		for _, f := range p.fences {
@@ -138,7 +138,7 @@ func (s *Store) commitOnce(ctx context.Context, p *plan) error {
 		q.WriteString("SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '');")
 	}
 	if len(p.locked) > 0 {
-		q.WriteString("SELECT conv_id, head FROM conv_head WHERE conv_id IN (")
+		q.WriteString("SELECT conv_id, head FROM conv_head FORCE INDEX (PRIMARY) WHERE conv_id IN (")
 		sqlList(&q, len(p.locked), "?")
 		q.WriteString(") ORDER BY conv_id FOR UPDATE;")
 		for _, i := range p.locked {
@@ -390,18 +390,12 @@ func (s *Store) writeTrips(p *plan) []trip {
 			upd = append(upd, i)
 		}
 	}
-	if len(upd) > 0 {
-		sqlb.WriteString("UPDATE conv_head SET head = CASE conv_id")
-		for _, i := range upd {
-			sqlb.WriteString(" WHEN ? THEN ?")
-			cur.args = append(cur.args, p.batches[i].ConvID, p.batches[i].LastSeq())
-		}
-		sqlb.WriteString(" END WHERE conv_id IN (")
-		sqlList(&sqlb, len(upd), "?")
-		sqlb.WriteString(");")
-		for _, i := range upd {
-			cur.args = append(cur.args, p.batches[i].ConvID)
-		}
+	// One UPDATE per head, by primary key: a statement over an IN list may
+	// be run as a scan, which at REPEATABLE READ locks every row it passes
+	// (other writers' heads) and deadlocks concurrent group commits.
+	for _, i := range upd {
+		sqlb.WriteString("UPDATE conv_head SET head = ? WHERE conv_id = ?;")
+		cur.args = append(cur.args, p.batches[i].LastSeq(), p.batches[i].ConvID)
 	}
 	inStmt, size := false, sqlb.Len()
 	for i := range p.batches {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/storetest"
@@ -51,5 +54,12 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) persist.Store {
 		s, _ := newStore(t)
 		return s
+	})
+}
+
+func TestClusterConformance(t *testing.T) {
+	membershiptest.Run(t, func(t *testing.T, clk *clock.Fake) membership.Store {
+		s, _ := newStore(t)
+		return s.Cluster().WithClock(clk)
 	})
 }
