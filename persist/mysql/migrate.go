@@ -102,6 +102,25 @@ func (s *Store) MigrateTo(ctx context.Context, upTo int) error {
 			return unavailable("migrate: record version", err)
 		}
 	}
+	return s.checkBodyColumn(ctx)
+}
+
+// blobCapacity is the largest value each BLOB type holds.
+var blobCapacity = map[string]int{"tinyblob": 255, "blob": 65535, "mediumblob": 1<<24 - 1, "longblob": 1<<32 - 1}
+
+// checkBodyColumn refuses a schema whose im_message.body cannot hold
+// Options.MaxBody bytes (created by a run with a smaller --max-body): the
+// server would refuse such messages only at commit time.
+func (s *Store) checkBodyColumn(ctx context.Context) error {
+	var ty string
+	if err := s.read.QueryRowContext(ctx, `SELECT DATA_TYPE FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'im_message' AND COLUMN_NAME = 'body'`).Scan(&ty); err != nil {
+		return unavailable("migrate: read the body column", err)
+	}
+	if c, ok := blobCapacity[strings.ToLower(ty)]; ok && c < s.opts.MaxBody {
+		return fmt.Errorf("mysql: im_message.body is %s (at most %d bytes) but the largest body is %d bytes: "+
+			"ALTER TABLE im_message MODIFY body %s NOT NULL, or lower --max-body", strings.ToUpper(ty), c, s.opts.MaxBody, bodyType(s.opts.MaxBody))
+	}
 	return nil
 }
 

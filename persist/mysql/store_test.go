@@ -579,6 +579,13 @@ func TestBodyColumnSizedToMaxBody(t *testing.T) {
 		if ty != c.want {
 			t.Fatalf("max body %d: %s, want %s", c.max, ty, c.want)
 		}
+		if c.want == "blob" {
+			// A later run with a larger --max-body is refused at start.
+			big := openStore(t, url, Options{MaxBody: 65536})
+			if err := big.Migrate(context.Background()); err == nil || !strings.Contains(err.Error(), "MEDIUMBLOB") {
+				t.Fatalf("max body 65536 on a BLOB column: %v", err)
+			}
+		}
 	}
 }
 

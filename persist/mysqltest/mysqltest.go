@@ -67,13 +67,20 @@ var (
 // one was started.
 func Main(m *testing.M) {
 	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
+// Stop stops the throwaway server started by this process, if any, and
+// removes its directory.
+func Stop() {
 	mu.Lock()
+	defer mu.Unlock()
 	if local != nil {
 		local.Stop()
 		os.RemoveAll(local.dir)
+		local, resolved, admin, adminErr = nil, false, "", nil
 	}
-	mu.Unlock()
-	os.Exit(code)
 }
 
 // AdminURL returns the admin URL of the test server, starting the
