@@ -65,6 +65,16 @@ type Options struct {
 	// MaxRetries is how often Commit redoes a transaction that hit a
 	// deadlock or lock wait timeout before COMMIT. Default 5.
 	MaxRetries int
+	// IdleTimeout is the server's wait_timeout (whole seconds, at least 1)
+	// for the commit and control sessions: a session idle that long, also
+	// inside a transaction (its process frozen or cut off between two
+	// round trips of a commit), is closed by the server and its transaction
+	// rolled back, so the partition-lease and head rows it locked cannot
+	// hold the live nodes back for longer. The store's own sessions are
+	// never idle inside a transaction for more than a round trip, and
+	// pooled sessions idle for half a second are closed by the pool first.
+	// Default 3s.
+	IdleTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -91,6 +101,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxRetries <= 0 {
 		o.MaxRetries = 5
+	}
+	if o.IdleTimeout < time.Second {
+		o.IdleTimeout = 3 * time.Second
 	}
 	return o
 }
@@ -148,12 +161,18 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	cfg.Params["time_zone"] = "'+00:00'"
 	s := &Store{opts: opts}
 	for _, p := range []struct {
-		db   **sql.DB
-		size int
-		wait time.Duration
-	}{{&s.read, opts.MaxConns, opts.CommitLockWait}, {&s.commits, opts.CommitConns, opts.CommitLockWait}, {&s.control, opts.ControlConns, opts.ControlLockWait}} {
+		db      **sql.DB
+		size    int
+		wait    time.Duration
+		bounded bool // wait_timeout = IdleTimeout
+	}{{&s.read, opts.MaxConns, opts.CommitLockWait, false}, {&s.commits, opts.CommitConns, opts.CommitLockWait, true}, {&s.control, opts.ControlConns, opts.ControlLockWait, true}} {
 		pc := cfg.Clone()
 		pc.Params["innodb_lock_wait_timeout"] = strconv.Itoa(int(p.wait / time.Second))
+		idle := time.Minute
+		if p.bounded {
+			pc.Params["wait_timeout"] = strconv.Itoa(int(opts.IdleTimeout / time.Second))
+			idle = 500 * time.Millisecond
+		}
 		conn, err := gomysql.NewConnector(pc)
 		if err != nil {
 			s.Close()
@@ -162,7 +181,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		db := sql.OpenDB(conn)
 		db.SetMaxOpenConns(p.size)
 		db.SetMaxIdleConns(p.size)
-		db.SetConnMaxIdleTime(time.Minute)
+		db.SetConnMaxIdleTime(idle)
 		*p.db = db
 	}
 	var version string

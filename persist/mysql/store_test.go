@@ -640,3 +640,50 @@ func TestReadPositions(t *testing.T) {
 		t.Fatalf("concurrent marks: %+v", got)
 	}
 }
+
+// A commit whose process stalls between its checks and its write round
+// trip (a frozen node) holds the head and lease rows only until the
+// server's wait_timeout (Options.IdleTimeout) closes its session: then the
+// rows are free for the new owner, and the stalled commit, when it goes on,
+// learns nothing was written (after Settle, the rows say so).
+func TestStalledCommitReleasesLocks(t *testing.T) {
+	url := newDatabaseURL(t)
+	s := openStore(t, url, Options{IdleTimeout: time.Second})
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const conv = "g:stall"
+	if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: conv, Messages: []sequencer.Message{msg(conv, 1, 1, "s1")}}}); err != nil {
+		t.Fatal(err)
+	}
+	resume := make(chan struct{})
+	stalled := make(chan struct{})
+	s.beforeCommit = func(uint64) { close(stalled); <-resume }
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Commit(ctx, []persist.ConvBatch{{ConvID: conv, PrevHead: 1, Messages: []sequencer.Message{msg(conv, 2, 2, "s2")}}})
+	}()
+	<-stalled
+	// Another writer (the new owner) gets the head row once the server
+	// closed the stalled session.
+	other := openStore(t, url, Options{})
+	if err := other.Commit(ctx, []persist.ConvBatch{{ConvID: conv, PrevHead: 1, Messages: []sequencer.Message{msg(conv, 2, 3, "s3")}}}); err != nil {
+		t.Fatalf("new owner's commit: %v", err)
+	}
+	close(resume)
+	err := <-done
+	if persist.OutcomeOf(err) == persist.Landed {
+		t.Fatal("the stalled commit reported success")
+	}
+	if err := s.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetMessage(ctx, 2); !errors.Is(err, sequencer.ErrNotFound) {
+		t.Fatalf("the stalled commit's row: %v", err)
+	}
+	if h, _ := s.LoadHead(ctx, conv); h != 2 {
+		t.Fatalf("head %d, want 2 (the new owner's)", h)
+	}
+	t.Logf("stalled commit: %v", err)
+}
