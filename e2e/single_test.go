@@ -18,8 +18,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer/persist"
-	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
+	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
