@@ -390,12 +390,18 @@ func (s *Store) writeTrips(p *plan) []trip {
 			upd = append(upd, i)
 		}
 	}
-	// One UPDATE per head, by primary key: a statement over an IN list may
-	// be run as a scan, which at REPEATABLE READ locks every row it passes
-	// (other writers' heads) and deadlocks concurrent group commits.
-	for _, i := range upd {
-		sqlb.WriteString("UPDATE conv_head SET head = ? WHERE conv_id = ?;")
-		cur.args = append(cur.args, p.batches[i].LastSeq(), p.batches[i].ConvID)
+	// The heads, all in one statement by primary key (the rows exist and
+	// are locked FOR UPDATE already): an upsert takes record locks on the
+	// rows it finds, where an UPDATE over an IN list may run as a scan,
+	// which at REPEATABLE READ locks every row it passes (other writers'
+	// heads) and deadlocks concurrent group commits.
+	if len(upd) > 0 {
+		sqlb.WriteString("INSERT INTO conv_head (conv_id, head) VALUES ")
+		sqlList(&sqlb, len(upd), "(?,?)")
+		sqlb.WriteString(" ON DUPLICATE KEY UPDATE head = VALUES(head);")
+		for _, i := range upd {
+			cur.args = append(cur.args, p.batches[i].ConvID, p.batches[i].LastSeq())
+		}
 	}
 	inStmt, size := false, sqlb.Len()
 	for i := range p.batches {

@@ -47,7 +47,8 @@ import (
 // Options configures a Store. The zero value is usable.
 type Options struct {
 	// MaxConns, CommitConns, ControlConns size the read, commit and control
-	// pools (defaults 8, 4, 2), as in persist/postgres.
+	// pools (defaults 16, 4, 2), as in persist/postgres (--store-conns,
+	// --store-commit-conns, --store-control-conns set them for a node).
 	MaxConns, CommitConns, ControlConns int
 	// MaxBody is the largest message body the store must hold (--max-body);
 	// Migrate sizes im_message.body from it (BLOB up to 65,535 bytes,
@@ -79,7 +80,7 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.MaxConns <= 0 {
-		o.MaxConns = 8
+		o.MaxConns = 16
 	}
 	if o.CommitConns <= 0 {
 		o.CommitConns = 4

@@ -26,7 +26,7 @@ func buildSequencer(t *testing.T) string {
 		gobin = "/usr/local/go/bin/go"
 	}
 	bin := filepath.Join(t.TempDir(), "sequencer")
-	if out, err := exec.Command(gobin, "build", "-o", bin, "../cmd/sequencer").CombinedOutput(); err != nil {
+	if out, err := exec.Command(gobin, "build", "-o", bin, "github.com/sequencer-im/sequencer/cmd/sequencer").CombinedOutput(); err != nil {
 		t.Fatalf("go build ../cmd/sequencer: %v\n%s", err, out)
 	}
 	return bin
