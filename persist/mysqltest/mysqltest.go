@@ -22,9 +22,7 @@ package mysqltest
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/url"
@@ -33,7 +31,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -42,6 +39,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
 // Environment variables and the default admin URL.
@@ -104,7 +102,7 @@ func NewDatabase(t testing.TB) string {
 // NewDatabaseOn is NewDatabase on the server of adminURL.
 func NewDatabaseOn(t testing.TB, adminURL string) string {
 	t.Helper()
-	name := dbName(t.Name())
+	name := pgtest.DBName(t.Name())
 	if err := execAdmin(adminURL, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4"); err != nil {
 		t.Fatalf("mysqltest: create database %s: %v", name, err)
 	}
@@ -144,26 +142,6 @@ func open(rawURL string) (*sql.DB, error) {
 		return nil, err
 	}
 	return sql.OpenDB(c), nil
-}
-
-// dbName is "seqtest_<test name, sanitized>_<random hex>", at most 64 bytes.
-func dbName(testName string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(testName) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	s := b.String()
-	if len(s) > 32 {
-		s = s[:32]
-	}
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	return "seqtest_" + s + "_" + hex.EncodeToString(rnd[:])
 }
 
 func probe(rawURL string) error {
