@@ -3,6 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,3 +80,34 @@ func TestMySQLRestartedMidLoad(t *testing.T) {
 // past its lease steps down when it resumes, and none of its pending
 // commits lands behind the new owners.
 func TestMySQLClusterZombie(t *testing.T) { clusterZombie(t, mysqltest.NewDatabase(t)) }
+
+// A node on MySQL exposes the store's redo counter and its pools on
+// /metrics, and `sequencer migrate` reports the schema applied.
+func TestMySQLNodeMetricsAndMigrate(t *testing.T) {
+	url := mysqltest.NewDatabase(t)
+	out, err := exec.Command(binPath, "migrate", "--store", url).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "migrated mysql://") {
+		t.Fatalf("migrate: %v %s", err, out)
+	}
+	n := startNode(t, "node", "--store", url)
+	if _, err := send(context.Background(), n.grpcClient(), "g:m", 1, "m1", []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	code, body := httpGetBody(t, "http://"+n.Addr+"/metrics")
+	for _, want := range []string{"sequencer_store_commit_retries_total 0", `sequencer_store_pool_max_conns{pool="commit"}`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Fatalf("/metrics lacks %s (%d)", want, code)
+		}
+	}
+}
+
+func httpGetBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
