@@ -2,7 +2,10 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -72,9 +75,24 @@ func (s *Store) Settle(ctx context.Context) error {
 	return nil
 }
 
+// A thread waiting for a semi-synchronous replica's acknowledgement has
+// committed in the primary's binary log already; killing it would end the
+// wait and make the commit visible although no replica has it (a failover
+// would lose it). Such a thread is left to finish (it ends when a replica
+// acknowledges, or the semi-sync timeout passes), and Settle waits for it.
 func (s *Store) settleOne(ctx context.Context, thread uint64) error {
-	if _, err := s.control.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", thread)); err != nil && !isNumber(err, erNoSuchThread) {
-		return unavailable("settle: kill the thread of an unknown commit", err)
+	var state string
+	err := s.control.QueryRowContext(ctx, `SELECT COALESCE(STATE, '') FROM information_schema.PROCESSLIST WHERE ID = ?`, thread).Scan(&state)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return unavailable("settle: read the thread of an unknown commit", err)
+	}
+	if !strings.Contains(strings.ToLower(state), "semi-sync") {
+		if _, err := s.control.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", thread)); err != nil && !isNumber(err, erNoSuchThread) {
+			return unavailable("settle: kill the thread of an unknown commit", err)
+		}
 	}
 	for {
 		var n int
