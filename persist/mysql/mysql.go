@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -108,6 +109,15 @@ func (o Options) withDefaults() Options {
 	}
 	return o
 }
+
+// The driver's own messages (a bad idle connection closed, a packet error)
+// go to the process's structured log (slog's default logger, which the
+// server sets up) instead of a bare line on stderr. They never hold a DSN.
+func init() { _ = gomysql.SetLogger(driverLog{}) }
+
+type driverLog struct{}
+
+func (driverLog) Print(v ...any) { slog.Warn("mysql driver", "msg", fmt.Sprint(v...)) }
 
 // Store is a persist.Store on MySQL / MariaDB. It is safe for concurrent use.
 type Store struct {
