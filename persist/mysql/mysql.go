@@ -111,8 +111,9 @@ func (o Options) withDefaults() Options {
 }
 
 // The driver's own messages (a bad idle connection closed, a packet error)
-// go to the process's structured log (slog's default logger, which the
-// server sets up) instead of a bare line on stderr. They never hold a DSN.
+// go to slog's default logger as warnings, so a process that installs a
+// JSON handler with slog.SetDefault gets them as JSON. They never hold a
+// DSN.
 func init() { _ = gomysql.SetLogger(driverLog{}) }
 
 type driverLog struct{}
