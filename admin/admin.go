@@ -20,6 +20,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/persist/sqlite"
@@ -27,7 +28,7 @@ import (
 )
 
 // ErrNoCluster: a cluster command on the embedded store, which runs one node.
-var ErrNoCluster = errors.New("the embedded store runs a single node: cluster commands need a PostgreSQL store (--store postgres://...)")
+var ErrNoCluster = errors.New("the embedded store runs a single node: cluster commands need a PostgreSQL or MySQL store (--store postgres://... or mysql://...)")
 
 // Options configures Open.
 type Options struct {
@@ -41,7 +42,8 @@ type Admin struct {
 	spec    open.Spec
 	store   persist.Store
 	pg      *postgres.Store // nil on the embedded store
-	sq      *sqlite.Store   // nil on PostgreSQL
+	sq      *sqlite.Store   // nil on PostgreSQL and MySQL
+	my      *mysql.Store    // nil unless MySQL
 	members membership.Store
 	ring    ring.Config
 }
@@ -75,6 +77,8 @@ func Open(ctx context.Context, spec string, opts Options) (*Admin, error) {
 		a.pg, a.members = s, s.Cluster()
 	case *sqlite.Store:
 		a.sq = s
+	case *mysql.Store:
+		a.my, a.members = s, s.Cluster()
 	}
 	return a, nil
 }
@@ -462,11 +466,16 @@ func (a *Admin) MigrateStatus(ctx context.Context) (MigrationStatus, error) {
 	var avail []persist.Migration
 	var applied []persist.AppliedMigration
 	var err error
-	if a.pg != nil {
+	switch {
+	case a.pg != nil:
 		if avail, err = postgres.Migrations(); err == nil {
 			applied, err = a.pg.AppliedMigrations(ctx)
 		}
-	} else {
+	case a.my != nil:
+		if avail, err = mysql.Migrations(); err == nil {
+			applied, err = a.my.AppliedMigrations(ctx)
+		}
+	default:
 		if avail, err = sqlite.Migrations(); err == nil {
 			applied, err = a.sq.AppliedMigrations(ctx)
 		}
@@ -535,6 +544,9 @@ type BackedUp struct {
 // INTO). On PostgreSQL it refuses: use pg_dump or a base backup
 // (docs/OPERATIONS.md).
 func (a *Admin) Backup(ctx context.Context, to string) (BackedUp, error) {
+	if a.my != nil {
+		return BackedUp{}, errors.New("backup: MySQL is backed up with mysqldump --single-transaction or mariabackup (docs/MYSQL.md)")
+	}
 	if a.sq == nil {
 		return BackedUp{}, errors.New("backup: PostgreSQL is backed up with pg_dump or pg_basebackup + WAL archiving (docs/OPERATIONS.md)")
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,13 +15,19 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	mysqltest.Stop()
+	os.Exit(code)
+}
 
 var ctx = context.Background()
 
@@ -31,8 +38,11 @@ const testPartitions = 31
 func migrated(t *testing.T, kind string) (string, persist.Store) {
 	t.Helper()
 	spec := "sqlite:" + filepath.Join(t.TempDir(), "seq.db")
-	if kind == "postgres" {
+	switch kind {
+	case "postgres":
 		spec = pgtest.NewDatabase(t)
+	case "mysql":
+		spec = mysqltest.NewDatabase(t)
 	}
 	st, err := open.Store(ctx, spec, open.Options{})
 	if err != nil {
@@ -77,8 +87,14 @@ func rendered(t *testing.T, v Tabler, into any) string {
 // ring (its partitions moving until it hands off); forget refuses a live
 // member without --force, removes an expired one, bumps the version.
 func TestClusterCommands(t *testing.T) {
-	spec, st := migrated(t, "postgres")
-	cs := st.(*postgres.Store).Cluster()
+	for _, kind := range []string{"postgres", "mysql"} {
+		t.Run(kind, func(t *testing.T) { clusterCommands(t, kind) })
+	}
+}
+
+func clusterCommands(t *testing.T, kind string) {
+	spec, st := migrated(t, kind)
+	cs := st.(membership.Provider).Membership()
 	var v membership.View
 	var err error
 	for _, id := range []string{"n1", "n2", "n3"} {
@@ -254,7 +270,7 @@ func commitMessages(t *testing.T, st persist.Store, conv string, times ...time.T
 
 // TestStoreCommands: head, trim, migrate status and backup on both stores.
 func TestStoreCommands(t *testing.T) {
-	for _, kind := range []string{"postgres", "sqlite"} {
+	for _, kind := range []string{"postgres", "sqlite", "mysql"} {
 		t.Run(kind, func(t *testing.T) {
 			spec, st := migrated(t, kind)
 			old := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -299,6 +315,12 @@ func TestStoreCommands(t *testing.T) {
 			if kind == "postgres" {
 				if _, err := a.Backup(ctx, filepath.Join(t.TempDir(), "x.db")); err == nil || !strings.Contains(err.Error(), "pg_dump") {
 					t.Fatalf("backup of PostgreSQL: %v, want a pointer to pg_dump", err)
+				}
+				return
+			}
+			if kind == "mysql" {
+				if _, err := a.Backup(ctx, filepath.Join(t.TempDir(), "x.db")); err == nil || !strings.Contains(err.Error(), "mysqldump") {
+					t.Fatalf("backup of MySQL: %v, want a pointer to mysqldump", err)
 				}
 				return
 			}

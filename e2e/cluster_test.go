@@ -168,8 +168,10 @@ func TestClusterChurn(t *testing.T) {
 // (SIGCONT) it steps down, none of its pending commits lands (the store holds
 // exactly what clients were told), and the clients that were waiting on it
 // got a retryable error or an answer.
-func TestClusterZombie(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+func TestClusterZombie(t *testing.T) { clusterZombie(t, pgtest.NewDatabase(t)) }
+
+// clusterZombie is TestClusterZombie on the database of dsn.
+func clusterZombie(t *testing.T, dsn string) {
 	var procs []*proc
 	nodes := &nodeSet{}
 	for i := 1; i <= 3; i++ {

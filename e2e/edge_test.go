@@ -62,7 +62,7 @@ func TestSecondProcessOnTheDataDirExits1(t *testing.T) {
 }
 
 func TestStoreRefusedIsAUsageError(t *testing.T) {
-	for _, store := range []string{"mysql://root:Pw-Mysql-1@127.0.0.1/x", "postgress://u:Pw-Typo-1@127.0.0.1/x", "POSTGRES://u:Pw-Up-1@127.0.0.1/x"} {
+	for _, store := range []string{"MYSQL://root:Pw-Mysql-1@127.0.0.1/x", "root:Pw-Drv-1@tcp(127.0.0.1:3306)/x", "postgress://u:Pw-Typo-1@127.0.0.1/x", "POSTGRES://u:Pw-Up-1@127.0.0.1/x"} {
 		dir := t.TempDir()
 		cmd := exec.Command(binPath, "serve", "--listen", freeAddr(t), "--store", store)
 		cmd.Dir = dir
@@ -74,6 +74,18 @@ func TestStoreRefusedIsAUsageError(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "data")); err == nil {
 			t.Fatalf("--store %s started an embedded store in ./data", store)
 		}
+	}
+}
+
+// A mysql:// store whose server refuses the password is not a usage error
+// (exit 1), and neither the password nor its spellings are printed.
+func TestMySQLRefusedPasswordIsNotPrinted(t *testing.T) {
+	cmd := exec.Command(binPath, "serve", "--listen", freeAddr(t), "--store", "mysql://root:Pw-Mysql-2@127.0.0.1:1/x?timeout=2s")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || strings.Contains(string(out), "Pw-") || !strings.Contains(string(out), "xxxxx") {
+		t.Fatalf("%v, output %q; want exit 1, the password hidden", err, out)
 	}
 }
 

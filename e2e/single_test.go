@@ -18,13 +18,14 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
-// storeKind is one of the two stores every end-to-end case runs on.
+// storeKind is one of the stores every end-to-end case runs on.
 type storeKind struct {
 	name string
 	// spec returns a fresh --store value for one test.
@@ -34,6 +35,7 @@ type storeKind struct {
 var stores = []storeKind{
 	{"embedded", func(t *testing.T) string { return filepath.Join(t.TempDir(), "data") }},
 	{"postgres", func(t *testing.T) string { return pgtest.NewDatabase(t) }},
+	{"mysql", func(t *testing.T) string { return mysqltest.NewDatabase(t) }},
 }
 
 func eachStore(t *testing.T, f func(t *testing.T, spec string)) {

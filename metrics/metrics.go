@@ -169,6 +169,18 @@ func (s *Set) StorePool(name string, stat func() PoolStat) {
 		func() float64 { return float64(stat().Max) })
 }
 
+// StoreRetries reports sequencer_store_commit_retries_total: commit
+// transactions the store rolled back and redid after a deadlock or lock
+// wait timeout before COMMIT (MySQL; nothing was written by them).
+func (s *Set) StoreRetries(read func() uint64) {
+	if s == nil {
+		return
+	}
+	s.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sequencer_store_commit_retries_total",
+		Help: "Commit transactions redone after a deadlock (1213) or lock wait timeout (1205) before COMMIT (MySQL)."},
+		func() float64 { return float64(read()) }))
+}
+
 // ClusterState reports sequencer_cluster_heartbeat_age_seconds (since this
 // node's last successful membership heartbeat) and
 // sequencer_cluster_partitions_moving (partitions whose lease holder is not

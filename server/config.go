@@ -34,8 +34,9 @@ type Config struct {
 	// /healthz, /readyz and /metrics unless AdminListen is set.
 	Listen string
 	// Store is a postgres:// or postgresql:// URL or a libpq keyword DSN for
-	// PostgreSQL, or sqlite:PATH / a path without "://" for the embedded
-	// store (the allow-list of persist/open.Parse; anything else is refused).
+	// PostgreSQL, a mysql:// URL for MySQL / MariaDB, or sqlite:PATH / a
+	// path without "://" for the embedded store (the allow-list of
+	// persist/open.Parse; anything else is refused).
 	// The default ./data is the embedded store ./data/sequencer.db.
 	Store string
 	// ClusterListen is the inter-node address; empty runs a single node.
@@ -277,8 +278,8 @@ func (c Config) Validate() error {
 		case !tlsSet && !c.ClusterInsecure && !cluster.IsLoopback(c.ClusterListen):
 			errs = append(errs, fmt.Errorf("cluster-listen %s is not a loopback address: mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure to allow plain HTTP/2)", c.ClusterListen))
 		}
-		if !IsPostgres(c.Store) {
-			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL store (--store postgres://...): nodes meet in the shared database"))
+		if !IsShared(c.Store) {
+			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL or MySQL store (--store postgres://... or mysql://...): nodes meet in the shared database"))
 		}
 		if c.NodeID != "" {
 			cflags = maps.Clone(clusterFlags)
@@ -311,6 +312,13 @@ func (c Config) Validate() error {
 func IsPostgres(store string) bool {
 	sp, err := open.Parse(store)
 	return err == nil && sp.Kind == open.KindPostgres
+}
+
+// IsShared reports whether a --store value names a database server that
+// nodes can share (PostgreSQL or MySQL): the stores with a membership table.
+func IsShared(store string) bool {
+	sp, err := open.Parse(store)
+	return err == nil && sp.Kind.Shared()
 }
 
 func generatedNodeID() string {

@@ -49,6 +49,15 @@ func TestConfigValidation(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("cluster on PostgreSQL: %v", err)
 	}
+	my := Config{Store: "mysql://root@localhost/x?socket=/run/mysqld/mysqld.sock", ClusterListen: "127.0.0.1:0"}.WithDefaults()
+	if err := my.Validate(); err != nil {
+		t.Fatalf("cluster on MySQL: %v", err)
+	}
+	for _, bad := range []string{"mysql://root@/x", "root:pw@tcp(db)/x", "MYSQL://db/x"} {
+		if err := (Config{Store: bad}).WithDefaults().Validate(); err == nil || strings.Contains(err.Error(), "pw@") {
+			t.Errorf("store %q: %v, want a refusal without the password", bad, err)
+		}
+	}
 	for _, c := range []Config{
 		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterInsecure: true},
 		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterTLSCert: "a", ClusterTLSKey: "b", ClusterCA: "c"},
@@ -64,6 +73,11 @@ func TestRedactHidesPassword(t *testing.T) {
 	got := Redact("postgres://u:secret@127.0.0.1:5432/db")
 	if strings.Contains(got, "secret") {
 		t.Fatalf("Redact leaked the password: %s", got)
+	}
+	for _, dsn := range []string{"mysql://u:secret@db:3306/x", "u:secret@tcp(db:3306)/x"} {
+		if got := Redact(dsn); strings.Contains(got, "secret") {
+			t.Fatalf("Redact leaked the password: %s", got)
+		}
 	}
 	if Redact("./data") != "./data" {
 		t.Fatal("a path is not a secret")

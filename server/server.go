@@ -34,6 +34,7 @@ import (
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/persist/sqlite"
@@ -147,8 +148,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	pools := storePools(cfg)
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
-		Postgres: storePools(cfg)})
+		Postgres: pools, MySQL: mysql.Options{MaxConns: int(pools.MaxConns), CommitConns: int(pools.CommitConns),
+			ControlConns: int(pools.ControlConns), MaxBody: cfg.MaxBody}})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -275,6 +278,12 @@ type poolReporter interface {
 	StorePool(name string) metrics.PoolStat
 }
 
+// retryReporter is the capability of a store that redoes transactions
+// after a deadlock or lock wait timeout (MySQL) to count them.
+type retryReporter interface {
+	Retries() uint64
+}
+
 // registerGauges registers the gauges read on every scrape: pending sends
 // and bytes against their limits, the group-commit queue, the PostgreSQL
 // pools and (in cluster mode) the heartbeat age and the partitions moving.
@@ -288,6 +297,9 @@ func (s *Server) registerGauges() {
 		for _, name := range postgres.PoolNames {
 			s.metrics.StorePool(name, func() metrics.PoolStat { return pools.StorePool(name) })
 		}
+	}
+	if r, ok := s.store.(retryReporter); ok {
+		s.metrics.StoreRetries(r.Retries)
 	}
 	if c := s.cluster; c != nil {
 		s.metrics.ClusterState(

@@ -32,11 +32,11 @@ Commands:
   backup --to FILE        copy the embedded store online (VACUUM INTO); PostgreSQL: pg_dump
 
 Flags of every command (--store and --partitions also from the environment, as for serve):
-  --store       [SEQUENCER_STORE]       the store, as for serve (postgres://... or a path / sqlite:PATH)
+  --store       [SEQUENCER_STORE]       the store, as for serve (postgres://..., mysql://... or a path / sqlite:PATH)
   --partitions  [SEQUENCER_PARTITIONS]  the nodes' --partitions (default %d)
   --json                                machine-readable output
 
-Cluster commands (members, partitions, route, drain, forget) need PostgreSQL.
+Cluster commands (members, partitions, route, drain, forget) need PostgreSQL or MySQL.
 See docs/OPERATIONS.md.
 `, server.DefaultConfig().Partitions)
 
@@ -59,7 +59,7 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	}
 	fs := flag.NewFlagSet("admin "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	store := fs.String("store", "./data", "postgres://... DSN, or a file path / sqlite:PATH for the embedded store")
+	store := fs.String("store", "./data", "postgres://... DSN, mysql://... URL, or a file path / sqlite:PATH for the embedded store")
 	partitions := fs.Int("partitions", server.DefaultConfig().Partitions, "the ring's partition count: the nodes' --partitions")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	var force *bool

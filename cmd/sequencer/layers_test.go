@@ -15,13 +15,14 @@ var layers = [][]string{
 	// 0: leaves: the domain (root), generated code, small helpers.
 	{"", "buildinfo", "clock", "internal/conf", "internal/netbuf", "internal/ratelog", "internal/reqid", "internal/storytest", "internal/testcert",
 		"internal/testwait", "internal/tracing", "proto/cluster/v1", "proto/sequencer/v1", "persist/pgtest",
+		"persist/mysql/mysqlurl",
 		"deploy", "e2e"},
 	// 1: interfaces and pure building blocks.
-	{"persist", "ring", "metrics", "proto/cluster/v1/clusterv1connect", "proto/sequencer/v1/sequencerv1connect"},
+	{"persist", "ring", "metrics", "persist/mysqltest", "proto/cluster/v1/clusterv1connect", "proto/sequencer/v1/sequencerv1connect"},
 	// 2: the membership rules, the single-writer core, ids, the embedded store.
 	{"membership", "conv", "idgen", "persist/sqlite", "persist/storetest"},
-	// 3: the ownership core, group commit, the stores that implement membership (PostgreSQL, memstore), test kits.
-	{"ownership", "commit", "persist/postgres", "persist/memstore", "membership/membershiptest"},
+	// 3: the ownership core, group commit, the stores that implement membership (PostgreSQL, MySQL, memstore), test kits.
+	{"ownership", "commit", "persist/postgres", "persist/mysql", "persist/memstore", "membership/membershiptest"},
 	// 3b: the fault-injecting wrapper (over any store, memstore by default).
 	{"persist/faulty"},
 	// 4: the conversations of a node, the cluster shell, the API edge, the SDK, store selection.

@@ -101,8 +101,8 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	d := server.DefaultConfig()
 	fs.StringVar(&c.Listen, "listen", d.Listen, "API address (Connect/gRPC/JSON, plus /healthz, /readyz, /metrics and the web console /console/ unless --admin-listen)")
-	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); embedded store: sqlite:PATH or a path without ://; anything else is refused")
-	fs.StringVar(&c.ClusterListen, "cluster-listen", d.ClusterListen, "inter-node address; with a PostgreSQL store, nodes sharing the database form one cluster")
+	fs.StringVar(&c.Store, "store", d.Store, "PostgreSQL: a postgres:// or postgresql:// URL or a keyword DSN (host=... dbname=...); MySQL/MariaDB: mysql://user:pass@host:port/db (?socket=PATH for a unix socket); embedded store: sqlite:PATH or a path without ://; anything else is refused")
+	fs.StringVar(&c.ClusterListen, "cluster-listen", d.ClusterListen, "inter-node address; with a PostgreSQL or MySQL store, nodes sharing the database form one cluster")
 	fs.StringVar(&c.NodeID, "node-id", d.NodeID, "stable name of this node in the cluster (default: hostname plus a random suffix)")
 	fs.IntVar(&c.MaxBody, "max-body", d.MaxBody, "largest accepted message body in bytes")
 	fs.IntVar(&c.MaxBatchBytes, "max-batch-bytes", d.MaxBatchBytes, "largest SendBatch request in bytes (larger: invalid_argument)")
@@ -196,7 +196,7 @@ const serveGCPercent = 400
 func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	store := fs.String("store", server.DefaultConfig().Store, "postgres://... DSN, or a file path / sqlite:PATH for the embedded store")
+	store := fs.String("store", server.DefaultConfig().Store, "postgres://... DSN, mysql://... URL, or a file path / sqlite:PATH for the embedded store")
 	fs.Usage = usageWithEnv(fs, "sequencer migrate [flags]: apply the store's schema migrations and exit")
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err

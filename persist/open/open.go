@@ -15,10 +15,16 @@
 //     existing one, one ending in a path separator, or any path whose last
 //     element has no .db/.sqlite/.sqlite3 extension) the file is
 //     PATH/sequencer.db;
+//   - "mysql://user:pass@host:port/db" (port 3306 by default;
+//     "?socket=PATH" for a unix socket, other parameters as
+//     github.com/go-sql-driver/mysql takes them): persist/mysql;
 //   - "": the embedded store under ./data (./data/sequencer.db).
 //
-// Refused: any other "scheme://" ("mysql://", "postgress://", "POSTGRES://",
-// "file://"); a keyword DSN that does not parse. No form of a password is
+// Refused: any other "scheme://" ("postgress://", "POSTGRES://", "MYSQL://",
+// "file://"); a keyword DSN that does not parse; a mysql:// URL without a
+// host or database; the go-sql-driver DSN form ("user:pass@tcp(host:port)/db"),
+// which would otherwise be taken for a path: the error says to write it as
+// a mysql:// URL. No form of a password is
 // ever part of a Spec's String, of Redact's answer or of an error this
 // package returns.
 package open
@@ -31,6 +37,8 @@ import (
 	"strings"
 
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysql"
+	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/persist/sqlite"
 )
@@ -47,12 +55,18 @@ type Kind string
 const (
 	KindPostgres Kind = "postgres"
 	KindSQLite   Kind = "sqlite"
+	KindMySQL    Kind = "mysql"
 )
+
+// Shared reports whether the kind is a database server that several nodes
+// can share: such a store carries the cluster's membership table.
+func (k Kind) Shared() bool { return k == KindPostgres || k == KindMySQL }
 
 // Spec is a parsed store spec.
 type Spec struct {
 	Kind Kind
-	// DSN is the PostgreSQL connection string (KindPostgres).
+	// DSN is the PostgreSQL connection string (KindPostgres) or the
+	// mysql:// URL (KindMySQL).
 	DSN string
 	// Path is the SQLite database file (KindSQLite).
 	Path string
@@ -60,8 +74,11 @@ type Spec struct {
 
 // String describes the spec without secrets (a DSN's password is hidden).
 func (s Spec) String() string {
-	if s.Kind == KindPostgres {
+	switch s.Kind {
+	case KindPostgres:
 		return "postgres " + Redact(s.DSN)
+	case KindMySQL:
+		return "mysql " + Redact(s.DSN)
 	}
 	return "sqlite " + s.Path
 }
@@ -75,6 +92,8 @@ type Options struct {
 	Postgres postgres.Options
 	// SQLite configures an embedded store.
 	SQLite sqlite.Options
+	// MySQL configures a MySQL / MariaDB store.
+	MySQL mysql.Options
 }
 
 // Parse reads a store spec (see the package comment). Its errors name the
@@ -84,6 +103,13 @@ func Parse(spec string) (Spec, error) {
 	switch {
 	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
 		return Spec{Kind: KindPostgres, DSN: spec}, nil
+	case strings.HasPrefix(spec, "mysql://"):
+		if _, err := mysqlurl.Parse(spec); err != nil {
+			return Spec{}, fmt.Errorf("store %s: %w", Redact(spec), err)
+		}
+		return Spec{Kind: KindMySQL, DSN: spec}, nil
+	case isDriverDSN(spec):
+		return Spec{}, fmt.Errorf("store %s: the go-sql-driver DSN form is not accepted; write it as mysql://user:pass@host:port/db (or mysql://user@localhost/db?socket=PATH)", Redact(spec))
 	case spec == "":
 		return Spec{Kind: KindSQLite, Path: filepath.Join(DefaultDir, DBFile)}, nil
 	case isKeywordDSN(spec):
@@ -98,7 +124,7 @@ func Parse(spec string) (Spec, error) {
 	} else if p, ok := strings.CutPrefix(spec, "sqlite:"); ok {
 		path = p
 	} else if scheme, _, ok := strings.Cut(spec, "://"); ok {
-		return Spec{}, fmt.Errorf("store %s: unsupported scheme %q; use postgres://, postgresql://, a libpq keyword DSN (host=... dbname=...), sqlite:PATH or a directory path",
+		return Spec{}, fmt.Errorf("store %s: unsupported scheme %q; use postgres://, postgresql://, a libpq keyword DSN (host=... dbname=...), mysql://, sqlite:PATH or a directory path",
 			Redact(spec), scheme)
 	}
 	if path == "" {
@@ -125,7 +151,8 @@ func isDir(path string) bool {
 }
 
 // Store opens the store spec names and, unless opts.NoMigrate, migrates its
-// schema. The concrete type is *postgres.Store or *sqlite.Store.
+// schema. The concrete type is *postgres.Store, *mysql.Store or
+// *sqlite.Store.
 func Store(ctx context.Context, spec string, opts Options) (persist.Store, error) {
 	sp, err := Parse(spec)
 	if err != nil {
@@ -136,6 +163,18 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		// A driver error may echo the DSN: every spelling of its password
 		// is scrubbed from the text.
 		s, err := postgres.Open(ctx, sp.DSN, opts.Postgres)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
+		}
+		if !opts.NoMigrate {
+			if err := s.Migrate(ctx); err != nil {
+				s.Close()
+				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
+			}
+		}
+		return s, nil
+	case KindMySQL:
+		s, err := mysql.Open(ctx, sp.DSN, opts.MySQL)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}

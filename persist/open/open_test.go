@@ -10,12 +10,19 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysql"
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/persist/sqlite"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	mysqltest.Stop()
+	os.Exit(code)
+}
 
 func TestParse(t *testing.T) {
 	dir := t.TempDir()
@@ -39,6 +46,8 @@ func TestParse(t *testing.T) {
 		{existing, Spec{Kind: KindSQLite, Path: filepath.Join(existing, "sequencer.db")}},
 		{"postgres://u@h:5432/db?sslmode=disable", Spec{Kind: KindPostgres, DSN: "postgres://u@h:5432/db?sslmode=disable"}},
 		{"postgresql://u@h/db", Spec{Kind: KindPostgres, DSN: "postgresql://u@h/db"}},
+		{"mysql://u:pw@h:3306/db", Spec{Kind: KindMySQL, DSN: "mysql://u:pw@h:3306/db"}},
+		{"mysql://root@localhost/seq?socket=/run/mysqld/mysqld.sock", Spec{Kind: KindMySQL, DSN: "mysql://root@localhost/seq?socket=/run/mysqld/mysqld.sock"}},
 	} {
 		got, err := Parse(c.spec)
 		if err != nil || got != c.want {
@@ -48,8 +57,10 @@ func TestParse(t *testing.T) {
 	if _, err := Parse("sqlite:"); err == nil {
 		t.Errorf("Parse(sqlite:) accepted an empty path")
 	}
-	if s := (Spec{Kind: KindPostgres, DSN: "postgres://u:secret@h/db"}).String(); strings.Contains(s, "secret") {
-		t.Errorf("Spec.String leaks the password: %s", s)
+	for _, sp := range []Spec{{Kind: KindPostgres, DSN: "postgres://u:secret@h/db"}, {Kind: KindMySQL, DSN: "mysql://u:secret@h/db"}} {
+		if s := sp.String(); strings.Contains(s, "secret") {
+			t.Errorf("Spec.String leaks the password: %s", s)
+		}
 	}
 }
 
@@ -146,4 +157,19 @@ func TestPostgresUnreachable(t *testing.T) {
 	if strings.Contains(err.Error(), ":pw@") {
 		t.Fatalf("error leaks the password: %v", err)
 	}
+}
+
+// A mysql:// URL opens (and migrates) the MySQL store; over the unix socket
+// of the test server when that is how it is reached.
+func TestMySQLURLOpensMySQL(t *testing.T) {
+	url := mysqltest.NewDatabase(t)
+	s, err := Store(context.Background(), url, Options{})
+	if err != nil {
+		t.Fatalf("open %s: %v", Redact(url), err)
+	}
+	defer s.Close()
+	if _, ok := s.(*mysql.Store); !ok {
+		t.Fatalf("mysql:// opened %T", s)
+	}
+	roundTrip(t, s)
 }

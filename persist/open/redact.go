@@ -11,7 +11,10 @@ import (
 // userinfo ("postgres://u:PW@h/db"), a URL query parameter
 // ("?password=PW") and a keyword DSN ("password=PW" or "password='P W'").
 // Redact hides all three; Scrub hides the password wherever it shows up in
-// a text (an error from the driver that echoes its input).
+// a text (an error from the driver that echoes its input). A mysql:// URL
+// keeps its password in the userinfo like a postgres:// URL; the
+// go-sql-driver DSN form ("user:PW@tcp(host:port)/db"), which Parse refuses,
+// is redacted too, as the refusal names it.
 
 const hidden = "xxxxx"
 
@@ -19,6 +22,25 @@ const hidden = "xxxxx"
 var keywordStart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\s*=`)
 
 func isKeywordDSN(spec string) bool { return keywordStart.MatchString(spec) }
+
+// driverDSN matches the go-sql-driver/mysql DSN form
+// "[user[:password]@][net[(addr)]]/dbname[?params]" by its "@net(" part
+// (or a bare "net(addr)/").
+var driverDSN = regexp.MustCompile(`^([^/]*)@(tcp|tcp4|tcp6|unix|[a-z]+)\(|^(tcp|tcp4|tcp6|unix)\([^)]*\)/`)
+
+func isDriverDSN(spec string) bool {
+	return !strings.Contains(spec, "://") && driverDSN.MatchString(spec)
+}
+
+// driverUserinfoEnd is the index of the '@' before the network of a
+// driver DSN (the last '@' before the first "(": a password may hold '@').
+func driverUserinfoEnd(spec string) int {
+	paren := strings.Index(spec, "(")
+	if paren < 0 {
+		return -1
+	}
+	return strings.LastIndex(spec[:paren], "@")
+}
 
 // kv is one key=value pair of a keyword DSN, with the value's byte range in
 // the DSN (quotes included).
@@ -117,6 +139,14 @@ func Redact(spec string) string {
 		}
 		return urlQueryPassword.ReplaceAllString(scheme+"://"+rest, "${1}"+hidden)
 	}
+	if isDriverDSN(spec) {
+		if at := driverUserinfoEnd(spec); at >= 0 {
+			if u, _, hasPW := strings.Cut(spec[:at], ":"); hasPW {
+				return u + ":" + hidden + spec[at:]
+			}
+		}
+		return spec
+	}
 	if isKeywordDSN(spec) {
 		pairs, err := parseKeywordDSN(spec)
 		if err != nil {
@@ -156,6 +186,14 @@ func passwords(dsn string) []string {
 			add(pw)
 			if d, err := url.QueryUnescape(pw); err == nil {
 				add(d)
+			}
+		}
+		return pws
+	}
+	if isDriverDSN(dsn) {
+		if at := driverUserinfoEnd(dsn); at >= 0 {
+			if _, pw, has := strings.Cut(dsn[:at], ":"); has {
+				add(pw)
 			}
 		}
 		return pws

@@ -17,8 +17,12 @@ import (
 // error that names the spec without its password.
 func TestParseRefusesWhatIsNotListed(t *testing.T) {
 	for _, spec := range []string{
-		"mysql://root:pw-mysql@db/seq",
 		"postgress://u:pw-typo@h/db",
+		"MYSQL://root:pw-upper@db/seq",
+		"mysql://root:pw-nodb@db/",
+		"mysql://root:pw-nohost@/seq",
+		"root:pw-driver@tcp(db:3306)/seq",
+		"root:pw-driver@unix(/run/mysqld/mysqld.sock)/seq",
 		"POSTGRES://u:pw-upper@h/db",
 		"Postgresql://u@h/db",
 		"file:///var/lib/seq",
@@ -40,6 +44,7 @@ func TestParseRefusesWhatIsNotListed(t *testing.T) {
 		"host=a,b port=5432,5433 target_session_attrs=read-write": KindPostgres,
 		"postgres://u@h1:5432,h2:5432/db":                         KindPostgres,
 		"mysql:notascheme":                                        KindSQLite, // a path without "://"
+		"mysql://root:pw@db:3306/seq?tls=skip-verify":             KindMySQL,
 	} {
 		got, err := Parse(spec)
 		if err != nil || got.Kind != want {
@@ -59,6 +64,11 @@ func TestRedact(t *testing.T) {
 		"host=db PASSWORD=hunter2":                               "host=db PASSWORD=xxxxx",
 		"postgres://app@db/seq":                                  "postgres://app@db/seq",
 		"./data":                                                 "./data",
+		"mysql://app:hunter2@db:3306/seq":                        "mysql://app:xxxxx@db:3306/seq",
+		"mysql://app:a@b@db/seq?socket=/s":                       "mysql://app:xxxxx@db/seq?socket=/s",
+		"app:hunter2@tcp(db:3306)/seq":                           "app:xxxxx@tcp(db:3306)/seq",
+		"app:hun@ter2@unix(/run/mysqld.sock)/seq":                "app:xxxxx@unix(/run/mysqld.sock)/seq",
+		"app@tcp(db)/seq":                                        "app@tcp(db)/seq",
 		"sqlite:/var/lib/seq/x.db":                               "sqlite:/var/lib/seq/x.db",
 	} {
 		if got := Redact(in); got != want {
@@ -74,6 +84,9 @@ func TestRedact(t *testing.T) {
 	kw := "host=db password='a b\\'c' user=app"
 	if got := Scrub(kw, "failed: "+kw+" and a b'c"); strings.Contains(got, "a b") {
 		t.Errorf("Scrub(keyword) left the password: %q", got)
+	}
+	if got := Scrub("app:hunter2@tcp(db)/seq", "dial app:hunter2@tcp(db)/seq: hunter2"); strings.Contains(got, "hunter2") {
+		t.Errorf("Scrub(driver DSN) left the password: %q", got)
 	}
 	base := errors.New("boom hunter2")
 	if err := ScrubError("host=x password=hunter2", base); strings.Contains(err.Error(), "hunter2") || !errors.Is(err, base) {
@@ -92,6 +105,10 @@ func TestOpenErrorHidesThePassword(t *testing.T) {
 		"host=127.0.0.1 port=1 user=app password=Sup3rSecretPW dbname=seq connect_timeout=2",
 		"postgres://app:Sup3rSecretPW@127.0.0.1:notaport/seq",
 		"host=127.0.0.1 port=notaport password=Sup3rSecretPW",
+		"mysql://app:Sup3rSecretPW@127.0.0.1:1/seq?timeout=2s",
+		"mysql://app:Sup3rSecretPW@127.0.0.1:notaport/seq",
+		"mysql://app:Sup3rSecretPW@127.0.0.1:1/seq?badparam=%zz",
+		"app:Sup3rSecretPW@tcp(127.0.0.1:1)/seq",
 	} {
 		s, err := Store(ctx, dsn, Options{})
 		if err == nil {

@@ -135,7 +135,12 @@ func NewDatabase(t testing.TB) string {
 	return dsn
 }
 
-// dbName is "seqtest_<test name, sanitized>_<random hex>", at most 63 bytes.
+// DBName is a fresh database name for a test: "seqtest_<test name,
+// sanitized>_<random hex>", at most 57 bytes (fits PostgreSQL's 63 and
+// MySQL's 64). persist/mysqltest names its databases with it too.
+func DBName(testName string) string { return dbName(testName) }
+
+// dbName is DBName.
 func dbName(testName string) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(testName) {

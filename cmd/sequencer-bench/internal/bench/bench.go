@@ -62,6 +62,12 @@ type Config struct {
 	// PG is the admin DSN of the PostgreSQL server; the run creates and drops
 	// its own database there. Default postgres://postgres@127.0.0.1:5432/postgres.
 	PG string
+	// CommitWorkers, when > 0, is the in-process engines' group-commit
+	// workers instead of the server's default (--commit-workers).
+	CommitWorkers int
+	// MySQL is the admin mysql:// URL of the MySQL / MariaDB server of the
+	// -mysql engines; the run creates and drops its databases there.
+	MySQL string
 	// Redis address for engine b. Default 127.0.0.1:6379.
 	Redis string
 	// Target is the base URL of a running `sequencer serve` for the e
@@ -127,6 +133,9 @@ func (c *Config) setDefaults() {
 	if c.Warmup < 0 {
 		c.Warmup = 0
 	}
+	if c.MySQL == "" {
+		c.MySQL = defaultMySQL
+	}
 	if c.PG == "" {
 		c.PG = "postgres://postgres@127.0.0.1:5432/postgres"
 	}
@@ -173,6 +182,8 @@ func (c *Config) setDefaults() {
 			switch {
 			case s.OptIn:
 				continue
+			case s.MySQL:
+				continue // the -mysql engines run when named (--engines)
 			case !s.Remote:
 			case s.SQLite && (c.ServeBin == "" || c.Target != ""):
 				continue // the -sqlite e engines start their own server
@@ -199,6 +210,8 @@ same PostgreSQL and the same im_message table, in one run:
   a-sqlite, e-sqlite, e-json-sqlite, e-batch-sqlite: the same on the embedded store
   r-mark, r-state (and -sqlite): read positions through the Go SDK, one MarkRead or one
            GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
+  a-mysql, e-batch-mysql, b-mysql, c-mysql: a, e-batch, b and c on MySQL / MariaDB
+           (--mysql; a fresh database per scenario; run only when named in --engines)
 The e engines start the sequencer binary beside this one (or --serve-bin) as
 'serve' on a fresh store per scenario, or use a running server (--target; not
 the -sqlite ones). Their "server CPU us/msg" is the server process's CPU time
@@ -233,6 +246,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.Convs, "convs", 0, "override the scenarios' number of conversations")
 	fs.IntVar(&cfg.MemoryConvs, "memory-convs", 0, "override the memory scenario's conversations (default 1,000,000)")
 	skew := fs.Float64("skew", 0, "override the conversation choice: 0 uniform, > 1 Zipf exponent (hot conversations)")
+	fs.IntVar(&cfg.CommitWorkers, "commit-workers", 0, "in-process engines (a, a-sqlite, a-mysql): group-commit workers (0: the server's default, as 'sequencer serve' runs)")
+	fs.StringVar(&cfg.MySQL, "mysql", defaultMySQL, "admin mysql:// URL of the MySQL / MariaDB server of the -mysql engines (the run creates its own databases there)")
 	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "Redis address (engine b)")
 	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for the e engines on PostgreSQL, e.g. http://127.0.0.1:7070")
@@ -294,11 +309,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.BatchesInFlight < 0 || cfg.BatchesInFlight > 64 {
 		return fmt.Errorf("--batches-in-flight must be 0..64, got %d", cfg.BatchesInFlight)
 	}
-	needRedis, needPG, needSQLite := false, false, false
+	needRedis, needPG, needSQLite, needMySQL := false, false, false, false
 	for i, s := range specs {
-		if s.Key == "b" {
+		if s.Key == "b" || s.Key == "b-mysql" {
 			needRedis = true
 		}
+		if s.Remote && s.MySQL && cfg.Target != "" {
+			return fmt.Errorf("engine %s starts its own server on a MySQL database; it does not run against --target", s.Key)
+		}
+		needMySQL = needMySQL || s.MySQL
 		if s.Remote && s.SQLite && cfg.Target != "" {
 			return fmt.Errorf("engine %s starts its own server on a SQLite file; it does not run against --target (leave it out, or drop --target and give --serve-bin)", s.Key)
 		}
@@ -351,6 +370,23 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		} else {
 			fmt.Fprintf(stderr, "bench: reading PostgreSQL settings: %v\n", err)
 		}
+	}
+	if needMySQL {
+		my := &myBench{admin: cfg.MySQL, runID: runID}
+		info, err := my.serverInfo(ctx)
+		if err != nil {
+			return fmt.Errorf("mysql at %s: %w", redactMySQL(cfg.MySQL), err)
+		}
+		r.my, r.info.MySQL = my, info
+		defer func() {
+			if cfg.Keep {
+				fmt.Fprintf(stderr, "kept MySQL databases seqbench_%s_*\n", runID)
+				return
+			}
+			if err := my.Drop(context.WithoutCancel(ctx)); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
+			}
+		}()
 	}
 	if needSQLite {
 		dir := filepath.Join(cfg.SQLiteDir, "seqbench-"+runID)
@@ -454,7 +490,8 @@ type runner struct {
 	db          *benchDB
 	redis       *redis.Client
 	redisPrefix string
-	sqliteDir   string // the -sqlite engines' files, one per engine and scenario
+	sqliteDir   string   // the -sqlite engines' files, one per engine and scenario
+	my          *myBench // the -mysql engines' server
 	stderr      io.Writer
 	tty         bool
 	body        []byte
@@ -481,7 +518,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
 		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
-		Passivate: r.cfg.Passivate, Logf: r.logf,
+		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,
 	// 2nd run: e_json_many_r2) or a SQLite file of that name.
@@ -491,6 +528,18 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	if spec.SQLite {
 		env.DSN = "sqlite:" + filepath.Join(r.sqliteDir, schema+".db")
+	}
+	if spec.MySQL {
+		dsn, err := r.my.NewDatabase(ctx, schema)
+		if err != nil {
+			return res, err
+		}
+		env.DSN = dsn
+		if spec.NeedsBaselineTables {
+			if err := r.my.exec(ctx, dsn, myMessageDDL...); err != nil {
+				return res, err
+			}
+		}
 	}
 	if spec.NeedsSchema {
 		dsn, err := r.db.NewSchema(ctx, schema)

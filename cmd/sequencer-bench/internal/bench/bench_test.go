@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -22,7 +23,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fakeSequencerEnv) == "1" {
 		os.Exit(fakeSequencer(os.Args[1:]))
 	}
-	pgtest.Main(m)
+	code := m.Run()
+	pgtest.Stop()
+	mysqltest.Stop()
+	os.Exit(code)
 }
 
 // The bench command, run with tiny numbers against the seed's Redis approach

@@ -79,6 +79,9 @@ type Env struct {
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
 	CopyWriters int
+	// CommitWorkers, when > 0, replaces the server's default number of
+	// group-commit workers (engine a and its variants; --commit-workers).
+	CommitWorkers int
 	// Passivate is how long an idle conversation actor lives (engine a).
 	Passivate time.Duration
 	// Logf reports engine events the user should see (e.g. a failed floor
@@ -107,6 +110,9 @@ type EngineSpec struct {
 	// OptIn: not in the default engine list (the read-position engines,
 	// which measure other RPCs than Send).
 	OptIn bool
+	// MySQL: the engine's store is a fresh MySQL database (Env.DSN a
+	// mysql:// URL) on the server of --mysql.
+	MySQL bool
 	Open  func(ctx context.Context, env Env) (Engine, error)
 }
 
@@ -118,7 +124,8 @@ func registerEngine(s EngineSpec) { engines[s.Key] = s }
 // engineOrder is the order engines are listed in by default: this sequencer
 // in process, the seed's baselines, the ceiling, the network variants, then
 // the embedded store's.
-var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite"}
+var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite",
+	"a-mysql", "e-batch-mysql", "b-mysql", "c-mysql"}
 
 // engineKeys returns the known keys in order.
 func engineKeys() []string {

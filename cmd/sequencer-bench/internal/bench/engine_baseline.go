@@ -42,6 +42,17 @@ func init() {
 	})
 }
 
+// rowStore is where a baseline engine writes: one autocommit INSERT per
+// message, the floor and the segment table (PostgreSQL: rowWriter; MySQL:
+// myRowWriter in engine_mysql.go).
+type rowStore interface {
+	insertOne(ctx context.Context, req *sequencer.SendRequest, msgID, seq uint64) (sequencer.SendResult, error)
+	saveFloor(ctx context.Context, convID string, seq int64) error
+	takeSegment(ctx context.Context, convID string, n int) (last int64, err error)
+	Batches(context.Context) (BatchStats, error)
+	Close() error
+}
+
 // storedAt is a server_at value: now at the column's millisecond precision.
 func storedAt() time.Time { return time.Now().Truncate(time.Millisecond) }
 
@@ -114,7 +125,7 @@ ON CONFLICT (conv_id) DO UPDATE SET floor = GREATEST(seq_floor.floor, EXCLUDED.f
 const floorEvery = 1000
 
 type redisINCR struct {
-	rowWriter
+	rowStore
 	rdb    *redis.Client
 	prefix string
 	ids    *idgen.Generator
@@ -134,7 +145,22 @@ func openRedisINCR(ctx context.Context, env Env) (Engine, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &redisINCR{rowWriter: rowWriter{pool: pool}, rdb: env.Redis, prefix: env.RedisPrefix, ids: ids, logf: env.Logf}, nil
+	return newRedisINCR(&rowWriter{pool: pool}, env, ids), nil
+}
+
+func newRedisINCR(rows rowStore, env Env, ids *idgen.Generator) *redisINCR {
+	return &redisINCR{rowStore: rows, rdb: env.Redis, prefix: env.RedisPrefix, ids: ids, logf: env.Logf}
+}
+
+func (w *rowWriter) saveFloor(ctx context.Context, convID string, seq int64) error {
+	_, err := w.pool.Exec(ctx, saveFloorSQL, convID, seq)
+	return err
+}
+
+func (w *rowWriter) takeSegment(ctx context.Context, convID string, n int) (int64, error) {
+	var last int64
+	err := w.pool.QueryRow(ctx, takeSegmentSQL, convID, n).Scan(&last)
+	return last, err
 }
 
 // nextSeq is the seed's SeqAllocator.NextSeq: INCR a key that has no TTL,
@@ -146,7 +172,7 @@ func (e *redisINCR) nextSeq(ctx context.Context, convID string) (uint64, error) 
 		return 0, fmt.Errorf("incr %s: %w", key, err)
 	}
 	if seq%floorEvery == 0 {
-		if _, err := e.pool.Exec(ctx, saveFloorSQL, convID, seq); err != nil && e.logf != nil {
+		if err := e.saveFloor(ctx, convID, seq); err != nil && e.logf != nil {
 			e.logf("save seq floor failed conv=%s seq=%d: %v", convID, seq, err)
 		}
 	}
@@ -177,7 +203,7 @@ ON CONFLICT (conv_id) DO UPDATE SET max_seq = seq_segment.max_seq + EXCLUDED.max
 RETURNING max_seq`
 
 type segmentEngine struct {
-	rowWriter
+	rowStore
 	ids  *idgen.Generator
 	segs sync.Map // conv_id -> *segment
 }
@@ -198,7 +224,7 @@ func openSegment(ctx context.Context, env Env) (Engine, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &segmentEngine{rowWriter: rowWriter{pool: pool}, ids: ids}, nil
+	return &segmentEngine{rowStore: &rowWriter{pool: pool}, ids: ids}, nil
 }
 
 func (e *segmentEngine) nextSeq(ctx context.Context, convID string) (uint64, error) {
@@ -210,8 +236,8 @@ func (e *segmentEngine) nextSeq(ctx context.Context, convID string) (uint64, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.next == 0 || s.next > s.max {
-		var last int64
-		if err := e.pool.QueryRow(ctx, takeSegmentSQL, convID, segmentSize).Scan(&last); err != nil {
+		last, err := e.takeSegment(ctx, convID, segmentSize)
+		if err != nil {
 			return 0, fmt.Errorf("take segment conv=%s: %w", convID, err)
 		}
 		s.next, s.max = uint64(last)-segmentSize+1, uint64(last)

@@ -14,6 +14,7 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -48,7 +49,7 @@ type nodeEngine struct {
 }
 
 func openNode(ctx context.Context, env Env) (Engine, error) {
-	store, err := open.Store(ctx, env.DSN, open.Options{})
+	store, err := open.Store(ctx, env.DSN, open.Options{MySQL: mysql.Options{CommitConns: env.CommitWorkers}})
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +65,10 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 		store.Close()
 		return nil, fmt.Errorf("worker-id lease: %w", err)
 	}
+	workers := def.CommitWorkers
+	if env.CommitWorkers > 0 {
+		workers = env.CommitWorkers
+	}
 	passivate := def.PassivateAfter
 	if env.Passivate > 0 {
 		passivate = env.Passivate
@@ -71,7 +76,7 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	node, err := actor.NewConversations(actor.Config{
 		Store: store, IDs: lease, Metrics: m,
 		PassivateAfter: passivate, MaxQueuePerConv: def.MaxQueuePerConv, MaxPending: def.MaxPending,
-		CommitWorkers: def.CommitWorkers, MaxBatchMessages: def.MaxBatchMessages, CommitTimeout: def.CommitTimeout,
+		CommitWorkers: workers, MaxBatchMessages: def.MaxBatchMessages, CommitTimeout: def.CommitTimeout,
 	})
 	if err != nil {
 		_ = lease.Close(context.WithoutCancel(ctx))

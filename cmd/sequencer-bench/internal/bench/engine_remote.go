@@ -379,8 +379,8 @@ func selfServeBin() string {
 // scenario, then drive it through the API": a fresh schema of the run's
 // database (fresh tables, as every other engine), or a fresh SQLite file.
 func servedSpec(s EngineSpec) EngineSpec {
-	s.NeedsSchema = !s.SQLite
-	if !s.SQLite {
+	s.NeedsSchema = !s.SQLite && !s.MySQL
+	if s.NeedsSchema {
 		s.About += "; the bench starts the server on a fresh schema of the run's database for each scenario"
 	}
 	open := s.Open

@@ -42,6 +42,7 @@ type RunInfo struct {
 	Database   string            `json:"database,omitempty"`
 	SQLiteDir  string            `json:"sqlite_dir,omitempty"`
 	SQLiteFS   string            `json:"sqlite_fs,omitempty"`
+	MySQL      string            `json:"mysql,omitempty"` // server and durability settings (-mysql engines)
 	Command    string            `json:"command"`
 	LoadAvg    float64           `json:"load_avg_1m_at_start"`
 	Duration   float64           `json:"duration_seconds"`
@@ -370,6 +371,9 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	}
 	if in.SQLiteDir != "" {
 		fmt.Fprintf(w, "| SQLite files (-sqlite engines) | %s (%s) |\n", in.SQLiteDir, orDash(in.SQLiteFS))
+	}
+	if in.MySQL != "" {
+		fmt.Fprintf(w, "| MySQL (-mysql engines) | %s |\n", in.MySQL)
 	}
 	fmt.Fprintf(w, "| load average (1 min) at start | %.2f |\n", in.LoadAvg)
 	mode := fmt.Sprintf("%gs measured after %gs warmup", in.Duration, in.Warmup)

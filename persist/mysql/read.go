@@ -1,0 +1,145 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
+
+// LoadHead returns conv's head from conv_head (0 if none).
+func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
+	var head uint64
+	err := s.read.QueryRowContext(ctx, `SELECT head FROM conv_head WHERE conv_id = ?`, convID).Scan(&head)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable("load head", err)
+	}
+	return head, nil
+}
+
+// FindByClientKey returns the message stored under key, or ErrNotFound.
+func (s *Store) FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error) {
+	m, err := scanMessage(s.read.QueryRowContext(ctx, `SELECT `+messageColumns+` FROM im_message
+		WHERE from_uid = ? AND client_msg_id = ?`, key.FromUID, key.ClientMsgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sequencer.Message{}, notFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
+	}
+	if err != nil {
+		return sequencer.Message{}, unavailable("find by client key", err)
+	}
+	return m, nil
+}
+
+// GetMessage returns the message with msgID, or ErrNotFound.
+func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
+	m, err := scanMessage(s.read.QueryRowContext(ctx, `SELECT `+messageColumns+` FROM im_message WHERE msg_id = ?`, msgID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return sequencer.Message{}, notFound("msg_id %d", msgID)
+	}
+	if err != nil {
+		return sequencer.Message{}, unavailable("get message", err)
+	}
+	return m, nil
+}
+
+// ReadRange returns up to limit messages of conv with seq > afterSeq, in
+// seq order. A limit <= 0 returns none.
+func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
+	if limit <= 0 || afterSeq >= math.MaxInt64 {
+		return nil, nil
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT `+messageColumns+` FROM im_message
+		WHERE conv_id = ? AND seq > ? ORDER BY seq LIMIT ?`, convID, afterSeq, limit)
+	if err != nil {
+		return nil, unavailable("read range", err)
+	}
+	defer rows.Close()
+	var out []sequencer.Message
+	for rows.Next() {
+		m, err := scanMessage(rows)
+		if err != nil {
+			return nil, unavailable("read range", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, unavailable("read range", err)
+	}
+	return out, nil
+}
+
+// Trim deletes conv's messages with seq <= throughSeq. conv_head is kept.
+func (s *Store) Trim(ctx context.Context, convID string, throughSeq uint64) error {
+	if _, err := s.read.ExecContext(ctx, `DELETE FROM im_message WHERE conv_id = ? AND seq <= ?`, convID, throughSeq); err != nil {
+		return unavailable("trim", err)
+	}
+	return nil
+}
+
+// TrimBefore implements persist.Store (retention): the next limit
+// conversations of conv_head after `after` (binary order of conv_id), and for
+// each the rows below the first seq whose server_at is at or after before.
+// One transaction per step; conv_head is only read.
+func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, limit int) (string, int, error) {
+	if limit < 1 {
+		return "", 0, errors.New("mysql: trim: limit must be >= 1")
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT conv_id, head FROM conv_head WHERE conv_id > ? ORDER BY conv_id LIMIT ?`, after, limit)
+	if err != nil {
+		return "", 0, unavailable("trim before", err)
+	}
+	type conv struct {
+		id   string
+		head uint64
+	}
+	var convs []conv
+	for rows.Next() {
+		var c conv
+		if err := rows.Scan(&c.id, &c.head); err != nil {
+			rows.Close()
+			return "", 0, unavailable("trim before", err)
+		}
+		convs = append(convs, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", 0, unavailable("trim before", err)
+	}
+	deleted := 0
+	for _, c := range convs {
+		res, err := s.read.ExecContext(ctx, `DELETE FROM im_message WHERE conv_id = ? AND seq < COALESCE(
+			(SELECT k FROM (SELECT MIN(seq) AS k FROM im_message WHERE conv_id = ? AND server_at >= ?) AS keep), ?)`,
+			c.id, c.id, before.UTC(), c.head+1)
+		if err != nil {
+			return "", deleted, unavailable("trim before", err)
+		}
+		n, _ := res.RowsAffected()
+		deleted += int(n)
+	}
+	if len(convs) < limit {
+		return "", deleted, nil
+	}
+	return convs[len(convs)-1].id, deleted, nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanMessage(row scanner) (sequencer.Message, error) {
+	var m sequencer.Message
+	if err := row.Scan(&m.MsgID, &m.ConvID, &m.Seq, &m.FromUID, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
+		return sequencer.Message{}, err
+	}
+	m.ServerAt = m.ServerAt.UTC()
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	return m, nil
+}
