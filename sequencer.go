@@ -2,7 +2,7 @@
 // two numbers (a global msg_id and a per-conversation seq) and the error codes
 // every layer speaks. It imports no storage, transport or actor code; those
 // live in their own packages (persist, actor, ring, cluster, api) and are wired
-// together only in cmd/sequencer.
+// together only in package server (cmd/sequencer parses flags and runs it).
 package sequencer
 
 import "time"

@@ -1,8 +1,11 @@
-// Package cluster runs one node of a sequencer cluster: its membership (a
-// leased row in the shared table, renewed by heartbeats), the partitions it
-// holds (fenced leases taken and released by the rules of package
-// membership), the handoff of partitions when the ring moves them, and the
-// routing of sends to the owner (forwarded in batches over a connect-go
+// Package cluster is the I/O shell around one node's ownership core
+// (package ownership, the pure state machine of its right to write): it
+// carries out the core's rounds against the shared membership table (a
+// leased member row renewed by heartbeats; fenced partition leases taken and
+// released by the rules of package membership; the handoff of partitions
+// when the ring moves them), asks the core the one question "may this node
+// write" (ownership.Core.Writable, via Fence and Dispatch), and routes sends
+// to the owner: local, or through its forwarder (batches over a connect-go
 // service between the nodes, mutual TLS or loopback h2c).
 //
 // Safety never rests on nodes agreeing: a node writes a conversation only
@@ -13,8 +16,9 @@
 // (its member row gone) or fenced steps down: it drops every partition, stops
 // their conversations and rejoins as a new incarnation.
 //
-// This package never assigns seqs or msg_ids, never writes messages and never
-// decides ownership from anything but the shared table and the ring.
+// This package never assigns seqs or msg_ids, never writes messages, never
+// decides ownership from anything but the shared table and the ring, and
+// never answers "may this node write" other than through the core.
 package cluster
 
 import (

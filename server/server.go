@@ -210,7 +210,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		sender, router = s.cluster, s.cluster
 	}
-	s.metrics.SetReadiness(s.ready) // sequencer_ready: what /readyz answers
+	s.metrics.SetReadiness(s.readiness) // sequencer_ready: what /readyz answers
 	s.registerGauges()
 
 	scfg := cfg.apiConfig()
@@ -221,9 +221,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	svc := api.NewService(scfg)
 	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
 	apiMux := api.NewAPIMux(svc, apiEdge)
-	s.health = api.NewHealth(s.ready)
+	s.health = api.NewHealth(s.readiness)
 	api.MountGRPCTools(apiMux, svc, s.health, apiEdge)
-	adminMux := api.NewAdminMux(s.ready, s.metrics.Registry, log)
+	adminMux := api.NewAdminMux(s.readiness, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())
 	if cfg.Pprof {
 		adminMux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -336,9 +336,9 @@ func (s *Server) Reload() error {
 // Metrics returns the node's collectors.
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
 
-// ready is /readyz: the node accepts sends only with a reachable store, a
+// readiness is /readyz: the node accepts sends only with a reachable store, a
 // leased worker id and (in cluster mode) a known ring.
-func (s *Server) ready() error {
+func (s *Server) readiness() error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
 	}

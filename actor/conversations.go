@@ -64,7 +64,7 @@ func (SingleNode) Fence(string) (persist.Fence, error) { return persist.Fence{},
 func (SingleNode) Refused([]persist.Fence)             {}
 
 // Config configures a Conversations. Store and IDs are required. DefaultConfig holds
-// every default; a zero field in the Config given to NewNode means its
+// every default; a zero field in the Config given to NewConversations means its
 // default.
 type Config struct {
 	Store     persist.ConvStore
@@ -114,7 +114,7 @@ func DefaultConfig() Config {
 }
 
 // Validate reports every field that makes no sense, as given (zero counts
-// and durations too: NewNode fills them from DefaultConfig first). The
+// and durations too: NewConversations fills them from DefaultConfig first). The
 // group commit's fields are checked by commit.Config.Validate.
 func (c Config) Validate() error {
 	ch := conf.Checker{Pkg: "actor"}
@@ -180,7 +180,7 @@ type shard struct {
 	staged *convActor
 }
 
-// NewNode starts a node: its actor system and group-commit writer. Zero
+// NewConversations starts the conversations of a node: its actor system and group-commit writer. Zero
 // fields of cfg take their DefaultConfig value; a negative one is an error.
 func NewConversations(cfg Config) (*Conversations, error) {
 	if cfg.Store == nil {
