@@ -548,7 +548,11 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		}
 		env.DSN = dsn
 		if spec.NeedsBaselineTables {
-			ddl := []string{messageDDL, floorDDL, segmentDDL}
+			initDDL, err := messageDDL()
+			if err != nil {
+				return res, err
+			}
+			ddl := []string{initDDL, floorDDL, segmentDDL}
 			schemaDB := *r.db
 			schemaDB.DSN = dsn
 			if err := schemaDB.exec(ctx, ddl...); err != nil {

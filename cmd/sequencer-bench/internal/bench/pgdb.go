@@ -11,27 +11,26 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
-// messageDDL is the im_message table of docs/API.md ("Storage schema"),
-// verbatim. The baseline engines create it in their own schema; engine (a)
-// gets it from its store's migrations.
-const messageDDL = `CREATE TABLE im_message (
-  msg_id        BIGINT       NOT NULL,
-  conv_id       VARCHAR(64)  NOT NULL,
-  seq           BIGINT       NOT NULL,
-  from_uid      BIGINT       NOT NULL,
-  msg_type      SMALLINT     NOT NULL DEFAULT 1,
-  body          BYTEA        NOT NULL,
-  client_msg_id VARCHAR(64)  NOT NULL,
-  server_at     TIMESTAMPTZ(3) NOT NULL,
-  PRIMARY KEY (msg_id),
-  CONSTRAINT uk_conv_seq    UNIQUE (conv_id, seq),
-  CONSTRAINT uk_from_client UNIQUE (from_uid, client_msg_id)
-)`
+// messageDDL is the im_message table as the PostgreSQL store creates it: its
+// own first migration (persist/postgres/migrations/0001_init.sql: im_message
+// as docs/API.md gives it, plus the store's heads and lease tables, which the
+// baselines leave empty). No copy of the schema lives here.
+func messageDDL() (string, error) {
+	ms, err := postgres.Migrations()
+	if err != nil {
+		return "", err
+	}
+	if len(ms) == 0 || ms[0].Version != 1 {
+		return "", errors.New("bench: the PostgreSQL store has no first migration")
+	}
+	return ms[0].SQL, nil
+}
 
-// floorDDL is where engine (b) saves its seq floor every 1,000 seqs, as the
-// seed's saveFloor does, so that a lost Redis key can be recovered.
+// floorDDL and segmentDDL are the baselines' own side tables.
 const floorDDL = `CREATE TABLE seq_floor (
   conv_id VARCHAR(64) PRIMARY KEY,
   floor   BIGINT      NOT NULL
