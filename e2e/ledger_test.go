@@ -3,10 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/history"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -26,9 +31,14 @@ type ledger struct {
 	acks    map[sequencer.ClientKey]ack // first ack per key
 	resends int
 	errs    []string
+	// hist is every attempt of every client (load.sendUntilAcked records
+	// them), checked by verify against the append-only log model.
+	hist *history.Recorder
 }
 
-func newLedger() *ledger { return &ledger{acks: map[sequencer.ClientKey]ack{}} }
+func newLedger() *ledger {
+	return &ledger{acks: map[sequencer.ClientKey]ack{}, hist: history.NewRecorder()}
+}
 
 // record notes an ack; a second ack for the same key must carry the same ids.
 func (l *ledger) record(a ack) {
@@ -64,6 +74,11 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 	}
 	stored := map[string]map[uint64]sequencer.Message{}
 	msgIDs := map[uint64]string{}
+	sent := map[string]bool{}
+	for _, o := range l.hist.Ops() {
+		sent[o.Key] = true
+	}
+	untracked := 0
 	for _, c := range convs {
 		head, err := st.LoadHead(ctx, c)
 		if err != nil {
@@ -89,7 +104,28 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 			m[r.Seq] = r
 		}
 		stored[c] = m
+		// The store's final state is the last read of the history: a hole,
+		// a doubled key or a message whose every send got an error shows here.
+		// Rows the harness did not send (a test's own sends outside load) enter
+		// as sends of unknown outcome by an untracked client.
+		at := l.hist.Now()
+		for _, r := range rows {
+			if k := historyKey(r.FromUID, r.ClientMsgID); !sent[k] {
+				untracked++
+				l.hist.Add(history.Op{Kind: history.Send, Conv: c, Client: -1, Key: k, Outcome: history.Unknown, Code: history.Untracked})
+			}
+		}
+		fin := history.Op{Kind: history.Pull, Conv: c, Node: "store", Client: -1, Call: at, Return: at, Outcome: history.OK}
+		for _, r := range rows {
+			fin.Keys = append(fin.Keys, historyKey(r.FromUID, r.ClientMsgID))
+			fin.Seqs = append(fin.Seqs, r.Seq)
+		}
+		l.hist.Add(fin)
 	}
+	if untracked > 0 {
+		t.Logf("history: %d stored rows were sent outside the recorded load", untracked)
+	}
+	l.checkHistory(t)
 	for k, a := range l.acks {
 		r, ok := stored[a.conv][a.seq]
 		if !ok {
@@ -101,4 +137,41 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 		}
 	}
 	t.Logf("verified %d acked messages (%d resend answers) over %d conversations, %d stored rows", len(l.acks), l.resends, len(convs), len(msgIDs))
+}
+
+func historyKey(from uint64, cid string) string { return fmt.Sprintf("%d/%s", from, cid) }
+
+// historyTimeout bounds porcupine's search; a search that does not finish
+// fails the test (the history was not checked).
+const historyTimeout = 2 * time.Minute
+
+// checkHistory checks every recorded operation against the append-only log
+// model (internal/history); a failing history is written, with porcupine's
+// visualisation, to $SEQUENCER_TEST_ARTIFACTS (default test-artifacts/ at the
+// repository root).
+func (l *ledger) checkHistory(t *testing.T) {
+	t.Helper()
+	ops := l.hist.Ops()
+	for i := range ops {
+		if ops[i].Client < 0 { // the final store reads: a client of their own
+			ops[i].Client = 100000
+		}
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	res, err := history.Check(ops, historyTimeout, historyArtifacts(), name)
+	if err != nil {
+		t.Errorf("history check: %v", err)
+	}
+	if !res.OK() {
+		t.Errorf("%v", res)
+		return
+	}
+	t.Logf("%v", res)
+}
+
+func historyArtifacts() string {
+	if d := os.Getenv(artifactsEnv); d != "" {
+		return d
+	}
+	return filepath.Join("..", "test-artifacts")
 }

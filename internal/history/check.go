@@ -64,8 +64,8 @@ func step(s logState, op *Op) (bool, logState) {
 			return true, s // an error answer: nothing, ever
 		}
 	case Pull:
-		if op.Outcome != OK {
-			return true, s
+		if op.Outcome != OK || len(op.Keys) == 0 {
+			return true, s // nothing read (after_seq may be past the head)
 		}
 		if op.AfterSeq+uint64(len(op.Keys)) > uint64(s.n) {
 			return false, s

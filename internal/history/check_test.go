@@ -68,6 +68,8 @@ func TestLegalHistories(t *testing.T) {
 		"lost send lands late": new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 1).head(2, 31, 32, 1).pull(2, 60, 61, 0, "b", "a"),
 		// An error answer, then a resend that is stored.
 		"error then resend": new(b).fail(0, "a", 0, 10, "unavailable").ack(0, "a", 20, 30, 1),
+		// A pull past the head reads nothing.
+		"pull past the head": new(b).ack(0, "a", 0, 10, 1).pull(1, 11, 12, 6),
 		// A head read while a send is in flight may see it.
 		"head sees a send in flight": new(b).ack(0, "a", 0, 100, 1).head(1, 10, 20, 1),
 	}
