@@ -337,10 +337,14 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 	ct.loseReplies.Store(2)
 	req := sequencer.SendRequest{ConvID: convs[0], FromUID: 7, ClientMsgID: "lost-reply", MsgType: 1}
 	res, err := a.cn.Send(ctx, req)
-	if err != nil || res.Seq != 1 || !res.Duplicate {
-		t.Fatalf("send whose replies were lost twice: %+v %v (want seq 1, duplicate: stored by the first try)", res, err)
+	if err != nil || res.Seq != 1 || res.Duplicate {
+		t.Fatalf("send whose replies were lost twice: %+v %v (want seq 1, stored by the first try; not duplicate: the client sent it once)", res, err)
 	}
 	acks[req.ClientMsgID] = acked{conv: req.ConvID, msgID: res.MsgID, seq: res.Seq}
+	// The client's own resend is a duplicate.
+	if again, err := a.cn.Send(ctx, req); err != nil || again.Seq != 1 || again.MsgID != res.MsgID || !again.Duplicate {
+		t.Fatalf("client's resend: %+v %v (want the first ids, duplicate)", again, err)
+	}
 
 	ct.dropRequests.Store(1)
 	ct.loseReplies.Store(1)
@@ -353,6 +357,9 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 	for i, o := range out {
 		if o.Err != nil {
 			t.Fatalf("item %d after a dropped request and a lost reply: %v", i, o.Err)
+		}
+		if o.Result.Duplicate {
+			t.Errorf("item %d sent once by the client answered duplicate after the node's own resend", i)
 		}
 		acks[reqs[i].ClientMsgID] = acked{conv: reqs[i].ConvID, msgID: o.Result.MsgID, seq: o.Result.Seq}
 	}

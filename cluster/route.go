@@ -42,7 +42,7 @@ func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error
 // waits up to HandoffWait for the handoff, then fails with a retryable
 // error; the client resends with the same client_msg_id.
 func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	return n.send(ctx, req, false)
+	return n.send(ctx, req, false, false)
 }
 
 // ownershipErr reports errors that mean "not written: the writer is
@@ -63,7 +63,13 @@ func ownershipErr(err error) bool {
 // the outcome is unknown). Ownership errors (the partition is moving or not
 // taken yet) are retried within HandoffWait; their final answer is the
 // retryable error (nothing was stored).
-func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bool) (sequencer.SendResult, error) {
+//
+// After a forward without an answer (or when unknownBefore: the caller's
+// earlier attempt got none), an answer that says duplicate may be this
+// node's own resend finding the first attempt stored: the client did not
+// resend, so the answer says duplicate: false (the ids are the stored ones
+// either way; docs/API.md "duplicate").
+func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, unknownBefore bool) (sequencer.SendResult, error) {
 	if _, ok := ctx.Deadline(); !ok && !forwarded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout)
@@ -92,7 +98,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 		case ownership.WayLocal:
 			res, lerr := n.local.Send(ctx, req)
 			if lerr == nil || !ownershipErr(lerr) {
-				return res, lerr
+				return ownResend(res, unknownBefore), lerr
 			}
 			err = lerr
 			retryAfter = backoff
@@ -106,7 +112,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 			o := n.await(ctx, dst.Owner.NodeID, it)
 			switch o.kind {
 			case fwdAnswered:
-				return o.res, o.err
+				return ownResend(o.res, unknownBefore), o.err
 			case fwdRetry:
 				err = o.err
 				retryAfter = backoff // the owner's view may be ahead or behind ours
@@ -117,6 +123,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 				err = o.err
 				retryAfter = backoff
 				noAnswer = true
+				unknownBefore = true
 				// The handoff wait starts over: the conversation may be
 				// moving now (its owner dropped out).
 				wait.Reset(n.cfg.HandoffWait)
@@ -140,6 +147,16 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 }
 
 var errHandoffWait = errors.New("handoff wait over")
+
+// ownResend clears Duplicate on the answer to a resend this node made on its
+// own (an earlier attempt of the same call got no answer): the client sent
+// the message once.
+func ownResend(res sequencer.SendResult, resentByNode bool) sequencer.SendResult {
+	if resentByNode {
+		res.Duplicate = false
+	}
+	return res
+}
 
 // waitChange waits for a change of the node's state (changed closed), for
 // retryAfter when > 0, for the end of the handoff wait (errHandoffWait) or
