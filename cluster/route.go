@@ -85,7 +85,20 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		// store checks that fence in the commit's transaction.
 		n.mu.RLock()
 		dst, changed := n.core.Route(p), n.changed
+		var cutOff error
+		if dst.Way == ownership.WayLocal || (dst.Way == ownership.WayWait && dst.Owner.NodeID == n.cfg.NodeID) {
+			cutOff = n.core.Ready(n.clk.Now())
+		}
 		n.mu.RUnlock()
+		if cutOff != nil && !unknownBefore {
+			// This node would write the partition but cannot (its membership
+			// lease is not renewed, it is stepping down or in trouble): no
+			// wait here ends sooner than the store answering again, so say
+			// so at once and let the client go to the next owner. Nothing
+			// was tried: the error is final.
+			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+				fmt.Sprintf("node %s cannot write partition %d now: %v", n.cfg.NodeID, p, cutOff))
+		}
 
 		var err error
 		retryAfter := time.Duration(0) // 0: wait for a local change
