@@ -65,7 +65,9 @@ func ownershipErr(err error) bool {
 // retryable error (nothing was stored).
 //
 // After a forward without an answer (or when unknownBefore: the caller's
-// earlier attempt got none), an answer that says duplicate may be this
+// earlier attempt got none), no retryable error answers the send any more
+// (the earlier attempt may have stored it): only a result, a final error or
+// the end of ctx does. An answer that says duplicate may be this
 // node's own resend finding the first attempt stored: the client did not
 // resend, so the answer says duplicate: false (the ids are the stored ones
 // either way; docs/API.md "duplicate").
@@ -110,7 +112,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 			err = dst.Err
 		case ownership.WayLocal:
 			res, lerr := n.local.Send(ctx, req)
-			if lerr == nil || !ownershipErr(lerr) {
+			if lerr == nil || !ownershipErr(lerr) && !(unknownBefore && sequencer.ErrorCode(lerr).Retryable()) {
 				return ownResend(res, unknownBefore), lerr
 			}
 			err = lerr
@@ -125,7 +127,13 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 			o := n.await(ctx, dst.Owner.NodeID, it)
 			switch o.kind {
 			case fwdAnswered:
-				return ownResend(o.res, unknownBefore), o.err
+				if o.err == nil || !unknownBefore || !sequencer.ErrorCode(o.err).Retryable() {
+					return ownResend(o.res, unknownBefore), o.err
+				}
+				// A retryable error after an attempt with no answer: that
+				// attempt may have stored it, so this is no final answer.
+				err = o.err
+				retryAfter = backoff
 			case fwdRetry:
 				err = o.err
 				retryAfter = backoff // the owner's view may be ahead or behind ours
@@ -144,7 +152,9 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		}
 
 		waitOver := wait.C
-		if noAnswer {
+		if noAnswer || unknownBefore {
+			// An earlier attempt may have stored it: an error now would
+			// say "not stored, ever". Only an answer or ctx ends this.
 			waitOver = nil
 		}
 		if werr := n.waitChange(ctx, changed, waitOver, retryAfter); werr != nil {
