@@ -52,7 +52,8 @@ type nemesisCluster struct {
 	led   *ledger
 	load  *load
 	// internalDups counts duplicate:true answers to a raw client's first
-	// send of a key (the client never resent it: the node did).
+	// send of a key while no other send of it was under way (the client had
+	// not resent it: the node did).
 	internalDups atomic.Int64
 	stop, done   chan struct{}
 	killedAt     map[int]time.Time // by node index, for the restart
@@ -130,7 +131,7 @@ func startNemesisCluster(t *testing.T, n int) *nemesisCluster {
 func (c *nemesisCluster) startLoad() {
 	c.led = newLedger()
 	var firstMu sync.Mutex
-	started := map[string]bool{}
+	started := map[string]int{} // raw sends started per key
 	c.load = &load{convs: c.convs, clients: 48, led: c.led, readers: 3,
 		readVia: func(rng *rand.Rand) (string, sequencerv1connect.SequencerServiceClient) {
 			p := c.nodes[rng.Intn(len(c.nodes))]
@@ -145,15 +146,18 @@ func (c *nemesisCluster) startLoad() {
 				return res.MsgID, res.Seq, nil
 			}
 			firstMu.Lock()
-			first := !started[cid]
-			started[cid] = true
+			started[cid]++
+			first := started[cid] == 1
 			firstMu.Unlock()
 			p := c.nodes[rand.Intn(len(c.nodes))]
 			resp, err := send(ctx, p.jsonClient(), conv, from, cid, body)
 			if err != nil {
 				return 0, 0, err
 			}
-			if first && resp.Duplicate {
+			firstMu.Lock()
+			alone := started[cid] == 1 // no other send of the key began meanwhile
+			firstMu.Unlock()
+			if first && alone && resp.Duplicate {
 				c.internalDups.Add(1)
 			}
 			return resp.MsgId, resp.Seq, nil
