@@ -55,6 +55,18 @@ func (l *ledger) record(a ack) {
 	l.acks[k] = a
 }
 
+// attempt records one send attempt that started at call (l.hist.Now())
+// and ended now with err: in the history, and as an ack when err is nil.
+// Tests that send outside load use it so their sends are checked too.
+func (l *ledger) attempt(client int, conv string, from uint64, cid string, call time.Duration, msgID, seq uint64, dup bool, err error) {
+	code, outcome := sendOutcome(err)
+	l.hist.Add(history.Op{Kind: history.Send, Conv: conv, Client: client, Key: historyKey(from, cid),
+		Call: call, Return: l.hist.Now(), Outcome: outcome, Code: code, Seq: seq, MsgID: msgID, Duplicate: dup})
+	if err == nil {
+		l.record(ack{conv: conv, from: from, cid: cid, msgID: msgID, seq: seq})
+	}
+}
+
 func (l *ledger) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -115,7 +127,7 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 				l.hist.Add(history.Op{Kind: history.Send, Conv: c, Client: -1, Key: k, Outcome: history.Unknown, Code: history.Untracked})
 			}
 		}
-		fin := history.Op{Kind: history.Pull, Conv: c, Node: "store", Client: -1, Call: at, Return: at, Outcome: history.OK}
+		fin := history.Op{Kind: history.Pull, Conv: c, Node: "store", Client: -1, Call: at, Return: at, Outcome: history.OK, Final: true}
 		for _, r := range rows {
 			fin.Keys = append(fin.Keys, historyKey(r.FromUID, r.ClientMsgID))
 			fin.Seqs = append(fin.Seqs, r.Seq)

@@ -48,6 +48,12 @@ func (h *b) pull(client int, call, ret int, after uint64, keys ...string) *b {
 	return h
 }
 
+// final marks the last pull as the final read of the whole log.
+func (h *b) final() *b {
+	h.ops[len(h.ops)-1].Final = true
+	return h
+}
+
 // withSeqs sets the seqs of the last pull.
 func (h *b) withSeqs(seqs ...uint64) *b {
 	h.ops[len(h.ops)-1].Seqs = seqs
@@ -68,6 +74,8 @@ func TestLegalHistories(t *testing.T) {
 		"lost send lands late": new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 1).head(2, 31, 32, 1).pull(2, 60, 61, 0, "b", "a"),
 		// An error answer, then a resend that is stored.
 		"error then resend": new(b).fail(0, "a", 0, 10, "unavailable").ack(0, "a", 20, 30, 1),
+		// A final read shows the whole log: a lost send it does not show never landed.
+		"lost, final read without it": new(b).lost(0, "x", 0, 10).ack(1, "a", 5, 20, 1).pull(2, 30, 30, 0, "a").final(),
 		// A pull past the head reads nothing.
 		"pull past the head": new(b).ack(0, "a", 0, 10, 1).pull(1, 11, 12, 6),
 		// A head read while a send is in flight may see it.
@@ -100,6 +108,8 @@ func TestIllegalHistoriesAreCaught(t *testing.T) {
 		"error, later read as stored": {new(b).ack(1, "b", 0, 5, 1).fail(0, "a", 10, 20, "resource_exhausted").head(2, 30, 31, 2), "no linearization"},
 		"head backwards":              {new(b).ack(0, "a", 0, 10, 1).ack(0, "b", 11, 20, 2).head(1, 21, 22, 2).head(1, 23, 24, 1), "head 1 read after seq 2"},
 		"head backwards, reads only":  {new(b).lost(0, "a", 0, 10).head(1, 21, 22, 1).head(1, 23, 24, 0), "head went backwards"},
+		"final read misses an ack":    {new(b).lost(0, "x", 0, 10).ack(1, "a", 5, 20, 1).ack(1, "b", 21, 25, 2).pull(2, 30, 30, 0, "a").final(), "no linearization"},
+		"final read with a hole":      {new(b).ack(0, "a", 0, 10, 1).lost(1, "x", 11, 12).ack(0, "b", 13, 20, 3).pull(2, 30, 30, 0, "a", "b").withSeqs(1, 3).final(), "hole"},
 		"head behind an ack":          {new(b).ack(0, "a", 0, 10, 1).head(1, 11, 12, 0), "head 0 read after seq 1"},
 		"key stored twice":            {new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 2).pull(2, 40, 41, 0, "a", "b", "a"), "stored at seq 1 and 3"},
 		"acked but read elsewhere":    {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).pull(2, 30, 31, 0, "b", "a"), "b acked at seq 2 but read at seq 1"},

@@ -107,6 +107,9 @@ type Op struct {
 	Head      uint64   // Head
 	Keys      []string // Pull: the keys of the messages returned, in order
 	Seqs      []uint64 // Pull: their seqs (must be after+1, after+2, ...)
+	// Final marks a Pull that read the whole conversation after every other
+	// operation of it returned (a test's last look at the store).
+	Final bool
 }
 
 func (o Op) String() string {
