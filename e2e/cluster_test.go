@@ -194,7 +194,7 @@ func TestClusterZombie(t *testing.T) {
 	var pinnedFatal atomic.Int64
 	var sdkErrMu sync.Mutex
 	var sdkErrSample []string // errors the SDK surfaced (it retries on its own)
-	l := &load{convs: convs, clients: 48, led: newLedger(), readers: 4, readVia: nodes.reader,
+	l := &load{convs: convs, clients: 48, led: newLedger(),
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
 			if i%3 == 0 { // pinned to the zombie, raw gRPC
 				resp, err := send(ctx, zombie.grpcClient(), conv, from, cid, body)
