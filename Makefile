@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check grpc-tools
+.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check grpc-tools soak
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -62,6 +62,11 @@ bench: build ## short benchmark run of every engine and scenario, report in benc
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
+
+SOAK_MINUTES ?= 10
+SOAK_SEED ?=
+soak: ## random nemesis schedules for SOAK_MINUTES (default 10) on 3 nodes; prints SOAK_SEED, which reproduces the schedule (docs/TESTING.md "Soak")
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -timeout $$(( $(firstword $(subst ., ,$(SOAK_MINUTES))) + 20 ))m -run '^TestNemesisSchedule$$' ./e2e/
 
 image: ## container image localhost/sequencer:dev FROM scratch with podman (deploy/Containerfile)
 	bash scripts/image.sh

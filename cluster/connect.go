@@ -154,6 +154,12 @@ var _ Transport = (*ConnectTransport)(nil)
 // DefaultMaxRequestBytes bounds one node-to-node request (ConnectConfig).
 const DefaultMaxRequestBytes = 8 << 20
 
+// TestDialFromEnv, for tests only, names the local IP this node dials its
+// peers from (e.g. 127.0.0.12), so that the e2e nemesis's proxies tell a
+// node's links apart by source address (docs/TESTING.md "Network faults").
+// Never set in production: an unparsable or empty value changes nothing.
+const TestDialFromEnv = "SEQUENCER_TEST_CLUSTER_DIAL_FROM"
+
 // NewConnectTransport checks cfg and returns a transport that listens on
 // cfg.Listen once started.
 func NewConnectTransport(cfg ConnectConfig) (*ConnectTransport, error) {
@@ -170,11 +176,15 @@ func NewConnectTransport(cfg ConnectConfig) (*ConnectTransport, error) {
 		return nil, fmt.Errorf("cluster listen %s is not a loopback address: set --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure)", cfg.Listen)
 	}
 	var protocols http.Protocols
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
+	if ip := net.ParseIP(os.Getenv(TestDialFromEnv)); ip != nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
 	tr := &http.Transport{
 		Protocols:           &protocols,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		DialContext:         dialer.DialContext,
 		TLSHandshakeTimeout: 5 * time.Second,
 		// A peer that stops answering (frozen, cable cut) is noticed by
 		// HTTP/2 pings, not only by the callers' deadlines.

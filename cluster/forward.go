@@ -253,7 +253,7 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 			case failed != nil && retry[i] == retryNotStored:
 				out[i] = sequencer.SendOutcome{Err: failed}
 			default:
-				res, err := n.send(ctx, reqs[i], forwarded)
+				res, err := n.send(ctx, reqs[i], forwarded, retry[i] == retryUnknown)
 				out[i] = sequencer.SendOutcome{Result: res, Err: err}
 				if err != nil && ownershipErr(err) {
 					failed = err

@@ -186,6 +186,8 @@ type countingTransport struct {
 	loseReplies    atomic.Int64 // batches whose reply is lost after delivery
 	dropRequests   atomic.Int64 // batches dropped before delivery
 	hang           atomic.Bool  // batches wait for their context and get no answer
+	refuseFor      atomic.Int64 // ns: after a lost reply, batches are refused (nothing stored) this long
+	refuseUntil    atomic.Int64 // unix ns
 }
 
 func (c *countingTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
@@ -193,6 +195,9 @@ func (c *countingTransport) Forward(ctx context.Context, addr string, req *clust
 	if c.hang.Load() {
 		<-ctx.Done()
 		return nil, ctx.Err()
+	}
+	if time.Now().UnixNano() < c.refuseUntil.Load() {
+		return nil, &RefusedError{Msg: "test: refused, nothing stored"}
 	}
 	if c.dropRequests.Add(-1) >= 0 {
 		return nil, errors.New("test: connection reset before the request was sent")
@@ -207,6 +212,9 @@ func (c *countingTransport) Forward(ctx context.Context, addr string, req *clust
 	}
 	reply, err := c.Transport.Forward(ctx, addr, req)
 	if err == nil && c.loseReplies.Add(-1) >= 0 {
+		if d := c.refuseFor.Load(); d > 0 {
+			c.refuseUntil.Store(time.Now().Add(time.Duration(d)).UnixNano())
+		}
 		return nil, errors.New("test: connection reset before the reply arrived")
 	}
 	return reply, err
@@ -337,10 +345,14 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 	ct.loseReplies.Store(2)
 	req := sequencer.SendRequest{ConvID: convs[0], FromUID: 7, ClientMsgID: "lost-reply", MsgType: 1}
 	res, err := a.cn.Send(ctx, req)
-	if err != nil || res.Seq != 1 || !res.Duplicate {
-		t.Fatalf("send whose replies were lost twice: %+v %v (want seq 1, duplicate: stored by the first try)", res, err)
+	if err != nil || res.Seq != 1 || res.Duplicate {
+		t.Fatalf("send whose replies were lost twice: %+v %v (want seq 1, stored by the first try; not duplicate: the client sent it once)", res, err)
 	}
 	acks[req.ClientMsgID] = acked{conv: req.ConvID, msgID: res.MsgID, seq: res.Seq}
+	// The client's own resend is a duplicate.
+	if again, err := a.cn.Send(ctx, req); err != nil || again.Seq != 1 || again.MsgID != res.MsgID || !again.Duplicate {
+		t.Fatalf("client's resend: %+v %v (want the first ids, duplicate)", again, err)
+	}
 
 	ct.dropRequests.Store(1)
 	ct.loseReplies.Store(1)
@@ -354,11 +366,27 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 		if o.Err != nil {
 			t.Fatalf("item %d after a dropped request and a lost reply: %v", i, o.Err)
 		}
+		if o.Result.Duplicate {
+			t.Errorf("item %d sent once by the client answered duplicate after the node's own resend", i)
+		}
 		acks[reqs[i].ClientMsgID] = acked{conv: reqs[i].ConvID, msgID: o.Result.MsgID, seq: o.Result.Seq}
 	}
 	if out[0].Result.Seq != 2 || out[3].Result.Seq != 3 || out[1].Result.Seq != 1 || out[4].Result.Seq != 2 {
 		t.Fatalf("seqs not in item order: %+v", out)
 	}
+
+	// A lost reply, then refusals for longer than the handoff wait: the
+	// first try stored it, so the refusals' unavailable must not answer it
+	// (an error answer says "not stored"); it is acked once they stop.
+	ct.refuseFor.Store(int64(a.cn.cfg.HandoffWait + time.Second))
+	ct.loseReplies.Store(1)
+	req = sequencer.SendRequest{ConvID: convs[2], FromUID: 7, ClientMsgID: "lost-then-refused", MsgType: 1}
+	res, err = a.cn.Send(ctx, req)
+	ct.refuseFor.Store(0)
+	if err != nil || res.Duplicate {
+		t.Fatalf("send stored by a try whose reply was lost, then refused past the handoff wait: %+v %v (want the stored ids, not duplicate)", res, err)
+	}
+	acks[req.ClientMsgID] = acked{conv: req.ConvID, msgID: res.MsgID, seq: res.Seq}
 
 	// An owner that never answers: the caller's deadline ends the send, and
 	// the error says so (not an answer), never unavailable.

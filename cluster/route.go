@@ -43,7 +43,7 @@ func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error
 // waits up to HandoffWait for the handoff, then fails with a retryable
 // error; the client resends with the same client_msg_id.
 func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	return n.send(ctx, req, false)
+	return n.send(ctx, req, false, false)
 }
 
 // ownershipErr reports errors that mean "not written: the writer is
@@ -64,7 +64,15 @@ func ownershipErr(err error) bool {
 // the outcome is unknown). Ownership errors (the partition is moving or not
 // taken yet) are retried within HandoffWait; their final answer is the
 // retryable error (nothing was stored).
-func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bool) (sequencer.SendResult, error) {
+//
+// After a forward without an answer (or when unknownBefore: the caller's
+// earlier attempt got none), no retryable error answers the send any more
+// (the earlier attempt may have stored it): only a result, a final error or
+// the end of ctx does. An answer that says duplicate may be this
+// node's own resend finding the first attempt stored: the client did not
+// resend, so the answer says duplicate: false (the ids are the stored ones
+// either way; docs/API.md "duplicate").
+func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, unknownBefore bool) (sequencer.SendResult, error) {
 	if _, ok := ctx.Deadline(); !ok && !forwarded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout)
@@ -81,7 +89,22 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 		now := n.clk.Now()
 		n.mu.RLock()
 		dst, changed := n.core.Dispatch(p, now), n.changed
+		var cutOff error
+		if dst.Way == ownership.WayLocal || (dst.Way == ownership.WayWait && dst.Owner.NodeID == n.cfg.NodeID) {
+			// The node part of the one predicate: could this node write
+			// anything now (member, not in trouble, lease renewed)?
+			cutOff = n.core.NodeWritable(now)
+		}
 		n.mu.RUnlock()
+		if cutOff != nil && !unknownBefore {
+			// This node would write the partition but cannot (its membership
+			// lease is not renewed, it is stepping down or in trouble): no
+			// wait here ends sooner than the store answering again, so say
+			// so at once and let the client go to the next owner. Nothing
+			// was tried: the error is final.
+			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+				fmt.Sprintf("node %s cannot write partition %d now: %v", n.cfg.NodeID, p, cutOff))
+		}
 
 		var err error
 		retryAfter := time.Duration(0) // 0: wait for a local change
@@ -93,8 +116,8 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 			err = dst.Err
 		case ownership.WayLocal:
 			res, lerr := n.local.Send(ctx, req)
-			if lerr == nil || !ownershipErr(lerr) {
-				return res, lerr
+			if lerr == nil || !ownershipErr(lerr) && !(unknownBefore && sequencer.ErrorCode(lerr).Retryable()) {
+				return ownResend(res, unknownBefore), lerr
 			}
 			err = lerr
 			retryAfter = backoff
@@ -108,7 +131,13 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 			o := n.await(ctx, dst.Owner.NodeID, it)
 			switch o.kind {
 			case fwdAnswered:
-				return o.res, o.err
+				if o.err == nil || !unknownBefore || !sequencer.ErrorCode(o.err).Retryable() {
+					return ownResend(o.res, unknownBefore), o.err
+				}
+				// A retryable error after an attempt with no answer: that
+				// attempt may have stored it, so this is no final answer.
+				err = o.err
+				retryAfter = backoff
 			case fwdRetry:
 				err = o.err
 				retryAfter = backoff // the owner's view may be ahead or behind ours
@@ -119,6 +148,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 				err = o.err
 				retryAfter = backoff
 				noAnswer = true
+				unknownBefore = true
 				// The handoff wait starts over: the conversation may be
 				// moving now (its owner dropped out).
 				wait.Reset(n.cfg.HandoffWait)
@@ -126,7 +156,9 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 		}
 
 		waitOver := wait.C
-		if noAnswer {
+		if noAnswer || unknownBefore {
+			// An earlier attempt may have stored it: an error now would
+			// say "not stored, ever". Only an answer or ctx ends this.
 			waitOver = nil
 		}
 		if werr := n.waitChange(ctx, changed, waitOver, retryAfter); werr != nil {
@@ -142,6 +174,16 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded bo
 }
 
 var errHandoffWait = errors.New("handoff wait over")
+
+// ownResend clears Duplicate on the answer to a resend this node made on its
+// own (an earlier attempt of the same call got no answer): the client sent
+// the message once.
+func ownResend(res sequencer.SendResult, resentByNode bool) sequencer.SendResult {
+	if resentByNode {
+		res.Duplicate = false
+	}
+	return res
+}
 
 // waitChange waits for a change of the node's state (changed closed), for
 // retryAfter when > 0, for the end of the handoff wait (errHandoffWait) or

@@ -217,17 +217,18 @@ func (l *simLocal) StopConversations(ctx context.Context, match func(string) boo
 
 // sim is a cluster under test.
 type sim struct {
-	t     testing.TB
-	clk   *clock.Fake
-	mem   *membership.Mem
-	audit *auditStore
-	net   *MemNetwork
-	db    *simDB
-	nodes map[string]*simNode
-	order []string // creation order
-	seq   int
-	acked map[sequencer.ClientKey]sequencer.SendResult
-	wrap  func(id string, tr Transport) Transport // optional: wraps each node's transport
+	t           testing.TB
+	handoffWait time.Duration // nodes' HandoffWait; 0 means 1ms
+	clk         *clock.Fake
+	mem         *membership.Mem
+	audit       *auditStore
+	net         *MemNetwork
+	db          *simDB
+	nodes       map[string]*simNode
+	order       []string // creation order
+	seq         int
+	acked       map[sequencer.ClientKey]sequencer.SendResult
+	wrap        func(id string, tr Transport) Transport // optional: wraps each node's transport
 }
 
 type simNode struct {
@@ -260,7 +261,7 @@ func (s *sim) cfg(id string) Config {
 		Ring:        simRing,
 		MemberTTL:   5 * time.Second,
 		Heartbeat:   time.Second,
-		HandoffWait: time.Millisecond,
+		HandoffWait: max(s.handoffWait, time.Millisecond),
 		StopTimeout: time.Second,
 		Clock:       s.clk,
 		Logger:      simLogger(),
@@ -950,6 +951,55 @@ func TestSimStoreOutageKeepsSafety(t *testing.T) {
 		if err := s.send("b", simConvs[p]); err != nil {
 			t.Fatalf("send after the outage: %v", err)
 		}
+	}
+	s.checkAcked()
+}
+
+// TestSimCutOffNodeAnswersAtOnce: a node that cannot renew its membership
+// lease (the store is unreachable for longer than the TTL) answers a send for
+// a partition it holds with unavailable (not stored) at once, instead of
+// holding it for the handoff wait (here an hour: the caller's 5 s deadline
+// would end it first, an answer that says nothing).
+func TestSimCutOffNodeAnswersAtOnce(t *testing.T) {
+	s := newSim(t)
+	s.handoffWait = time.Hour
+	s.start("a")
+	s.start("b")
+	s.settle(6)
+	conv := ""
+	for p := range simPartitions {
+		if loc, err := s.nodes["b"].node.Locate(simConvs[p]); err == nil && loc.NodeID == "b" {
+			conv = simConvs[p]
+			break
+		}
+	}
+	if conv == "" {
+		t.Fatal("b owns no conversation")
+	}
+	var down bool
+	s.mem.Fail = func(op string) error {
+		if down {
+			return errors.New("sim: store unreachable")
+		}
+		return nil
+	}
+	down = true
+	for range 7 {
+		s.round()
+	}
+	if s.nodes["b"].node.Serving() == nil {
+		t.Fatal("b is ready without renewing its lease")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := s.nodes["b"].node.Send(ctx, sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "cut-off", MsgType: 1})
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, sequencer.ErrNotOwner) || sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("send to a node cut off from the store: %v (want unavailable, not owner, answered before the deadline)", err)
+	}
+	down = false
+	s.settle(8)
+	if err := s.sendWithin("b", conv, 5*time.Second); err != nil {
+		t.Fatalf("send after the outage: %v", err)
 	}
 	s.checkAcked()
 }

@@ -48,6 +48,12 @@ func (s *nodeSet) pick(rng *rand.Rand) string {
 	return s.addrs[rng.Intn(len(s.addrs))]
 }
 
+// reader is a JSON client of a random node, for load.readVia.
+func (s *nodeSet) reader(rng *rand.Rand) (string, sequencerv1connect.SequencerServiceClient) {
+	a := s.pick(rng)
+	return a, sequencerv1connect.NewSequencerServiceClient(http.DefaultClient, "http://"+a, connect.WithProtoJSON())
+}
+
 func (s *nodeSet) all() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -85,7 +91,7 @@ func TestClusterChurn(t *testing.T) {
 	for i := range rngs {
 		rngs[i] = rand.New(rand.NewSource(int64(100 + i)))
 	}
-	l := &load{convs: convs, clients: 64, led: newLedger(),
+	l := &load{convs: convs, clients: 64, led: newLedger(), readers: 4, readVia: nodes.reader,
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
 			if i%2 == 0 { // the SDK: retries inside, must never fail here
 				res, err := sdk.Send(ctx, client.SendRequest{ConvID: conv, FromUID: from, ClientMsgID: cid, Body: body})

@@ -84,11 +84,10 @@ func TestClusterFailoverDefaults(t *testing.T) {
 				conv := convs[(s*31+i*7)%len(convs)]
 				cid := fmt.Sprintf("s%d-%d", s, i)
 				st := sendTimes{conv: conv, start: time.Now()}
+				call := led.hist.Now()
 				res, err := sdk.Send(ctx, client.SendRequest{ConvID: conv, FromUID: uint64(s + 1), ClientMsgID: cid, Body: []byte(cid)})
 				st.end, st.err = time.Now(), err
-				if err == nil {
-					led.record(ack{conv: conv, from: uint64(s + 1), cid: cid, msgID: res.MsgID, seq: res.Seq})
-				}
+				led.attempt(s, conv, uint64(s+1), cid, call, res.MsgID, res.Seq, res.Duplicate, err)
 				mu.Lock()
 				sends = append(sends, st)
 				mu.Unlock()

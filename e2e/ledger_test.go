@@ -3,10 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/history"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -26,9 +31,14 @@ type ledger struct {
 	acks    map[sequencer.ClientKey]ack // first ack per key
 	resends int
 	errs    []string
+	// hist is every attempt of every client (load.sendUntilAcked records
+	// them), checked by verify against the append-only log model.
+	hist *history.Recorder
 }
 
-func newLedger() *ledger { return &ledger{acks: map[sequencer.ClientKey]ack{}} }
+func newLedger() *ledger {
+	return &ledger{acks: map[sequencer.ClientKey]ack{}, hist: history.NewRecorder()}
+}
 
 // record notes an ack; a second ack for the same key must carry the same ids.
 func (l *ledger) record(a ack) {
@@ -43,6 +53,18 @@ func (l *ledger) record(a ack) {
 		return
 	}
 	l.acks[k] = a
+}
+
+// attempt records one send attempt that started at call (l.hist.Now())
+// and ended now with err: in the history, and as an ack when err is nil.
+// Tests that send outside load use it so their sends are checked too.
+func (l *ledger) attempt(client int, conv string, from uint64, cid string, call time.Duration, msgID, seq uint64, dup bool, err error) {
+	code, outcome := sendOutcome(err)
+	l.hist.Add(history.Op{Kind: history.Send, Conv: conv, Client: client, Key: historyKey(from, cid),
+		Call: call, Return: l.hist.Now(), Outcome: outcome, Code: code, Seq: seq, MsgID: msgID, Duplicate: dup})
+	if err == nil {
+		l.record(ack{conv: conv, from: from, cid: cid, msgID: msgID, seq: seq})
+	}
 }
 
 func (l *ledger) count() int {
@@ -64,6 +86,11 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 	}
 	stored := map[string]map[uint64]sequencer.Message{}
 	msgIDs := map[uint64]string{}
+	sent := map[string]bool{}
+	for _, o := range l.hist.Ops() {
+		sent[o.Key] = true
+	}
+	untracked := 0
 	for _, c := range convs {
 		head, err := st.LoadHead(ctx, c)
 		if err != nil {
@@ -89,7 +116,28 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 			m[r.Seq] = r
 		}
 		stored[c] = m
+		// The store's final state is the last read of the history: a hole,
+		// a doubled key or a message whose every send got an error shows here.
+		// Rows the harness did not send (a test's own sends outside load) enter
+		// as sends of unknown outcome by an untracked client.
+		at := l.hist.Now()
+		for _, r := range rows {
+			if k := historyKey(r.FromUID, r.ClientMsgID); !sent[k] {
+				untracked++
+				l.hist.Add(history.Op{Kind: history.Send, Conv: c, Client: -1, Key: k, Outcome: history.Unknown, Code: history.Untracked})
+			}
+		}
+		fin := history.Op{Kind: history.Pull, Conv: c, Node: "store", Client: -1, Call: at, Return: at, Outcome: history.OK, Final: true}
+		for _, r := range rows {
+			fin.Keys = append(fin.Keys, historyKey(r.FromUID, r.ClientMsgID))
+			fin.Seqs = append(fin.Seqs, r.Seq)
+		}
+		l.hist.Add(fin)
 	}
+	if untracked > 0 {
+		t.Logf("history: %d stored rows were sent outside the recorded load", untracked)
+	}
+	l.checkHistory(t)
 	for k, a := range l.acks {
 		r, ok := stored[a.conv][a.seq]
 		if !ok {
@@ -101,4 +149,41 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 		}
 	}
 	t.Logf("verified %d acked messages (%d resend answers) over %d conversations, %d stored rows", len(l.acks), l.resends, len(convs), len(msgIDs))
+}
+
+func historyKey(from uint64, cid string) string { return fmt.Sprintf("%d/%s", from, cid) }
+
+// historyTimeout bounds porcupine's search; a search that does not finish
+// fails the test (the history was not checked).
+const historyTimeout = 2 * time.Minute
+
+// checkHistory checks every recorded operation against the append-only log
+// model (internal/history); a failing history is written, with porcupine's
+// visualisation, to $SEQUENCER_TEST_ARTIFACTS (default test-artifacts/ at the
+// repository root).
+func (l *ledger) checkHistory(t *testing.T) {
+	t.Helper()
+	ops := l.hist.Ops()
+	for i := range ops {
+		if ops[i].Client < 0 { // the final store reads: a client of their own
+			ops[i].Client = 100000
+		}
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	res, err := history.Check(ops, historyTimeout, historyArtifacts(), name)
+	if err != nil {
+		t.Errorf("history check: %v", err)
+	}
+	if !res.OK() {
+		t.Errorf("%v", res)
+		return
+	}
+	t.Logf("%v", res)
+}
+
+func historyArtifacts() string {
+	if d := os.Getenv(artifactsEnv); d != "" {
+		return d
+	}
+	return filepath.Join("..", "test-artifacts")
 }

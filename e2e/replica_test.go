@@ -78,10 +78,14 @@ func (p *probe) run(ctx context.Context, c sequencerv1connect.SequencerServiceCl
 		cid := fmt.Sprintf("probe-%d", i)
 		for {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			call := led.hist.Now()
 			resp, err := send(rctx, c, "probe", 42, cid, nil)
 			cancel()
+			if err != nil {
+				led.attempt(-2, "probe", 42, cid, call, 0, 0, false, err)
+			}
 			if err == nil {
-				led.record(ack{conv: "probe", from: 42, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
+				led.attempt(-2, "probe", 42, cid, call, resp.MsgId, resp.Seq, resp.Duplicate, nil)
 				p.mu.Lock()
 				p.acks = append(p.acks, time.Now())
 				p.mu.Unlock()
@@ -205,14 +209,15 @@ func switchPrimary(t *testing.T, nodes []*proc, primary, standby *pgtest.Node, l
 			t.Fatal(err)
 		}
 		cid := "after-switch-" + conv
+		call := l.led.hist.Now()
 		resp, err := send(context.Background(), nodes[i%len(nodes)].grpcClient(), conv, 7, cid, nil)
 		if err != nil {
 			t.Fatalf("send after the switch: %v", err)
 		}
+		l.led.attempt(-3, conv, 7, cid, call, resp.MsgId, resp.Seq, resp.Duplicate, nil)
 		if resp.Seq != head+1 {
 			t.Fatalf("conv %s: after the switch got seq %d, want head+1 = %d", conv, resp.Seq, head+1)
 		}
-		l.led.record(ack{conv: conv, from: 7, cid: cid, msgID: resp.MsgId, seq: resp.Seq})
 	}
 	for _, n := range nodes {
 		if err := n.term(30 * time.Second); err != nil {

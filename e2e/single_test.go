@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/sequencer-im/sequencer/internal/testwait"
 	"io"
 	"math/rand"
 	"net/http"
@@ -17,6 +16,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/history"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/open"
@@ -178,10 +180,70 @@ type load struct {
 	// retryable, when set, replaces the default classification.
 	retryable  func(err error) bool
 	maxLatency atomic.Int64 // ns, longest time from first attempt to ack
+	// readers, when > 0, run beside the senders: GetHead and Pull of random
+	// conversations through readVia, recorded in the ledger's history (a
+	// head that goes backwards or a read that misses an ack fails verify).
+	readers int
+	readVia func(rng *rand.Rand) (node string, c sequencerv1connect.SequencerServiceClient)
+}
+
+// read runs one reader until stop.
+func (l *load) read(ctx context.Context, i int, stop <-chan struct{}) {
+	rng := rand.New(rand.NewSource(int64(7000 + i)))
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		node, c := l.readVia(rng)
+		conv := l.convs[rng.Intn(len(l.convs))]
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		op := history.Op{Kind: history.Head, Conv: conv, Node: node, Client: l.clients + i, Call: l.led.hist.Now()}
+		var err error
+		if rng.Intn(2) == 0 {
+			var r *connect.Response[sequencerv1.GetHeadResponse]
+			if r, err = c.GetHead(rctx, connect.NewRequest(&sequencerv1.GetHeadRequest{ConvId: conv})); err == nil {
+				op.Head = r.Msg.HeadSeq
+			}
+		} else {
+			op.Kind = history.Pull
+			op.AfterSeq = uint64(rng.Intn(8))
+			var r *connect.Response[sequencerv1.PullResponse]
+			if r, err = c.Pull(rctx, connect.NewRequest(&sequencerv1.PullRequest{ConvId: conv, AfterSeq: op.AfterSeq, Limit: 20})); err == nil {
+				for _, m := range r.Msg.Messages {
+					op.Keys = append(op.Keys, historyKey(m.FromUid, m.ClientMsgId))
+					op.Seqs = append(op.Seqs, m.Seq)
+				}
+			}
+		}
+		cancel()
+		op.Return = l.led.hist.Now()
+		if err != nil {
+			op.Outcome, op.Code = history.Failed, connect.CodeOf(err).String()
+		}
+		l.led.hist.Add(op)
+		select {
+		case <-time.After(time.Duration(5+rng.Intn(20)) * time.Millisecond):
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 	var wg sync.WaitGroup
+	readStop := make(chan struct{})
+	var readers sync.WaitGroup
+	for i := 0; i < l.readers; i++ {
+		readers.Add(1)
+		go func(i int) { defer readers.Done(); l.read(ctx, i, readStop) }(i)
+	}
+	defer func() { close(readStop); readers.Wait() }()
 	for i := 0; i < l.clients; i++ {
 		wg.Add(1)
 		go func(i int) {
@@ -233,15 +295,20 @@ func (l *load) sendUntilAcked(ctx context.Context, i int, c sequencerv1connect.S
 		rctx, cancel := context.WithTimeout(ctx, l.attemptTimeout())
 		var msgID, seq uint64
 		var err error
+		var dup bool
+		call := l.led.hist.Now()
 		if l.sendFn != nil {
 			msgID, seq, err = l.sendFn(rctx, i, conv, from, cid, body)
 		} else {
 			var resp *sequencerv1.SendResponse
 			if resp, err = send(rctx, c, conv, from, cid, body); err == nil {
-				msgID, seq = resp.MsgId, resp.Seq
+				msgID, seq, dup = resp.MsgId, resp.Seq, resp.Duplicate
 			}
 		}
 		cancel()
+		code, outcome := sendOutcome(err)
+		l.led.hist.Add(history.Op{Kind: history.Send, Conv: conv, Client: i, Key: historyKey(from, cid),
+			Call: call, Return: l.led.hist.Now(), Outcome: outcome, Code: code, Seq: seq, MsgID: msgID, Duplicate: dup})
 		if err == nil {
 			l.led.record(ack{conv: conv, from: from, cid: cid, msgID: msgID, seq: seq})
 			took := int64(time.Since(start))
@@ -281,6 +348,26 @@ func (l *load) attemptTimeout() time.Duration {
 		return 60 * time.Second
 	}
 	return 10 * time.Second
+}
+
+// sendOutcome classifies one attempt for the history (CONTRACT section 6):
+// an error a node answered is final unless it is deadline_exceeded or
+// canceled; a transport error tells nothing. The SDK retries inside, so an
+// error it surfaces after a retryable code may follow an attempt that stored.
+func sendOutcome(err error) (string, history.Outcome) {
+	if err == nil {
+		return "", history.OK
+	}
+	var se *sequencer.Error
+	if asSeqErr(err, &se) {
+		code := se.Code.String()
+		if se.Code.Retryable() || se.Code == sequencer.CodeDeadlineExceeded || se.Code == sequencer.CodeCanceled || se.Code == sequencer.CodeInternal {
+			return code, history.Unknown
+		}
+		return code, history.OutcomeOfCode(code, true)
+	}
+	code := connect.CodeOf(err).String()
+	return code, history.OutcomeOfCode(code, connect.IsWireError(err))
 }
 
 // retryableCode is what a client may resend on (with the same client_msg_id).

@@ -477,10 +477,11 @@ func (c *Core) refusal() error {
 	return nil
 }
 
-// nodeWritable is the part of Writable that does not depend on the
-// partition: the node is an active (or leaving) member, not in trouble, and
+// NodeWritable is the part of Writable that does not depend on the
+// partition (a node that fails it writes nothing, so a send it owns gets an
+// answer at once instead of a wait): the node is an active (or leaving) member, not in trouble, and
 // its membership lease was renewed within MemberTTL of now.
-func (c *Core) nodeWritable(now time.Time) error {
+func (c *Core) NodeWritable(now time.Time) error {
 	if c.trouble != TroubleNone {
 		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 			fmt.Sprintf("node %s is %s", c.self.NodeID, c.trouble))
@@ -505,7 +506,7 @@ func (c *Core) nodeWritable(now time.Time) error {
 // derived from it. The store checks the fence again inside the commit's
 // transaction: that is the other place, and the one safety rests on.
 func (c *Core) Writable(p uint32, now time.Time) (persist.Fence, error) {
-	if err := c.nodeWritable(now); err != nil {
+	if err := c.NodeWritable(now); err != nil {
 		return persist.Fence{}, err
 	}
 	switch st := c.parts[p]; {
@@ -529,7 +530,7 @@ func (c *Core) Serving(now time.Time) error {
 	case PhaseLeaving, PhaseLeft:
 		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "cluster: node is leaving")
 	}
-	if err := c.nodeWritable(now); err != nil {
+	if err := c.NodeWritable(now); err != nil {
 		if d := now.Sub(c.renewed); d > c.cfg.MemberTTL && c.trouble == TroubleNone && c.phase == PhaseActive {
 			return fmt.Errorf("cluster: membership not renewed for %v (last error: %v)", d.Round(time.Millisecond), c.beatErr)
 		}

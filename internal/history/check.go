@@ -1,0 +1,357 @@
+package history
+
+import (
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// logState is a conversation: the keys appended so far, as "\nk1\nk2\n"
+// (an immutable, comparable value), and how many.
+type logState struct {
+	log string
+	n   int
+	h   uint64 // a hash of the keys in order, kept as keys are appended
+}
+
+func (s logState) indexOf(key string) int {
+	i := strings.Index(s.log, "\n"+key+"\n")
+	if i < 0 {
+		return 0
+	}
+	return strings.Count(s.log[:i+1], "\n")
+}
+
+func (s logState) entries() []string {
+	if s.n == 0 {
+		return nil
+	}
+	return strings.Split(s.log[1:len(s.log)-1], "\n")
+}
+
+func (s logState) appendKey(key string) logState {
+	f := fnv.New64a()
+	f.Write([]byte(key))
+	h := (s.h^f.Sum64())*1099511628211 + 1
+	if s.n == 0 {
+		return logState{log: "\n" + key + "\n", n: 1, h: h}
+	}
+	return logState{log: s.log + key + "\n", n: s.n + 1, h: h}
+}
+
+// step is the model: can op happen on s, and what is the log after it.
+func step(s logState, op *Op) (bool, logState) {
+	switch op.Kind {
+	case Send:
+		switch op.Outcome {
+		case OK:
+			if i := s.indexOf(op.Key); i > 0 {
+				return uint64(i) == op.Seq, s
+			}
+			if op.Seq != uint64(s.n)+1 {
+				return false, s
+			}
+			return true, s.appendKey(op.Key)
+		case Unknown:
+			// Applied here, or (placed last, where nothing sees it) never.
+			if s.indexOf(op.Key) > 0 {
+				return true, s
+			}
+			return true, s.appendKey(op.Key)
+		default:
+			return true, s // an error answer: nothing, ever
+		}
+	case Pull:
+		if op.Outcome == OK && op.Final && op.AfterSeq+uint64(len(op.Keys)) != uint64(s.n) {
+			return false, s // the whole log, and nothing but it
+		}
+		if op.Outcome != OK || len(op.Keys) == 0 {
+			return true, s // nothing read (after_seq may be past the head)
+		}
+		if op.AfterSeq+uint64(len(op.Keys)) > uint64(s.n) {
+			return false, s
+		}
+		e := s.entries()
+		for i, k := range op.Keys {
+			if i < len(op.Seqs) && op.Seqs[i] != op.AfterSeq+uint64(i)+1 {
+				return false, s
+			}
+			if e[int(op.AfterSeq)+i] != k {
+				return false, s
+			}
+		}
+		return true, s
+	case Head:
+		if op.Outcome != OK {
+			return true, s
+		}
+		return op.Head == uint64(s.n), s
+	}
+	return false, s
+}
+
+// Model is the append-only log, for porcupine; inputs are *Op.
+var Model = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		var convs []string
+		for _, o := range h {
+			c := o.Input.(*Op).Conv
+			if _, ok := by[c]; !ok {
+				convs = append(convs, c)
+			}
+			by[c] = append(by[c], o)
+		}
+		sort.Strings(convs)
+		out := make([][]porcupine.Operation, 0, len(convs))
+		for _, c := range convs {
+			out = append(out, by[c])
+		}
+		return out
+	},
+	Init: func() interface{} { return logState{} },
+	Step: func(state, input, _ interface{}) (bool, interface{}) {
+		return step(state.(logState), input.(*Op))
+	},
+	Hash: func(state interface{}) uint64 { return state.(logState).h },
+	DescribeOperation: func(input, _ interface{}) string {
+		op := input.(*Op)
+		switch op.Kind {
+		case Send:
+			switch op.Outcome {
+			case OK:
+				d := ""
+				if op.Duplicate {
+					d = " (duplicate)"
+				}
+				return fmt.Sprintf("send(%s) -> seq %d%s", op.Key, op.Seq, d)
+			case Unknown:
+				return fmt.Sprintf("send(%s) -> unknown %s", op.Key, op.Code)
+			}
+			return fmt.Sprintf("send(%s) -> error %s", op.Key, op.Code)
+		case Pull:
+			if op.Outcome != OK {
+				return fmt.Sprintf("pull(after %d) -> %s", op.AfterSeq, op.Code)
+			}
+			return fmt.Sprintf("pull(after %d) -> %v", op.AfterSeq, op.Keys)
+		case Head:
+			if op.Outcome != OK {
+				return "head -> " + op.Code
+			}
+			return fmt.Sprintf("head -> %d", op.Head)
+		}
+		return op.String()
+	},
+	DescribeState: func(state interface{}) string {
+		s := state.(logState)
+		e := s.entries()
+		if len(e) > 6 {
+			return fmt.Sprintf("%d entries: ... %v", s.n, e[len(e)-6:])
+		}
+		return fmt.Sprintf("%d entries: %v", s.n, e)
+	},
+	DescribeOperationMetadata: func(info interface{}) string {
+		if info == nil {
+			return ""
+		}
+		return info.(string)
+	},
+}
+
+// operations turns a history into porcupine's form. An unknown outcome has
+// no return: it stays open to the end, except that once another attempt of
+// the same key was acked the key's place is fixed, and the open attempt can
+// change nothing after that ack returned.
+//
+// In a conversation with a Final read, an unknown send whose key no ack and
+// no read ever shows is left out: the final read shows the whole log, so it
+// never landed before it, and after it nothing sees it. (Kept, it would be
+// tried at every step of the search.)
+func operations(ops []Op) []porcupine.Operation {
+	acked := map[string]time.Duration{} // conv+key -> earliest return of an ack
+	seen := map[string]bool{}           // conv+key shown by an ack or a read
+	final := map[string]bool{}          // conversations with a Final read
+	var last time.Duration
+	for _, o := range ops {
+		if o.Return > last {
+			last = o.Return
+		}
+		if o.Kind == Send && o.Outcome == OK {
+			k := o.Conv + "\x00" + o.Key
+			seen[k] = true
+			if r, ok := acked[k]; !ok || o.Return < r {
+				acked[k] = o.Return
+			}
+		}
+		if o.Kind == Pull && o.Outcome == OK {
+			final[o.Conv] = final[o.Conv] || o.Final
+			for _, k := range o.Keys {
+				seen[o.Conv+"\x00"+k] = true
+			}
+		}
+	}
+	never := int64(last) + 1 // after every answer: open to the end
+	out := make([]porcupine.Operation, 0, len(ops))
+	for i := range ops {
+		o := &ops[i]
+		ret := int64(o.Return)
+		if o.Outcome == Unknown && o.Kind == Send && final[o.Conv] && !seen[o.Conv+"\x00"+o.Key] {
+			continue
+		}
+		if o.Outcome == Unknown && o.Kind == Send {
+			ret = never
+			if r, ok := acked[o.Conv+"\x00"+o.Key]; ok {
+				ret = max(int64(r), int64(o.Call))
+			}
+		}
+		out = append(out, porcupine.Operation{ClientId: o.Client, Input: o, Call: int64(o.Call), Return: ret, Metadata: o.String()})
+	}
+	return out
+}
+
+// Result is the verdict on a history.
+type Result struct {
+	Counts
+	Convs    int      // conversations checked
+	Bad      []string // conversations with no legal order, with the first obvious reason found
+	TimedOut bool     // the search did not finish: the history is NOT checked
+	HTML     string   // the visualisation written for a failing history
+}
+
+// OK says the history was checked and is legal.
+func (r Result) OK() bool { return !r.TimedOut && len(r.Bad) == 0 }
+
+func (r Result) String() string {
+	switch {
+	case r.TimedOut:
+		return fmt.Sprintf("history NOT checked (search timed out): %v", r.Counts)
+	case len(r.Bad) > 0:
+		return fmt.Sprintf("history of %d conversations violates the log model in %d (%s), see %s: %v",
+			r.Convs, len(r.Bad), strings.Join(r.Bad, "; "), r.HTML, r.Counts)
+	}
+	return fmt.Sprintf("history of %d conversations is linearizable: %v", r.Convs, r.Counts)
+}
+
+// Check checks ops against the model. When it fails and dir is not empty,
+// porcupine's visualisation is written to dir/name.html and the history as
+// text to dir/name.txt.
+func Check(ops []Op, timeout time.Duration, dir, name string) (Result, error) {
+	res := Result{Counts: Count(ops)}
+	pops := operations(ops)
+	parts := Model.Partition(pops)
+	res.Convs = len(parts)
+	verdict, info := porcupine.CheckOperationsVerbose(Model, pops, timeout)
+	switch verdict {
+	case porcupine.Ok:
+		return res, nil
+	case porcupine.Unknown:
+		res.TimedOut = true
+	}
+	if verdict == porcupine.Illegal {
+		for _, p := range parts {
+			if porcupine.CheckOperations(Model, p) {
+				continue
+			}
+			conv := p[0].Input.(*Op).Conv
+			res.Bad = append(res.Bad, conv+": "+explain(p))
+		}
+		if len(res.Bad) == 0 {
+			res.Bad = append(res.Bad, "(no single conversation fails alone)")
+		}
+	}
+	if dir == "" {
+		return res, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return res, err
+	}
+	res.HTML = filepath.Join(dir, name+".html")
+	if err := porcupine.VisualizePath(Model, info, res.HTML); err != nil {
+		return res, fmt.Errorf("history visualisation: %w", err)
+	}
+	var b strings.Builder
+	for _, o := range ops {
+		b.WriteString(o.String())
+		b.WriteByte('\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".txt"), []byte(b.String()), 0o644); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// explain names an obvious violation in one conversation's operations, for
+// the report; porcupine's verdict is the check.
+func explain(p []porcupine.Operation) string {
+	bySeq := map[uint64]string{}
+	byKey := map[string]uint64{}
+	failed := map[string]bool{}
+	mayStore := map[string]bool{}
+	var maxHead, maxAck uint64
+	for _, po := range p {
+		o := po.Input.(*Op)
+		switch {
+		case o.Kind == Send && o.Outcome == OK:
+			if k, ok := bySeq[o.Seq]; ok && k != o.Key {
+				return fmt.Sprintf("seq %d acked to %s and to %s", o.Seq, k, o.Key)
+			}
+			if s, ok := byKey[o.Key]; ok && s != o.Seq {
+				return fmt.Sprintf("%s acked at seq %d and at seq %d", o.Key, s, o.Seq)
+			}
+			bySeq[o.Seq], byKey[o.Key] = o.Key, o.Seq
+			mayStore[o.Key] = true
+			maxAck = max(maxAck, o.Seq)
+		case o.Kind == Send && o.Outcome == Unknown:
+			mayStore[o.Key] = true
+		case o.Kind == Send:
+			failed[o.Key] = true
+		case o.Kind == Head && o.Outcome == OK:
+			maxHead = max(maxHead, o.Head)
+		}
+	}
+	for _, po := range p {
+		o := po.Input.(*Op)
+		if o.Kind != Pull || o.Outcome != OK {
+			continue
+		}
+		seen := map[string]uint64{}
+		for i, k := range o.Keys {
+			s := o.AfterSeq + uint64(i) + 1
+			if i < len(o.Seqs) && o.Seqs[i] != s {
+				return fmt.Sprintf("read seq %d where seq %d belongs: a hole", o.Seqs[i], s)
+			}
+			if failed[k] && !mayStore[k] {
+				return fmt.Sprintf("%s is stored at seq %d but every send of it was answered with an error", k, s)
+			}
+			if prev, ok := seen[k]; ok {
+				return fmt.Sprintf("%s stored at seq %d and %d", k, prev, s)
+			}
+			seen[k] = s
+			if a, ok := byKey[k]; ok && a != s {
+				return fmt.Sprintf("%s acked at seq %d but read at seq %d", k, a, s)
+			}
+		}
+	}
+	for i := 0; i < len(p); i++ {
+		a := p[i].Input.(*Op)
+		for j := 0; j < len(p); j++ {
+			b := p[j].Input.(*Op)
+			if a.Kind == Head && b.Kind == Head && a.Outcome == OK && b.Outcome == OK && a.Return < b.Call && b.Head < a.Head {
+				return fmt.Sprintf("head went backwards: %d, then %d", a.Head, b.Head)
+			}
+			if a.Kind == Send && a.Outcome == OK && b.Kind == Head && b.Outcome == OK && a.Return < b.Call && b.Head < a.Seq {
+				return fmt.Sprintf("head %d read after seq %d was acked", b.Head, a.Seq)
+			}
+		}
+	}
+	if maxAck > 0 && uint64(len(bySeq)) < maxAck {
+		return fmt.Sprintf("acks up to seq %d but only %d seqs acked: a hole no open send explains?", maxAck, len(bySeq))
+	}
+	return "no linearization of the log model"
+}

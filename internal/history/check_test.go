@@ -1,0 +1,182 @@
+package history
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// b builds histories by hand: times in milliseconds.
+type b struct{ ops []Op }
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func (h *b) ack(client int, key string, call, ret int, seq uint64) *b {
+	h.ops = append(h.ops, Op{Kind: Send, Conv: "c", Client: client, Key: key, Call: ms(call), Return: ms(ret), Outcome: OK, Seq: seq, MsgID: 1000 + seq})
+	return h
+}
+
+func (h *b) dup(client int, key string, call, ret int, seq uint64) *b {
+	h.ack(client, key, call, ret, seq)
+	h.ops[len(h.ops)-1].Duplicate = true
+	return h
+}
+
+func (h *b) fail(client int, key string, call, ret int, code string) *b {
+	h.ops = append(h.ops, Op{Kind: Send, Conv: "c", Client: client, Key: key, Call: ms(call), Return: ms(ret), Outcome: OutcomeOfCode(code, true), Code: code})
+	return h
+}
+
+func (h *b) lost(client int, key string, call, ret int) *b {
+	h.ops = append(h.ops, Op{Kind: Send, Conv: "c", Client: client, Key: key, Call: ms(call), Return: ms(ret), Outcome: OutcomeOfCode("unavailable", false), Code: "unavailable"})
+	return h
+}
+
+func (h *b) head(client int, call, ret int, head uint64) *b {
+	h.ops = append(h.ops, Op{Kind: Head, Conv: "c", Client: client, Call: ms(call), Return: ms(ret), Outcome: OK, Head: head})
+	return h
+}
+
+func (h *b) pull(client int, call, ret int, after uint64, keys ...string) *b {
+	seqs := make([]uint64, len(keys))
+	for i := range seqs {
+		seqs[i] = after + uint64(i) + 1
+	}
+	h.ops = append(h.ops, Op{Kind: Pull, Conv: "c", Client: client, Call: ms(call), Return: ms(ret), Outcome: OK, AfterSeq: after, Keys: keys, Seqs: seqs})
+	return h
+}
+
+// final marks the last pull as the final read of the whole log.
+func (h *b) final() *b {
+	h.ops[len(h.ops)-1].Final = true
+	return h
+}
+
+// withSeqs sets the seqs of the last pull.
+func (h *b) withSeqs(seqs ...uint64) *b {
+	h.ops[len(h.ops)-1].Seqs = seqs
+	return h
+}
+
+func TestLegalHistories(t *testing.T) {
+	cases := map[string]*b{
+		"sequential sends, resend, reads": new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).dup(0, "a", 21, 30, 1).
+			head(2, 31, 32, 2).pull(2, 33, 34, 0, "a", "b"),
+		// Concurrent sends may take their seqs in either order.
+		"concurrent sends": new(b).ack(0, "a", 0, 10, 2).ack(1, "b", 0, 10, 1).pull(2, 11, 12, 1, "a"),
+		// A send with no answer stored later: the client's resend learns its seq.
+		"lost answer then resend": new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 2).dup(0, "a", 40, 50, 1),
+		// A lost send that never landed changes nothing.
+		"lost and never stored": new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 1).pull(2, 40, 41, 0, "b").head(2, 42, 43, 1),
+		// A lost send may land long after its client gave up (a slow commit).
+		"lost send lands late": new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 1).head(2, 31, 32, 1).pull(2, 60, 61, 0, "b", "a"),
+		// An error answer, then a resend that is stored.
+		"error then resend": new(b).fail(0, "a", 0, 10, "unavailable").ack(0, "a", 20, 30, 1),
+		// A final read shows the whole log: a lost send it does not show never landed.
+		"lost, final read without it": new(b).lost(0, "x", 0, 10).ack(1, "a", 5, 20, 1).pull(2, 30, 30, 0, "a").final(),
+		// A pull past the head reads nothing.
+		"pull past the head": new(b).ack(0, "a", 0, 10, 1).pull(1, 11, 12, 6),
+		// A head read while a send is in flight may see it.
+		"head sees a send in flight": new(b).ack(0, "a", 0, 100, 1).head(1, 10, 20, 1),
+	}
+	for name, h := range cases {
+		t.Run(name, func(t *testing.T) {
+			res, err := Check(h.ops, 10*time.Second, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.OK() {
+				t.Fatalf("legal history rejected: %v", res)
+			}
+		})
+	}
+}
+
+func TestIllegalHistoriesAreCaught(t *testing.T) {
+	cases := map[string]struct {
+		h    *b
+		want string // in the explanation
+	}{
+		"doubled seq":       {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 20, 30, 1), "seq 1 acked to"},
+		"resend, other seq": {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 20, 30, 2).dup(0, "a", 40, 50, 2), "seq 2 acked to b and to a"},
+		"hole":              {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 20, 30, 3), "hole"},
+		"hole seen by pull": {new(b).ack(0, "a", 0, 10, 1).lost(1, "b", 20, 30).pull(2, 40, 41, 0, "a", "b").withSeqs(1, 3), "a hole"},
+		"error then stored": {new(b).fail(0, "a", 0, 10, "unavailable").ack(1, "b", 20, 30, 1).pull(2, 40, 41, 0, "b", "a"),
+			"answered with an error"},
+		"error, later read as stored": {new(b).ack(1, "b", 0, 5, 1).fail(0, "a", 10, 20, "resource_exhausted").head(2, 30, 31, 2), "no linearization"},
+		"head backwards":              {new(b).ack(0, "a", 0, 10, 1).ack(0, "b", 11, 20, 2).head(1, 21, 22, 2).head(1, 23, 24, 1), "head 1 read after seq 2"},
+		"head backwards, reads only":  {new(b).lost(0, "a", 0, 10).head(1, 21, 22, 1).head(1, 23, 24, 0), "head went backwards"},
+		"final read misses an ack":    {new(b).lost(0, "x", 0, 10).ack(1, "a", 5, 20, 1).ack(1, "b", 21, 25, 2).pull(2, 30, 30, 0, "a").final(), "no linearization"},
+		"final read with a hole":      {new(b).ack(0, "a", 0, 10, 1).lost(1, "x", 11, 12).ack(0, "b", 13, 20, 3).pull(2, 30, 30, 0, "a", "b").withSeqs(1, 3).final(), "hole"},
+		"head behind an ack":          {new(b).ack(0, "a", 0, 10, 1).head(1, 11, 12, 0), "head 0 read after seq 1"},
+		"key stored twice":            {new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 2).pull(2, 40, 41, 0, "a", "b", "a"), "stored at seq 1 and 3"},
+		"acked but read elsewhere":    {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).pull(2, 30, 31, 0, "b", "a"), "b acked at seq 2 but read at seq 1"},
+	}
+	dir := t.TempDir()
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			res, err := Check(c.h.ops, 10*time.Second, dir, strings.ReplaceAll(name, " ", "-"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.OK() {
+				t.Fatalf("illegal history accepted: %v", res)
+			}
+			if len(res.Bad) != 1 || !strings.Contains(res.Bad[0], c.want) {
+				t.Errorf("explanation %q, want it to say %q", res.Bad, c.want)
+			}
+			html, err := os.ReadFile(res.HTML)
+			if err != nil || !strings.Contains(string(html), "<html") {
+				t.Fatalf("no visualisation at %s: %v", res.HTML, err)
+			}
+			if _, err := os.Stat(strings.TrimSuffix(res.HTML, ".html") + ".txt"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Conversations are checked apart: a bad one is named, the good one is not.
+func TestPartitionedByConversation(t *testing.T) {
+	good := new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).ops
+	bad := new(b).ack(0, "x", 0, 10, 1).ack(1, "y", 11, 20, 1).ops
+	for i := range bad {
+		bad[i].Conv = "other"
+	}
+	res, err := Check(append(good, bad...), 10*time.Second, filepath.Join(t.TempDir(), "sub"), "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Convs != 2 || len(res.Bad) != 1 || !strings.HasPrefix(res.Bad[0], "other:") {
+		t.Fatalf("got %v", res)
+	}
+}
+
+func TestOutcomeOfCode(t *testing.T) {
+	for _, c := range []struct {
+		code     string
+		answered bool
+		want     Outcome
+	}{
+		{"", true, OK}, {"unavailable", true, Failed}, {"resource_exhausted", true, Failed},
+		{"already_exists", true, Failed}, {"deadline_exceeded", true, Unknown}, {"canceled", true, Unknown},
+		{"unknown", true, Unknown}, {"unavailable", false, Unknown}, {"internal", false, Unknown},
+	} {
+		if got := OutcomeOfCode(c.code, c.answered); got != c.want {
+			t.Errorf("OutcomeOfCode(%q, %v) = %v, want %v", c.code, c.answered, got, c.want)
+		}
+	}
+}
+
+func TestRecorderCounts(t *testing.T) {
+	r := NewRecorder()
+	for _, o := range new(b).ack(0, "a", 0, 10, 1).dup(0, "a", 11, 300, 1).fail(1, "b", 0, 1, "unavailable").lost(1, "c", 0, 1).ops {
+		r.Add(o)
+	}
+	c := Count(r.Ops())
+	if c.Sends != 4 || c.Acked != 2 || c.Duplicates != 1 || c.Unknown != 1 || c.Errors["unavailable"] != 2 || c.SlowestAck != ms(289) {
+		t.Fatalf("counts %+v", c)
+	}
+}
