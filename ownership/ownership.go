@@ -62,9 +62,9 @@ func (t Trouble) String() string {
 
 // Part is what the node knows of one partition.
 type Part struct {
-	Held   bool   // this incarnation holds the lease at Epoch
+	Held       bool   // this incarnation holds the lease at Epoch
 	HandingOff bool   // being handed off: no new fences; released next
-	Epoch  uint64 // valid while Held
+	Epoch      uint64 // valid while Held
 }
 
 // Config is what the core needs to know of its node.
