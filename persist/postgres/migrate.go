@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"sort"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,6 +17,38 @@ import (
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS
+
+// On Citus (distributed mode, citus.go) a file of migrations_citus/
+// replaces the file of migrations/ with the same version (the distributed
+// schema); the other versions are applied as they are.
+//
+//go:embed migrations_citus/*.sql
+var citusMigrationFS embed.FS
+
+// CitusMigrations returns the migrations applied on a Citus database.
+func CitusMigrations() ([]Migration, error) {
+	ms, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	byVersion := map[int]Migration{}
+	for _, m := range ms {
+		byVersion[m.Version] = m
+	}
+	for _, m := range over {
+		byVersion[m.Version] = m
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
 
 // migrationLock is the pg_advisory_xact_lock key that serializes Migrate
 // across processes sharing the database.
@@ -38,8 +71,15 @@ func Migrations() ([]Migration, error) {
 // transaction holding a pg_advisory_xact_lock, and re-checks schema_version
 // under it. Versions the database has beyond the embedded ones (a newer
 // binary migrated) are left alone.
+//
+// On Citus it applies CitusMigrations (the distributed schema), then loads
+// the shard placements and logs "distributed: N workers, M shards".
 func (s *Store) Migrate(ctx context.Context) error {
-	ms, err := Migrations()
+	load := Migrations
+	if s.dist != nil {
+		load = CitusMigrations
+	}
+	ms, err := load()
 	if err != nil {
 		return err
 	}
@@ -47,6 +87,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err := s.apply(ctx, m); err != nil {
 			return err
 		}
+	}
+	if s.dist != nil {
+		if err := s.loadPlacements(ctx); err != nil {
+			return err
+		}
+		s.logDistributed()
 	}
 	return nil
 }

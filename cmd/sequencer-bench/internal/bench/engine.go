@@ -104,7 +104,10 @@ type EngineSpec struct {
 	// SQLite: the engine's store is a fresh SQLite file (Env.DSN
 	// sqlite:PATH) instead of a PostgreSQL schema.
 	SQLite bool
-	Open   func(ctx context.Context, env Env) (Engine, error)
+	// Citus: the engine's store is a fresh schema of the --citus database
+	// (a Citus coordinator's) instead of the run's PostgreSQL database.
+	Citus bool
+	Open  func(ctx context.Context, env Env) (Engine, error)
 }
 
 // engines lists every engine the bench knows, by key.
@@ -115,7 +118,7 @@ func registerEngine(s EngineSpec) { engines[s.Key] = s }
 // engineOrder is the order engines are listed in by default: this sequencer
 // in process, the seed's baselines, the ceiling, the network variants, then
 // the embedded store's.
-var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite"}
+var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite", "a-citus", "e-batch-citus"}
 
 // engineKeys returns the known keys in order.
 func engineKeys() []string {
