@@ -157,9 +157,12 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		p, _ := strconv.Atoi(port)
 		pc.ConnConfig.Port = uint16(p)
 		pc.ConnConfig.Fallbacks = nil
-		pc.ConnConfig.ValidateConnect = nil
-		pc.BeforeConnect, pc.PrepareConn, pc.ShouldPing, pc.BeforeClose = nil, nil, nil, nil
-		pc.AfterConnect = afterConnect
+		// As on the store's own pools: no cancel requests (they would end
+		// a synchronous-replication wait of a worker with a standby).
+		pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			noCancelRequests(&cc.Config)
+			return nil
+		}
 		pc.MaxConns = d.conns
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {

@@ -453,7 +453,12 @@ func rollback(conn *pgxpool.Conn) {
 
 func isUniqueViolation(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == "23505"
+	if !errors.As(err, &pg) {
+		return false
+	}
+	// Citus passes a worker's unique violation on from the coordinator as
+	// XX000 with the worker's message.
+	return pg.Code == "23505" || (pg.Code == "XX000" && strings.HasPrefix(pg.Message, "duplicate key value violates unique constraint"))
 }
 
 // conflicts builds the *ConflictError of a batch whose insert hit a unique

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -115,8 +116,17 @@ func (s *Store) apply(ctx context.Context, m Migration) error {
 		if done {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+		stmts := []string{m.SQL}
+		if s.dist != nil {
+			// Citus refuses some of its functions inside a multi-statement
+			// query string ("cannot insert multiple commands into a
+			// prepared statement"): one statement at a time.
+			stmts = splitSQL(m.SQL)
+		}
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+			}
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
 			return classify("migrate: record version", err)
@@ -163,4 +173,62 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]persist.AppliedMigrati
 		return nil, classify("applied migrations", err)
 	}
 	return out, nil
+}
+
+// splitSQL splits a migration into its statements at the semicolons outside
+// comments, quotes and dollar-quoted bodies.
+func splitSQL(sql string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(sql); i++ {
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexByte(sql[i:], '\n')
+			if j < 0 {
+				i = len(sql)
+			} else {
+				i += j
+			}
+		case sql[i] == '\'':
+			j := strings.IndexByte(sql[i+1:], '\'')
+			if j < 0 {
+				i = len(sql)
+			} else {
+				i += j + 1
+			}
+		case sql[i] == '$':
+			j := strings.IndexByte(sql[i+1:], '$')
+			if j < 0 {
+				continue
+			}
+			tag := sql[i : i+j+2]
+			if strings.ContainsAny(tag[1:len(tag)-1], " ;'\n(") {
+				continue
+			}
+			k := strings.Index(sql[i+len(tag):], tag)
+			if k < 0 {
+				i = len(sql)
+			} else {
+				i += len(tag) + k + len(tag) - 1
+			}
+		case sql[i] == ';':
+			if q := strings.TrimSpace(sql[start:i]); q != "" && !onlyComments(q) {
+				out = append(out, q)
+			}
+			start = i + 1
+		}
+	}
+	if q := strings.TrimSpace(sql[start:]); q != "" && !onlyComments(q) {
+		out = append(out, q)
+	}
+	return out
+}
+
+func onlyComments(q string) bool {
+	for _, l := range strings.Split(q, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--") {
+			return false
+		}
+	}
+	return true
 }

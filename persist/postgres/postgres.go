@@ -176,6 +176,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
 	cfg.PingTimeout = opts.PingTimeout
+	workerCfg := cfg.Copy() // Citus worker pools (citus.go): without the failover hooks
 	primary := newPrimaryTracker()
 	forFailover(cfg, primary)
 	// The three pools share the hooks (and with them the host preference
@@ -211,8 +212,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, unavailable("detect citus", err)
 	}
 	if citus {
-		base := cfg.Copy()
-		s.dist = &dist{base: base, conns: opts.CommitConns}
+		s.dist = &dist{base: workerCfg, conns: opts.CommitConns}
 		if err := s.startDist(ctx); err != nil {
 			s.Close()
 			return nil, err
