@@ -7,6 +7,8 @@
 #                                   random free ports of 127.0.0.1; prints
 #                                   SEQUENCER_TEST_CITUS_URL=... (the
 #                                   coordinator's admin DSN) and the workers'
+#   scripts/citus.sh createdb DIR NAME  a Citus database NAME on them (extension,
+#                                   coordinator and workers registered); prints its DSN
 #   scripts/citus.sh stop DIR       stop them (pg_ctl -m fast)
 #
 # The source is ../shared/citus/citus-13.2.2.tar.gz relative to the repository
@@ -101,6 +103,25 @@ EOF
   echo "SEQUENCER_TEST_CITUS_WORKERS=127.0.0.1:$worker1,127.0.0.1:$worker2"
 }
 
+# createdb DIR NAME: a database NAME on the three nodes of DIR's cluster,
+# with the citus extension, the coordinator and the workers registered in
+# it; prints its coordinator DSN (for sequencer --store or the bench's
+# --citus).
+createdb() {
+  dir="$1" name="$2"
+  # shellcheck disable=SC1091
+  . "$dir/env"
+  for port in "$coordinator" "$worker1" "$worker2"; do
+    psql -h 127.0.0.1 -p "$port" -U postgres -qAt -c "CREATE DATABASE \"$name\"" >/dev/null
+    psql -h 127.0.0.1 -p "$port" -U postgres -d "$name" -qAt -c "CREATE EXTENSION citus" >/dev/null
+  done
+  psql -h 127.0.0.1 -p "$coordinator" -U postgres -d "$name" -qAt \
+    -c "SELECT citus_set_coordinator_host('127.0.0.1', $coordinator)" \
+    -c "SELECT citus_add_node('127.0.0.1', $worker1)" \
+    -c "SELECT citus_add_node('127.0.0.1', $worker2)" >/dev/null
+  echo "postgres://postgres@127.0.0.1:$coordinator/$name"
+}
+
 stop() {
   dir="$1"
   for node in coordinator worker1 worker2; do
@@ -112,6 +133,7 @@ case "${1:-}" in
 build) build ;;
 start) start "${2:?usage: citus.sh start DIR}" ;;
 stop) stop "${2:?usage: citus.sh stop DIR}" ;;
+createdb) createdb "${2:?usage: citus.sh createdb DIR NAME}" "${3:?usage: citus.sh createdb DIR NAME}" ;;
 installed) installed ;;
-*) echo "usage: $0 build | start DIR | stop DIR | installed" >&2; exit 2 ;;
+*) echo "usage: $0 build | start DIR | createdb DIR NAME | stop DIR | installed" >&2; exit 2 ;;
 esac

@@ -45,11 +45,13 @@ import (
 // lease cache.
 type dist struct {
 	base  *pgxpool.Config // the commit pool's config: worker pools copy it
-	conns int32           // connections per worker pool
+	conns int32           // connections per worker commit pool
+	reads int32           // connections per worker read pool
 
 	mu      sync.RWMutex
 	shards  []shardRange // conv_head's shards, by minimum hash
-	workers map[string]*pgxpool.Pool
+	workers map[string]*pgxpool.Pool // commits, by host:port
+	readers map[string]*pgxpool.Pool // single-shard reads, by host:port
 	loaded  time.Time
 
 	leaseMu     sync.Mutex
@@ -146,29 +148,22 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 	defer d.mu.Unlock()
 	if d.workers == nil {
 		d.workers = map[string]*pgxpool.Pool{}
+		d.readers = map[string]*pgxpool.Pool{}
 	}
 	for _, sh := range shards {
 		if d.workers[sh.node] != nil {
 			continue
 		}
-		host, port, _ := cutLast(sh.node, ":")
-		pc := d.base.Copy()
-		pc.ConnConfig.Host = host
-		p, _ := strconv.Atoi(port)
-		pc.ConnConfig.Port = uint16(p)
-		pc.ConnConfig.Fallbacks = nil
-		// As on the store's own pools: no cancel requests (they would end
-		// a synchronous-replication wait of a worker with a standby).
-		pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-			noCancelRequests(&cc.Config)
-			return nil
-		}
-		pc.MaxConns = d.conns
-		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		w, err := d.workerPool(ctx, sh.node, d.conns)
 		if err != nil {
-			return unavailable("citus: open worker pool "+sh.node, err)
+			return err
 		}
-		d.workers[sh.node] = pool
+		r, err := d.workerPool(ctx, sh.node, d.reads)
+		if err != nil {
+			w.Close()
+			return err
+		}
+		d.workers[sh.node], d.readers[sh.node] = w, r
 	}
 	d.shards = shards
 	d.loaded = time.Now()
@@ -176,6 +171,48 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 	d.refreshes++
 	d.statMu.Unlock()
 	return nil
+}
+
+// workerPool opens a pool of size connections to the worker at node
+// (host:port), with the store's DSN settings but that host.
+func (d *dist) workerPool(ctx context.Context, node string, size int32) (*pgxpool.Pool, error) {
+	host, port, _ := cutLast(node, ":")
+	pc := d.base.Copy()
+	pc.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	pc.ConnConfig.Port = uint16(p)
+	pc.ConnConfig.Fallbacks = nil
+	// As on the store's own pools: no cancel requests (they would end a
+	// synchronous-replication wait of a worker with a standby).
+	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		noCancelRequests(&cc.Config)
+		return nil
+	}
+	pc.MaxConns = size
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, unavailable("citus: open worker pool "+node, err)
+	}
+	return pool, nil
+}
+
+// reader returns the pool for a single-shard read of conv: the worker
+// holding its shard (Citus runs the query locally there), or the
+// coordinator's read pool on plain PostgreSQL or before the placements are
+// known.
+func (s *Store) reader(conv string) *pgxpool.Pool {
+	if s.dist == nil {
+		return s.pool
+	}
+	d := s.dist
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if i := d.shardOf(conv); i >= 0 {
+		if p := d.readers[d.shards[i].node]; p != nil {
+			return p
+		}
+	}
+	return s.pool
 }
 
 func cutLast(s, sep string) (string, string, bool) {
@@ -485,7 +522,10 @@ func (d *dist) closeWorkers() {
 	for _, p := range d.workers {
 		p.Close()
 	}
-	d.workers = nil
+	for _, p := range d.readers {
+		p.Close()
+	}
+	d.workers, d.readers = nil, nil
 }
 
 // startDist loads the placements if the schema exists (a database not yet
@@ -604,7 +644,7 @@ func (s *Store) FindByClientKeyIn(ctx context.Context, convID string, key sequen
 	if key.FromUID > math.MaxInt64 {
 		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
 	}
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message
+	m, err := scanMessage(s.reader(convID).QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message
 		WHERE conv_id = $1 AND from_uid = $2 AND client_msg_id = $3`, convID, int64(key.FromUID), key.ClientMsgID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)

@@ -140,7 +140,7 @@ func execDSN(t testing.TB, dsn, sql string) {
 }
 
 // A commit whose conversations share a shard runs on the worker holding it
-// and nowhere else: pg_stat_statements shows its statements on that worker
+// and nowhere else (and LoadHead reads there too): pg_stat_statements shows its statements on that worker
 // only (not on the coordinator: no hop; not on the other worker: the
 // UPDATE ... FROM unnest is pruned by conv_id = ANY), and no two-phase
 // commit happens anywhere (no PREPARE TRANSACTION, no pg_dist_transaction
@@ -180,6 +180,9 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 		cas := statements(t, n.DSN(db.Name), "%seq_cas_heads%")
 		ins := statements(t, n.DSN(db.Name), "INSERT INTO im_message%")
 		prep := statements(t, n.DSN(db.Name), "PREPARE TRANSACTION%")
+		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); n.Name == "coordinator" && heads != 0 {
+			t.Fatalf("LoadHead went through the coordinator %d times", heads)
+		}
 		holds := n.Addr() == worker
 		t.Logf("%s (%s): seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), cas, ins, prep)
 		switch {

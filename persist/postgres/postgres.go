@@ -212,7 +212,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, unavailable("detect citus", err)
 	}
 	if citus {
-		s.dist = &dist{base: workerCfg, conns: opts.CommitConns}
+		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns}
 		if err := s.startDist(ctx); err != nil {
 			s.Close()
 			return nil, err
