@@ -14,7 +14,7 @@ import (
 var layers = [][]string{
 	// 0: leaves: the domain (root), generated code, small helpers.
 	{"", "buildinfo", "clock", "internal/conf", "internal/netbuf", "internal/ratelog", "internal/reqid", "internal/storytest", "internal/testcert",
-		"internal/testwait", "internal/tracing", "proto/cluster/v1", "proto/sequencer/v1", "persist/pgtest",
+		"internal/testwait", "internal/tracing", "proto/cluster/v1", "proto/sequencer/v1", "persist/pgtest", "persist/citustest",
 		"deploy", "e2e"},
 	// 1: interfaces and pure building blocks.
 	{"persist", "ring", "metrics", "proto/cluster/v1/clusterv1connect", "proto/sequencer/v1/sequencerv1connect"},

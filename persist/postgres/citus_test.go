@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
@@ -503,4 +506,14 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 		total += int(h)
 	}
 	t.Logf("%d messages over the move; stats %+v", total, s.DistStats())
+}
+
+// The membership conformance suite on Citus: the control tables are plain
+// coordinator tables.
+func TestCitusClusterConformance(t *testing.T) {
+	citustest.Require(t)
+	membershiptest.Run(t, func(t *testing.T, clk *clock.Fake) membership.Store {
+		s, _ := newCitusStore(t)
+		return s.Cluster().WithClock(clk)
+	})
 }
