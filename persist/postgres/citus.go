@@ -49,7 +49,7 @@ type dist struct {
 	reads int32           // connections per worker read pool
 
 	mu      sync.RWMutex
-	shards  []shardRange // conv_head's shards, by minimum hash
+	shards  []shardRange             // conv_head's shards, by minimum hash
 	workers map[string]*pgxpool.Pool // commits, by host:port
 	readers map[string]*pgxpool.Pool // single-shard reads, by host:port
 	loaded  time.Time
