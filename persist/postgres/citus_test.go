@@ -517,3 +517,116 @@ func TestCitusClusterConformance(t *testing.T) {
 		return s.Cluster().WithClock(clk)
 	})
 }
+
+// A worker down: only the conversations of its shards fail (unavailable,
+// nothing written), the other worker's keep committing; the worker comes
+// back after a crash restart (pg_ctl -m immediate) and its conversations
+// commit again, every acknowledged message there, no gap.
+func TestCitusWorkerDownAndImmediateRestart(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	if db.Workers[0].DataDir == "" {
+		t.Skip("needs a cluster this process started (unset " + citustest.EnvURL + ")")
+	}
+	down := db.Workers[0]
+	var onDown, onUp string
+	for i := 0; onDown == "" || onUp == ""; i++ {
+		c := fmt.Sprint("wd-", i)
+		_, w, _ := s.ShardOf(c)
+		if w == down.Addr() && onDown == "" {
+			onDown = c
+		} else if w != down.Addr() && onUp == "" {
+			onUp = c
+		}
+	}
+	heads := map[string]uint64{}
+	commit := func(c string) error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := s.Commit(cctx, []persist.ConvBatch{{ConvID: c, PrevHead: heads[c], Messages: []sequencer.Message{msgAt(c, heads[c]+1)}}})
+		if err == nil {
+			heads[c]++
+		}
+		return err
+	}
+	for _, c := range []string{onDown, onUp} {
+		if err := commit(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := citustest.PgCtl(down, "stop", "-m", "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = citustest.PgCtl(down, "start")
+		}
+	}()
+	for range 5 {
+		if err := commit(onUp); err != nil {
+			t.Fatalf("a conversation of the live worker: %v", err)
+		}
+	}
+	// A pooled connection to the dead worker may take the batch and lose
+	// the answer: unknown outcome, and Settle cannot tell while the worker
+	// is down. The next commit finds no connection: unavailable.
+	err := commit(onDown)
+	if err == nil {
+		t.Fatal("a commit to the stopped worker succeeded")
+	}
+	if persist.OutcomeOf(err) == persist.Unknown {
+		if serr := s.Settle(ctx); serr == nil {
+			t.Fatalf("Settle returned nil while the worker of the unknown commit (%v) is down", err)
+		}
+		err = commit(onDown)
+	}
+	if persist.OutcomeOf(err) != persist.NotLanded || !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("a conversation of the stopped worker: %v, want unavailable (not landed)", err)
+	}
+	if err := citustest.PgCtl(down, "start"); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The truth after the unknown commit: settle, then re-read.
+		if err := s.Settle(ctx); err == nil {
+			if h, err := s.LoadHead(ctx, onDown); err == nil {
+				heads[onDown] = h
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted worker never answered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		err := commit(onDown)
+		if err == nil {
+			break
+		}
+		if persist.OutcomeOf(err) != persist.NotLanded {
+			if serr := s.Settle(ctx); serr == nil {
+				if h, lerr := s.LoadHead(ctx, onDown); lerr == nil {
+					heads[onDown] = h
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted worker's conversation never committed again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for c, h := range heads {
+		stored, err := s.LoadHead(ctx, c)
+		if err != nil || stored != h {
+			t.Fatalf("%s: stored head %d (%v), acknowledged %d", c, stored, err, h)
+		}
+		rows, err := s.ReadRange(ctx, c, 0, 100)
+		if err != nil || uint64(len(rows)) != h {
+			t.Fatalf("%s: %d rows (%v), head %d", c, len(rows), err, h)
+		}
+	}
+}
