@@ -630,3 +630,90 @@ func TestCitusWorkerDownAndImmediateRestart(t *testing.T) {
 		}
 	}
 }
+
+// The coordinator restarts (-m immediate) under a node with fenced commits:
+// commits and single-shard reads keep going on the workers meanwhile (the
+// lease cache and the placements are kept; nothing of a commit reads the
+// coordinator), and the lease cache is refreshed once it is back.
+func TestCitusCoordinatorRestart(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	if db.Coordinator.DataDir == "" {
+		t.Skip("needs a cluster this process started (unset " + citustest.EnvURL + ")")
+	}
+	f := persist.Fence{Partition: 2, Owner: "node-a", Epoch: 1}
+	if err := s.PutPartitionLeaseForTest(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfShard(t, s, "coord", 3)
+	heads := map[string]uint64{}
+	commit := func() error {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: heads[c], Fence: f, Messages: []sequencer.Message{msgAt(c, heads[c]+1)}})
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := s.Commit(cctx, bs)
+		if err == nil {
+			for _, c := range convs {
+				heads[c]++
+			}
+		}
+		return err
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := citustest.PgCtl(db.Coordinator, "stop", "-m", "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	up := false
+	defer func() {
+		if !up {
+			_ = citustest.PgCtl(db.Coordinator, "start")
+		}
+	}()
+	// A refresh of the lease cache fails now; the cached copy is kept.
+	if l, _, err := s.leaseView(ctx, true); err != nil || l[2] != f {
+		t.Fatalf("lease cache with the coordinator down: %v, %v", l, err)
+	}
+	for i := range 10 {
+		if err := commit(); err != nil {
+			t.Fatalf("commit %d with the coordinator down: %v", i, err)
+		}
+	}
+	if h, err := s.LoadHead(ctx, convs[0]); err != nil || h != heads[convs[0]] {
+		t.Fatalf("LoadHead with the coordinator down: %d, %v", h, err)
+	}
+	if err := citustest.PgCtl(db.Coordinator, "start"); err != nil {
+		t.Fatal(err)
+	}
+	up = true
+	// A lease change after the restart is seen (the cache refreshes).
+	if err := s.PutPartitionLeaseForTestRetry(ctx, persist.Fence{Partition: 2, Owner: "node-b", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); !errors.Is(err, sequencer.ErrStaleEpoch) {
+		t.Fatalf("commit with the old fence after the coordinator came back: %v, want stale", err)
+	}
+	for _, c := range convs {
+		rows, err := s.ReadRange(ctx, c, 0, 100)
+		if err != nil || uint64(len(rows)) != heads[c] {
+			t.Fatalf("%s: %d rows (%v), head %d", c, len(rows), err, heads[c])
+		}
+	}
+}
+
+// PutPartitionLeaseForTestRetry is PutPartitionLeaseForTest, retried while
+// the server comes back (at most 30 s).
+func (s *Store) PutPartitionLeaseForTestRetry(ctx context.Context, f persist.Fence) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := s.PutPartitionLeaseForTest(ctx, f)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
