@@ -145,8 +145,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	pgOpts := storePools(cfg)
+	pgOpts.Logger = s.log // Citus: "distributed: N workers, M shards"
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
-		Postgres: storePools(cfg)})
+		Postgres: pgOpts})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
