@@ -233,8 +233,15 @@ func (a *convActor) execute(ctx pa.Context) {
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.CommitTimeout)
 			defer cancel()
 			results := make([]conv.LookupResult, len(keys))
+			scoped, _ := n.cfg.Store.(persist.ConvScopedKeys)
 			for i, k := range keys {
 				results[i].Key = k
+				if scoped != nil && scoped.ClientKeysPerConversation() {
+					// Keys are unique per conversation (Citus): look
+					// in this one.
+					results[i].Msg, results[i].Err = scoped.FindByClientKeyIn(sctx, convID, k)
+					continue
+				}
 				results[i].Msg, results[i].Err = n.cfg.Store.FindByClientKey(sctx, k)
 			}
 			root.Send(self, &lookedUp{results: results})

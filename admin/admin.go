@@ -260,6 +260,16 @@ type Head struct {
 	// retention deleted older rows).
 	FirstStored uint64 `json:"first_stored"`
 	Partition   uint32 `json:"partition"`
+	// Shard and Worker: on Citus, the shard holding the conversation and
+	// the worker (host:port) holding that shard (docs/CITUS.md).
+	Shard  int64  `json:"shard,omitempty"`
+	Worker string `json:"worker,omitempty"`
+}
+
+// sharded is a distributed store's placement lookup (persist/postgres on
+// Citus).
+type sharded interface {
+	ShardOf(conv string) (shard int64, worker string, ok bool)
 }
 
 // Head reads conv's head and its oldest stored seq.
@@ -272,6 +282,9 @@ func (a *Admin) Head(ctx context.Context, conv string) (Head, error) {
 		return Head{}, err
 	}
 	out := Head{ConvID: conv, Head: h, Partition: ring.PartitionOf(conv, a.partitions())}
+	if sh, ok := a.store.(sharded); ok {
+		out.Shard, out.Worker, _ = sh.ShardOf(conv)
+	}
 	ms, err := a.store.ReadRange(ctx, conv, 0, 1)
 	if err != nil {
 		return Head{}, err

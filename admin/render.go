@@ -90,10 +90,14 @@ func (h Head) Table() Table {
 	if h.FirstStored > 0 {
 		first = u(h.FirstStored)
 	}
-	return Table{Rows: [][]string{
+	rows := [][]string{
 		{"conversation", h.ConvID}, {"head", u(h.Head)}, {"next seq", u(h.Head + 1)},
 		{"first stored seq", first}, {"partition", strconv.Itoa(int(h.Partition))},
-	}}
+	}
+	if h.Worker != "" {
+		rows = append(rows, []string{"citus shard", strconv.FormatInt(h.Shard, 10)}, []string{"citus worker", h.Worker})
+	}
+	return Table{Rows: rows}
 }
 
 func (r Placement) Table() Table {

@@ -69,6 +69,17 @@ func (c Config) Validate() error {
 	return ch.Err()
 }
 
+// Grouper is an optional ability of a Store whose transactions are cheap
+// only within a group of conversations (a distributed store: one shard, on
+// the node that holds it). When Config.Store implements it, the Writer never
+// puts conversations of different groups in one transaction: each
+// transaction takes the oldest queued batch and the later queued batches of
+// its group (queue order kept within the group). CommitGroup must be pure
+// and fast (it is called under the writer's lock).
+type Grouper interface {
+	CommitGroup(convID string) uint64
+}
+
 // Done receives the store's answer for one submitted batch: nil (durably
 // stored) or an error concerning that batch (see persist.Store.Commit). It
 // is called exactly once, from a writer goroutine, and must not block.
@@ -81,9 +92,10 @@ type item struct {
 
 // Writer is the group-commit writer. Safe for concurrent use.
 type Writer struct {
-	cfg  Config
-	log  *slog.Logger
-	logs *ratelog.Logger
+	cfg     Config
+	grouper Grouper // cfg.Store's, or nil
+	log     *slog.Logger
+	logs    *ratelog.Logger
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -117,6 +129,7 @@ func New(cfg Config) (*Writer, error) {
 		return nil, err
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger}
+	w.grouper, _ = cfg.Store.(Grouper)
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
@@ -201,26 +214,55 @@ func (w *Writer) take() []*item {
 		}
 		w.cond.Wait()
 	}
-	n, rows := 0, 0
-	for n < len(w.queue) {
-		k := len(w.queue[n].batch.Messages)
-		if n > 0 && rows+k > w.cfg.MaxMessages {
-			break
+	var group []*item
+	var rows int
+	if w.grouper != nil {
+		group, rows = w.takeGroup()
+	} else {
+		n := 0
+		for n < len(w.queue) {
+			k := len(w.queue[n].batch.Messages)
+			if n > 0 && rows+k > w.cfg.MaxMessages {
+				break
+			}
+			rows += k
+			n++
 		}
-		rows += k
-		n++
+		group = make([]*item, n)
+		copy(group, w.queue)
+		kept := copy(w.queue, w.queue[n:])
+		clear(w.queue[kept:])
+		w.queue = w.queue[:kept]
 	}
-	group := make([]*item, n)
-	copy(group, w.queue)
-	rest := copy(w.queue, w.queue[n:])
-	clear(w.queue[rest:])
-	w.queue = w.queue[:rest]
+	rest := len(w.queue)
 	w.rows -= rows
 	w.busy++
 	if rest > 0 && (w.busy < eagerWorkers || w.rows >= extraMinRows) {
 		w.cond.Signal() // more work for another worker
 	}
 	return group
+}
+
+// takeGroup removes from the queue the oldest batch and, in queue order, the
+// later batches of its commit group that fit in MaxMessages rows (see
+// Grouper); the other batches keep their order. Called with w.mu held.
+func (w *Writer) takeGroup() ([]*item, int) {
+	key := w.grouper.CommitGroup(w.queue[0].batch.ConvID)
+	var group []*item
+	rows := 0
+	kept := w.queue[:0]
+	for i, it := range w.queue {
+		k := len(it.batch.Messages)
+		if i == 0 || (rows+k <= w.cfg.MaxMessages && w.grouper.CommitGroup(it.batch.ConvID) == key) {
+			group = append(group, it)
+			rows += k
+			continue
+		}
+		kept = append(kept, it)
+	}
+	clear(w.queue[len(kept):])
+	w.queue = kept
+	return group, rows
 }
 
 // commit writes group in one transaction; on an error that names some of

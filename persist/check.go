@@ -21,7 +21,18 @@ import (
 //     the first row holding a key is not reported, every later one is.
 //
 // Stores call it first in Commit; nil means only stored rows can conflict.
-func CheckBatches(batches []ConvBatch) error {
+func CheckBatches(batches []ConvBatch) error { return checkBatches(batches, false) }
+
+// CheckBatchesKeysPerConv is CheckBatches for a store whose resend key is
+// unique per conversation (ConvScopedKeys): the same key in two
+// conversations of one commit is no conflict.
+func CheckBatchesKeysPerConv(batches []ConvBatch) error { return checkBatches(batches, true) }
+
+func checkBatches(batches []ConvBatch, keysPerConv bool) error {
+	type convKey struct {
+		conv string
+		key  sequencer.ClientKey
+	}
 	type convSeq struct {
 		conv string
 		seq  uint64
@@ -33,7 +44,7 @@ func CheckBatches(batches []ConvBatch) error {
 	convs := make(map[string]struct{}, len(batches))
 	msgIDs := make(map[uint64]struct{}, n)
 	seqs := make(map[convSeq]struct{}, n)
-	keys := make(map[sequencer.ClientKey]struct{}, n)
+	keys := make(map[convKey]struct{}, n)
 	var conflicts []Conflict
 	for i := range batches {
 		b := &batches[i]
@@ -67,7 +78,10 @@ func CheckBatches(batches []ConvBatch) error {
 				conflicts = append(conflicts, c)
 			}
 			seqs[convSeq{m.ConvID, m.Seq}] = struct{}{}
-			k := m.Key()
+			k := convKey{key: m.Key()}
+			if keysPerConv {
+				k.conv = m.ConvID
+			}
 			if _, dup := keys[k]; dup {
 				c.Key = KeyClientMsgID
 				conflicts = append(conflicts, c)

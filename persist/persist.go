@@ -356,3 +356,24 @@ type ReadPositions interface {
 	// one round trip to the store.
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error)
 }
+
+// ConvScopedKeys is an optional ability of a Store whose resend key
+// (from_uid, client_msg_id) is unique per conversation only (distributed
+// mode on Citus, where every unique key must hold the distribution column:
+// docs/API.md "Distributed mode"). When ClientKeysPerConversation is true,
+// the same key in another conversation is a new message of that
+// conversation (no ConflictError), and resends are looked up with
+// FindByClientKeyIn.
+type ConvScopedKeys interface {
+	ClientKeysPerConversation() bool
+	// FindByClientKeyIn returns convID's stored message with this resend
+	// key, or sequencer.ErrNotFound.
+	FindByClientKeyIn(ctx context.Context, convID string, key sequencer.ClientKey) (sequencer.Message, error)
+}
+
+// KeysPerConversation reports whether s scopes resend keys per
+// conversation (see ConvScopedKeys).
+func KeysPerConversation(s Store) bool {
+	c, ok := s.(ConvScopedKeys)
+	return ok && c.ClientKeysPerConversation()
+}

@@ -149,6 +149,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pools := storePools(cfg)
+	pools.Logger = s.log // Citus: "distributed: N workers, M shards"
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
 		Postgres: pools, MySQL: mysql.Options{MaxConns: int(pools.MaxConns), CommitConns: int(pools.CommitConns),
 			ControlConns: int(pools.ControlConns), MaxBody: cfg.MaxBody}})

@@ -196,7 +196,9 @@ const serveGCPercent = 400
 func migrate(args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	store := fs.String("store", server.DefaultConfig().Store, "postgres://... DSN, mysql://... URL, or a file path / sqlite:PATH for the embedded store")
+	store := fs.String("store", server.DefaultConfig().Store, "postgres://... DSN, mysql://... URL, or a file path / sqlite:PATH for the embedded store; "+
+		"on Citus (a coordinator's database) the first migrate creates the distributed schema with the session's citus.shard_count: "+
+		"set it in the DSN, ?options=-c%20citus.shard_count%3DN (docs/CITUS.md)")
 	fs.Usage = usageWithEnv(fs, "sequencer migrate [flags]: apply the store's schema migrations and exit")
 	if err := parseWithEnv(fs, args, getenv); err != nil {
 		return err

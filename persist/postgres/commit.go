@@ -76,7 +76,12 @@ const (
 	sqlStaleFence   = "SQ001" // DETAIL: 1-based positions of the stale fences, comma-separated
 	sqlHeadMismatch = "SQ002" // DETAIL: JSON array of the mismatched conv_ids
 	sqlUnfenced     = "SQ003"
+	sqlStaleEpoch   = "SQ004" // Citus: DETAIL: JSON array of conv_ids whose head row has a newer epoch
 )
+
+// casHeadsSQL is the distributed mode's head compare-and-set with the fence
+// epochs (migrations_citus/0003_commit_check.sql).
+const casHeadsSQL = `SELECT seq_cas_heads($1::text[], $2::int8[], $3::int8[], $4::int8[])`
 
 // insertSQL writes all rows of a commit in one statement.
 const insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
@@ -91,6 +96,23 @@ SELECT 2, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_messag
 UNION ALL
 SELECT 3, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
   JOIN unnest($4::int8[], $5::text[]) AS u(from_uid, client_msg_id) ON m.from_uid = u.from_uid AND m.client_msg_id = u.client_msg_id`
+
+// conflictDistSQL is conflictSQL on Citus, where every unique key holds
+// conv_id: (conv_id, msg_id), (conv_id, seq), (conv_id, from_uid,
+// client_msg_id). Every branch names the commit's conversations, so it
+// runs on their shard.
+const conflictDistSQL = `SELECT 1, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
+  JOIN unnest($1::int8[], $2::text[]) AS u(msg_id, conv_id) ON m.conv_id = u.conv_id AND m.msg_id = u.msg_id
+  WHERE m.conv_id = ANY($2::text[])
+UNION ALL
+SELECT 2, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
+  JOIN unnest($2::text[], $3::int8[]) AS u(conv_id, seq) ON m.conv_id = u.conv_id AND m.seq = u.seq
+  WHERE m.conv_id = ANY($2::text[])
+UNION ALL
+SELECT 3, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
+  JOIN unnest($2::text[], $4::int8[], $5::text[]) AS u(conv_id, from_uid, client_msg_id)
+    ON m.conv_id = u.conv_id AND m.from_uid = u.from_uid AND m.client_msg_id = u.client_msg_id
+  WHERE m.conv_id = ANY($2::text[])`
 
 var imMessageColumns = []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at"}
 
@@ -166,11 +188,18 @@ func (r *rowArrays) copySource() pgx.CopyFromSource {
 // BEGIN and the checks, then COPY, then COMMIT (three round trips); failures
 // before COMMIT is sent are ErrStoreUnavailable.
 func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	if err := persist.CheckBatches(batches); err != nil {
+	check := persist.CheckBatches
+	if s.dist != nil {
+		check = persist.CheckBatchesKeysPerConv
+	}
+	if err := check(batches); err != nil {
 		return err
 	}
 	if len(batches) == 0 {
 		return nil
+	}
+	if s.dist != nil {
+		return s.commitDist(ctx, batches)
 	}
 	conn, err := s.commits.Acquire(ctx)
 	if err != nil {
@@ -185,7 +214,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
 		// The transaction may still commit on the server: Settle must end
 		// it before anyone re-reads. Never reuse this connection.
-		s.unsettle(backend)
+		s.unsettle(backend, nil)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()
@@ -221,13 +250,24 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if len(fences) > 0 {
-		b.Queue(fenceCheckSQL, parts, owners, epochs)
+	if s.dist != nil {
+		// Distributed mode: the fences were checked against the cached
+		// lease table (checkFences); the head rows carry the epochs
+		// (citus.go, "Fencing on Citus").
+		convEpochs := make([]int64, len(order))
+		for k, i := range order {
+			convEpochs[k] = int64(batches[i].Fence.Epoch)
+		}
+		b.Queue(casHeadsSQL, convs, prevs, heads, convEpochs)
+	} else {
+		if len(fences) > 0 {
+			b.Queue(fenceCheckSQL, parts, owners, epochs)
+		}
+		if unfenced {
+			b.Queue(unfencedCheckSQL)
+		}
+		b.Queue(headCheckSQL, convs, prevs, heads)
 	}
-	if unfenced {
-		b.Queue(unfencedCheckSQL)
-	}
-	b.Queue(headCheckSQL, convs, prevs, heads)
 	insertAt, commitAt := -1, -1
 	if !useCopy {
 		if len(rows.msgID) > 0 {
@@ -276,6 +316,8 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				return staleFences(fences, pg)
 			case pg.Code == sqlHeadMismatch:
 				return headMismatch(pg)
+			case pg.Code == sqlStaleEpoch:
+				return staleEpochs(batches, pg)
 			case pg.Code == sqlUnfenced:
 				return persist.ErrUnfenced
 			case failedAt == insertAt && isUniqueViolation(err):
@@ -341,6 +383,29 @@ func headMismatch(pg *pgconn.PgError) error {
 	return &persist.HeadMismatchError{ConvIDs: convs}
 }
 
+// staleEpochs builds the *StaleFenceError of a seq_cas_heads refusal (Citus):
+// DETAIL is the JSON array of the conversations whose head row carries a
+// newer epoch; the error names their batches' fences.
+func staleEpochs(batches []persist.ConvBatch, pg *pgconn.PgError) error {
+	var convs []string
+	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
+		return unavailable("commit: unreadable stale-epoch report", pg)
+	}
+	named := map[string]bool{}
+	for _, c := range convs {
+		named[c] = true
+	}
+	seen := map[persist.Fence]bool{}
+	var stale []persist.Fence
+	for i := range batches {
+		if f := batches[i].Fence; named[batches[i].ConvID] && !seen[f] {
+			seen[f] = true
+			stale = append(stale, f)
+		}
+	}
+	return &persist.StaleFenceError{Fences: stale}
+}
+
 // commitError classifies an error of the COMMIT statement: not sent at all,
 // or refused by the server with an ERROR, means rolled back; anything else
 // (connection lost, timeout, cancel, FATAL) means the outcome is unknown.
@@ -367,7 +432,12 @@ func rollback(conn *pgxpool.Conn) {
 
 func isUniqueViolation(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == "23505"
+	if !errors.As(err, &pg) {
+		return false
+	}
+	// Citus passes a worker's unique violation on from the coordinator as
+	// XX000 with the worker's message.
+	return pg.Code == "23505" || (pg.Code == "XX000" && strings.HasPrefix(pg.Message, "duplicate key value violates unique constraint"))
 }
 
 // conflicts builds the *ConflictError of a batch whose insert hit a unique
@@ -380,13 +450,28 @@ func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays,
 	}
 	byMsgID := make(map[int64]int, len(r.msgID))
 	bySeq := make(map[convSeq]int, len(r.msgID))
-	byKey := make(map[sequencer.ClientKey]int, len(r.msgID))
+	type convKey struct {
+		conv string
+		key  sequencer.ClientKey
+	}
+	keyOf := func(conv string, from int64, client string) convKey {
+		k := convKey{key: sequencer.ClientKey{FromUID: uint64(from), ClientMsgID: client}}
+		if s.dist != nil {
+			k.conv = conv // unique per conversation on Citus
+		}
+		return k
+	}
+	byKey := make(map[convKey]int, len(r.msgID))
 	for i := range r.msgID {
 		byMsgID[r.msgID[i]] = i
 		bySeq[convSeq{r.convID[i], r.seq[i]}] = i
-		byKey[sequencer.ClientKey{FromUID: uint64(r.fromUID[i]), ClientMsgID: r.clientID[i]}] = i
+		byKey[keyOf(r.convID[i], r.fromUID[i], r.clientID[i])] = i
 	}
-	rs, err := conn.Query(ctx, conflictSQL, r.msgID, r.convID, r.seq, r.fromUID, r.clientID)
+	q := conflictSQL
+	if s.dist != nil {
+		q = conflictDistSQL
+	}
+	rs, err := conn.Query(ctx, q, r.msgID, r.convID, r.seq, r.fromUID, r.clientID)
 	if err != nil {
 		return unavailable("commit: find conflicting rows", errors.Join(cause, err))
 	}
@@ -410,7 +495,7 @@ func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays,
 			i, ok = bySeq[convSeq{conv, seq}]
 			key = persist.KeyConvSeq
 		case 3:
-			i, ok = byKey[sequencer.ClientKey{FromUID: uint64(from), ClientMsgID: client}]
+			i, ok = byKey[keyOf(conv, from, client)]
 			key = persist.KeyClientMsgID
 		}
 		if !ok {

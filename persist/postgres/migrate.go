@@ -4,6 +4,8 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,6 +18,38 @@ import (
 //
 //go:embed migrations/*.sql
 var migrationFS embed.FS
+
+// On Citus (distributed mode, citus.go) a file of migrations_citus/
+// replaces the file of migrations/ with the same version (the distributed
+// schema); the other versions are applied as they are.
+//
+//go:embed migrations_citus/*.sql
+var citusMigrationFS embed.FS
+
+// CitusMigrations returns the migrations applied on a Citus database.
+func CitusMigrations() ([]Migration, error) {
+	ms, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	byVersion := map[int]Migration{}
+	for _, m := range ms {
+		byVersion[m.Version] = m
+	}
+	for _, m := range over {
+		byVersion[m.Version] = m
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
 
 // migrationLock is the pg_advisory_xact_lock key that serializes Migrate
 // across processes sharing the database.
@@ -38,8 +72,15 @@ func Migrations() ([]Migration, error) {
 // transaction holding a pg_advisory_xact_lock, and re-checks schema_version
 // under it. Versions the database has beyond the embedded ones (a newer
 // binary migrated) are left alone.
+//
+// On Citus it applies CitusMigrations (the distributed schema), then loads
+// the shard placements and logs "distributed: N workers, M shards".
 func (s *Store) Migrate(ctx context.Context) error {
-	ms, err := Migrations()
+	load := Migrations
+	if s.dist != nil {
+		load = CitusMigrations
+	}
+	ms, err := load()
 	if err != nil {
 		return err
 	}
@@ -47,6 +88,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err := s.apply(ctx, m); err != nil {
 			return err
 		}
+	}
+	if s.dist != nil {
+		if err := s.loadPlacements(ctx); err != nil {
+			return err
+		}
+		s.logDistributed()
 	}
 	return nil
 }
@@ -69,8 +116,17 @@ func (s *Store) apply(ctx context.Context, m Migration) error {
 		if done {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+		stmts := []string{m.SQL}
+		if s.dist != nil {
+			// Citus refuses some of its functions inside a multi-statement
+			// query string ("cannot insert multiple commands into a
+			// prepared statement"): one statement at a time.
+			stmts = splitSQL(m.SQL)
+		}
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+			}
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
 			return classify("migrate: record version", err)
@@ -117,4 +173,62 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]persist.AppliedMigrati
 		return nil, classify("applied migrations", err)
 	}
 	return out, nil
+}
+
+// splitSQL splits a migration into its statements at the semicolons outside
+// comments, quotes and dollar-quoted bodies.
+func splitSQL(sql string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(sql); i++ {
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexByte(sql[i:], '\n')
+			if j < 0 {
+				i = len(sql)
+			} else {
+				i += j
+			}
+		case sql[i] == '\'':
+			j := strings.IndexByte(sql[i+1:], '\'')
+			if j < 0 {
+				i = len(sql)
+			} else {
+				i += j + 1
+			}
+		case sql[i] == '$':
+			j := strings.IndexByte(sql[i+1:], '$')
+			if j < 0 {
+				continue
+			}
+			tag := sql[i : i+j+2]
+			if strings.ContainsAny(tag[1:len(tag)-1], " ;'\n(") {
+				continue
+			}
+			k := strings.Index(sql[i+len(tag):], tag)
+			if k < 0 {
+				i = len(sql)
+			} else {
+				i += len(tag) + k + len(tag) - 1
+			}
+		case sql[i] == ';':
+			if q := strings.TrimSpace(sql[start:i]); q != "" && !onlyComments(q) {
+				out = append(out, q)
+			}
+			start = i + 1
+		}
+	}
+	if q := strings.TrimSpace(sql[start:]); q != "" && !onlyComments(q) {
+		out = append(out, q)
+	}
+	return out
+}
+
+func onlyComments(q string) bool {
+	for _, l := range strings.Split(q, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--") {
+			return false
+		}
+	}
+	return true
 }

@@ -29,6 +29,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -84,6 +85,9 @@ type Options struct {
 	// membership TTL. The store's own transactions never wait on the client
 	// that long. Default 1s; a value in the DSN's options wins.
 	IdleInTxTimeout time.Duration
+	// Logger receives the store's rare notices (distributed mode: the
+	// workers and shards found). Optional.
+	Logger *slog.Logger
 }
 
 // DefaultOptions returns the default pool sizes (every other zero field
@@ -141,7 +145,10 @@ type Store struct {
 	mode    insertMode
 
 	settleMu  sync.Mutex
-	unsettled map[backendKey]bool // backends of commits whose outcome is unknown (settle.go)
+	unsettled map[backendKey]*pgxpool.Pool // backends of commits whose outcome is unknown, and the pool of their server (settle.go)
+
+	dist *dist // distributed mode (citus.go), nil on plain PostgreSQL
+	log  *slog.Logger
 
 	beforeCommit func(pid uint32) // tests: called with the backend pid before each commit is sent
 
@@ -172,6 +179,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
 	cfg.PingTimeout = opts.PingTimeout
+	workerCfg := cfg.Copy() // Citus worker pools (citus.go): without the failover hooks
 	primary := newPrimaryTracker()
 	forFailover(cfg, primary)
 	// The three pools share the hooks (and with them the host preference
@@ -195,6 +203,22 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		if err := p.Ping(ctx); err != nil {
 			s.Close()
 			return nil, unavailable("ping", err)
+		}
+	}
+	s.log = opts.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	citus, err := detectCitus(ctx, s.control)
+	if err != nil {
+		s.Close()
+		return nil, unavailable("detect citus", err)
+	}
+	if citus {
+		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns}
+		if err := s.startDist(ctx); err != nil {
+			s.Close()
+			return nil, err
 		}
 	}
 	return s, nil
@@ -378,6 +402,9 @@ func (s *Store) Close() error {
 		if p != nil {
 			p.Close()
 		}
+	}
+	if s.dist != nil {
+		s.dist.closeWorkers()
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -16,11 +17,18 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain stops the throwaway servers (PostgreSQL, Citus) after the run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	citustest.Stop()
+	pgtest.Stop()
+	os.Exit(code)
+}
 
 // Test-only hooks for the conformance suite.
 var _ storetest.Hooks = (*Store)(nil)
@@ -29,6 +37,7 @@ func (s *Store) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) e
 	_, err := s.pool.Exec(ctx, `INSERT INTO partition_lease (partition, owner, epoch) VALUES ($1, $2, $3)
 		ON CONFLICT (partition) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch`,
 		int64(f.Partition), f.Owner, int64(f.Epoch))
+	s.forgetLeases()
 	return err
 }
 

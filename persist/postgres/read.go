@@ -17,7 +17,7 @@ const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_m
 // the head from the rows: retention may have deleted them.
 func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
 	var head int64
-	err := s.pool.QueryRow(ctx, `SELECT head FROM conv_head WHERE conv_id = $1`, convID).Scan(&head)
+	err := s.reader(convID).QueryRow(ctx, `SELECT head FROM conv_head WHERE conv_id = $1`, convID).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -64,7 +64,7 @@ func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, l
 	if limit <= 0 || afterSeq >= math.MaxInt64 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+messageColumns+` FROM im_message
+	rows, err := s.reader(convID).Query(ctx, `SELECT `+messageColumns+` FROM im_message
 		WHERE conv_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, convID, int64(afterSeq), limit)
 	if err != nil {
 		return nil, unavailable("read range", err)

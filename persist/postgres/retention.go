@@ -28,6 +28,9 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 	if limit < 1 {
 		return "", 0, errors.New("postgres: trim: limit must be >= 1")
 	}
+	if s.dist != nil {
+		return s.trimBeforeDist(ctx, before, after, limit)
+	}
 	var convs, deleted int64
 	var last string
 	if err := s.pool.QueryRow(ctx, trimBeforeSQL, before, after, limit).Scan(&convs, &last, &deleted); err != nil {
@@ -37,4 +40,50 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 		last = ""
 	}
 	return last, int(deleted), nil
+}
+
+// trimStepDistSQL is one conversation's retention step on Citus: a
+// single-shard DELETE (the multi-shard trimBeforeSQL joins a CTE of many
+// shards with im_message, which Citus would not push down).
+const trimStepDistSQL = `DELETE FROM im_message m WHERE m.conv_id = $1 AND m.seq < COALESCE((SELECT x.seq FROM im_message x
+	  WHERE x.conv_id = $1 AND x.server_at >= $2 ORDER BY x.seq LIMIT 1), $3::int8 + 1)`
+
+// trimBeforeDist is TrimBefore on Citus: the next limit conversations of
+// conv_head (a multi-shard read, merged on the coordinator), then one
+// single-shard DELETE each.
+func (s *Store) trimBeforeDist(ctx context.Context, before time.Time, after string, limit int) (string, int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT conv_id, head FROM conv_head WHERE conv_id > $1 ORDER BY conv_id LIMIT $2`, after, limit)
+	if err != nil {
+		return "", 0, unavailable("trim before", err)
+	}
+	type conv struct {
+		id   string
+		head int64
+	}
+	var convs []conv
+	for rows.Next() {
+		var c conv
+		if err := rows.Scan(&c.id, &c.head); err != nil {
+			rows.Close()
+			return "", 0, unavailable("trim before", err)
+		}
+		convs = append(convs, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", 0, unavailable("trim before", err)
+	}
+	deleted := 0
+	for _, c := range convs {
+		tag, err := s.pool.Exec(ctx, trimStepDistSQL, c.id, before, c.head)
+		if err != nil {
+			return "", 0, unavailable("trim before", err)
+		}
+		deleted += int(tag.RowsAffected())
+	}
+	last := ""
+	if len(convs) == limit {
+		last = convs[len(convs)-1].id
+	}
+	return last, deleted, nil
 }

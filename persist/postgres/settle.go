@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A commit whose outcome is unknown (the connection was lost or timed out
@@ -47,14 +48,15 @@ func backendOf(c *pgconn.PgConn) backendKey {
 	return backendKey{pid: c.PID(), start: start}
 }
 
-// unsettle remembers that b may still commit.
-func (s *Store) unsettle(b backendKey) {
+// unsettle remembers that b, a backend of the server pool connects to (nil:
+// the store's own server), may still commit.
+func (s *Store) unsettle(b backendKey, pool *pgxpool.Pool) {
 	s.settleMu.Lock()
 	defer s.settleMu.Unlock()
 	if s.unsettled == nil {
-		s.unsettled = make(map[backendKey]bool)
+		s.unsettled = make(map[backendKey]*pgxpool.Pool)
 	}
-	s.unsettled[b] = true
+	s.unsettled[b] = pool
 }
 
 // settlePoll is how often Settle looks whether a terminated backend is gone.
@@ -68,12 +70,18 @@ const settlePoll = 20 * time.Millisecond
 func (s *Store) Settle(ctx context.Context) error {
 	s.settleMu.Lock()
 	pending := make([]backendKey, 0, len(s.unsettled))
-	for b := range s.unsettled {
+	pools := make([]*pgxpool.Pool, 0, len(s.unsettled))
+	for b, p := range s.unsettled {
 		pending = append(pending, b)
+		pools = append(pools, p)
 	}
 	s.settleMu.Unlock()
-	for _, b := range pending {
-		if err := s.settleOne(ctx, b); err != nil {
+	for i, b := range pending {
+		pool := pools[i]
+		if pool == nil {
+			pool = s.control
+		}
+		if err := s.settleOne(ctx, pool, b); err != nil {
 			return err
 		}
 		s.settleMu.Lock()
@@ -83,14 +91,14 @@ func (s *Store) Settle(ctx context.Context) error {
 	return nil
 }
 
-func (s *Store) settleOne(ctx context.Context, b backendKey) error {
+func (s *Store) settleOne(ctx context.Context, pool *pgxpool.Pool, b backendKey) error {
 	// Without pg_signal_backend (or the same role) the terminate is refused:
 	// then wait for the backend to end by itself. A backend waiting for a
 	// synchronous standby (wait_event SyncRep) has committed locally;
 	// terminating it would end the wait and publish a commit no standby has
 	// (a failover would lose it), so it is left to finish: it ends once a
 	// standby confirms, and Settle waits for that.
-	_, err := s.control.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE pid = $1 AND backend_start = $2 AND wait_event IS DISTINCT FROM 'SyncRep'`,
 		int64(b.pid), b.start)
 	var pg *pgconn.PgError
@@ -99,12 +107,21 @@ func (s *Store) settleOne(ctx context.Context, b backendKey) error {
 	}
 	for {
 		var alive bool
-		err := s.control.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)`,
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)`,
 			int64(b.pid), b.start).Scan(&alive)
 		if err != nil {
 			return unavailable("settle: wait for the backend of an unknown commit", err)
 		}
 		if !alive {
+			if s.dist != nil && pool == s.control {
+				// A commit through the coordinator may have prepared
+				// transactions on workers: end them now (commit or
+				// abort, as the coordinator decided) rather than at
+				// Citus's next recovery round.
+				if _, err := s.control.Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
+					return unavailable("settle: recover prepared transactions", err)
+				}
+			}
 			return nil
 		}
 		t := time.NewTimer(settlePoll)

@@ -416,10 +416,30 @@ func testConflictClientKeyStored(x *suite) {
 	// A resend of a's second message into b, and into a itself at a new seq.
 	bb := batch(b, 0, 2)
 	bb.Messages[1].FromUID, bb.Messages[1].ClientMsgID = ba.Messages[1].FromUID, ba.Messages[1].ClientMsgID
-	ce := conflictOf(t, x.commitFails(bb))
-	hasConflict(t, ce, persist.KeyClientMsgID, bb.Messages[1])
-	if len(ce.Conflicts) != 1 {
-		t.Fatalf("conflicts %+v, want one", ce.Conflicts)
+	if persist.KeysPerConversation(x.s) {
+		// Keys unique per conversation (Citus, docs/API.md "Distributed
+		// mode"): in b it is a new message of b, and each conversation
+		// finds its own.
+		x.mustCommit(bb)
+		x.expectStored(b, 2, bb.Messages)
+		sc := x.s.(persist.ConvScopedKeys)
+		for conv, want := range map[string]sequencer.Message{a: ba.Messages[1], b: bb.Messages[1]} {
+			got, err := sc.FindByClientKeyIn(x.ctx, conv, want.Key())
+			if err != nil {
+				t.Fatalf("FindByClientKeyIn(%s): %v", conv, err)
+			}
+			sameMessage(t, got, want)
+		}
+		if _, err := sc.FindByClientKeyIn(x.ctx, x.conv(), want1(ba)); !errors.Is(err, sequencer.ErrNotFound) {
+			t.Fatalf("FindByClientKeyIn in a conversation without it: %v, want ErrNotFound", err)
+		}
+		b = x.conv()
+	} else {
+		ce := conflictOf(t, x.commitFails(bb))
+		hasConflict(t, ce, persist.KeyClientMsgID, bb.Messages[1])
+		if len(ce.Conflicts) != 1 {
+			t.Fatalf("conflicts %+v, want one", ce.Conflicts)
+		}
 	}
 	ba2 := batch(a, 2, 1)
 	ba2.Messages[0].FromUID, ba2.Messages[0].ClientMsgID = ba.Messages[0].FromUID, ba.Messages[0].ClientMsgID
@@ -436,16 +456,26 @@ func testConflictClientKeyWithinBatch(x *suite) {
 	a, b := x.conv(), x.conv()
 	ba, bb := batch(a, 0, 2), batch(b, 0, 2)
 	bb.Messages[0].FromUID, bb.Messages[0].ClientMsgID = ba.Messages[1].FromUID, ba.Messages[1].ClientMsgID
-	ce := conflictOf(t, x.commitFails(ba, bb))
-	hasConflict(t, ce, persist.KeyClientMsgID, bb.Messages[0])
-	if len(ce.Conflicts) != 1 {
-		t.Fatalf("conflicts %+v, want only the later row", ce.Conflicts)
+	if persist.KeysPerConversation(x.s) {
+		// Keys unique per conversation: two conversations may hold one.
+		x.mustCommit(ba, bb)
+		x.expectStored(b, 2, bb.Messages)
+		a = x.conv()
+	} else {
+		ce := conflictOf(t, x.commitFails(ba, bb))
+		hasConflict(t, ce, persist.KeyClientMsgID, bb.Messages[0])
+		if len(ce.Conflicts) != 1 {
+			t.Fatalf("conflicts %+v, want only the later row", ce.Conflicts)
+		}
 	}
 	// Within one conversation too.
 	bc := batch(a, 0, 2)
 	bc.Messages[1].FromUID, bc.Messages[1].ClientMsgID = bc.Messages[0].FromUID, bc.Messages[0].ClientMsgID
 	hasConflict(t, conflictOf(t, x.commitFails(bc)), persist.KeyClientMsgID, bc.Messages[1])
 }
+
+// want1 is the resend key of b's second message.
+func want1(b persist.ConvBatch) sequencer.ClientKey { return b.Messages[1].Key() }
 
 func testConflictMsgID(x *suite) {
 	t := x.t
@@ -454,13 +484,26 @@ func testConflictMsgID(x *suite) {
 	x.mustCommit(ba)
 	bb := batch(b, 0, 2)
 	bb.Messages[1].MsgID = ba.Messages[0].MsgID
-	ce := conflictOf(t, x.commitFails(bb))
-	hasConflict(t, ce, persist.KeyMsgID, bb.Messages[1])
-	x.expectStored(b, 0, nil)
+	if persist.KeysPerConversation(x.s) {
+		// Citus: the key is (conv_id, msg_id); msg_ids are unique by the
+		// leased worker ids, and a copy in another conversation is not
+		// seen (docs/API.md "Distributed mode"). Within one conversation
+		// it is a conflict.
+		x.mustCommit(bb)
+		bd := batch(b, 2, 1)
+		bd.Messages[0].MsgID = bb.Messages[0].MsgID
+		hasConflict(t, conflictOf(t, x.commitFails(bd)), persist.KeyMsgID, bd.Messages[0])
+		x.expectStored(b, 2, bb.Messages)
+		b = x.conv()
+	} else {
+		ce := conflictOf(t, x.commitFails(bb))
+		hasConflict(t, ce, persist.KeyMsgID, bb.Messages[1])
+		x.expectStored(b, 0, nil)
+	}
 	// Two rows of one batch with one msg_id.
 	bc := batch(b, 0, 2)
 	bc.Messages[1].MsgID = bc.Messages[0].MsgID
-	ce = conflictOf(t, x.commitFails(bc))
+	ce := conflictOf(t, x.commitFails(bc))
 	hasConflict(t, ce, persist.KeyMsgID, bc.Messages[1])
 	x.expectStored(b, 0, nil)
 }

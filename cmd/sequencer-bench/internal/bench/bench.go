@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -68,6 +69,11 @@ type Config struct {
 	// MySQL is the admin mysql:// URL of the MySQL / MariaDB server of the
 	// -mysql engines; the run creates and drops its databases there.
 	MySQL string
+	// Citus is the DSN of a Citus coordinator's database (extension
+	// created, workers added) for the -citus engines; each scenario gets a
+	// fresh schema there, dropped after the run unless Keep. Its servers
+	// must run on this machine for the CPU figures.
+	Citus string
 	// Redis address for engine b. Default 127.0.0.1:6379.
 	Redis string
 	// Target is the base URL of a running `sequencer serve` for the e
@@ -184,6 +190,10 @@ func (c *Config) setDefaults() {
 				continue
 			case s.MySQL:
 				continue // the -mysql engines run when named (--engines)
+			case s.Citus && c.Citus == "":
+				continue
+			case s.Citus && s.Remote && c.Target == "" && c.ServeBin == "":
+				continue
 			case !s.Remote:
 			case s.SQLite && (c.ServeBin == "" || c.Target != ""):
 				continue // the -sqlite e engines start their own server
@@ -249,6 +259,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.CommitWorkers, "commit-workers", 0, "in-process engines (a, a-sqlite, a-mysql): group-commit workers (0: the server's default, as 'sequencer serve' runs)")
 	fs.StringVar(&cfg.MySQL, "mysql", defaultMySQL, "admin mysql:// URL of the MySQL / MariaDB server of the -mysql engines (the run creates its own databases there)")
 	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
+	fs.StringVar(&cfg.Citus, "citus", "", "the -citus engines (a-citus, e-batch-citus): DSN of a Citus coordinator's database with its workers added (scripts/citus.sh start + createdb); each scenario gets a fresh schema there, with the DSN's citus.shard_count (options=-c citus.shard_count=N)")
 	fs.StringVar(&cfg.Redis, "redis", "127.0.0.1:6379", "Redis address (engine b)")
 	fs.StringVar(&cfg.Target, "target", "", "base URL of a running 'sequencer serve' for the e engines on PostgreSQL, e.g. http://127.0.0.1:7070")
 	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary the e engines start as 'serve' on a fresh store per scenario (default: sequencer beside this executable)")
@@ -541,7 +552,24 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 			}
 		}
 	}
-	if spec.NeedsSchema {
+	if spec.Citus {
+		if r.cfg.Citus == "" {
+			return res, fmt.Errorf("engine %s needs --citus", spec.Key)
+		}
+		cdb := &benchDB{DSN: r.cfg.Citus}
+		dsn, err := cdb.NewSchema(ctx, schema)
+		if err != nil {
+			return res, err
+		}
+		env.DSN = dsn
+		if !r.cfg.Keep {
+			defer func() {
+				if err := cdb.exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+					r.logf("drop Citus schema %s: %v", schema, err)
+				}
+			}()
+		}
+	} else if spec.NeedsSchema {
 		dsn, err := r.db.NewSchema(ctx, schema)
 		if err != nil {
 			return res, err
@@ -606,7 +634,33 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	batches, hasBatches := eng.(BatchCounter)
 	var cpu0, cpu1 float64
 	cpu, hasCPU := eng.(CPUMeter)
+	// The PostgreSQL servers' CPU (every process of each postmaster), by
+	// server: the run's PostgreSQL, or Citus's coordinator and workers.
+	var pgNodesOf []pgNode
+	var pg0, pg1 map[string]float64
+	if spec.NeedsSchema && !spec.SQLite {
+		dsn := r.cfg.PG
+		if spec.Citus {
+			dsn = r.cfg.Citus
+		}
+		if ns, err := pgNodes(ctx, dsn, spec.Citus); err != nil {
+			r.logf("engine %s: PostgreSQL CPU not measured: %v", spec.Key, err)
+		} else {
+			pgNodesOf = ns
+		}
+	}
 	onMeasure := func(start bool) {
+		if pgNodesOf != nil {
+			v, err := pgCPU(pgNodesOf)
+			if err != nil {
+				r.logf("engine %s PostgreSQL CPU: %v", spec.Key, err)
+				pgNodesOf = nil
+			} else if start {
+				pg0 = v
+			} else {
+				pg1 = v
+			}
+		}
 		if hasCPU {
 			if v, err := cpu.CPUSeconds(ctx); err != nil {
 				r.logf("engine %s CPU time: %v", spec.Key, err)
@@ -688,6 +742,14 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		res.CPUSeconds = cpu1 - cpu0
 		res.CPUUsPerMsg = 1e6 * res.CPUSeconds / float64(res.Messages)
 		res.CPUScope = cpu.CPUScope()
+	}
+	if pgNodesOf != nil && pg0 != nil && pg1 != nil && res.Messages > 0 {
+		res.PGCPUUsPerMsgBy = map[string]float64{}
+		for _, n := range pgNodesOf {
+			us := 1e6 * (pg1[n.Name] - pg0[n.Name]) / float64(res.Messages)
+			res.PGCPUUsPerMsgBy[n.Name] = us
+			res.PGCPUUsPerMsg += us
+		}
 	}
 	res.Interrupted = interrupted
 	return res, nil

@@ -113,6 +113,9 @@ type EngineSpec struct {
 	// MySQL: the engine's store is a fresh MySQL database (Env.DSN a
 	// mysql:// URL) on the server of --mysql.
 	MySQL bool
+	// Citus: the engine's store is a fresh schema of the --citus database
+	// (a Citus coordinator's) instead of the run's PostgreSQL database.
+	Citus bool
 	Open  func(ctx context.Context, env Env) (Engine, error)
 }
 
@@ -125,7 +128,7 @@ func registerEngine(s EngineSpec) { engines[s.Key] = s }
 // in process, the seed's baselines, the ceiling, the network variants, then
 // the embedded store's.
 var engineOrder = []string{"a", "b", "c", "d", "e", "e-json", "e-batch", "a-sqlite", "e-sqlite", "e-json-sqlite", "e-batch-sqlite",
-	"a-mysql", "e-batch-mysql", "b-mysql", "c-mysql"}
+	"a-mysql", "e-batch-mysql", "b-mysql", "c-mysql", "a-citus", "e-batch-citus"}
 
 // engineKeys returns the known keys in order.
 func engineKeys() []string {

@@ -40,10 +40,16 @@ type Result struct {
 	// says which: the server, or the bench process for an in-process
 	// engine) over the measured window, per stored message, in
 	// microseconds; CPUSeconds is that CPU time. 0: not measured.
-	CPUUsPerMsg float64       `json:"cpu_us_per_msg,omitempty"`
-	CPUSeconds  float64       `json:"cpu_seconds,omitempty"`
-	CPUScope    string        `json:"cpu_scope,omitempty"`
-	Memory      *MemoryResult `json:"memory,omitempty"`
+	CPUUsPerMsg float64 `json:"cpu_us_per_msg,omitempty"`
+	CPUSeconds  float64 `json:"cpu_seconds,omitempty"`
+	CPUScope    string  `json:"cpu_scope,omitempty"`
+	// PGCPUUsPerMsg is the CPU of the PostgreSQL servers (every process of
+	// each postmaster) per stored message, in microseconds, and
+	// PGCPUUsPerMsgBy the same by server ("postgres", or Citus's
+	// "coordinator" and "worker HOST:PORT"). 0: not measured.
+	PGCPUUsPerMsg   float64            `json:"pg_cpu_us_per_msg,omitempty"`
+	PGCPUUsPerMsgBy map[string]float64 `json:"pg_cpu_us_per_msg_by,omitempty"`
+	Memory          *MemoryResult      `json:"memory,omitempty"`
 	// LoadAvg is the machine's 1-minute load average when the run started
 	// (the bench shares its machine; a high value explains noise).
 	LoadAvg float64 `json:"load_avg_1m"`

@@ -1,0 +1,656 @@
+package postgres
+
+// Distributed mode: the DSN names a Citus coordinator's database (one with
+// the citus extension). See docs/CITUS.md.
+//
+//   - Schema: migrations_citus/ replaces the files of migrations/ with the
+//     same version: conv_head and im_message (and read_position) are
+//     distributed by conv_id and co-located; the control tables
+//     (cluster_member, cluster_version, partition_lease, worker_lease,
+//     schema_version) are plain tables of the coordinator.
+//   - Commits go straight to the shard: the store computes a conversation's
+//     shard with Citus's own hash (citusHash: PostgreSQL's hashtext of the
+//     conv_id, then the shard whose hash range holds it, from
+//     pg_dist_shard), keeps a pool per worker (from pg_dist_placement and
+//     pg_dist_node), and runs a commit whose conversations are all in one
+//     shard on a connection to the worker that holds it, where Citus
+//     executes it locally: no coordinator hop, no two-phase commit. The
+//     group-commit writer forms such commits (CommitGroup, commit.Grouper).
+//     A commit spanning shards goes through the coordinator (correct, with
+//     two-phase commit, slow). A commit that reaches a worker that no
+//     longer holds the shard (it moved) is still correct (Citus routes it
+//     from there) and makes the store reload the placements.
+//   - Fencing without a cross-node read: see fencing below and commitDist.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// dist is the distributed mode's state: placements, worker pools and the
+// lease cache.
+type dist struct {
+	base  *pgxpool.Config // the commit pool's config: worker pools copy it
+	conns int32           // connections per worker commit pool
+	reads int32           // connections per worker read pool
+
+	mu      sync.RWMutex
+	shards  []shardRange             // conv_head's shards, by minimum hash
+	workers map[string]*pgxpool.Pool // commits, by host:port
+	readers map[string]*pgxpool.Pool // single-shard reads, by host:port
+	loaded  time.Time
+
+	leaseMu     sync.Mutex
+	leases      map[uint32]persist.Fence // partition_lease as last read
+	leasesHeld  bool                     // some lease has an owner
+	leasesAt    time.Time
+	refreshedAt time.Time
+
+	noLeaseCheck bool // tests: skip checkFences (a zombie whose cache is stale)
+
+	wantReload atomic.Bool // a commit failed on a worker: reload the placements soon
+	stop       context.CancelFunc
+	stopped    chan struct{}
+
+	statMu    sync.Mutex
+	direct    int64 // commits sent to a worker
+	viaCoord  int64 // commits sent through the coordinator (several shards)
+	refreshes int64 // placement reloads
+}
+
+// shardRange is one shard of conv_head and the worker holding it.
+type shardRange struct {
+	id       int64
+	min, max int32
+	node     string // host:port
+}
+
+// leaseTTL is how long the lease cache is trusted before a commit re-reads
+// it (a commit whose fences do not match the cache re-reads it at once).
+const leaseTTL = 200 * time.Millisecond
+
+// detectCitus reports whether the database has the citus extension.
+func detectCitus(ctx context.Context, p *pgxpool.Pool) (bool, error) {
+	var ok bool
+	err := p.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&ok)
+	return ok, err
+}
+
+// Distributed reports whether the store runs on Citus, and then its
+// workers and shards (0, 0 before the schema exists).
+func (s *Store) Distributed() (distributed bool, workers, shards int) {
+	if s.dist == nil {
+		return false, 0, 0
+	}
+	s.dist.mu.RLock()
+	defer s.dist.mu.RUnlock()
+	nodes := map[string]bool{}
+	for _, sh := range s.dist.shards {
+		nodes[sh.node] = true
+	}
+	return true, len(nodes), len(s.dist.shards)
+}
+
+// DistStats are counters of the distributed mode (tests, bench).
+type DistStats struct {
+	Direct, ViaCoordinator, PlacementReloads int64
+}
+
+// DistStats returns the counters (zero on plain PostgreSQL).
+func (s *Store) DistStats() DistStats {
+	if s.dist == nil {
+		return DistStats{}
+	}
+	s.dist.statMu.Lock()
+	defer s.dist.statMu.Unlock()
+	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes}
+}
+
+// loadPlacements reads conv_head's shards and their workers from Citus's
+// metadata, and opens a pool for each new worker.
+func (s *Store) loadPlacements(ctx context.Context) error {
+	d := s.dist
+	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
+		FROM pg_dist_shard s
+		JOIN pg_dist_placement p ON p.shardid = s.shardid
+		JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'
+		WHERE s.logicalrelid = 'conv_head'::regclass
+		ORDER BY s.shardminvalue::int4`)
+	if err != nil {
+		return unavailable("citus: read placements", err)
+	}
+	shards, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (shardRange, error) {
+		var sh shardRange
+		var host string
+		var port int32
+		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port)
+		sh.node = host + ":" + strconv.Itoa(int(port))
+		return sh, err
+	})
+	if err != nil {
+		return unavailable("citus: read placements", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.workers == nil {
+		d.workers = map[string]*pgxpool.Pool{}
+		d.readers = map[string]*pgxpool.Pool{}
+	}
+	for _, sh := range shards {
+		if d.workers[sh.node] != nil {
+			continue
+		}
+		w, err := d.workerPool(ctx, sh.node, d.conns)
+		if err != nil {
+			return err
+		}
+		r, err := d.workerPool(ctx, sh.node, d.reads)
+		if err != nil {
+			w.Close()
+			return err
+		}
+		d.workers[sh.node], d.readers[sh.node] = w, r
+	}
+	d.shards = shards
+	d.loaded = time.Now()
+	d.statMu.Lock()
+	d.refreshes++
+	d.statMu.Unlock()
+	return nil
+}
+
+// workerPool opens a pool of size connections to the worker at node
+// (host:port), with the store's DSN settings but that host.
+func (d *dist) workerPool(ctx context.Context, node string, size int32) (*pgxpool.Pool, error) {
+	host, port, _ := cutLast(node, ":")
+	pc := d.base.Copy()
+	pc.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	pc.ConnConfig.Port = uint16(p)
+	pc.ConnConfig.Fallbacks = nil
+	// As on the store's own pools: no cancel requests (they would end a
+	// synchronous-replication wait of a worker with a standby).
+	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		noCancelRequests(&cc.Config)
+		return nil
+	}
+	pc.MaxConns = size
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, unavailable("citus: open worker pool "+node, err)
+	}
+	return pool, nil
+}
+
+// reader returns the pool for a single-shard read of conv: the worker
+// holding its shard (Citus runs the query locally there), or the
+// coordinator's read pool on plain PostgreSQL or before the placements are
+// known.
+func (s *Store) reader(conv string) *pgxpool.Pool {
+	if s.dist == nil {
+		return s.pool
+	}
+	d := s.dist
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if i := d.shardOf(conv); i >= 0 {
+		if p := d.readers[d.shards[i].node]; p != nil {
+			return p
+		}
+	}
+	return s.pool
+}
+
+func cutLast(s, sep string) (string, string, bool) {
+	for i := len(s) - len(sep); i >= 0; i-- {
+		if s[i:i+len(sep)] == sep {
+			return s[:i], s[i+len(sep):], true
+		}
+	}
+	return s, "", false
+}
+
+// shardOf returns the shard holding conv (its index in d.shards), -1 when
+// the placements are not loaded.
+func (d *dist) shardOf(conv string) int {
+	h := citusHash([]byte(conv))
+	i := sort.Search(len(d.shards), func(i int) bool { return d.shards[i].max >= h })
+	if i == len(d.shards) || d.shards[i].min > h {
+		return -1
+	}
+	return i
+}
+
+// CommitGroup implements commit.Grouper: the id of the Citus shard holding
+// conv (0 on plain PostgreSQL, or before the placements are known: one
+// group).
+func (s *Store) CommitGroup(conv string) uint64 {
+	if s.dist == nil {
+		return 0
+	}
+	s.dist.mu.RLock()
+	defer s.dist.mu.RUnlock()
+	if i := s.dist.shardOf(conv); i >= 0 {
+		return uint64(s.dist.shards[i].id)
+	}
+	return 0
+}
+
+// ShardOf returns the id of the shard holding conv and the worker
+// (host:port) holding it, as the store knows them; ok false when it does
+// not know them (plain PostgreSQL, placements not loaded).
+func (s *Store) ShardOf(conv string) (shard int64, worker string, ok bool) {
+	if s.dist == nil {
+		return 0, "", false
+	}
+	s.dist.mu.RLock()
+	defer s.dist.mu.RUnlock()
+	i := s.dist.shardOf(conv)
+	if i < 0 {
+		return 0, "", false
+	}
+	return s.dist.shards[i].id, s.dist.shards[i].node, true
+}
+
+// route returns the pool to run a commit of convs on: the worker holding
+// their shard when they share one, else the coordinator's commit pool.
+func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpool.Pool, string, error) {
+	d := s.dist
+	d.mu.RLock()
+	empty := len(d.shards) == 0
+	d.mu.RUnlock()
+	if empty {
+		if err := s.loadPlacements(ctx); err != nil {
+			return nil, "", err
+		}
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	shard := -2
+	for i := range batches {
+		k := d.shardOf(batches[i].ConvID)
+		if k < 0 || (shard != -2 && k != shard) {
+			return s.commits, "", nil
+		}
+		shard = k
+	}
+	node := d.shards[shard].node
+	return d.workers[node], node, nil
+}
+
+// Fencing on Citus (the argument; docs/CITUS.md repeats it).
+//
+// On one PostgreSQL a commit locks its partition leases FOR SHARE and checks
+// them in its transaction. On Citus partition_lease is a coordinator table,
+// so that check would be a cross-node read (and a distributed transaction)
+// on every commit. Instead the fence travels with the conversation: its
+// head row carries the epoch of the owner that last moved it, and a commit
+// moves a head only by compare-and-set: head = expected AND epoch <= mine,
+// setting epoch = mine (seq_cas_heads, migrations_citus/0003). Epochs of a
+// partition only grow, and each conversation belongs to one partition
+// (the ring's partition count is fixed for a cluster).
+//
+//   - A stale owner (epoch e) can never commit after a newer owner (epoch
+//     e' > e) wrote the conversation: that write set the row's epoch to e',
+//     and every later compare-and-set with e fails (epoch <= e is false):
+//     the stale owner gets StaleFenceError (never HeadMismatch, so it does
+//     not re-read and retry), and nothing of its commit is written.
+//   - A stale owner committing before the newer owner's first write is
+//     harmless: its commit is an ordinary compare-and-set on the head row,
+//     serialized by the row lock, so its seqs are contiguous and durable;
+//     the newer owner's own compare-and-set then fails (head mismatch), it
+//     re-reads the head and the rows (which include the stale owner's
+//     messages, answered to their senders as stored: they are), and goes
+//     on from there. Contiguity never depended on the lease: the head
+//     compare-and-set alone keeps every stored seq gap-free and unique.
+//   - The lease table still decides routing and liveness, and the store
+//     refuses early, without sending anything, a fence its cached copy of
+//     partition_lease (read from the coordinator at most every leaseTTL,
+//     off the commit, and at once when a fence does not match it) says is
+//     not held: the common stale case costs no worker round trip.
+//   - A node without a cluster (zero fence) on a database a cluster uses:
+//     refused with persist.ErrUnfenced when the cached lease table shows a
+//     held lease (re-read every leaseTTL, so a node started without
+//     --cluster-listen is refused from its first commit). Within the cache
+//     window, or for a conversation no cluster node wrote, an unfenced
+//     commit that lands is again an ordinary compare-and-set: contiguous,
+//     and the owner's next compare-and-set re-reads.
+
+// leaseView returns the cached partition leases, re-reading them when older
+// than leaseTTL or when force.
+func (s *Store) leaseView(ctx context.Context, force bool) (map[uint32]persist.Fence, bool, error) {
+	d := s.dist
+	d.leaseMu.Lock()
+	defer d.leaseMu.Unlock()
+	if !force && d.leases != nil && time.Since(d.leasesAt) < leaseTTL {
+		return d.leases, d.leasesHeld, nil
+	}
+	rows, err := s.control.Query(ctx, `SELECT partition, owner, epoch FROM partition_lease`)
+	if err != nil {
+		if d.leases != nil {
+			// The coordinator does not answer: the cached copy still
+			// refuses what it knows is stale; the head rows' epochs
+			// fence the rest (see above).
+			return d.leases, d.leasesHeld, nil
+		}
+		return nil, false, unavailable("citus: read partition leases", err)
+	}
+	m := map[uint32]persist.Fence{}
+	held := false
+	for rows.Next() {
+		var p, e int64
+		var o string
+		if err := rows.Scan(&p, &o, &e); err != nil {
+			rows.Close()
+			return nil, false, unavailable("citus: read partition leases", err)
+		}
+		m[uint32(p)] = persist.Fence{Partition: uint32(p), Owner: o, Epoch: uint64(e)}
+		held = held || o != ""
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, false, unavailable("citus: read partition leases", err)
+	}
+	d.leases, d.leasesHeld, d.leasesAt = m, held, time.Now()
+	return m, held, nil
+}
+
+// forgetLeases drops the lease cache (tests that change leases directly).
+func (s *Store) forgetLeases() {
+	if s.dist == nil {
+		return
+	}
+	s.dist.leaseMu.Lock()
+	s.dist.leases = nil
+	s.dist.leaseMu.Unlock()
+}
+
+// checkFences refuses, before anything is sent, fences the lease table (as
+// cached, re-read once when it disagrees) says are not held, and unfenced
+// batches while a cluster holds leases.
+func (s *Store) checkFences(ctx context.Context, batches []persist.ConvBatch) error {
+	if s.dist.noLeaseCheck {
+		return nil
+	}
+	leases, held, err := s.leaseView(ctx, false)
+	if err != nil {
+		return err
+	}
+	check := func(leases map[uint32]persist.Fence, held bool) ([]persist.Fence, bool) {
+		var stale []persist.Fence
+		seen := map[persist.Fence]bool{}
+		unfenced := false
+		for i := range batches {
+			f := batches[i].Fence
+			if f.IsZero() {
+				unfenced = unfenced || held
+				continue
+			}
+			if seen[f] {
+				continue
+			}
+			seen[f] = true
+			if l, ok := leases[f.Partition]; !ok || l != f {
+				stale = append(stale, f)
+			}
+		}
+		return stale, unfenced
+	}
+	stale, unfenced := check(leases, held)
+	if len(stale) == 0 && !unfenced {
+		return nil
+	}
+	if leases, held, err = s.leaseView(ctx, true); err != nil {
+		return err
+	}
+	stale, unfenced = check(leases, held)
+	if unfenced {
+		return persist.ErrUnfenced
+	}
+	if len(stale) > 0 {
+		sort.Slice(stale, func(i, j int) bool { return stale[i].Partition < stale[j].Partition })
+		return &persist.StaleFenceError{Fences: stale}
+	}
+	return nil
+}
+
+// citusHash is the hash Citus distributes a VARCHAR/TEXT column by:
+// PostgreSQL's hashtext (hash_bytes, Bob Jenkins' lookup3, as in
+// src/common/hashfn.c) of the value's bytes, as int32. TestCitusHash checks
+// it against get_shard_id_for_distribution_column.
+func citusHash(k []byte) int32 {
+	rot := bits.RotateLeft32
+	a := 0x9e3779b9 + uint32(len(k)) + 3923095
+	b, c := a, a
+	for len(k) >= 12 {
+		a += uint32(k[0]) | uint32(k[1])<<8 | uint32(k[2])<<16 | uint32(k[3])<<24
+		b += uint32(k[4]) | uint32(k[5])<<8 | uint32(k[6])<<16 | uint32(k[7])<<24
+		c += uint32(k[8]) | uint32(k[9])<<8 | uint32(k[10])<<16 | uint32(k[11])<<24
+		a -= c
+		a ^= rot(c, 4)
+		c += b
+		b -= a
+		b ^= rot(a, 6)
+		a += c
+		c -= b
+		c ^= rot(b, 8)
+		b += a
+		a -= c
+		a ^= rot(c, 16)
+		c += b
+		b -= a
+		b ^= rot(a, 19)
+		a += c
+		c -= b
+		c ^= rot(b, 4)
+		b += a
+		k = k[12:]
+	}
+	n := len(k)
+	if n >= 11 {
+		c += uint32(k[10]) << 24
+	}
+	if n >= 10 {
+		c += uint32(k[9]) << 16
+	}
+	if n >= 9 {
+		c += uint32(k[8]) << 8
+	}
+	if n >= 8 {
+		b += uint32(k[7]) << 24
+	}
+	if n >= 7 {
+		b += uint32(k[6]) << 16
+	}
+	if n >= 6 {
+		b += uint32(k[5]) << 8
+	}
+	if n >= 5 {
+		b += uint32(k[4])
+	}
+	if n >= 4 {
+		a += uint32(k[3]) << 24
+	}
+	if n >= 3 {
+		a += uint32(k[2]) << 16
+	}
+	if n >= 2 {
+		a += uint32(k[1]) << 8
+	}
+	if n >= 1 {
+		a += uint32(k[0])
+	}
+	c ^= b
+	c -= rot(b, 14)
+	a ^= c
+	a -= rot(c, 11)
+	b ^= a
+	b -= rot(a, 25)
+	c ^= b
+	c -= rot(b, 16)
+	a ^= c
+	a -= rot(c, 4)
+	b ^= a
+	b -= rot(a, 14)
+	c ^= b
+	c -= rot(b, 24)
+	return int32(c)
+}
+
+// closeWorkers stops the refresher and closes the worker pools.
+func (d *dist) closeWorkers() {
+	if d.stop != nil {
+		d.stop()
+		<-d.stopped
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.workers {
+		p.Close()
+	}
+	for _, p := range d.readers {
+		p.Close()
+	}
+	d.workers, d.readers = nil, nil
+}
+
+// startDist loads the placements if the schema exists (a database not yet
+// migrated has none; Migrate loads them) and starts the refresher.
+func (s *Store) startDist(ctx context.Context) error {
+	var exists bool
+	if err := s.control.QueryRow(ctx, `SELECT to_regclass('conv_head') IS NOT NULL`).Scan(&exists); err != nil {
+		return unavailable("citus: look for the schema", err)
+	}
+	if exists {
+		if err := s.loadPlacements(ctx); err != nil {
+			return err
+		}
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	s.dist.stop = cancel
+	s.dist.stopped = make(chan struct{})
+	go s.refreshDist(rctx)
+	return nil
+}
+
+func (s *Store) logDistributed() {
+	_, workers, shards := s.Distributed()
+	s.log.Info(fmt.Sprintf("distributed: %d workers, %d shards", workers, shards), "workers", workers, "shards", shards)
+}
+
+// placementTTL is how often the refresher re-reads the placements (a shard
+// moved by the rebalancer is found within it; a commit to the old worker
+// meanwhile is routed on by Citus).
+const placementTTL = 2 * time.Second
+
+// refreshDist keeps the lease cache and the placements fresh, off the
+// commit path, until the store closes.
+func (s *Store) refreshDist(ctx context.Context) {
+	defer close(s.dist.stopped)
+	lt := time.NewTicker(leaseTTL / 2)
+	defer lt.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-lt.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, _, _ = s.leaseView(qctx, true)
+		if time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false) {
+			last = time.Now()
+			if s.hasShards() {
+				_ = s.loadPlacements(qctx)
+			}
+		}
+		cancel()
+	}
+}
+
+func (s *Store) hasShards() bool {
+	s.dist.mu.RLock()
+	defer s.dist.mu.RUnlock()
+	return len(s.dist.shards) > 0
+}
+
+// commitDist is Commit in distributed mode: checkFences (no round trip when
+// the cached leases agree), then ONE transaction on the worker holding the
+// batches' shard (or through the coordinator when they span shards), with
+// the same pipelined statements and error kinds as on one PostgreSQL, the
+// head compare-and-set carrying the fence epochs (seq_cas_heads).
+func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) error {
+	if err := s.checkFences(ctx, batches); err != nil {
+		return err
+	}
+	pool, node, err := s.route(ctx, batches)
+	if err != nil {
+		return err
+	}
+	var settleOn *pgxpool.Pool // nil: the coordinator
+	d := s.dist
+	d.statMu.Lock()
+	if node != "" {
+		d.direct++
+		settleOn = pool
+	} else {
+		d.viaCoord++
+	}
+	d.statMu.Unlock()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		d.wantReload.Store(true) // a worker gone: maybe replaced or its shards moved
+		return unavailable("commit: acquire connection "+node, err)
+	}
+	defer conn.Release()
+	backend := backendOf(conn.Conn().PgConn())
+	if s.beforeCommit != nil {
+		s.beforeCommit(backend.pid)
+	}
+	err = s.commitOn(ctx, conn, batches)
+	if errors.Is(err, sequencer.ErrUnknownOutcome) {
+		s.unsettle(backend, settleOn)
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
+	}
+	if err != nil && persist.OutcomeOf(err) != persist.NotLanded || errors.Is(err, sequencer.ErrStoreUnavailable) {
+		d.wantReload.Store(true)
+	}
+	return err
+}
+
+// ClientKeysPerConversation implements persist.ConvScopedKeys: true on
+// Citus, where the resend key is (conv_id, from_uid, client_msg_id).
+func (s *Store) ClientKeysPerConversation() bool { return s.dist != nil }
+
+// FindByClientKeyIn implements persist.ConvScopedKeys: convID's message with
+// this resend key (one shard's index on Citus), or ErrNotFound.
+func (s *Store) FindByClientKeyIn(ctx context.Context, convID string, key sequencer.ClientKey) (sequencer.Message, error) {
+	if key.FromUID > math.MaxInt64 {
+		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
+	}
+	m, err := scanMessage(s.reader(convID).QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message
+		WHERE conv_id = $1 AND from_uid = $2 AND client_msg_id = $3`, convID, int64(key.FromUID), key.ClientMsgID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
+	}
+	if err != nil {
+		return sequencer.Message{}, unavailable("find by client key", err)
+	}
+	return m, nil
+}

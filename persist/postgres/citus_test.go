@@ -1,0 +1,719 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/membership/membershiptest"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/citustest"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/persist/storetest"
+)
+
+// newCitusStore opens a migrated store on a fresh Citus database.
+func newCitusStore(t testing.TB) (*Store, *citustest.Database) {
+	t.Helper()
+	db := citustest.NewDatabase(t)
+	s := openStore(t, db.DSN())
+	if s.dist == nil {
+		t.Fatal("the store did not detect Citus")
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return s, db
+}
+
+func TestCitusConformance(t *testing.T) {
+	citustest.Require(t)
+	storetest.Run(t, func(t *testing.T) persist.Store {
+		s, _ := newCitusStore(t)
+		return s
+	})
+}
+
+// The Go hash is Citus's: for many conv_ids, the shard the store computes
+// is the one get_shard_id_for_distribution_column names; and hashtext on
+// plain PostgreSQL agrees with citusHash.
+func TestCitusHash(t *testing.T) {
+	ctx := context.Background()
+	plain := pgtest.NewDatabase(t)
+	conn, err := pgx.Connect(ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, v := range []string{"", "a", "abc", "hello world!", "g:conv:123456789012345", "日本語の会話", strings.Repeat("x", 64)} {
+		var h int32
+		if err := conn.QueryRow(ctx, `SELECT hashtext($1::varchar)`, v).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		if got := citusHash([]byte(v)); got != h {
+			t.Fatalf("citusHash(%q) = %d, hashtext %d", v, got, h)
+		}
+	}
+	s, _ := newCitusStore(t)
+	var convs []string
+	for i := range 500 {
+		convs = append(convs, fmt.Sprintf("conv-%d-%x", i, i*7919))
+	}
+	rows, err := s.pool.Query(ctx, `SELECT c, get_shard_id_for_distribution_column('conv_head', c) FROM unnest($1::text[]) AS c`, convs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var c string
+		var id int64
+		if err := rows.Scan(&c, &id); err != nil {
+			t.Fatal(err)
+		}
+		got, _, ok := s.ShardOf(c)
+		if !ok || got != id {
+			t.Fatalf("ShardOf(%q) = %d %v, Citus says %d", c, got, ok, id)
+		}
+		if g := s.CommitGroup(c); g != uint64(id) {
+			t.Fatalf("CommitGroup(%q) = %d, want %d", c, g, id)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != len(convs) {
+		t.Fatalf("%d rows, %v", n, err)
+	}
+}
+
+// convsOfShard returns n conversation ids of the shard of "seed" (and that
+// shard's worker).
+func convsOfShard(t testing.TB, s *Store, seed string, n int) ([]string, string) {
+	t.Helper()
+	shard, worker, ok := s.ShardOf(seed)
+	if !ok {
+		t.Fatal("no placements")
+	}
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		c := fmt.Sprintf("%s/%d", seed, i)
+		if id, _, _ := s.ShardOf(c); id == shard {
+			out = append(out, c)
+		}
+	}
+	return out, worker
+}
+
+func statements(t testing.TB, dsn, like string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query ILIKE $1`, like).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func execDSN(t testing.TB, dsn, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// A commit whose conversations share a shard runs on the worker holding it
+// and nowhere else (and LoadHead reads there too): pg_stat_statements shows its statements on that worker
+// only (not on the coordinator: no hop; not on the other worker: the
+// UPDATE ... FROM unnest is pruned by conv_id = ANY), and no two-phase
+// commit happens anywhere (no PREPARE TRANSACTION, no pg_dist_transaction
+// record on the coordinator).
+func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	nodes := append([]citustest.Node{db.Coordinator}, db.Workers...)
+	execDSN(t, db.DSN(), `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`) // Citus creates it on the workers
+	for _, n := range nodes {
+		execDSN(t, n.DSN(db.Name), `SELECT pg_stat_statements_reset()`)
+	}
+	convs, worker := convsOfShard(t, s, "direct", 40)
+	before := s.DistStats()
+	var dtx0 int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 25
+	for r := range rounds {
+		var bs []persist.ConvBatch
+		for _, c := range convs[:20+r%20] {
+			h, err := s.LoadHead(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: h, Messages: []sequencer.Message{msgAt(c, h+1)}})
+		}
+		if err := s.Commit(ctx, bs); err != nil {
+			t.Fatalf("round %d: %v", r, err)
+		}
+	}
+	if st := s.DistStats(); st.Direct-before.Direct != rounds || st.ViaCoordinator != before.ViaCoordinator {
+		t.Fatalf("stats %+v (before %+v), want %d direct commits", st, before, rounds)
+	}
+	for _, n := range nodes {
+		cas := statements(t, n.DSN(db.Name), "%seq_cas_heads%")
+		ins := statements(t, n.DSN(db.Name), "INSERT INTO im_message%")
+		prep := statements(t, n.DSN(db.Name), "PREPARE TRANSACTION%")
+		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); n.Name == "coordinator" && heads != 0 {
+			t.Fatalf("LoadHead went through the coordinator %d times", heads)
+		}
+		holds := n.Addr() == worker
+		t.Logf("%s (%s): seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), cas, ins, prep)
+		switch {
+		case prep != 0:
+			t.Fatalf("%s ran PREPARE TRANSACTION %d times: two-phase commit on the hot path", n.Name, prep)
+		case holds && cas < rounds:
+			t.Fatalf("the shard's worker %s ran seq_cas_heads %d times, want %d", n.Name, cas, rounds)
+		case !holds && (cas != 0 || ins != 0):
+			t.Fatalf("%s, which does not hold the shard, ran seq_cas_heads %d / inserts %d times", n.Name, cas, ins)
+		}
+	}
+	var dtx int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx); err != nil {
+		t.Fatal(err)
+	}
+	if dtx != dtx0 {
+		t.Fatalf("%d distributed transactions recorded on the coordinator during the commits", dtx-dtx0)
+	}
+	for _, c := range convs[:20] {
+		if h, _ := s.LoadHead(ctx, c); h != rounds {
+			t.Fatalf("%s head %d, want %d", c, h, rounds)
+		}
+	}
+}
+
+// msgAt is conv's message at seq with fresh ids.
+var citusMsgMu sync.Mutex
+var citusNextID uint64 = 9_000_000_000_000
+
+func msgAt(conv string, seq uint64) sequencer.Message {
+	citusMsgMu.Lock()
+	citusNextID++
+	id := citusNextID
+	citusMsgMu.Unlock()
+	return sequencer.Message{MsgID: id, ConvID: conv, Seq: seq, FromUID: 7, MsgType: 1, Body: []byte("b"),
+		ClientMsgID: fmt.Sprint("k", id), ServerAt: time.Now()}
+}
+
+// A commit spanning shards is still all-or-nothing (through the
+// coordinator).
+func TestCitusMultiShardCommit(t *testing.T) {
+	s, _ := newCitusStore(t)
+	ctx := context.Background()
+	a, _ := convsOfShard(t, s, "ms-a", 1)
+	var b string
+	for i := 0; ; i++ {
+		c := fmt.Sprint("ms-b-", i)
+		if s.CommitGroup(c) != s.CommitGroup(a[0]) {
+			b = c
+			break
+		}
+	}
+	if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: a[0], Messages: []sequencer.Message{msgAt(a[0], 1)}},
+		{ConvID: b, Messages: []sequencer.Message{msgAt(b, 1)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if s.DistStats().ViaCoordinator != 1 {
+		t.Fatalf("stats %+v", s.DistStats())
+	}
+	// b's prev is wrong: nothing of a lands either.
+	err := s.Commit(ctx, []persist.ConvBatch{{ConvID: a[0], PrevHead: 1, Messages: []sequencer.Message{msgAt(a[0], 2)}},
+		{ConvID: b, PrevHead: 5, Messages: []sequencer.Message{msgAt(b, 6)}}})
+	var hm *persist.HeadMismatchError
+	if !errors.As(err, &hm) || len(hm.ConvIDs) != 1 || hm.ConvIDs[0] != b {
+		t.Fatalf("got %v, want a head mismatch naming %s", err, b)
+	}
+	if h, _ := s.LoadHead(ctx, a[0]); h != 1 {
+		t.Fatalf("head of a = %d after a refused commit", h)
+	}
+}
+
+// The zombie case on Citus, with the zombie's lease cache out of the way
+// (so only the head row's epoch fences it): a stale owner's commit before
+// the new owner's first write lands (contiguous; the new owner's
+// compare-and-set then fails with a head mismatch and it re-reads), and
+// after the new owner wrote, the stale owner is refused with
+// StaleFenceError even with the right head.
+func TestCitusZombieFencedByHeadEpoch(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	zombie := openStore(t, db.DSN())
+	zombie.dist.noLeaseCheck = true
+	put := func(f persist.Fence) {
+		if err := s.PutPartitionLeaseForTest(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := persist.Fence{Partition: 4, Owner: "node-a", Epoch: 3}
+	put(old)
+	conv := "zombie-conv"
+	one := func(prev uint64, f persist.Fence) persist.ConvBatch {
+		return persist.ConvBatch{ConvID: conv, PrevHead: prev, Fence: f, Messages: []sequencer.Message{msgAt(conv, prev+1)}}
+	}
+	if err := zombie.Commit(ctx, []persist.ConvBatch{one(0, old)}); err != nil {
+		t.Fatal(err)
+	}
+	// node-b takes the partition and reads head 1.
+	neu := persist.Fence{Partition: 4, Owner: "node-b", Epoch: 4}
+	put(neu)
+	h, _ := s.LoadHead(ctx, conv)
+	// The zombie commits before node-b wrote: harmless, it lands.
+	if err := zombie.Commit(ctx, []persist.ConvBatch{one(h, old)}); err != nil {
+		t.Fatalf("zombie before the new owner's first write: %v", err)
+	}
+	// node-b's compare-and-set fails: it re-reads and goes on.
+	err := s.Commit(ctx, []persist.ConvBatch{one(h, neu)})
+	if !errors.Is(err, sequencer.ErrHeadMismatch) {
+		t.Fatalf("new owner with the old head: %v, want head mismatch", err)
+	}
+	h, _ = s.LoadHead(ctx, conv)
+	if h != 2 {
+		t.Fatalf("head %d, want 2", h)
+	}
+	if err := s.Commit(ctx, []persist.ConvBatch{one(h, neu)}); err != nil {
+		t.Fatal(err)
+	}
+	// Now the zombie, even with the right head, is refused for good.
+	err = zombie.Commit(ctx, []persist.ConvBatch{one(3, old)})
+	var sf *persist.StaleFenceError
+	if !errors.As(err, &sf) || len(sf.Fences) != 1 || sf.Fences[0] != old {
+		t.Fatalf("zombie after the new owner wrote: %v, want StaleFenceError naming %+v", err, old)
+	}
+	// With its cache, the zombie is refused before anything is sent.
+	zombie.dist.noLeaseCheck = false
+	if err := zombie.Commit(ctx, []persist.ConvBatch{one(3, old)}); !errors.As(err, &sf) {
+		t.Fatalf("zombie with its lease cache: %v", err)
+	}
+	rows, err := s.ReadRange(ctx, conv, 0, 10)
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("rows %d, %v", len(rows), err)
+	}
+	for i, m := range rows {
+		if m.Seq != uint64(i+1) {
+			t.Fatalf("seqs %v", rows)
+		}
+	}
+}
+
+// Traps of Citus 13.2.2 (issue 20) the store must never walk into:
+// seq_cas_heads indexes no array (a plpgsql `SET col = arr[i]` crashes the
+// node), and its UPDATE ... FROM unnest is pruned with conv_id = ANY.
+func TestCitusTraps(t *testing.T) {
+	b, err := os.ReadFile("migrations_citus/0003_commit_check.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			body = append(body, l)
+		}
+	}
+	code := strings.Join(body, "\n")
+	if m := regexp.MustCompile(`[A-Za-z_)]\s*\[[^\]]+\]`).FindString(code); m != "" {
+		t.Fatalf("the Citus migration indexes an array (%q): Citus 13.2.2 crashes on `SET col = arr[i]` in plpgsql", m)
+	}
+	for _, stmt := range regexp.MustCompile(`(?s)UPDATE .*?;`).FindAllString(code, -1) {
+		if strings.Contains(stmt, "unnest(") && !strings.Contains(stmt, "conv_id = ANY(") {
+			t.Fatalf("an UPDATE ... FROM unnest without conv_id = ANY (runs on every shard with 2PC):\n%s", stmt)
+		}
+	}
+}
+
+// Shard count: the DSN's citus.shard_count at the first migrate decides it.
+func TestCitusShardCountFromDSN(t *testing.T) {
+	db := citustest.NewDatabase(t)
+	s := openStore(t, db.DSN()+"&options=-c%20citus.shard_count%3D6")
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dist, workers, shards := s.Distributed()
+	if !dist || shards != 6 || workers != 2 {
+		t.Fatalf("distributed %v, %d workers, %d shards; want 2 workers, 6 shards", dist, workers, shards)
+	}
+}
+
+// splitSQL keeps dollar-quoted bodies, quotes and comments whole.
+func TestSplitSQL(t *testing.T) {
+	got := splitSQL("-- a; comment\nSELECT 'x;y';\nCREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN\n  PERFORM 1;\nEND\n$fn$;\n-- tail;\n")
+	want := []string{"-- a; comment\nSELECT 'x;y'", "CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN\n  PERFORM 1;\nEND\n$fn$"}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("splitSQL = %q", got)
+	}
+	ms, err := CitusMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		for _, q := range splitSQL(m.SQL) {
+			if strings.Count(q, "$fn$")%2 != 0 {
+				t.Fatalf("%s: a statement splits a function body: %q", m.Name, q)
+			}
+		}
+	}
+}
+
+// A shard moves to the other worker (citus_move_shard_placement) while
+// four writers commit to its conversations: every acknowledged message is
+// stored, every conversation's seqs stay 1..head without a gap, and the
+// store finds the new placement (its commits then go to the new worker).
+func TestCitusShardMoveUnderLoad(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	convs, from := convsOfShard(t, s, "move", 16)
+	shard, _, _ := s.ShardOf(convs[0])
+	var to citustest.Node
+	for _, w := range db.Workers {
+		if w.Addr() != from {
+			to = w
+		}
+	}
+	var src citustest.Node
+	for _, w := range db.Workers {
+		if w.Addr() == from {
+			src = w
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	acked := make([]int, len(convs))
+	errs := make(chan error, 4)
+	for wkr := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := convs[wkr*4 : wkr*4+4]
+			heads := make([]uint64, len(mine))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var bs []persist.ConvBatch
+				for i, c := range mine {
+					bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: heads[i], Messages: []sequencer.Message{msgAt(c, heads[i]+1)}})
+				}
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				err := s.Commit(cctx, bs)
+				cancel()
+				if err == nil {
+					for i := range mine {
+						heads[i]++
+						acked[wkr*4+i]++
+					}
+					continue
+				}
+				// Not landed, or unknown: settle and re-read the truth.
+				if serr := s.Settle(ctx); serr != nil {
+					continue
+				}
+				for i, c := range mine {
+					h, lerr := s.LoadHead(ctx, c)
+					if lerr != nil {
+						break
+					}
+					if h < heads[i] {
+						errs <- fmt.Errorf("%s: head went back from %d to %d", c, heads[i], h)
+						return
+					}
+					acked[wkr*4+i] += int(h - heads[i]) // landed after all
+					heads[i] = h
+				}
+			}
+		}()
+	}
+	// Let the load run, then move the shard under it.
+	deadline := time.Now().Add(30 * time.Second)
+	for s.DistStats().Direct < 20 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+		shard, src.Host, src.Port, to.Host, to.Port); err != nil {
+		close(stop)
+		wg.Wait()
+		t.Fatalf("move shard %d from %s to %s: %v", shard, from, to.Addr(), err)
+	}
+	movedAt := s.DistStats().Direct
+	for {
+		if _, w, _ := s.ShardOf(convs[0]); w == to.Addr() {
+			break
+		}
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("the store never learned the new placement of shard %d", shard)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for s.DistStats().Direct < movedAt+20 && time.Now().Before(deadline.Add(60*time.Second)) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	total := 0
+	for i, c := range convs {
+		h, err := s.LoadHead(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.ReadRange(ctx, c, 0, int(h)+10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint64(len(rows)) != h || int(h) != acked[i] {
+			t.Fatalf("%s: head %d, %d rows, %d acknowledged", c, h, len(rows), acked[i])
+		}
+		for j, m := range rows {
+			if m.Seq != uint64(j+1) {
+				t.Fatalf("%s: seq %d at %d", c, m.Seq, j)
+			}
+		}
+		total += int(h)
+	}
+	t.Logf("%d messages over the move; stats %+v", total, s.DistStats())
+}
+
+// The membership conformance suite on Citus: the control tables are plain
+// coordinator tables.
+func TestCitusClusterConformance(t *testing.T) {
+	citustest.Require(t)
+	membershiptest.Run(t, func(t *testing.T, clk *clock.Fake) membership.Store {
+		s, _ := newCitusStore(t)
+		return s.Cluster().WithClock(clk)
+	})
+}
+
+// A worker down: only the conversations of its shards fail (unavailable,
+// nothing written), the other worker's keep committing; the worker comes
+// back after a crash restart (pg_ctl -m immediate) and its conversations
+// commit again, every acknowledged message there, no gap.
+func TestCitusWorkerDownAndImmediateRestart(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	if db.Workers[0].DataDir == "" {
+		t.Skip("needs a cluster this process started (unset " + citustest.EnvURL + ")")
+	}
+	down := db.Workers[0]
+	var onDown, onUp string
+	for i := 0; onDown == "" || onUp == ""; i++ {
+		c := fmt.Sprint("wd-", i)
+		_, w, _ := s.ShardOf(c)
+		if w == down.Addr() && onDown == "" {
+			onDown = c
+		} else if w != down.Addr() && onUp == "" {
+			onUp = c
+		}
+	}
+	heads := map[string]uint64{}
+	commit := func(c string) error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := s.Commit(cctx, []persist.ConvBatch{{ConvID: c, PrevHead: heads[c], Messages: []sequencer.Message{msgAt(c, heads[c]+1)}}})
+		if err == nil {
+			heads[c]++
+		}
+		return err
+	}
+	for _, c := range []string{onDown, onUp} {
+		if err := commit(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := citustest.PgCtl(down, "stop", "-m", "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = citustest.PgCtl(down, "start")
+		}
+	}()
+	for range 5 {
+		if err := commit(onUp); err != nil {
+			t.Fatalf("a conversation of the live worker: %v", err)
+		}
+	}
+	// A pooled connection to the dead worker may take the batch and lose
+	// the answer: unknown outcome, and Settle cannot tell while the worker
+	// is down. The next commit finds no connection: unavailable.
+	err := commit(onDown)
+	if err == nil {
+		t.Fatal("a commit to the stopped worker succeeded")
+	}
+	if persist.OutcomeOf(err) == persist.Unknown {
+		if serr := s.Settle(ctx); serr == nil {
+			t.Fatalf("Settle returned nil while the worker of the unknown commit (%v) is down", err)
+		}
+		err = commit(onDown)
+	}
+	if persist.OutcomeOf(err) != persist.NotLanded || !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("a conversation of the stopped worker: %v, want unavailable (not landed)", err)
+	}
+	if err := citustest.PgCtl(down, "start"); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The truth after the unknown commit: settle, then re-read.
+		if err := s.Settle(ctx); err == nil {
+			if h, err := s.LoadHead(ctx, onDown); err == nil {
+				heads[onDown] = h
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted worker never answered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		err := commit(onDown)
+		if err == nil {
+			break
+		}
+		if persist.OutcomeOf(err) != persist.NotLanded {
+			if serr := s.Settle(ctx); serr == nil {
+				if h, lerr := s.LoadHead(ctx, onDown); lerr == nil {
+					heads[onDown] = h
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted worker's conversation never committed again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for c, h := range heads {
+		stored, err := s.LoadHead(ctx, c)
+		if err != nil || stored != h {
+			t.Fatalf("%s: stored head %d (%v), acknowledged %d", c, stored, err, h)
+		}
+		rows, err := s.ReadRange(ctx, c, 0, 100)
+		if err != nil || uint64(len(rows)) != h {
+			t.Fatalf("%s: %d rows (%v), head %d", c, len(rows), err, h)
+		}
+	}
+}
+
+// The coordinator restarts (-m immediate) under a node with fenced commits:
+// commits and single-shard reads keep going on the workers meanwhile (the
+// lease cache and the placements are kept; nothing of a commit reads the
+// coordinator), and the lease cache is refreshed once it is back.
+func TestCitusCoordinatorRestart(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	if db.Coordinator.DataDir == "" {
+		t.Skip("needs a cluster this process started (unset " + citustest.EnvURL + ")")
+	}
+	f := persist.Fence{Partition: 2, Owner: "node-a", Epoch: 1}
+	if err := s.PutPartitionLeaseForTest(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfShard(t, s, "coord", 3)
+	heads := map[string]uint64{}
+	commit := func() error {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: heads[c], Fence: f, Messages: []sequencer.Message{msgAt(c, heads[c]+1)}})
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := s.Commit(cctx, bs)
+		if err == nil {
+			for _, c := range convs {
+				heads[c]++
+			}
+		}
+		return err
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := citustest.PgCtl(db.Coordinator, "stop", "-m", "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	up := false
+	defer func() {
+		if !up {
+			_ = citustest.PgCtl(db.Coordinator, "start")
+		}
+	}()
+	// A refresh of the lease cache fails now; the cached copy is kept.
+	if l, _, err := s.leaseView(ctx, true); err != nil || l[2] != f {
+		t.Fatalf("lease cache with the coordinator down: %v, %v", l, err)
+	}
+	for i := range 10 {
+		if err := commit(); err != nil {
+			t.Fatalf("commit %d with the coordinator down: %v", i, err)
+		}
+	}
+	if h, err := s.LoadHead(ctx, convs[0]); err != nil || h != heads[convs[0]] {
+		t.Fatalf("LoadHead with the coordinator down: %d, %v", h, err)
+	}
+	if err := citustest.PgCtl(db.Coordinator, "start"); err != nil {
+		t.Fatal(err)
+	}
+	up = true
+	// A lease change after the restart is seen (the cache refreshes).
+	if err := s.PutPartitionLeaseForTestRetry(ctx, persist.Fence{Partition: 2, Owner: "node-b", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); !errors.Is(err, sequencer.ErrStaleEpoch) {
+		t.Fatalf("commit with the old fence after the coordinator came back: %v, want stale", err)
+	}
+	for _, c := range convs {
+		rows, err := s.ReadRange(ctx, c, 0, 100)
+		if err != nil || uint64(len(rows)) != heads[c] {
+			t.Fatalf("%s: %d rows (%v), head %d", c, len(rows), err, heads[c])
+		}
+	}
+}
+
+// PutPartitionLeaseForTestRetry is PutPartitionLeaseForTest, retried while
+// the server comes back (at most 30 s).
+func (s *Store) PutPartitionLeaseForTestRetry(ctx context.Context, f persist.Fence) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := s.PutPartitionLeaseForTest(ctx, f)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
