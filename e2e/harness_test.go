@@ -97,7 +97,11 @@ func lastLines(s string, n int) string {
 
 func (p *proc) start(addr string) {
 	p.t.Helper()
-	p.Addr = addr
+	if p.Addr != addr {
+		// A restart on the same address writes nothing: load goroutines
+		// may be reading Addr (the nemesis restarts killed nodes under load).
+		p.Addr = addr
+	}
 	p.cmd = exec.Command(binPath, append([]string{"serve", "--listen", addr}, p.args...)...)
 	p.cmd.Env = append(os.Environ(), p.env...)
 	pr, pw := io.Pipe()
