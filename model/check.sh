@@ -77,8 +77,8 @@ spawn() {
 }
 
 # bounds_of FILE: a mutant's own extra flags (its BOUNDS: line).
-bounds_of() { sed -n 's/^ \* BOUNDS://p' "$1" | head -1; }
-expect_of() { sed -n 's/^ \* EXPECT: *//p' "$1" | head -1 | tr -d ' '; }
+bounds_of() { sed -n 's/^.*BOUNDS://p' "$1" | head -1; }
+expect_of() { sed -n 's/^.*EXPECT: *//p' "$1" | head -1 | tr -d ' '; }
 
 echo "model: spin $(spin -V | awk '{print $3}'), bounds: $BOUNDS"
 if [ $# -gt 0 ]; then
@@ -93,6 +93,7 @@ else
   # shellcheck disable=SC2086
   spawn model-headfence "$here/ownership.pml" "" $BOUNDS -DRETENTION -DHEAD_FENCE
   for f in "$here"/mutants/*.pml; do
+    [ -n "$(expect_of "$f")" ] || { echo "model: $f has no EXPECT: line"; exit 1; }
     # shellcheck disable=SC2046,SC2086
     spawn "mutant-$(basename "$f" .pml)" "$f" "$(expect_of "$f")" $BOUNDS $(bounds_of "$f")
   done
