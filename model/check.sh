@@ -50,7 +50,7 @@ run() {
       result="ok: no violation, exhaustive"
     else
       result="FAIL: $(grep -m1 -E 'assertion violated|invalid end state|error' "$out" || echo 'incomplete search')"; fail=1
-      ( cd "$dir" && spin -t -p "$@" "$file" 2>&1 | tail -60 ) || true
+      ( cd "$dir" && spin -t -k "$(basename "$file").trail" -p "$@" "$file" 2>&1 | tail -60 ) || true
     fi
   else
     local v
