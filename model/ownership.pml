@@ -34,6 +34,11 @@
  *   STRICT_ERR  the contract's per-key reading of "an error answer is final"
  *               even when an earlier attempt of the same key is still out
  *               with an unknown outcome (see docs/TESTING.md: it fails).
+ *   RETENTION   retention (a_trim) on; the CI run sets it.
+ *   NOCRASH     leave out a_crash (kill -9 and restart); the CI run sets it.
+ *   FULL        also: an Acquire whose answer is lost, a step-down whose
+ *               release fails.
+ *   N, C, M, MAXINC, MAXGEN, MAXRESEND  the bounds (see below).
  *   MUT_*       one mutant each (model/mutants/).
  *
  * Why HEAD_FENCE is safe (the argument the checker confirms): epochs grow
