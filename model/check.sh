@@ -34,7 +34,7 @@ run() {
   local dir="$work/$name" t0 t1 out states depth result
   mkdir -p "$dir"
   t0=$(date +%s.%N)
-  ( cd "$dir" && spin "$@" -a "$file" >spin.log 2>&1 && gcc ${MODEL_CFLAGS:--O1} -DSAFETY -o pan pan.c >gcc.log 2>&1 ) || {
+  ( cd "$dir" && spin "$@" -a "$file" >spin.log 2>&1 && gcc ${MODEL_CFLAGS:--O1} ${MUT_CFLAGS:-} -DSAFETY -o pan pan.c >gcc.log 2>&1 ) || {
     echo "model: $name: spin or gcc failed:"; cat "$dir/spin.log" "$dir/gcc.log" 2>/dev/null | head -20; touch "$work/failed"; return; }
   ( cd "$dir" && ./pan -m"$DEPTH" -w"$HASH" >pan.log 2>&1 ) || true
   t1=$(date +%s.%N)
@@ -78,6 +78,9 @@ spawn() {
 
 # bounds_of FILE: a mutant's own extra flags (its BOUNDS: line).
 bounds_of() { sed -n 's/^.*BOUNDS://p' "$1" | head -1; }
+# cflags_of FILE: a mutant's pan compile flags (its CFLAGS: line), e.g.
+# -DT_REVERSE, a search order that reaches its violation sooner.
+cflags_of() { sed -n 's/^.*CFLAGS://p' "$1" | head -1; }
 expect_of() { sed -n 's/^.*EXPECT: *//p' "$1" | head -1 | tr -d ' '; }
 
 echo "model: spin $(spin -V | awk '{print $3}'), bounds: $BOUNDS"
@@ -85,7 +88,7 @@ if [ $# -gt 0 ]; then
   for f in "$@"; do
     f=$(cd "$(dirname "$f")" && pwd)/$(basename "$f")
     # shellcheck disable=SC2046,SC2086
-    spawn "$(basename "$f" .pml)" "$f" "$(expect_of "$f")" $BOUNDS $(bounds_of "$f")
+    MUT_CFLAGS="$(cflags_of "$f")" spawn "$(basename "$f" .pml)" "$f" "$(expect_of "$f")" $BOUNDS $(bounds_of "$f")
   done
 else
   # shellcheck disable=SC2086
@@ -95,7 +98,7 @@ else
   for f in "$here"/mutants/*.pml; do
     [ -n "$(expect_of "$f")" ] || { echo "model: $f has no EXPECT: line"; exit 1; }
     # shellcheck disable=SC2046,SC2086
-    spawn "mutant-$(basename "$f" .pml)" "$f" "$(expect_of "$f")" $BOUNDS $(bounds_of "$f")
+    MUT_CFLAGS="$(cflags_of "$f")" spawn "mutant-$(basename "$f" .pml)" "$f" "$(expect_of "$f")" $BOUNDS $(bounds_of "$f")
   done
 fi
 wait
