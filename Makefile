@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short test-ts test-console lint proto proto-check bench bench-micro clean image image-test deploy-check grpc-tools soak
+.PHONY: help build run test test-short test-ts test-console lint proto proto-check model bench bench-micro clean image image-test deploy-check grpc-tools soak
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ proto: ## regenerate proto/ Go code with protoc and the plugin versions pinned i
 proto-check: proto ## fail when committed generated code differs from `make proto`
 	@git diff --exit-code -- proto/ || { echo "generated code is stale: run make proto and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- proto/)" || { git status --porcelain -- proto/; echo "untracked generated files: run make proto and commit"; exit 1; }
+
+model: ## spin model check of the ownership protocol, both fencing variants, and every mutant (model/check.sh, docs/TESTING.md)
+	bash model/check.sh
 
 # `make bench` is a short version of docs/BENCHMARKS.md's run (every engine:
 # the seed's baselines, the in-process engines and, through bin/sequencer, the
