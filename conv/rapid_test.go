@@ -71,7 +71,28 @@ type convMachine struct {
 // with drawn faults and another writer, checking the invariants after
 // every step and, at the end, after draining without faults.
 func TestRapidCore(t *testing.T) {
+	convSeen = map[string]int{}
 	rapid.Check(t, convProperty)
+	t.Logf("seen: %v", convSeen)
+	if convSeen["runs"] < 50 {
+		return // a replay (-rapid.failfile, -rapid.checks): too few runs to ask for coverage
+	}
+	// The runs must have reached the interesting paths.
+	for _, what := range []string{"ok", "duplicate", "unavailable", "canceled", "resolve", "lookup", "load"} {
+		if convSeen[what] == 0 {
+			t.Errorf("no %s in %d runs: %v", what, convSeen["runs"], convSeen)
+		}
+	}
+}
+
+// convSeen counts what the runs of TestRapidCore reached (replies by
+// outcome, store operations by kind).
+var convSeen map[string]int
+
+func seen(what string) {
+	if convSeen != nil {
+		convSeen[what]++
+	}
 }
 
 func convProperty(t *rapid.T) {
@@ -82,21 +103,18 @@ func convProperty(t *rapid.T) {
 	m := &convMachine{t: t, st: rapidStore{t, memstore.New()}, core: c, ids: 1000,
 		now:   time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		acked: map[sequencer.ClientKey]sequencer.SendResult{}}
+	seen("runs")
 	t.Repeat(map[string]func(*rapid.T){
 		"send": func(t *rapid.T) {
-			var key sequencer.ClientKey
-			if len(m.keys) > 0 && rapid.Bool().Draw(t, "resend") {
-				key = rapid.SampledFrom(m.keys).Draw(t, "key")
-			} else {
-				key = sequencer.ClientKey{FromUID: 7, ClientMsgID: fmt.Sprint("k", len(m.keys))}
-				m.keys = append(m.keys, key)
+			key := sequencer.ClientKey{FromUID: 7, ClientMsgID: fmt.Sprint("k", len(m.keys))}
+			m.keys = append(m.keys, key)
+			m.send(key)
+		},
+		"resend": func(t *rapid.T) {
+			if len(m.keys) == 0 {
+				t.Skip("no key")
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			m.cancels = append(m.cancels, cancel)
-			m.sends = append(m.sends, &sendRec{conv: rapidConv, key: key})
-			m.core.Send(ctx, len(m.sends)-1, sequencer.SendRequest{ConvID: rapidConv, FromUID: key.FromUID,
-				ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("b")})
-			m.pump(true)
+			m.send(rapid.SampledFrom(m.keys).Draw(t, "key"))
 		},
 		"cancel": func(t *rapid.T) {
 			if len(m.cancels) == 0 {
@@ -131,6 +149,16 @@ func convProperty(t *rapid.T) {
 	m.checkEnd()
 }
 
+// send sends key's message (the same content each time).
+func (m *convMachine) send(key sequencer.ClientKey) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancels = append(m.cancels, cancel)
+	m.sends = append(m.sends, &sendRec{conv: rapidConv, key: key})
+	m.core.Send(ctx, len(m.sends)-1, sequencer.SendRequest{ConvID: rapidConv, FromUID: key.FromUID,
+		ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("b")})
+	m.pump(true)
+}
+
 // pump takes the core's Ready, answers a Form at once (with a drawn fault
 // if faulty) and checks what it holds.
 func (m *convMachine) pump(faulty bool) {
@@ -150,6 +178,14 @@ func (m *convMachine) pump(faulty bool) {
 			m.t.Fatalf("one store op: one Ready asks %d operations and form %d", ops, rd.Form)
 		}
 		if ops == 1 {
+			switch {
+			case rd.LoadHead:
+				seen("load")
+			case rd.Resolve != nil:
+				seen("resolve")
+			case len(rd.Lookup) > 0:
+				seen("lookup")
+			}
 			cp := rd
 			m.pending = &cp
 		}
@@ -163,7 +199,7 @@ func (m *convMachine) pump(faulty bool) {
 func (m *convMachine) formation(n int, faulty bool) Formation {
 	kind := 0
 	if faulty {
-		kind = rapid.IntRange(0, 5).Draw(m.t, "formation")
+		kind = rapid.IntRange(0, 9).Draw(m.t, "formation") // 1, 2: faults
 	}
 	f := Formation{Now: m.now}
 	switch kind {
@@ -208,7 +244,10 @@ func (m *convMachine) answer(faulty bool) {
 	case rd.Commit != nil:
 		fault := cmOK
 		if faulty {
-			fault = rapid.IntRange(0, cmFaults-1).Draw(t, "commit fault")
+			// Half the commits succeed.
+			if fault = rapid.IntRange(0, 2*cmFaults-1).Draw(t, "commit fault"); fault >= cmFaults {
+				fault = cmOK
+			}
 		}
 		switch fault {
 		case cmOK:
@@ -273,8 +312,14 @@ func (m *convMachine) record(replies []Reply) {
 		if len(s.replies) > 1 {
 			t.Fatalf("answered once: send %d (%v) answered twice: %+v", r.Token, s.key, s.replies)
 		}
-		if r.Err != nil {
+		switch {
+		case r.Err != nil:
+			seen(sequencer.ErrorCode(r.Err).String())
 			continue
+		case r.Result.Duplicate:
+			seen("duplicate")
+		default:
+			seen("ok")
 		}
 		if first, ok := m.acked[s.key]; ok && (first.MsgID != r.Result.MsgID || first.Seq != r.Result.Seq) {
 			t.Fatalf("duplicate ids: key %v acked with %d@%d, first with %d@%d", s.key, r.Result.MsgID, r.Result.Seq, first.MsgID, first.Seq)
