@@ -96,7 +96,7 @@ func seen(what string) {
 }
 
 func convProperty(t *rapid.T) {
-	c, err := New(Config{ConvID: rapidConv, MaxQueue: 6, MaxBatch: 3, MemoSize: 2})
+	c, err := New(Config{ConvID: rapidConv, MaxQueue: 6, MaxBatch: 3, MemoSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
