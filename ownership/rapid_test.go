@@ -46,12 +46,37 @@ type ownMachine struct {
 // epoch, only at the partition's current epoch, that epochs never go back,
 // and that Dispatch, Locate and Serving agree with Writable.
 func TestRapidOwnership(t *testing.T) {
+	ownSeen = map[string]int{}
 	rapid.Check(t, func(rt *rapid.T) { ownProperty(t, rt) })
+	t.Logf("seen: %v", ownSeen)
+	if ownSeen["runs"] < 50 {
+		return // a replay: too few runs to ask for coverage
+	}
+	// The runs must have reached takeovers (epoch 2 and more) and commits
+	// that passed, at epoch 2 and more too. (Zombie fences, Writable's yes
+	// that the table refuses, come in few runs: "stale fence" and
+	// "refused" are logged; the core-decides mutant shows they are
+	// reached.)
+	for _, what := range []string{"epoch>1", "passed", "passed at epoch>1"} {
+		if ownSeen[what] == 0 {
+			t.Errorf("no %s in %d runs: %v", what, ownSeen["runs"], ownSeen)
+		}
+	}
+}
+
+// ownSeen counts what the runs of TestRapidOwnership reached.
+var ownSeen map[string]int
+
+func ownSaw(what string) {
+	if ownSeen != nil {
+		ownSeen[what]++
+	}
 }
 
 func ownProperty(outer *testing.T, t *rapid.T) {
 	m := &ownMachine{t: t, h: newHarness(outer), frozen: map[string]bool{},
 		maxEpoch: map[uint32]uint64{}, byEpoch: map[[2]uint64]string{}}
+	ownSaw("runs")
 	for _, n := range []string{"a", "b", "c"} {
 		m.start(n, n)
 	}
@@ -141,6 +166,7 @@ func (m *ownMachine) land(c inFlight) {
 	var sf *persist.StaleFenceError
 	switch {
 	case errors.As(err, &sf):
+		ownSaw("refused")
 		core.Refused(sf.Fences)
 		return
 	case err != nil:
@@ -160,6 +186,10 @@ func (m *ownMachine) land(c inFlight) {
 		t.Fatalf("fence check: partition %d at epoch %d committed by %s and %s", c.fence.Partition, c.fence.Epoch, w, c.fence.Owner)
 	}
 	m.byEpoch[k] = c.fence.Owner
+	ownSaw("passed")
+	if c.fence.Epoch > 1 {
+		ownSaw("passed at epoch>1")
+	}
 }
 
 // check runs the invariants of every step.
@@ -174,6 +204,9 @@ func (m *ownMachine) check() {
 		if l.Epoch < m.maxEpoch[l.Partition] {
 			t.Fatalf("epoch monotone: partition %d at epoch %d in the table after %d", l.Partition, l.Epoch, m.maxEpoch[l.Partition])
 		}
+		if l.Epoch > 1 && m.maxEpoch[l.Partition] <= 1 {
+			ownSaw("epoch>1")
+		}
 		m.maxEpoch[l.Partition] = l.Epoch
 	}
 	for p := range uint32(storyPartitions) {
@@ -187,6 +220,8 @@ func (m *ownMachine) check() {
 			}
 			if ownMutation == "core-decides" || m.h.table.Fenced([]persist.Fence{f}, nil) == nil {
 				passed++
+			} else {
+				ownSaw("stale fence") // a zombie: Writable says yes, the table no
 			}
 		}
 		if passed > 1 {
