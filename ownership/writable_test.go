@@ -79,7 +79,10 @@ func TestQueriesFollowWritable(t *testing.T) {
 	}
 }
 
-func checkQueries(t *testing.T, name string, c *Core, p uint32, now time.Time) {
+func checkQueries(t interface {
+	Helper()
+	Errorf(string, ...any)
+}, name string, c *Core, p uint32, now time.Time) {
 	t.Helper()
 	fence, werr := c.Writable(p, now)
 	owner, _ := c.ring.Owner(p)
