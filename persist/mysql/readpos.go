@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"github.com/sequencer-im/sequencer"
 	"strings"
 
 	"github.com/sequencer-im/sequencer/persist"
@@ -12,6 +13,9 @@ import (
 // raises the position to LEAST(seq, head) with GREATEST (never backwards;
 // concurrent calls end at the highest).
 func (s *Store) MarkRead(ctx context.Context, convID string, uid uint64, seq uint64) (persist.ReadState, error) {
+	if err := sequencer.CheckMarkRead(convID, uid, seq); err != nil {
+		return persist.ReadState{}, err
+	}
 	st := persist.ReadState{ConvID: convID}
 	tx, err := s.commits.BeginTx(ctx, nil)
 	if err != nil {
@@ -36,8 +40,8 @@ func (s *Store) MarkRead(ctx context.Context, convID string, uid uint64, seq uin
 
 // ReadStates implements persist.ReadPositions in one query.
 func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]persist.ReadState, error) {
-	if len(convIDs) == 0 {
-		return nil, nil
+	if err := sequencer.CheckReadStates(uid, convIDs); err != nil {
+		return nil, err
 	}
 	var q strings.Builder
 	q.WriteString(`SELECT c.conv_id, COALESCE(r.read_seq, 0), COALESCE(h.head, 0) FROM (`)
