@@ -195,7 +195,7 @@ func clusterZombie(t *testing.T, dsn string) {
 	var pinnedErrs sync.Map // code -> count, for clients pinned to the zombie
 	var pinnedFatal atomic.Int64
 	var sdkErrMu sync.Mutex
-	var sdkErrSample []string // errors the SDK surfaced (it retries on its own)
+	var sdkErrSample []string   // errors the SDK surfaced (it retries on its own)
 	var sdkUnknown atomic.Int64 // SDK calls that ended with an unknown outcome (resent)
 	l := &load{convs: convs, clients: 48, led: newLedger(),
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
