@@ -425,7 +425,7 @@ func (s *sim) settled() bool {
 	if err != nil {
 		return false
 	}
-	r, err := ring.New(v.RingMembers(), simRing)
+	r, err := ring.New(v.RingNodes(), simRing)
 	if err != nil {
 		return false
 	}

@@ -252,7 +252,7 @@ func (c *Core) adopt(v membership.View, sent time.Time) {
 		return
 	}
 	if v.Version != c.view.Version || c.view.Members == nil {
-		r, err := ring.New(v.RingMembers(), c.cfg.Ring)
+		r, err := ring.New(v.RingNodes(), c.cfg.Ring)
 		if err != nil {
 			return // keep the previous ring; the next view may do
 		}

@@ -306,7 +306,7 @@ func testLeaveAndRemove(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if !ok || !m.Leaving || !v2.Live(b.Incarnation) {
 		t.Fatalf("leaving member: %+v ok=%v", m, ok)
 	}
-	if rm := v2.RingMembers(); len(rm) != 1 || rm[0].NodeID != "a" {
+	if rm := v2.RingNodes(); len(rm) != 1 || rm[0].NodeID != "a" {
 		t.Fatalf("ring members while b leaves: %v", rm)
 	}
 	// Leaving twice changes nothing.
@@ -551,7 +551,7 @@ func testRequestDrain(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if mb, ok := v2.Member("b"); !ok || !mb.Leaving || !v2.Live(b.Incarnation) {
 		t.Fatalf("drained member in the view: %+v ok=%v", mb, ok)
 	}
-	if rm := v2.RingMembers(); len(rm) != 1 || rm[0].NodeID != "a" {
+	if rm := v2.RingNodes(); len(rm) != 1 || rm[0].NodeID != "a" {
 		t.Fatalf("ring members while b is drained: %v", rm)
 	}
 	// Its own heartbeat sees the mark and keeps it; its leases stay until it
