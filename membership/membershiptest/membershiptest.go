@@ -1,6 +1,7 @@
 // Package membershiptest is the conformance suite of membership.Store: the
-// same rules are checked against the in-memory store (membership.Mem) and
-// the PostgreSQL one (persist/postgres ClusterStore). Time is a clock.Fake
+// same rules are checked against every implementation: the in-memory ones
+// (membership.Mem, persist/memstore) and the shared stores' (persist/postgres
+// ClusterStore, on PostgreSQL and on Citus, and persist/mysql's). Time is a clock.Fake
 // the store under test must read as its clock, so lease expiry is tested
 // without sleeping.
 package membershiptest
