@@ -187,7 +187,7 @@ func (a *convActor) execute(ctx pa.Context) {
 	switch {
 	case rd.LoadHead:
 		go func() {
-			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.CommitTimeout)
+			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
 			head, err := n.cfg.Store.LoadHead(sctx, convID)
 			root.Send(self, &headLoaded{head: head, err: err})
@@ -209,7 +209,7 @@ func (a *convActor) execute(ctx pa.Context) {
 			if attempt > 0 {
 				time.Sleep(resolveBackoff(attempt))
 			}
-			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.CommitTimeout)
+			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
 			// The old transaction must be finished before the re-read, or
 			// the answer could be a guess (persist.Store.Settle).
@@ -230,7 +230,7 @@ func (a *convActor) execute(ctx pa.Context) {
 	case len(rd.Lookup) > 0:
 		keys := rd.Lookup
 		go func() {
-			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.CommitTimeout)
+			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
 			results := make([]conv.LookupResult, len(keys))
 			scoped, _ := n.cfg.Store.(persist.ConvScopedKeys)

@@ -74,14 +74,16 @@ type Config struct {
 	Ownership Ownership    // default SingleNode (unfenced)
 	Logger    *slog.Logger // optional
 
-	PassivateAfter   time.Duration // idle conversation actors stop after this
-	MaxQueuePerConv  int           // sends one conversation holds at once
-	MaxPending       int           // sends the node holds at once
-	CommitWorkers    int           // parallel store transactions (commit.Config.Workers)
-	MaxBatchMessages int           // rows per store transaction (commit.Config.MaxMessages)
-	// CommitTimeout bounds one store call; a commit that times out is an
-	// unknown outcome (commit.Config.Timeout).
-	CommitTimeout time.Duration
+	PassivateAfter  time.Duration // idle conversation actors stop after this
+	MaxQueuePerConv int           // sends one conversation holds at once (each conv.Core's MaxQueue)
+	MaxPending      int           // sends the node holds at once
+	// Commit holds the group-commit writer's knobs (commit.Config:
+	// Workers, MaxMessages, Timeout), under their own names; its Store,
+	// Metrics and Logger are this Config's. Commit.MaxMessages also bounds
+	// one conversation's batch (conv.Config.MaxBatch), so that a
+	// conversation's full batch fits one transaction; Commit.Timeout also
+	// bounds the actor's own store calls (head loads, lookups, Settle).
+	Commit commit.Config
 	// MaxPendingBytes bounds the bytes (pendingSize) of the sends the node
 	// holds at once; more are refused with resource_exhausted.
 	MaxPendingBytes int64
@@ -104,9 +106,7 @@ func DefaultConfig() Config {
 		PassivateAfter:   30 * time.Second,
 		MaxQueuePerConv:  cv.MaxQueue,
 		MaxPending:       65536,
-		CommitWorkers:    w.Workers,
-		MaxBatchMessages: w.MaxMessages,
-		CommitTimeout:    w.Timeout,
+		Commit:           w,
 		MaxPendingBytes:  256 << 20,
 		MaxConversations: 1_000_000,
 		MaxFloors:        100_000,
@@ -115,7 +115,8 @@ func DefaultConfig() Config {
 
 // Validate reports every field that makes no sense, as given (zero counts
 // and durations too: NewConversations fills them from DefaultConfig first). The
-// group commit's fields are checked by commit.Config.Validate.
+// group commit's fields are checked by commit.Config.Validate, reported as
+// "actor: Commit.Workers" and so on.
 func (c Config) Validate() error {
 	ch := conf.Checker{Pkg: "actor"}
 	conf.PositiveDuration(&ch, "PassivateAfter", c.PassivateAfter)
@@ -124,19 +125,8 @@ func (c Config) Validate() error {
 	conf.Positive(&ch, "MaxPendingBytes", c.MaxPendingBytes)
 	conf.Positive(&ch, "MaxConversations", c.MaxConversations)
 	conf.Positive(&ch, "MaxFloors", c.MaxFloors)
-	ch.Add(conf.Rename(c.commitConfig().Validate(), "actor", commitFields))
+	ch.Add(conf.Nest(c.Commit.Validate(), "actor", "Commit"))
 	return ch.Err()
-}
-
-// commitFields names commit.Config's fields as Config's.
-var commitFields = map[string]string{
-	"Workers": "CommitWorkers", "MaxMessages": "MaxBatchMessages", "Timeout": "CommitTimeout",
-}
-
-// commitConfig is the group-commit writer's part of c.
-func (c Config) commitConfig() commit.Config {
-	return commit.Config{Store: c.Store, Workers: c.CommitWorkers, MaxMessages: c.MaxBatchMessages,
-		Timeout: c.CommitTimeout, Metrics: c.Metrics, Logger: c.Logger}
 }
 
 const shardCount = 64
@@ -189,7 +179,7 @@ func NewConversations(cfg Config) (*Conversations, error) {
 	if cfg.IDs == nil {
 		return nil, errors.New("actor: Config.IDs is required")
 	}
-	conf.FillZero(&cfg, DefaultConfig())
+	conf.FillZeroNested(&cfg, DefaultConfig())
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -201,8 +191,8 @@ func NewConversations(cfg Config) (*Conversations, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	wcfg := cfg.commitConfig()
-	wcfg.Logger = log
+	wcfg := cfg.Commit
+	wcfg.Store, wcfg.Metrics, wcfg.Logger = cfg.Store, cfg.Metrics, log
 	w, err := commit.New(wcfg)
 	if err != nil {
 		return nil, err
@@ -429,7 +419,7 @@ func (n *Conversations) route(convID string) (*convActor, error) {
 
 func (n *Conversations) spawn(sh *shard, convID string) (*convActor, error) {
 	core, err := conv.New(conv.Config{ConvID: convID,
-		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.MaxBatchMessages, Floor: n.floors.get(convID)})
+		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.Commit.MaxMessages, Floor: n.floors.get(convID)})
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/faulty"
@@ -56,7 +57,7 @@ func runProof(t *testing.T, inner persist.Store, pc proofConfig) {
 	fs := faulty.New(inner, pc.Seed, pc.Rates)
 	m := metrics.New()
 	n, err := NewConversations(Config{Store: fs, IDs: &counterIDs{}, Metrics: m, PassivateAfter: 2 * time.Millisecond,
-		CommitTimeout: 3 * time.Second})
+		Commit: commit.Config{Timeout: 3 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

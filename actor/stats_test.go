@@ -3,13 +3,15 @@ package actor
 import (
 	"context"
 	"testing"
+
+	"github.com/sequencer-im/sequencer/commit"
 )
 
 // Stats reads the pending sends and bytes against their limits, and the
 // batches waiting for the group-commit writer.
 func TestStatsPendingAndCommitQueue(t *testing.T) {
 	st := newGateStore()
-	n := newNode(t, Config{Store: st, CommitWorkers: 1, MaxPending: 100, MaxPendingBytes: 1 << 20})
+	n := newNode(t, Config{Store: st, Commit: commit.Config{Workers: 1}, MaxPending: 100, MaxPendingBytes: 1 << 20})
 	ctx := context.Background()
 	r1, r2 := req("s:a", "k1"), req("s:b", "k2")
 	size := pendingSize(&r1) + pendingSize(&r2)

@@ -97,7 +97,7 @@ func (a *Admin) cluster() (membership.Store, error) {
 }
 
 func (a *Admin) newRing(v membership.View) (*ring.Ring, error) {
-	r, err := ring.New(v.RingMembers(), a.ring)
+	r, err := ring.New(v.RingNodes(), a.ring)
 	if err != nil {
 		return nil, fmt.Errorf("ring of membership version %d: %w", v.Version, err)
 	}

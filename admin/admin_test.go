@@ -102,7 +102,7 @@ func clusterCommands(t *testing.T, kind string) {
 			t.Fatal(err)
 		}
 	}
-	r, err := ring.New(v.RingMembers(), ring.Config{Partitions: testPartitions})
+	r, err := ring.New(v.RingNodes(), ring.Config{Partitions: testPartitions})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func clusterCommands(t *testing.T, kind string) {
 		t.Fatalf("drained member: %+v", m)
 	}
 	ps, _ = a.Partitions(ctx)
-	r2, _ := ring.New([]ring.Member{{NodeID: "n1"}, {NodeID: "n3"}}, ring.Config{Partitions: testPartitions})
+	r2, _ := ring.New([]ring.Node{{NodeID: "n1"}, {NodeID: "n3"}}, ring.Config{Partitions: testPartitions})
 	want := 0
 	for _, p := range ps.Partitions {
 		o, _ := r.Owner(p.Partition)

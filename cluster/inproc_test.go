@@ -113,7 +113,7 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 		v, err := pc.store.Cluster().View(context.Background())
 		ok, why := err == nil && len(v.Members) == len(nodes), fmt.Sprint(err, len(v.Members))
 		if ok {
-			r, _ := ring.New(v.RingMembers(), ring.Config{})
+			r, _ := ring.New(v.RingNodes(), ring.Config{})
 			for p := range r.Partitions() {
 				o, _ := r.Owner(uint32(p))
 				m, _ := v.Member(o.NodeID)

@@ -61,7 +61,7 @@ type Local interface {
 // Node is one member of the cluster: the I/O shell around its ownership core
 // (package ownership). It implements the writer's ownership check (Fence and
 // Refused), the API's Sender (Send, routing to the owner) and Router
-// (Route), and readiness (Ready). Create it with New, then Start it with the
+// (Route), and readiness (Serving). Create it with New, then Start it with the
 // local writer; stop it with Leave, then Close once the API stopped.
 type Node struct {
 	cfg        Config

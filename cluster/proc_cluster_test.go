@@ -106,7 +106,7 @@ func (pc *procCluster) settled() (bool, string) {
 	if len(v.Members) != len(want) {
 		return false, fmt.Sprintf("%d members, %d nodes running", len(v.Members), len(want))
 	}
-	r, err := ring.New(v.RingMembers(), ring.Config{})
+	r, err := ring.New(v.RingNodes(), ring.Config{})
 	if err != nil {
 		return false, err.Error()
 	}

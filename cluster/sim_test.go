@@ -11,208 +11,247 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-// The simulation runs whole cluster nodes in one goroutine: a fake clock
-// plays both the database clock and the nodes' clocks, membership.Mem plays
-// the shared table, simNet the network, and simLocal each node's writer
-// (one store of messages, fenced by the same table). Nothing runs in the
-// background: the test decides when each node heartbeats and reconciles
-// (a "step"), when time passes, and who is frozen.
+// The simulation runs whole cluster nodes in one process, each with the
+// real writer stack (actor.Conversations: conversation actors, conv.Core,
+// the group-commit writer) on ONE persist/memstore, which is both the
+// message store and the membership table (commits are fenced against its
+// partition leases inside the store, as on PostgreSQL). A fake clock plays
+// the database's clock and the nodes' clocks, MemNetwork the network. The
+// membership side runs in the test's goroutine: nothing heartbeats or
+// reconciles in the background; the test decides when each node does (a
+// "step"), when time passes, and who is frozen. A frozen node's commits can
+// be held at its store's door (simGate): a batch in flight, fence taken,
+// that reaches the store only after the node resumes.
 
 const simPartitions = 31
 
 var simRing = ring.Config{Partitions: simPartitions}
 
-// simDB is the message store: heads, rows and resend keys, with every
-// commit fenced through the membership table (membership.Mem.Fenced).
-type simDB struct {
-	mem *membership.Mem
+// simStore is the store every node commits to: one memstore, with every
+// successful commit's fences logged in the store's commit order (commits
+// are serialized here so that the log's order is the store's), and every
+// refusal counted by kind.
+type simStore struct {
+	*memstore.Store
 
-	mu      sync.Mutex
-	nextID  uint64
-	heads   map[string]uint64
-	rows    map[string][]sequencer.Message // rows[conv][seq-1]
-	byKey   map[sequencer.ClientKey]sequencer.Message
-	commits map[uint32][]persist.Fence // per partition, the fences of successful commits in order
+	mu         sync.Mutex
+	commits    map[uint32][]persist.Fence // per partition, the fences of successful commits in order
+	stale      int                        // commits refused for a stale fence
+	mismatches int                        // commits refused for a head mismatch (a stale cached head)
 }
 
-func newSimDB(mem *membership.Mem) *simDB {
-	return &simDB{mem: mem, heads: map[string]uint64{}, rows: map[string][]sequencer.Message{},
-		byKey: map[sequencer.ClientKey]sequencer.Message{}, commits: map[uint32][]persist.Fence{}}
-}
-
-var errSimHeadMismatch = errors.New("sim: head mismatch (stale cached head)")
-
-// commit stores msg as seq prevHead+1 of its conversation, under fence.
-func (db *simDB) commit(f persist.Fence, prevHead uint64, msg sequencer.Message) (sequencer.Message, error) {
-	var out sequencer.Message
-	var cerr error
-	err := db.mem.Fenced([]persist.Fence{f}, func() {
-		db.mu.Lock()
-		defer db.mu.Unlock()
-		if db.heads[msg.ConvID] != prevHead {
-			cerr = errSimHeadMismatch
-			return
+func (d *simStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.Store.Commit(ctx, batches)
+	switch {
+	case err == nil:
+		fences, _ := persist.Fences(batches)
+		for _, f := range fences {
+			d.commits[f.Partition] = append(d.commits[f.Partition], f)
 		}
-		if first, ok := db.byKey[msg.Key()]; ok {
-			out = first
-			return
-		}
-		db.nextID++
-		msg.MsgID = db.nextID
-		msg.Seq = prevHead + 1
-		db.heads[msg.ConvID] = msg.Seq
-		db.rows[msg.ConvID] = append(db.rows[msg.ConvID], msg)
-		db.byKey[msg.Key()] = msg
-		db.commits[f.Partition] = append(db.commits[f.Partition], f)
-		out = msg
-	})
-	if os.Getenv("SIM_LOG") != "" && msg.ConvID == os.Getenv("SIM_CONV") {
-		fmt.Fprintf(os.Stderr, "COMMIT %s fence=%v prev=%d -> out seq=%d err=%v cerr=%v\n", msg.ConvID, f, prevHead, out.Seq, err, cerr)
+	case errors.Is(err, sequencer.ErrStaleEpoch):
+		d.stale++
+	case errors.Is(err, sequencer.ErrHeadMismatch):
+		d.mismatches++
 	}
-	if err != nil {
-		return sequencer.Message{}, err
-	}
-	return out, cerr
-}
-
-func (db *simDB) head(conv string) uint64 {
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	return db.heads[conv]
-}
-
-// simLocal is one node's writer: it caches heads like the real conversation
-// actors (dropped by StopConversations) and asks the node for a fence per
-// commit. prepared commits model a batch in flight while the node freezes.
-type simLocal struct {
-	db    *simDB
-	node  *Node
-	mu    sync.Mutex
-	heads map[string]uint64 // cached heads of live "actors"
-	stops int
-	// prepared: fence and head taken, commit not yet sent
-	prepared []prepared
-}
-
-type prepared struct {
-	fence persist.Fence
-	head  uint64
-	msg   sequencer.Message
-}
-
-func (l *simLocal) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	f, err := l.node.Fence(req.ConvID)
-	if err != nil {
-		return sequencer.SendResult{}, err
-	}
-	l.mu.Lock()
-	head, ok := l.heads[req.ConvID]
-	if !ok {
-		head = l.db.head(req.ConvID)
-		l.heads[req.ConvID] = head
-	}
-	l.mu.Unlock()
-	m, err := l.db.commit(f, head, sequencer.Message{ConvID: req.ConvID, FromUID: req.FromUID, ClientMsgID: req.ClientMsgID, MsgType: req.MsgType, Body: req.Body})
-	if err != nil {
-		l.mu.Lock()
-		delete(l.heads, req.ConvID) // like the actor: re-read the head before the next batch
-		l.mu.Unlock()
-		var sf *persist.StaleFenceError
-		if errors.As(err, &sf) {
-			l.node.Refused(sf.Fences)
-		}
-		return sequencer.SendResult{}, err
-	}
-	l.mu.Lock()
-	if m.Seq > l.heads[req.ConvID] {
-		l.heads[req.ConvID] = m.Seq
-	}
-	l.mu.Unlock()
-	return sequencer.SendResult{MsgID: m.MsgID, Seq: m.Seq, Duplicate: m.ClientMsgID == req.ClientMsgID && m.Seq <= head}, nil
-}
-
-// SendBatch sends the items one by one, in order.
-func (l *simLocal) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
-	for i := range reqs {
-		res, err := l.Send(ctx, reqs[i])
-		out[i] = sequencer.SendOutcome{Result: res, Err: err}
-	}
-}
-
-// prepare takes a fence and a head now for a commit sent later (flush).
-func (l *simLocal) prepare(req sequencer.SendRequest) error {
-	f, err := l.node.Fence(req.ConvID)
-	if err != nil {
-		return err
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, p := range l.prepared {
-		if p.msg.ConvID == req.ConvID {
-			return errors.New("sim: one batch in flight per conversation")
-		}
-	}
-	head, ok := l.heads[req.ConvID]
-	if !ok {
-		head = l.db.head(req.ConvID)
-	}
-	l.heads[req.ConvID] = head + 1 // assigned optimistically, as the actor does
-	if os.Getenv("SIM_LOG") != "" && req.ConvID == os.Getenv("SIM_CONV") {
-		fmt.Fprintf(os.Stderr, "PREPARE %s on %s head=%d fence=%v\n", req.ConvID, l.node.cfg.NodeID, head, f)
-	}
-	l.prepared = append(l.prepared, prepared{f, head, sequencer.Message{ConvID: req.ConvID, FromUID: req.FromUID, ClientMsgID: req.ClientMsgID, MsgType: req.MsgType}})
-	return nil
-}
-
-// flush sends the prepared commits; it returns how many landed and the
-// errors of the others.
-func (l *simLocal) flush() (landed int, errs []error) {
-	l.mu.Lock()
-	ps := l.prepared
-	l.prepared = nil
-	l.mu.Unlock()
-	for _, p := range ps {
-		_, err := l.db.commit(p.fence, p.head, p.msg)
-		if err != nil {
-			l.mu.Lock()
-			delete(l.heads, p.msg.ConvID) // roll back: re-read before the next batch
-			l.mu.Unlock()
-			var sf *persist.StaleFenceError
-			if errors.As(err, &sf) {
-				l.node.Refused(sf.Fences)
+	if os.Getenv("SIM_LOG") != "" {
+		for _, b := range batches {
+			if b.ConvID == os.Getenv("SIM_CONV") {
+				fmt.Fprintf(os.Stderr, "COMMIT %s fence=%v prev=%d n=%d err=%v\n", b.ConvID, b.Fence, b.PrevHead, len(b.Messages), err)
 			}
-			errs = append(errs, err)
-			continue
 		}
-		landed++
 	}
-	return landed, errs
+	return err
+}
+
+func (d *simStore) refusals() (stale, mismatches int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stale, d.mismatches
+}
+
+// simGate is one node's door to the store: while closed, the node's commits
+// wait at it (fence taken, nothing sent yet), as a batch in flight does
+// while its node is frozen; opening it lets them through.
+type simGate struct {
+	persist.ConvStore
+	mu   sync.Mutex
+	wait chan struct{} // non-nil while closed
+	held int           // messages of the commits that arrived while closed
+}
+
+func (g *simGate) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	g.mu.Lock()
+	wait := g.wait
+	if wait != nil {
+		for i := range batches {
+			g.held += len(batches[i].Messages)
+		}
+	}
+	g.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			// The writer gave up waiting: nothing reached the store.
+			return fmt.Errorf("sim gate: %w: %w", sequencer.ErrStoreUnavailable, ctx.Err())
+		}
+	}
+	return g.ConvStore.Commit(ctx, batches)
+}
+
+func (g *simGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.wait == nil {
+		g.wait, g.held = make(chan struct{}), 0
+	}
+}
+
+func (g *simGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.wait != nil {
+		close(g.wait)
+		g.wait = nil
+	}
+}
+
+func (g *simGate) heldMessages() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held
+}
+
+// checkNotStored asserts that none of in's sends that got an error answer
+// is stored (an error answer is final).
+func (s *sim) checkNotStored(in *inflight) {
+	s.t.Helper()
+	for _, a := range in.errs {
+		if m, err := s.db.FindByClientKey(context.Background(), a.Key()); err == nil {
+			s.t.Fatalf("send %v was answered with an error but is stored at seq %d", a.Key(), m.Seq)
+		}
+	}
+}
+
+// simIDs hands out msg_ids unique across the simulated nodes (the worker-id
+// leases of real nodes do that).
+type simIDs struct{ last *atomic.Uint64 }
+
+func (i simIDs) NextID() (uint64, error) { return i.last.Add(1), nil }
+
+// simLocal is one node's writer: the real actor.Conversations, counting the
+// node's StopConversations calls.
+type simLocal struct {
+	*actor.Conversations
+	stops atomic.Int32
 }
 
 func (l *simLocal) StopConversations(ctx context.Context, match func(string) bool) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stops++
-	for c := range l.heads {
-		if os.Getenv("SIM_LOG") != "" && c == os.Getenv("SIM_CONV") {
-			fmt.Fprintf(os.Stderr, "STOP %s on %s match=%v\n", c, l.node.cfg.NodeID, match(c))
+	l.stops.Add(1)
+	return l.Conversations.StopConversations(ctx, match)
+}
+
+// simAnswer is one send's answer.
+type simAnswer struct {
+	req sequencer.SendRequest
+	res sequencer.SendResult
+	err error
+}
+
+// inflight is a node's sends whose commits its closed gate holds: a batch
+// in flight while the node is frozen.
+type inflight struct {
+	sn      *simNode
+	answers chan simAnswer
+	n       int
+	errs    []sequencer.SendRequest // the sends answered with an error (land)
+}
+
+// startInflight closes sn's gate and sends one message to each of convs
+// through sn (its own conversations: the sends reach its writer), each in
+// its own goroutine; it returns once every send is held at the gate or
+// answered (refused before any commit).
+func (s *sim) startInflight(sn *simNode, convs []string) *inflight {
+	s.t.Helper()
+	sn.gate.close()
+	in := &inflight{sn: sn, answers: make(chan simAnswer, len(convs)), n: len(convs)}
+	for _, c := range convs {
+		s.seq++
+		req := sequencer.SendRequest{ConvID: c, FromUID: 9, ClientMsgID: fmt.Sprintf("f%d", s.seq), MsgType: 1}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := sn.node.Send(ctx, req)
+			in.answers <- simAnswer{req, res, err}
+		}()
+	}
+	// Each send is either held (its message waits at the gate, in a
+	// commit of its own or shared with others) or answered.
+	deadline := time.Now().Add(30 * time.Second)
+	var early []simAnswer
+	for {
+		select {
+		case a := <-in.answers:
+			early = append(early, a)
+			continue
+		default:
 		}
-		if match(c) {
-			delete(l.heads, c)
+		if sn.gate.heldMessages()+len(early) == len(convs) {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("sends to %s neither held at its store nor answered within 30s", sn.id)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, a := range early {
+		in.answers <- a
+	}
+	return in
+}
+
+// land opens the gate and waits for every answer: the acked ones are
+// recorded (s.acked), the errors returned.
+func (s *sim) land(in *inflight) (landed int, errs []error) {
+	s.t.Helper()
+	in.sn.gate.open()
+	for range in.n {
+		select {
+		case a := <-in.answers:
+			if a.err != nil {
+				if !sequencer.ErrorCode(a.err).Retryable() {
+					s.t.Fatalf("send %v in flight on %s: non-retryable error %v", a.req.Key(), in.sn.id, a.err)
+				}
+				errs = append(errs, a.err)
+				in.errs = append(in.errs, a.req)
+				continue
+			}
+			s.acked[a.req.Key()] = a.res
+			landed++
+		case <-time.After(time.Minute):
+			s.t.Fatalf("a send in flight on %s was not answered within a minute after its commit was let through", in.sn.id)
 		}
 	}
-	return nil
+	s.inLanded += landed
+	s.inRefused += len(errs)
+	s.check()
+	return landed, errs
 }
 
 // sim is a cluster under test.
@@ -220,14 +259,17 @@ type sim struct {
 	t           testing.TB
 	handoffWait time.Duration // nodes' HandoffWait; 0 means 1ms
 	clk         *clock.Fake
-	mem         *membership.Mem
-	audit       *auditStore
+	db          *simStore       // messages and the membership table
+	mem         *membership.Mem // db's membership table (Fail injects outages)
+	audit       *auditStore     // the membership table as the nodes see it
+	ids         *atomic.Uint64  // the last msg_id handed out
 	net         *MemNetwork
-	db          *simDB
 	nodes       map[string]*simNode
 	order       []string // creation order
 	seq         int
 	acked       map[sequencer.ClientKey]sequencer.SendResult
+	inLanded    int                                     // sends in flight at a freeze that landed after it
+	inRefused   int                                     // ... that were refused (stale fence, or not writable)
 	wrap        func(id string, tr Transport) Transport // optional: wraps each node's transport
 }
 
@@ -235,6 +277,7 @@ type simNode struct {
 	id     string
 	node   *Node
 	local  *simLocal
+	gate   *simGate
 	frozen bool
 	dead   bool // crashed or left: never stepped again
 	// superseded: a newer process took this node id; it may still hand out
@@ -245,10 +288,11 @@ type simNode struct {
 
 func newSim(t testing.TB) *sim {
 	clk := clock.NewFake(time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC))
-	mem := membership.NewMem(clk)
-	s := &sim{t: t, clk: clk, mem: mem, net: &MemNetwork{IgnoreWakes: true, handlers: map[string]Handler{}, down: map[string]bool{}}, nodes: map[string]*simNode{}, acked: map[sequencer.ClientKey]sequencer.SendResult{}}
-	s.audit = &auditStore{Store: mem, t: t}
-	s.db = newSimDB(mem)
+	db := &simStore{Store: memstore.NewWithClock(clk), commits: map[uint32][]persist.Fence{}}
+	s := &sim{t: t, clk: clk, db: db, mem: db.Mem, ids: new(atomic.Uint64),
+		net:   &MemNetwork{IgnoreWakes: true, handlers: map[string]Handler{}, down: map[string]bool{}},
+		nodes: map[string]*simNode{}, acked: map[sequencer.ClientKey]sequencer.SendResult{}}
+	s.audit = &auditStore{Store: db.Mem, t: t}
 	return s
 }
 
@@ -284,7 +328,8 @@ func simLogger() *slog.Logger {
 }
 
 // start starts a node named id (a new process: a fresh incarnation that
-// takes over a predecessor with the same id).
+// takes over a predecessor with the same id), with its own conversation
+// actors and group-commit writer on the shared store.
 func (s *sim) start(id string) *simNode {
 	s.t.Helper()
 	s.seq++
@@ -292,11 +337,24 @@ func (s *sim) start(id string) *simNode {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	l := &simLocal{db: s.db, node: n, heads: map[string]uint64{}}
+	gate := &simGate{ConvStore: s.db}
+	convs, err := actor.NewConversations(actor.Config{Store: gate, IDs: simIDs{s.ids}, Clock: s.clk, Ownership: n, Logger: simLogger()})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		gate.open()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := convs.Close(ctx); err != nil {
+			s.t.Errorf("close %s's conversations: %v", id, err)
+		}
+	})
+	l := &simLocal{Conversations: convs}
 	if err := n.start(context.Background(), l); err != nil {
 		s.t.Fatalf("start %s: %v", id, err)
 	}
-	sn := &simNode{id: id, node: n, local: l}
+	sn := &simNode{id: id, node: n, local: l, gate: gate}
 	if _, ok := s.nodes[id]; !ok {
 		s.order = append(s.order, id)
 	}
@@ -367,7 +425,7 @@ func (s *sim) settled() bool {
 	if err != nil {
 		return false
 	}
-	r, err := ring.New(v.RingMembers(), simRing)
+	r, err := ring.New(v.RingNodes(), simRing)
 	if err != nil {
 		return false
 	}
@@ -459,7 +517,6 @@ func (s *sim) check() {
 		}
 	}
 	s.db.mu.Lock()
-	defer s.db.mu.Unlock()
 	for p, fs := range s.db.commits {
 		owners := map[uint64]string{}
 		for i, f := range fs {
@@ -472,26 +529,65 @@ func (s *sim) check() {
 			owners[f.Epoch] = f.Owner
 		}
 	}
-	for conv, rows := range s.db.rows {
+	mismatches := s.db.mismatches
+	s.db.mu.Unlock()
+	if mismatches > 0 {
+		s.t.Fatalf("%d commits carried a stale cached head (a writer kept a head across a handoff)\n%s", mismatches, s.dump())
+	}
+	for _, conv := range simConvs {
+		rows := s.rows(conv)
 		for i, m := range rows {
 			if m.Seq != uint64(i+1) {
 				s.t.Fatalf("conv %s: row %d has seq %d (not contiguous)", conv, i, m.Seq)
 			}
 		}
+		if h := s.head(conv); h != uint64(len(rows)) {
+			s.t.Fatalf("conv %s: head %d with %d rows", conv, h, len(rows))
+		}
 	}
 }
 
-// send sends one new message through node via; it returns the error.
-func (s *sim) send(via string, conv string) error {
+// rows returns the stored rows of conv, ascending by seq.
+func (s *sim) rows(conv string) []sequencer.Message {
 	s.t.Helper()
-	// A forward to a frozen node gets no answer: it is retried until the
-	// context ends, which is not an answer either.
-	return s.sendWithin(via, conv, 20*time.Millisecond)
+	ms, err := s.db.ReadRange(context.Background(), conv, 0, 1<<20)
+	if err != nil {
+		s.t.Fatalf("read %s: %v", conv, err)
+	}
+	return ms
 }
 
-// sendWithin is send with a timeout; sends to a settled cluster (no frozen or
-// dead owner) get a generous one, since the race detector and a loaded
-// machine can slow a forward's goroutines well past 20 ms of real time.
+// head returns the stored head of conv.
+func (s *sim) head(conv string) uint64 {
+	s.t.Helper()
+	h, err := s.db.LoadHead(context.Background(), conv)
+	if err != nil {
+		s.t.Fatalf("head of %s: %v", conv, err)
+	}
+	return h
+}
+
+// send sends one new message through node via; it returns the error. A
+// send whose owner is frozen or crashed gets no answer (a forward is retried
+// until the context ends, which is not an answer either), so it gets a short
+// deadline; every other send gets a generous one, since the race detector
+// and a loaded machine can slow the writer's goroutines a lot.
+func (s *sim) send(via string, conv string) error {
+	s.t.Helper()
+	timeout := 10 * time.Second
+	if loc, err := s.nodes[via].node.Locate(conv); err != nil || s.away(loc.NodeID) {
+		timeout = 20 * time.Millisecond
+	}
+	return s.sendWithin(via, conv, timeout)
+}
+
+// away reports whether node id is frozen, crashed or unknown.
+func (s *sim) away(id string) bool {
+	sn, ok := s.nodes[id]
+	return !ok || sn.frozen || sn.dead
+}
+
+// sendWithin is send with a given timeout.
 func (s *sim) sendWithin(via string, conv string, timeout time.Duration) error {
 	s.t.Helper()
 	s.seq++
@@ -503,12 +599,10 @@ func (s *sim) sendWithin(via string, conv string, timeout time.Duration) error {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
-		if errors.Is(err, errSimHeadMismatch) {
-			s.t.Fatalf("send via %s to %s hit a stale cached head: %v", via, conv, err)
-		}
 		if !sequencer.ErrorCode(err).Retryable() {
 			s.t.Fatalf("send via %s to %s: non-retryable error %v (code %v)", via, conv, err, sequencer.ErrorCode(err))
 		}
+		s.check()
 		return err
 	}
 	s.acked[req.Key()] = res
@@ -516,14 +610,14 @@ func (s *sim) sendWithin(via string, conv string, timeout time.Duration) error {
 	return nil
 }
 
-// checkAcked asserts every acked send is stored at its seq with its msg_id.
+// checkAcked asserts every acked send is stored at its seq with its msg_id,
+// and that no msg_id is stored twice.
 func (s *sim) checkAcked() {
 	s.t.Helper()
-	s.db.mu.Lock()
-	defer s.db.mu.Unlock()
+	ctx := context.Background()
 	ids := map[uint64]bool{}
-	for _, rows := range s.db.rows {
-		for _, m := range rows {
+	for _, conv := range simConvs {
+		for _, m := range s.rows(conv) {
 			if ids[m.MsgID] {
 				s.t.Fatalf("msg_id %d stored twice", m.MsgID)
 			}
@@ -531,9 +625,9 @@ func (s *sim) checkAcked() {
 		}
 	}
 	for k, res := range s.acked {
-		m, ok := s.db.byKey[k]
-		if !ok || m.Seq != res.Seq || m.MsgID != res.MsgID {
-			s.t.Fatalf("acked %v as seq %d msg_id %d, stored %+v (found %v)", k, res.Seq, res.MsgID, m, ok)
+		m, err := s.db.FindByClientKey(ctx, k)
+		if err != nil || m.Seq != res.Seq || m.MsgID != res.MsgID {
+			s.t.Fatalf("acked %v as seq %d msg_id %d, stored %+v (%v)", k, res.Seq, res.MsgID, m, err)
 		}
 	}
 }
@@ -605,7 +699,7 @@ func TestSimJoinSpreadsPartitions(t *testing.T) {
 		if err := s.send(via, simConvs[p]); err != nil {
 			t.Fatalf("send via %s to partition %d: %v", via, p, err)
 		}
-		if h := s.db.head(simConvs[p]); h != 2 {
+		if h := s.head(simConvs[p]); h != 2 {
 			t.Fatalf("partition %d conversation head %d, want 2", p, h)
 		}
 	}
@@ -652,7 +746,7 @@ func TestSimGracefulLeave(t *testing.T) {
 	if got := b.node.held(); got != 0 {
 		t.Fatalf("b holds %d partitions after leaving", got)
 	}
-	if b.local.stops == 0 {
+	if b.local.stops.Load() == 0 {
 		t.Fatal("b stopped no conversations while handing off")
 	}
 	if _, err := b.node.Send(context.Background(), sequencer.SendRequest{ConvID: "x", FromUID: 1, ClientMsgID: "y", MsgType: 1}); !errors.Is(err, sequencer.ErrShuttingDown) {
@@ -676,7 +770,7 @@ func TestSimGracefulLeave(t *testing.T) {
 		if err := s.send("c", simConvs[p]); err != nil {
 			t.Fatalf("send to partition %d after b left: %v", p, err)
 		}
-		if h := s.db.head(simConvs[p]); h != 2 {
+		if h := s.head(simConvs[p]); h != 2 {
 			t.Fatalf("partition %d head %d, want 2", p, h)
 		}
 	}
@@ -728,7 +822,7 @@ func TestSimCrashTakenOverAfterTTL(t *testing.T) {
 		if err := s.send("b", simConvs[p]); err != nil {
 			t.Fatalf("send to partition %d after takeover: %v", p, err)
 		}
-		if h := s.db.head(simConvs[p]); h != 2 {
+		if h := s.head(simConvs[p]); h != 2 {
 			t.Fatalf("partition %d head %d, want 2 (continues after failover)", p, h)
 		}
 	}
@@ -749,12 +843,9 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 		}
 	}
 	oldInc := b.node.self().Incarnation
-	// b has a batch in flight (fence taken) when it freezes.
-	for _, p := range bp[:2] {
-		if err := b.local.prepare(sequencer.SendRequest{ConvID: simConvs[p], FromUID: 9, ClientMsgID: fmt.Sprintf("z%d", p), MsgType: 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// b has a batch in flight (fence taken, commit not yet in the store)
+	// when it freezes.
+	zombie := s.startInflight(b, []string{simConvs[bp[0]], simConvs[bp[1]]})
 	s.freeze("b", true)
 	for range 7 { // past the 5 s TTL
 		s.round()
@@ -774,22 +865,26 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 	if _, err := b.node.Fence(simConvs[bp[0]]); !errors.Is(err, sequencer.ErrNotOwner) {
 		t.Fatalf("resumed zombie's Fence: %v, want ErrNotOwner", err)
 	}
-	landed, errs := b.local.flush()
+	stale, _ := s.db.refusals()
+	landed, errs := s.land(zombie)
 	if landed != 0 || len(errs) != 2 {
 		t.Fatalf("zombie's in-flight batch: %d landed, errors %v", landed, errs)
 	}
 	for _, err := range errs {
-		if !errors.Is(err, sequencer.ErrStaleEpoch) {
-			t.Fatalf("zombie commit error %v, want ErrStaleEpoch", err)
+		if sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("zombie's send answered %v (code %v), want unavailable (not stored)", err, sequencer.ErrorCode(err))
 		}
 	}
-	s.check()
-	stopsBefore := b.local.stops
+	if now, _ := s.db.refusals(); now == stale {
+		t.Fatal("the zombie's in-flight commit was not refused by the store for its stale fence")
+	}
+	s.checkNotStored(zombie)
+	stopsBefore := b.local.stops.Load()
 	s.step("b") // notices: steps down, rejoins as a new incarnation
 	if b.node.self().Incarnation == oldInc {
 		t.Fatal("zombie kept its incarnation after stepping down")
 	}
-	if b.local.stops == stopsBefore {
+	if b.local.stops.Load() == stopsBefore {
 		t.Fatal("zombie did not stop its conversations when stepping down")
 	}
 	s.settle(6)
@@ -800,7 +895,7 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 		if err := s.send("b", simConvs[p]); err != nil {
 			t.Fatalf("send after the zombie rejoined: %v", err)
 		}
-		if h := s.db.head(simConvs[p]); h != 2 {
+		if h := s.head(simConvs[p]); h != 2 {
 			t.Fatalf("partition %d head %d, want 2 (zombie's write refused, new owner's kept)", p, h)
 		}
 	}
@@ -825,9 +920,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 			break
 		}
 	}
-	if err := old.local.prepare(sequencer.SendRequest{ConvID: simConvs[bp], FromUID: 3, ClientMsgID: "old", MsgType: 1}); err != nil {
-		t.Fatal(err)
-	}
+	inflight := s.startInflight(old, []string{simConvs[bp]})
 	// A new process starts with node id b while the old one still runs
 	// (e.g. it was SIGSTOPped and a supervisor started another).
 	oldNode := old.node
@@ -839,9 +932,14 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	s.order = append(s.order, "b-old")
 	nb := s.start("b")
 	s.settle(4)
-	if landed, errs := old.local.flush(); landed != 0 || len(errs) != 1 || !errors.Is(errs[0], sequencer.ErrStaleEpoch) {
+	stale, _ := s.db.refusals()
+	if landed, errs := s.land(inflight); landed != 0 || len(errs) != 1 || sequencer.ErrorCode(errs[0]) != sequencer.CodeUnavailable {
 		t.Fatalf("old process's in-flight commit: landed %d errs %v", landed, errs)
 	}
+	if now, _ := s.db.refusals(); now == stale {
+		t.Fatal("the old process's in-flight commit was not refused by the store for its stale fence")
+	}
+	s.checkNotStored(inflight)
 	// The old process notices it was superseded and stays out for good.
 	s.nodes["b-old"].dead = false
 	s.step("b-old")
@@ -868,7 +966,7 @@ func TestSimRestartWithSameNodeIDSupersedesOldProcess(t *testing.T) {
 	if err := s.send("a", simConvs[bp]); err != nil {
 		t.Fatal(err)
 	}
-	if h := s.db.head(simConvs[bp]); h != 2 {
+	if h := s.head(simConvs[bp]); h != 2 {
 		t.Fatalf("head %d, want 2", h)
 	}
 	s.checkAcked()
@@ -1015,18 +1113,19 @@ func TestSimRandomSchedules(t *testing.T) {
 			s.start("n0")
 			next := 1
 			frozenFor := map[string]int{}
+			inflights := map[string]*inflight{}
 			for round := 0; round < 120; round++ {
 				s.clk.Advance(time.Duration(500+rng.IntN(700)) * time.Millisecond)
 				for id, k := range frozenFor {
 					if k--; k <= 0 {
 						delete(frozenFor, id)
 						s.freeze(id, false)
-						if landed, errs := s.nodes[id].local.flush(); landed > 0 {
-							// A batch prepared before the freeze may land only
-							// if the node's lease never lapsed; check() already
-							// verified the epochs of every commit.
-							_ = errs
-						}
+						// A batch in flight before the freeze may land only
+						// if the node's lease never lapsed; check() verifies
+						// the epochs of every commit, land() records the acks.
+						s.land(inflights[id])
+						s.checkNotStored(inflights[id])
+						delete(inflights, id)
 					} else {
 						frozenFor[id] = k
 					}
@@ -1054,9 +1153,13 @@ func TestSimRandomSchedules(t *testing.T) {
 					s.net.SetDown(sn.node.self().ClusterAddr, true)
 				case x < 22 && len(run) > 1:
 					sn := run[rng.IntN(len(run))]
-					for range 2 {
-						_ = sn.local.prepare(sequencer.SendRequest{ConvID: simConvs[rng.IntN(simPartitions)], FromUID: 5, ClientMsgID: fmt.Sprintf("p%d-%d", round, rng.Int()), MsgType: 1})
+					var own []string // two of its own conversations, if it holds any
+					for _, k := range rng.Perm(simPartitions) {
+						if loc, err := sn.node.Locate(simConvs[k]); err == nil && loc.NodeID == sn.id && len(own) < 2 {
+							own = append(own, simConvs[k])
+						}
 					}
+					inflights[sn.id] = s.startInflight(sn, own)
 					s.freeze(sn.id, true)
 					frozenFor[sn.id] = 1 + rng.IntN(9)
 				}
@@ -1076,7 +1179,8 @@ func TestSimRandomSchedules(t *testing.T) {
 			}
 			for id := range frozenFor {
 				s.freeze(id, false)
-				s.nodes[id].local.flush()
+				s.land(inflights[id])
+				s.checkNotStored(inflights[id])
 			}
 			s.settle(12)
 			for p := range simPartitions {
@@ -1087,7 +1191,9 @@ func TestSimRandomSchedules(t *testing.T) {
 			}
 			s.checkAcked()
 			if os.Getenv("SIM_STATS") != "" {
-				t.Logf("acked %d, lease takes %d, nodes started %d", len(s.acked), s.audit.takes, next)
+				stale, _ := s.db.refusals()
+				t.Logf("acked %d, lease takes %d, nodes started %d; in flight at a freeze: %d landed, %d refused; stale commits refused by the store %d",
+					len(s.acked), s.audit.takes, next, s.inLanded, s.inRefused, stale)
 			}
 		})
 	}
@@ -1159,7 +1265,7 @@ func TestSimOperatorDrain(t *testing.T) {
 		if err := s.send("c", simConvs[p]); err != nil {
 			t.Fatalf("send to partition %d after b was drained: %v", p, err)
 		}
-		if h := s.db.head(simConvs[p]); h != 2 {
+		if h := s.head(simConvs[p]); h != 2 {
 			t.Fatalf("partition %d head %d, want 2", p, h)
 		}
 	}

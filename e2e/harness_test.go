@@ -1,7 +1,9 @@
 // Package e2e tests the real `sequencer` binary: it is built once per test
 // run, started as child processes on random ports, driven over the network
-// API, killed and restarted. Stores are fresh per test (a temp dir for the
-// embedded store, a fresh database via persist/pgtest for PostgreSQL).
+// API, killed and restarted, with network faults injected by TCP proxies
+// (nemesis_proxy_test.go). Stores are fresh per test (a temp dir for the
+// embedded store, a fresh database via persist/pgtest for PostgreSQL,
+// persist/mysqltest for MySQL / MariaDB, persist/citustest for Citus).
 package e2e
 
 import (

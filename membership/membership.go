@@ -129,13 +129,13 @@ func (v View) Lease(p uint32) (PartitionLease, bool) {
 	return v.Leases[i], true
 }
 
-// RingMembers returns the members that own partitions: every member that is
+// RingNodes returns the members that own partitions: every member that is
 // not leaving, with its ClusterAddr as the ring address.
-func (v View) RingMembers() []ring.Member {
-	var ms []ring.Member
+func (v View) RingNodes() []ring.Node {
+	var ms []ring.Node
 	for _, m := range v.Members {
 		if !m.Leaving {
-			ms = append(ms, ring.Member{NodeID: m.NodeID, Address: m.ClusterAddr})
+			ms = append(ms, ring.Node{NodeID: m.NodeID, Address: m.ClusterAddr})
 		}
 	}
 	return ms

@@ -8,8 +8,11 @@
 // cluster) tells it what happened, with the local time where time matters
 // (Joined, Renewed, RenewFailed, Released, Acquired, Refused, ...), asks it
 // what one reconcile round must do (Next) and carries that out against the
-// membership table and the conversations, and asks it who may write (Fence)
-// and where a send goes (Route). Its stories are in testdata/*.txt.
+// membership table and the conversations, and asks it the one question "may
+// this node write partition p now" (Writable: the fence to carry, or the
+// reason not), from which where a send goes (Dispatch), who owns a
+// conversation (Locate) and readiness (Serving) are derived. Its stories
+// are in testdata/*.txt.
 //
 // The core never decides that a commit is safe: the store checks the fence of
 // every commit (persist.Fence) against the shared lease table, which is
@@ -252,7 +255,7 @@ func (c *Core) adopt(v membership.View, sent time.Time) {
 		return
 	}
 	if v.Version != c.view.Version || c.view.Members == nil {
-		r, err := ring.New(v.RingMembers(), c.cfg.Ring)
+		r, err := ring.New(v.RingNodes(), c.cfg.Ring)
 		if err != nil {
 			return // keep the previous ring; the next view may do
 		}

@@ -316,7 +316,7 @@ func (h *harness) state(p *proc) string {
 		}
 	}
 	var ring []string
-	for _, m := range c.Ring().Members() {
+	for _, m := range c.Ring().Nodes() {
 		ring = append(ring, m.NodeID)
 	}
 	s := fmt.Sprintf("%s: %s", p.name, c.Phase())

@@ -27,7 +27,7 @@ func TestQueriesFollowWritable(t *testing.T) {
 		{NodeID: "b", Incarnation: "b/1", ClusterAddr: "b:1"},
 	}
 	cfg := Config{NodeID: "a", Ring: ring.Config{Partitions: 16}, MemberTTL: ttl}
-	r, err := ring.New([]ring.Member{{NodeID: "a", Address: "a:1"}, {NodeID: "b", Address: "b:1"}}, cfg.Ring)
+	r, err := ring.New([]ring.Node{{NodeID: "a", Address: "a:1"}, {NodeID: "b", Address: "b:1"}}, cfg.Ring)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,11 +7,12 @@
 // positions. The cluster's membership and partition-lease table is package
 // membership's interface, which the shared stores implement too.
 //
-// Implementations: persist/postgres (pgx) and persist/sqlite (embedded,
-// modernc.org/sqlite), and for tests persist/memstore (in memory, not
-// durable, never offered by persist/open). ONE conformance suite
-// (persist/storetest) runs against all three. persist/faulty wraps any Store
-// to inject failures.
+// Implementations: persist/postgres (pgx; also Citus's distributed mode),
+// persist/mysql (MySQL / MariaDB, database/sql) and persist/sqlite
+// (embedded, modernc.org/sqlite), and for tests persist/memstore (in
+// memory, not durable, never offered by persist/open, but every role
+// including membership). ONE conformance suite (persist/storetest) runs
+// against all of them. persist/faulty wraps any Store to inject failures.
 //
 // A Store never assigns seqs or msg_ids and never decides ownership: it only
 // refuses a commit that would break contiguity (head compare-and-set, unique

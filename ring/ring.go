@@ -57,9 +57,10 @@ var (
 	ErrNoRoom = errors.New("ring: not enough room to distribute partitions")
 )
 
-// Member is a node that can own partitions. Only NodeID decides ownership;
+// Node is a node the ring can give partitions to (a member of the
+// cluster as the ring sees it: membership.View.RingNodes). Only NodeID decides ownership;
 // Address is carried along so callers can reach the owner.
-type Member struct {
+type Node struct {
 	NodeID  string
 	Address string
 }
@@ -112,8 +113,8 @@ func (c Config) withDefaults() (Config, error) {
 // concurrent use.
 type Ring struct {
 	partitions int
-	members    []Member // sorted by NodeID
-	owners     []Member // owners[p] is the owner of partition p; nil when there are no members
+	members    []Node // sorted by NodeID
+	owners     []Node // owners[p] is the owner of partition p; nil when there are no members
 }
 
 // memberName is the name a member has inside the consistent library. The library
@@ -136,13 +137,13 @@ func (xxhasher) Sum64(b []byte) uint64 { return xxhash.Sum64(b) }
 // returns an error wrapping ErrInvalidConfig for a bad cfg, an empty NodeID or a
 // NodeID listed twice, and one wrapping ErrNoRoom when the bounded-load rule
 // cannot place every partition.
-func New(members []Member, cfg Config) (*Ring, error) {
+func New(members []Node, cfg Config) (*Ring, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	sorted := slices.Clone(members)
-	slices.SortFunc(sorted, func(a, b Member) int { return strings.Compare(a.NodeID, b.NodeID) })
+	slices.SortFunc(sorted, func(a, b Node) int { return strings.Compare(a.NodeID, b.NodeID) })
 	for i, m := range sorted {
 		if m.NodeID == "" {
 			return nil, fmt.Errorf("%w: member with empty NodeID (address %q)", ErrInvalidConfig, m.Address)
@@ -177,8 +178,8 @@ func New(members []Member, cfg Config) (*Ring, error) {
 // the walk never visits the point just before the partition's start, which with
 // one point per member can be the only member with room (and with a single
 // member and a single point the walk visits nothing).
-func distribute(sorted []Member, cfg Config) (owners []Member, err error) {
-	byName := make(map[memberName]Member, len(sorted))
+func distribute(sorted []Node, cfg Config) (owners []Node, err error) {
+	byName := make(map[memberName]Node, len(sorted))
 	cmembers := make([]consistent.Member, len(sorted))
 	for i, m := range sorted {
 		n := nameOf(m.NodeID)
@@ -198,7 +199,7 @@ func distribute(sorted []Member, cfg Config) (owners []Member, err error) {
 		ReplicationFactor: cfg.ReplicationFactor,
 		Load:              cfg.Load,
 	})
-	owners = make([]Member, cfg.Partitions)
+	owners = make([]Node, cfg.Partitions)
 	for p := range owners {
 		o := c.GetPartitionOwner(p)
 		if o == nil {
@@ -226,30 +227,30 @@ func (r *Ring) Partition(convID string) uint32 { return PartitionOf(convID, r.pa
 
 // Owner returns the member that owns partition p. It reports false when the ring
 // has no members or p is not a partition of this ring.
-func (r *Ring) Owner(p uint32) (Member, bool) {
+func (r *Ring) Owner(p uint32) (Node, bool) {
 	if r.owners == nil || uint64(p) >= uint64(len(r.owners)) {
-		return Member{}, false
+		return Node{}, false
 	}
 	return r.owners[p], true
 }
 
 // OwnerOf returns the owner and the partition of convID. It reports false (with
 // the partition still set) when the ring has no members.
-func (r *Ring) OwnerOf(convID string) (Member, uint32, bool) {
+func (r *Ring) OwnerOf(convID string) (Node, uint32, bool) {
 	p := r.Partition(convID)
 	m, ok := r.Owner(p)
 	return m, p, ok
 }
 
-// Members returns the members sorted by NodeID (a copy).
-func (r *Ring) Members() []Member { return slices.Clone(r.members) }
+// Nodes returns the nodes sorted by NodeID (a copy).
+func (r *Ring) Nodes() []Node { return slices.Clone(r.members) }
 
 // Partitions returns the partition count.
 func (r *Ring) Partitions() int { return r.partitions }
 
 // Assignments returns the owner of every partition, indexed by partition (a
 // copy). It is nil when the ring has no members.
-func (r *Ring) Assignments() []Member { return slices.Clone(r.owners) }
+func (r *Ring) Assignments() []Node { return slices.Clone(r.owners) }
 
 // OwnedBy returns, in increasing order, the partitions owned by nodeID.
 func (r *Ring) OwnedBy(nodeID string) []uint32 {

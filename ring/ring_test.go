@@ -23,7 +23,7 @@ import (
 // first member that owns fewer than cap = ceil(floor(P/N) * Load) partitions.
 // Partitions are placed in order 0..P-1. Like the library, the walk looks at no
 // more than (number of points - 1) points; ok is false when it finds no member.
-func bruteForce(t *testing.T, members []Member, cfg Config) (owners []string, ok bool) {
+func bruteForce(t *testing.T, members []Node, cfg Config) (owners []string, ok bool) {
 	t.Helper()
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -83,10 +83,10 @@ func bruteForce(t *testing.T, members []Member, cfg Config) (owners []string, ok
 // randomMembers returns n members with distinct random NodeIDs. Some ids are
 // numbered like "node-1", "node-11" so that the library's point keys would collide
 // without the separator.
-func randomMembers(rng *rand.Rand, n int) []Member {
+func randomMembers(rng *rand.Rand, n int) []Node {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.:"
 	used := map[string]bool{}
-	var ms []Member
+	var ms []Node
 	for len(ms) < n {
 		var id string
 		switch rng.Intn(3) {
@@ -105,18 +105,18 @@ func randomMembers(rng *rand.Rand, n int) []Member {
 			continue
 		}
 		used[id] = true
-		ms = append(ms, Member{NodeID: id, Address: "10.0.0." + strconv.Itoa(len(ms)) + ":7070"})
+		ms = append(ms, Node{NodeID: id, Address: "10.0.0." + strconv.Itoa(len(ms)) + ":7070"})
 	}
 	return ms
 }
 
-func shuffled(rng *rand.Rand, ms []Member) []Member {
+func shuffled(rng *rand.Rand, ms []Node) []Node {
 	out := slices.Clone(ms)
 	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
 }
 
-func mustNew(t *testing.T, ms []Member, cfg Config) *Ring {
+func mustNew(t *testing.T, ms []Node, cfg Config) *Ring {
 	t.Helper()
 	r, err := New(ms, cfg)
 	if err != nil {
@@ -125,7 +125,7 @@ func mustNew(t *testing.T, ms []Member, cfg Config) *Ring {
 	return r
 }
 
-func nodeIDs(ms []Member) []string {
+func nodeIDs(ms []Node) []string {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
 		ids[i] = m.NodeID
@@ -136,10 +136,10 @@ func nodeIDs(ms []Member) []string {
 // checkRing asserts what every ring must satisfy: each partition has exactly one
 // owner, that owner is a member (with its address), and no member exceeds the
 // bounded load.
-func checkRing(t *testing.T, r *Ring, ms []Member, cfg Config) {
+func checkRing(t *testing.T, r *Ring, ms []Node, cfg Config) {
 	t.Helper()
 	cfg, _ = cfg.withDefaults()
-	byID := map[string]Member{}
+	byID := map[string]Node{}
 	for _, m := range ms {
 		byID[m.NodeID] = m
 	}
@@ -193,7 +193,7 @@ func TestOwnersMatchBruteForce(t *testing.T) {
 		if moved := Moved(r, r2); len(moved) != 0 {
 			t.Fatalf("Moved between equal rings = %v", moved)
 		}
-		if !slices.Equal(r.Members(), r2.Members()) {
+		if !slices.Equal(r.Nodes(), r2.Nodes()) {
 			t.Fatalf("Members differ with insertion order")
 		}
 	}
@@ -238,10 +238,10 @@ func TestEdgeConfigsMatchBruteForce(t *testing.T) {
 }
 
 func TestNewRejectsBadInput(t *testing.T) {
-	two := []Member{{NodeID: "a"}, {NodeID: "b"}}
+	two := []Node{{NodeID: "a"}, {NodeID: "b"}}
 	cases := []struct {
 		name    string
-		members []Member
+		members []Node
 		cfg     Config
 		want    error
 	}{
@@ -252,8 +252,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"negative load", two, Config{Load: -1}, ErrInvalidConfig},
 		{"NaN load", two, Config{Load: math.NaN()}, ErrInvalidConfig},
 		{"infinite load", two, Config{Load: math.Inf(1)}, ErrInvalidConfig},
-		{"empty node id", []Member{{NodeID: "a"}, {Address: "x:1"}}, Config{}, ErrInvalidConfig},
-		{"node id twice", []Member{{NodeID: "a", Address: "x:1"}, {NodeID: "b"}, {NodeID: "a", Address: "y:2"}}, Config{}, ErrInvalidConfig},
+		{"empty node id", []Node{{NodeID: "a"}, {Address: "x:1"}}, Config{}, ErrInvalidConfig},
+		{"node id twice", []Node{{NodeID: "a", Address: "x:1"}, {NodeID: "b"}, {NodeID: "a", Address: "y:2"}}, Config{}, ErrInvalidConfig},
 		// floor(271/272) = 0: the library would panic.
 		{"more members than partitions", randomMembers(rand.New(rand.NewSource(3)), 272), Config{}, ErrNoRoom},
 		{"members above partitions, small", randomMembers(rand.New(rand.NewSource(4)), 5), Config{Partitions: 3}, ErrNoRoom},
@@ -261,7 +261,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"load 1 with 64 members", randomMembers(rand.New(rand.NewSource(5)), 64), Config{Load: 1}, ErrNoRoom},
 		{"load below 1", two, Config{Partitions: 10, Load: 0.5}, ErrNoRoom},
 		// One member with one point: the library's walk checks no point at all.
-		{"one member one point", []Member{{NodeID: "solo"}}, Config{ReplicationFactor: 1}, ErrNoRoom},
+		{"one member one point", []Node{{NodeID: "solo"}}, Config{ReplicationFactor: 1}, ErrNoRoom},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,7 +299,7 @@ func TestNoPanicForUsualSizes(t *testing.T) {
 }
 
 func TestEmptyRing(t *testing.T) {
-	for _, ms := range [][]Member{nil, {}} {
+	for _, ms := range [][]Node{nil, {}} {
 		r := mustNew(t, ms, Config{Partitions: 7})
 		if r.Partitions() != 7 {
 			t.Fatalf("Partitions = %d", r.Partitions())
@@ -310,13 +310,13 @@ func TestEmptyRing(t *testing.T) {
 			}
 		}
 		m, p, ok := r.OwnerOf("conv-1")
-		if ok || m != (Member{}) || p != PartitionOf("conv-1", 7) {
+		if ok || m != (Node{}) || p != PartitionOf("conv-1", 7) {
 			t.Fatalf("empty ring: OwnerOf = %+v, %d, %v", m, p, ok)
 		}
-		if r.Assignments() != nil || len(r.Members()) != 0 || r.OwnedBy("a") != nil {
+		if r.Assignments() != nil || len(r.Nodes()) != 0 || r.OwnedBy("a") != nil {
 			t.Fatalf("empty ring has assignments or members")
 		}
-		full := mustNew(t, []Member{{NodeID: "a"}}, Config{Partitions: 7})
+		full := mustNew(t, []Node{{NodeID: "a"}}, Config{Partitions: 7})
 		if got := Moved(r, full); len(got) != 7 {
 			t.Fatalf("Moved(empty, full) = %v, want all 7", got)
 		}
@@ -333,11 +333,11 @@ func TestEmptyRing(t *testing.T) {
 }
 
 func TestOwnerOutOfRange(t *testing.T) {
-	r := mustNew(t, []Member{{NodeID: "a", Address: "h:1"}}, Config{Partitions: 5})
+	r := mustNew(t, []Node{{NodeID: "a", Address: "h:1"}}, Config{Partitions: 5})
 	if _, ok := r.Owner(5); ok {
 		t.Fatal("Owner(5) on a 5-partition ring reported an owner")
 	}
-	if m, ok := r.Owner(4); !ok || m != (Member{NodeID: "a", Address: "h:1"}) {
+	if m, ok := r.Owner(4); !ok || m != (Node{NodeID: "a", Address: "h:1"}) {
 		t.Fatalf("Owner(4) = %+v, %v", m, ok)
 	}
 	m, p, ok := r.OwnerOf("x")
@@ -347,7 +347,7 @@ func TestOwnerOutOfRange(t *testing.T) {
 }
 
 func TestMovedAcrossPartitionCounts(t *testing.T) {
-	ms := []Member{{NodeID: "a"}, {NodeID: "b"}}
+	ms := []Node{{NodeID: "a"}, {NodeID: "b"}}
 	a := mustNew(t, ms, Config{Partitions: 5})
 	b := mustNew(t, ms, Config{Partitions: 9})
 	if got := Moved(a, b); len(got) != 9 || got[8] != 8 {
@@ -357,8 +357,8 @@ func TestMovedAcrossPartitionCounts(t *testing.T) {
 
 // An address change is not a move: ownership follows the NodeID.
 func TestAddressDoesNotMoveOwnership(t *testing.T) {
-	a := mustNew(t, []Member{{NodeID: "a", Address: "h:1"}, {NodeID: "b", Address: "h:2"}}, Config{})
-	b := mustNew(t, []Member{{NodeID: "a", Address: "h:9"}, {NodeID: "b", Address: "h:2"}}, Config{})
+	a := mustNew(t, []Node{{NodeID: "a", Address: "h:1"}, {NodeID: "b", Address: "h:2"}}, Config{})
+	b := mustNew(t, []Node{{NodeID: "a", Address: "h:9"}, {NodeID: "b", Address: "h:2"}}, Config{})
 	if got := Moved(a, b); len(got) != 0 {
 		t.Fatalf("address change moved %v", got)
 	}
@@ -413,9 +413,9 @@ func TestGolden(t *testing.T) {
 			t.Errorf("PartitionOf(%q) = %d, want %d", conv, got, want)
 		}
 	}
-	var ms []Member
+	var ms []Node
 	for i := 1; i <= 12; i++ {
-		ms = append(ms, Member{NodeID: "node-" + strconv.Itoa(i)})
+		ms = append(ms, Node{NodeID: "node-" + strconv.Itoa(i)})
 	}
 	r := mustNew(t, ms, Config{})
 	h := sha256.New()
@@ -515,7 +515,7 @@ func TestMovementOnJoinAndLeave(t *testing.T) {
 		observe("join", n, len(moved))
 
 		gone := ms[rng.Intn(n)].NodeID
-		after := mustNew(t, slices.DeleteFunc(slices.Clone(ms), func(m Member) bool { return m.NodeID == gone }), Config{})
+		after := mustNew(t, slices.DeleteFunc(slices.Clone(ms), func(m Node) bool { return m.NodeID == gone }), Config{})
 		moved = Moved(big, after)
 		if owned := big.OwnedBy(gone); !isSubset(owned, moved) {
 			t.Fatalf("leave of %q: it owned %v, moved %v", gone, owned, moved)

@@ -39,36 +39,13 @@ type Config struct {
 	// persist/open.Parse; anything else is refused).
 	// The default ./data is the embedded store ./data/sequencer.db.
 	Store string
-	// ClusterListen is the inter-node address; empty runs a single node.
-	ClusterListen string
 	// NodeID names this node in the cluster and holds its leases. Default:
 	// hostname plus a random suffix (a new name per start).
 	NodeID string
 
-	// MaxBody is the largest accepted body in bytes (api.Config.MaxBody).
-	MaxBody int
 	// Pprof serves Go's /debug/pprof/ handlers on the admin mux (with
 	// /healthz and /metrics). Default off.
 	Pprof bool
-	// MaxBatchBytes is the largest SendBatch request (its protobuf size) in
-	// bytes; larger ones are invalid_argument (api.Config.MaxBatchBytes).
-	MaxBatchBytes int
-	// PassivateAfter stops a conversation actor idle this long.
-	PassivateAfter time.Duration
-	// CommitWorkers is the most parallel group-commit transactions (see
-	// commit.Config.Workers).
-	CommitWorkers int
-	// MaxBatchMessages bounds the messages of one store transaction.
-	MaxBatchMessages int
-	// MaxQueuePerConv bounds the sends queued on one conversation.
-	MaxQueuePerConv int
-	// MaxPending bounds the sends queued on the node.
-	MaxPending int
-	// MaxPendingBytes bounds the bytes of the sends queued on the node
-	// (bodies and keys).
-	MaxPendingBytes int
-	// MaxConversations bounds the live conversation actors.
-	MaxConversations int
 	// StoreConns is the size of the PostgreSQL read pool (pulls, lookups,
 	// head loads, retention).
 	StoreConns int
@@ -80,12 +57,6 @@ type Config struct {
 	// membership heartbeats and partition leases, the worker-id lease and
 	// Settle, so that reads and commits cannot starve them.
 	StoreControlConns int
-	// CommitTimeout bounds one store commit; past it the outcome is unknown
-	// and the conversation re-reads the store.
-	CommitTimeout time.Duration
-	// WorkerLeaseTTL is how long the snowflake worker-id lease lives without
-	// renewal (idgen.LeaseConfig.TTL).
-	WorkerLeaseTTL time.Duration
 	// DrainTimeout bounds the graceful stop on SIGTERM.
 	DrainTimeout time.Duration
 
@@ -109,31 +80,6 @@ type Config struct {
 	// (comma-separated on the command line). Default none.
 	CORSOrigins []string
 
-	// Cluster mode only (ClusterListen set).
-
-	// ClusterAdvertise is the inter-node address other nodes dial. Default:
-	// the address ClusterListen bound (set it when listening on 0.0.0.0).
-	ClusterAdvertise string
-	// MemberTTL is how long a node's membership lease lives without a
-	// heartbeat; a crashed node's conversations move after about this long.
-	// Must exceed 2*Heartbeat (cluster.Config.MemberTTL).
-	MemberTTL time.Duration
-	// Heartbeat is the membership lease renewal interval.
-	Heartbeat time.Duration
-	// Partitions is the fixed partition count of the ring; every node of a
-	// cluster must use the same value (ring.Config.Partitions).
-	Partitions int
-	// HandoffWait bounds how long a send waits for a moving conversation to
-	// become writable before it fails with unavailable.
-	HandoffWait time.Duration
-	// ClusterTLSCert, ClusterTLSKey and ClusterCA (PEM files): mutual TLS
-	// between nodes; a node accepts and dials only peers whose certificate
-	// chains to ClusterCA. All three or none.
-	ClusterTLSCert, ClusterTLSKey, ClusterCA string
-	// ClusterInsecure allows a non-loopback ClusterListen without TLS
-	// (refused otherwise).
-	ClusterInsecure bool
-
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
 	// shortly after start and then every RetentionEvery. 0 keeps
@@ -147,96 +93,118 @@ type Config struct {
 	// between nodes (OpenTelemetry; `sequencer serve` sets it from the
 	// OTEL_* environment). nil: no tracing. Not a flag.
 	TracerProvider trace.TracerProvider
+
+	// The components' knobs, each in the component's own Config under its
+	// own names: their defaults are the component's DefaultConfig, their
+	// rules its Validate (reported under the flags' names, see flagNames).
+	// Start fills in their dependencies (store, id source, ownership,
+	// clock, logger, metrics) and the node-wide values (NodeID, MaxBody,
+	// TracerProvider); what a caller puts there is ignored.
+
+	// API holds the request limits: MaxBody (--max-body) and MaxBatchBytes
+	// (--max-batch-bytes).
+	API api.Config
+	// Actors holds the conversation actors' bounds (--passivate-after,
+	// --max-queue-per-conv, --max-pending, --max-pending-bytes,
+	// --max-conversations) and, in Actors.Commit, the group commit's
+	// (--commit-workers, --max-batch-messages, --commit-timeout).
+	Actors actor.Config
+	// Cluster is the cluster mode, on when Cluster.ClusterListen is set
+	// (--cluster-listen): --cluster-advertise, the mutual-TLS files
+	// (--cluster-tls-cert, --cluster-tls-key, --cluster-ca, as TLSCertFile,
+	// TLSKeyFile, TLSCAFile), --cluster-insecure (Insecure), --partitions
+	// (Ring.Partitions), --member-ttl, --heartbeat, --handoff-wait.
+	Cluster cluster.Config
+	// WorkerLease is the snowflake worker-id lease: --worker-lease-ttl
+	// (TTL); the other intervals follow TTL (docs/IDGEN.md).
+	WorkerLease idgen.LeaseConfig
 }
 
 // minRetention is the shortest Retention other than 0.
 const minRetention = time.Hour
 
-// DefaultConfig returns every default. The components' settings come from
-// their own DefaultConfig; NodeID stays empty (WithDefaults generates one:
-// the hostname plus a random suffix).
+// DefaultConfig returns every default. The components' settings are their
+// own DefaultConfig; NodeID stays empty (WithDefaults generates one: the
+// hostname plus a random suffix).
 func DefaultConfig() Config {
-	a, ap, cl, wl := actor.DefaultConfig(), api.DefaultConfig(), cluster.DefaultConfig(), idgen.DefaultLeaseConfig()
 	pg := postgres.DefaultOptions()
 	return Config{
 		Listen:            "127.0.0.1:7070",
 		Store:             "./data",
-		MaxBody:           ap.MaxBody,
-		MaxBatchBytes:     ap.MaxBatchBytes,
-		PassivateAfter:    a.PassivateAfter,
-		CommitWorkers:     a.CommitWorkers,
-		MaxBatchMessages:  a.MaxBatchMessages,
-		MaxQueuePerConv:   a.MaxQueuePerConv,
-		MaxPending:        a.MaxPending,
-		MaxPendingBytes:   int(a.MaxPendingBytes),
-		MaxConversations:  a.MaxConversations,
 		StoreConns:        int(pg.MaxConns),
 		StoreControlConns: int(pg.ControlConns),
-		CommitTimeout:     a.CommitTimeout,
-		WorkerLeaseTTL:    wl.TTL,
 		DrainTimeout:      30 * time.Second,
-		MemberTTL:         cl.MemberTTL,
-		Heartbeat:         cl.Heartbeat,
-		Partitions:        cl.Ring.Partitions,
-		HandoffWait:       cl.HandoffWait,
 		RetentionEvery:    time.Hour,
+		API:               api.DefaultConfig(),
+		Actors:            actor.DefaultConfig(),
+		Cluster:           cluster.DefaultConfig(),
+		WorkerLease:       idgen.DefaultLeaseConfig(),
 	}
 }
 
 // WithDefaults returns c with every zero field set to its DefaultConfig
-// value, and a generated NodeID when it is empty.
+// value (the components' Configs field by field), and a generated NodeID
+// when it is empty.
 func (c Config) WithDefaults() Config {
-	conf.FillZero(&c, DefaultConfig())
+	conf.FillZeroNested(&c, DefaultConfig())
 	if c.NodeID == "" {
 		c.NodeID = generatedNodeID()
 	}
 	return c
 }
 
-// The components' parts of a Config, without the dependencies Start adds
-// (store, id source, logger, metrics), and the flag that sets each of their
-// fields: Validate reports the components' rules under the flags' names.
+// clustered reports whether c runs a cluster node.
+func (c Config) clustered() bool { return c.Cluster.ClusterListen != "" }
+
+// The components' Configs as Start hands them over, before it adds the
+// dependencies: the node-wide values copied in.
 func (c Config) apiConfig() api.Config {
-	return api.Config{MaxBody: c.MaxBody, MaxBatchBytes: c.MaxBatchBytes, TracerProvider: c.TracerProvider}
-}
-
-var apiFlags = map[string]string{"MaxBody": "max-body", "MaxBatchBytes": "max-batch-bytes"}
-
-func (c Config) actorConfig() actor.Config {
-	return actor.Config{
-		PassivateAfter: c.PassivateAfter, MaxQueuePerConv: c.MaxQueuePerConv, MaxPending: c.MaxPending,
-		MaxPendingBytes: int64(c.MaxPendingBytes), MaxConversations: c.MaxConversations,
-		CommitWorkers: c.CommitWorkers, MaxBatchMessages: c.MaxBatchMessages, CommitTimeout: c.CommitTimeout,
-	}
-}
-
-var actorFlags = map[string]string{
-	"PassivateAfter": "passivate-after", "MaxQueuePerConv": "max-queue-per-conv", "MaxPending": "max-pending",
-	"MaxPendingBytes": "max-pending-bytes", "MaxConversations": "max-conversations",
-	"CommitWorkers": "commit-workers", "MaxBatchMessages": "max-batch-messages", "CommitTimeout": "commit-timeout",
+	a := c.API
+	a.TracerProvider = c.TracerProvider
+	return a
 }
 
 func (c Config) clusterConfig() cluster.Config {
-	return cluster.Config{
-		NodeID: c.NodeID, ClusterListen: c.ClusterListen, ClusterAdvertise: c.ClusterAdvertise,
-		Ring:      ring.Config{Partitions: c.Partitions},
-		MemberTTL: c.MemberTTL, Heartbeat: c.Heartbeat, HandoffWait: c.HandoffWait,
-		TLSCertFile: c.ClusterTLSCert, TLSKeyFile: c.ClusterTLSKey, TLSCAFile: c.ClusterCA,
-		Insecure: c.ClusterInsecure, MaxBody: c.MaxBody, TracerProvider: c.TracerProvider,
-	}
+	cl := c.Cluster
+	cl.NodeID, cl.MaxBody, cl.TracerProvider = c.NodeID, c.API.MaxBody, c.TracerProvider
+	return cl
 }
-
-// clusterFlags maps the cluster's tunables; its listen and TLS rules are
-// checked by Validate itself (with flag-specific hints), MaxBody by the
-// API's rule and the partition count against ring's bounds (the ring reads
-// 0 as its default, a flag of 0 is an error).
-var clusterFlags = map[string]string{"MemberTTL": "member-ttl", "Heartbeat": "heartbeat", "HandoffWait": "handoff-wait"}
 
 func (c Config) leaseConfig() idgen.LeaseConfig {
-	return idgen.LeaseConfig{Holder: c.NodeID, TTL: c.WorkerLeaseTTL}
+	l := c.WorkerLease
+	l.Holder = c.NodeID
+	return l
 }
 
-var leaseFlags = map[string]string{"TTL": "worker-lease-ttl"}
+// flagNames names the flag that sets each component field, by its path in
+// Config: Validate reports the components' rules under these names. A
+// component field without a flag is not reported (Start sets it, or it is
+// the component's own default).
+var flagNames = map[string]string{
+	"API.MaxBody":               "max-body",
+	"API.MaxBatchBytes":         "max-batch-bytes",
+	"Actors.PassivateAfter":     "passivate-after",
+	"Actors.MaxQueuePerConv":    "max-queue-per-conv",
+	"Actors.MaxPending":         "max-pending",
+	"Actors.MaxPendingBytes":    "max-pending-bytes",
+	"Actors.MaxConversations":   "max-conversations",
+	"Actors.Commit.Workers":     "commit-workers",
+	"Actors.Commit.MaxMessages": "max-batch-messages",
+	"Actors.Commit.Timeout":     "commit-timeout",
+	"Cluster.MemberTTL":         "member-ttl",
+	"Cluster.Heartbeat":         "heartbeat",
+	"Cluster.HandoffWait":       "handoff-wait",
+	"WorkerLease.TTL":           "worker-lease-ttl",
+}
+
+// clusterFlagNames adds what is reported only for a cluster node: its
+// listen address and TLS files, and its node id (a cluster node id also
+// has no '/'; an empty one is generated, so it is reported only as given).
+var clusterFlagNames = map[string]string{
+	"Cluster.ClusterListen": "cluster-listen",
+	"Cluster.TLSCertFile":   "cluster-tls-cert",
+	"Cluster.NodeID":        "node-id",
+}
 
 // Validate reports every field that makes no sense, as given, named by its
 // flag: zero counts and durations are errors (Start fills them with
@@ -266,24 +234,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("cors-origins %q: want an origin like https://app.example.com, or *", o))
 		}
 	}
-	cflags := clusterFlags
-	if c.ClusterListen != "" {
-		if _, _, err := net.SplitHostPort(c.ClusterListen); err != nil {
-			errs = append(errs, fmt.Errorf("cluster-listen %q: %w", c.ClusterListen, err))
-		}
-		tlsSet := c.ClusterTLSCert != "" || c.ClusterTLSKey != "" || c.ClusterCA != ""
-		switch {
-		case tlsSet && (c.ClusterTLSCert == "" || c.ClusterTLSKey == "" || c.ClusterCA == ""):
-			errs = append(errs, errors.New("cluster-tls-cert, cluster-tls-key and cluster-ca go together"))
-		case !tlsSet && !c.ClusterInsecure && !cluster.IsLoopback(c.ClusterListen):
-			errs = append(errs, fmt.Errorf("cluster-listen %s is not a loopback address: mutual TLS between nodes needs --cluster-tls-cert, --cluster-tls-key and --cluster-ca (or --cluster-insecure to allow plain HTTP/2)", c.ClusterListen))
-		}
+	names := flagNames
+	if c.clustered() {
 		if !IsShared(c.Store) {
 			errs = append(errs, errors.New("cluster-listen needs a PostgreSQL or MySQL store (--store postgres://... or mysql://...): nodes meet in the shared database"))
 		}
-		if c.NodeID != "" {
-			cflags = maps.Clone(clusterFlags)
-			cflags["NodeID"] = "node-id" // a cluster node id also has no '/'
+		names = maps.Clone(flagNames)
+		maps.Copy(names, clusterFlagNames)
+		if c.NodeID == "" {
+			delete(names, "Cluster.NodeID")
 		}
 	}
 	if len(c.NodeID) > 64 {
@@ -293,16 +252,16 @@ func (c Config) Validate() error {
 	conf.Positive(&ch, "store-conns", c.StoreConns)
 	conf.Range(&ch, "store-commit-conns", c.StoreCommitConns, 0, math.MaxInt32)
 	conf.Positive(&ch, "store-control-conns", c.StoreControlConns)
-	conf.Range(&ch, "partitions", c.Partitions, 1, ring.MaxPartitions)
+	conf.Range(&ch, "partitions", c.Cluster.Ring.Partitions, 1, ring.MaxPartitions)
 	conf.PositiveDuration(&ch, "drain-timeout", c.DrainTimeout)
 	conf.PositiveDuration(&ch, "RetentionEvery", c.RetentionEvery)
 	if c.Retention < 0 || c.Retention > 0 && c.Retention < minRetention {
 		ch.Bad("retention", c.Retention, fmt.Sprintf("must be 0 (keep forever) or at least %v", minRetention))
 	}
-	ch.Add(conf.Rename(c.apiConfig().Validate(), "", apiFlags))
-	ch.Add(conf.Rename(c.actorConfig().Validate(), "", actorFlags))
-	ch.Add(conf.Rename(c.clusterConfig().Validate(), "", cflags))
-	ch.Add(conf.Rename(c.leaseConfig().Validate(), "", leaseFlags))
+	ch.Add(conf.Rename(conf.Nest(c.apiConfig().Validate(), "", "API"), "", names))
+	ch.Add(conf.Rename(conf.Nest(c.Actors.Validate(), "", "Actors"), "", names))
+	ch.Add(conf.Rename(conf.Nest(c.clusterConfig().Validate(), "", "Cluster"), "", names))
+	ch.Add(conf.Rename(conf.Nest(c.leaseConfig().Validate(), "", "WorkerLease"), "", names))
 	errs = append(errs, ch.Err())
 	return errors.Join(errs...)
 }

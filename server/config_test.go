@@ -4,12 +4,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sequencer-im/sequencer/cluster"
 )
 
 func TestConfigDefaults(t *testing.T) {
 	c := Config{}.WithDefaults()
-	if c.Listen != "127.0.0.1:7070" || c.Store != "./data" || c.NodeID == "" || c.MaxBody != 65536 ||
-		c.MemberTTL != 1500*time.Millisecond || c.Heartbeat != 250*time.Millisecond || c.Partitions != 271 {
+	if c.Listen != "127.0.0.1:7070" || c.Store != "./data" || c.NodeID == "" || c.API.MaxBody != 65536 ||
+		c.Cluster.MemberTTL != 1500*time.Millisecond || c.Cluster.Heartbeat != 250*time.Millisecond || c.Cluster.Ring.Partitions != 271 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -25,15 +27,15 @@ func TestConfigValidation(t *testing.T) {
 		mod  func(*Config)
 		want string
 	}{
-		"plain cluster port on all interfaces": {func(c *Config) { c.Store = "postgres://h/x"; c.ClusterListen = "0.0.0.0:7171" }, "cluster-insecure"},
+		"plain cluster port on all interfaces": {func(c *Config) { c.Store = "postgres://h/x"; c.Cluster.ClusterListen = "0.0.0.0:7171" }, "cluster-insecure"},
 		"cluster tls incomplete": {func(c *Config) {
-			c.Store, c.ClusterListen, c.ClusterTLSCert = "postgres://h/x", "10.0.0.1:7171", "node.pem"
+			c.Store, c.Cluster.ClusterListen, c.Cluster.TLSCertFile = "postgres://h/x", "10.0.0.1:7171", "node.pem"
 		}, "go together"},
 		"bad listen":           {func(c *Config) { c.Listen = "nope" }, "listen"},
-		"cluster on embedded":  {func(c *Config) { c.ClusterListen = "127.0.0.1:7171" }, "PostgreSQL"},
-		"ttl under 2 beats":    {func(c *Config) { c.MemberTTL = 2 * time.Second; c.Heartbeat = time.Second }, "member-ttl"},
-		"negative workers":     {func(c *Config) { c.CommitWorkers = -1 }, "commit-workers"},
-		"body too large":       {func(c *Config) { c.MaxBody = 1 << 30 }, "max-body"},
+		"cluster on embedded":  {func(c *Config) { c.Cluster.ClusterListen = "127.0.0.1:7171" }, "PostgreSQL"},
+		"ttl under 2 beats":    {func(c *Config) { c.Cluster.MemberTTL = 2 * time.Second; c.Cluster.Heartbeat = time.Second }, "member-ttl"},
+		"negative workers":     {func(c *Config) { c.Actors.Commit.Workers = -1 }, "commit-workers"},
+		"body too large":       {func(c *Config) { c.API.MaxBody = 1 << 30 }, "max-body"},
 		"node id too long":     {func(c *Config) { c.NodeID = strings.Repeat("n", 65) }, "node-id"},
 		"negative drain bound": {func(c *Config) { c.DrainTimeout = -time.Second }, "drain-timeout"},
 		"retention too short":  {func(c *Config) { c.Retention = 30 * time.Minute }, "retention"},
@@ -45,11 +47,11 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: got %v, want an error about %s", name, err, tc.want)
 		}
 	}
-	ok := Config{Store: "postgres://postgres@127.0.0.1/x", ClusterListen: "127.0.0.1:0"}.WithDefaults()
+	ok := Config{Store: "postgres://postgres@127.0.0.1/x", Cluster: cluster.Config{ClusterListen: "127.0.0.1:0"}}.WithDefaults()
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("cluster on PostgreSQL: %v", err)
 	}
-	my := Config{Store: "mysql://root@localhost/x?socket=/run/mysqld/mysqld.sock", ClusterListen: "127.0.0.1:0"}.WithDefaults()
+	my := Config{Store: "mysql://root@localhost/x?socket=/run/mysqld/mysqld.sock", Cluster: cluster.Config{ClusterListen: "127.0.0.1:0"}}.WithDefaults()
 	if err := my.Validate(); err != nil {
 		t.Fatalf("cluster on MySQL: %v", err)
 	}
@@ -59,9 +61,9 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 	for _, c := range []Config{
-		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterInsecure: true},
-		{Store: "postgres://h/x", ClusterListen: "0.0.0.0:7171", ClusterTLSCert: "a", ClusterTLSKey: "b", ClusterCA: "c"},
-		{Store: "postgres://h/x", ClusterListen: "localhost:7171"},
+		{Store: "postgres://h/x", Cluster: cluster.Config{ClusterListen: "0.0.0.0:7171", Insecure: true}},
+		{Store: "postgres://h/x", Cluster: cluster.Config{ClusterListen: "0.0.0.0:7171", TLSCertFile: "a", TLSKeyFile: "b", TLSCAFile: "c"}},
+		{Store: "postgres://h/x", Cluster: cluster.Config{ClusterListen: "localhost:7171"}},
 	} {
 		if err := c.WithDefaults().Validate(); err != nil {
 			t.Fatalf("%+v: %v", c, err)

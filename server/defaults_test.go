@@ -62,28 +62,21 @@ func TestServerDefaultsAreTheComponentsDefaults(t *testing.T) {
 			t.Errorf("%s: server's defaults give\n %+v\nthe component's DefaultConfig is\n %+v", name, got, want)
 		}
 	}
-	ac := d.actorConfig()
-	conf.FillZero(&ac, actor.DefaultConfig()) // the fields server does not set
-	same("actor", ac, actor.DefaultConfig())
+	same("actor", d.Actors, actor.DefaultConfig())
+	same("commit", d.Actors.Commit, commit.DefaultConfig())
+	same("api", d.API, api.DefaultConfig())
+	same("cluster", d.Cluster, cluster.DefaultConfig())
+	same("idgen lease", d.WorkerLease, idgen.DefaultLeaseConfig())
 
+	// What Start hands each component: its Config plus the node-wide
+	// values, nothing restated.
 	pc := d.apiConfig()
-	conf.FillZero(&pc, api.DefaultConfig())
-	same("api", pc, api.DefaultConfig())
-
+	same("api (handed over)", pc, api.DefaultConfig())
 	cc := d.clusterConfig()
-	cc.NodeID, cc.ClusterListen = "", ""
-	cc.Ring = ring.Config{Partitions: cc.Ring.Partitions} // the rest is ring's 0 = default
-	conf.FillZero(&cc.Ring, ring.DefaultConfig())
-	conf.FillZero(&cc, cluster.DefaultConfig())
-	same("cluster", cc, cluster.DefaultConfig())
-
+	cc.NodeID = ""
+	same("cluster (handed over)", cc, cluster.DefaultConfig())
 	lc := d.leaseConfig()
-	conf.FillZero(&lc, idgen.DefaultLeaseConfig())
-	same("idgen lease", lc, idgen.DefaultLeaseConfig())
-
-	wc := actor.DefaultConfig()
-	same("commit", commit.Config{Workers: wc.CommitWorkers, MaxMessages: wc.MaxBatchMessages, Timeout: wc.CommitTimeout},
-		commit.DefaultConfig())
+	same("idgen lease (handed over)", lc, idgen.DefaultLeaseConfig())
 
 	// WithDefaults fills from DefaultConfig and generates only the node id.
 	w := Config{}.WithDefaults()
@@ -123,9 +116,9 @@ func TestComponentValidateNamesTheBadField(t *testing.T) {
 		"actor: pending bytes":       {ma(func(c *actor.Config) { c.MaxPendingBytes = 0 }), "actor: MaxPendingBytes"},
 		"actor: conversations":       {ma(func(c *actor.Config) { c.MaxConversations = 0 }), "actor: MaxConversations"},
 		"actor: floors":              {ma(func(c *actor.Config) { c.MaxFloors = -1 }), "actor: MaxFloors"},
-		"actor: commit workers":      {ma(func(c *actor.Config) { c.CommitWorkers = 0 }), "actor: CommitWorkers"},
-		"actor: batch messages":      {ma(func(c *actor.Config) { c.MaxBatchMessages = -1 }), "actor: MaxBatchMessages"},
-		"actor: commit timeout":      {ma(func(c *actor.Config) { c.CommitTimeout = 0 }), "actor: CommitTimeout"},
+		"actor: commit workers":      {ma(func(c *actor.Config) { c.Commit.Workers = 0 }), "actor: Commit.Workers"},
+		"actor: batch messages":      {ma(func(c *actor.Config) { c.Commit.MaxMessages = -1 }), "actor: Commit.MaxMessages"},
+		"actor: commit timeout":      {ma(func(c *actor.Config) { c.Commit.Timeout = 0 }), "actor: Commit.Timeout"},
 		"api: body zero":             {mp(func(c *api.Config) { c.MaxBody = 0 }), "api: MaxBody"},
 		"api: body huge":             {mp(func(c *api.Config) { c.MaxBody = 1 << 30 }), "api: MaxBody"},
 		"api: batch tiny":            {mp(func(c *api.Config) { c.MaxBatchBytes = 100 }), "api: MaxBatchBytes"},
@@ -162,24 +155,24 @@ func TestComponentValidateNamesTheBadField(t *testing.T) {
 // with WithDefaults first; `serve --max-pending 0` is an error).
 func TestServerValidateNamesTheFlag(t *testing.T) {
 	for flag, set := range map[string]func(*Config, int){
-		"max-body":            func(c *Config, v int) { c.MaxBody = v },
-		"max-batch-bytes":     func(c *Config, v int) { c.MaxBatchBytes = v },
-		"passivate-after":     func(c *Config, v int) { c.PassivateAfter = time.Duration(v) },
-		"commit-workers":      func(c *Config, v int) { c.CommitWorkers = v },
-		"max-batch-messages":  func(c *Config, v int) { c.MaxBatchMessages = v },
-		"max-queue-per-conv":  func(c *Config, v int) { c.MaxQueuePerConv = v },
-		"max-pending":         func(c *Config, v int) { c.MaxPending = v },
-		"max-pending-bytes":   func(c *Config, v int) { c.MaxPendingBytes = v },
-		"max-conversations":   func(c *Config, v int) { c.MaxConversations = v },
+		"max-body":            func(c *Config, v int) { c.API.MaxBody = v },
+		"max-batch-bytes":     func(c *Config, v int) { c.API.MaxBatchBytes = v },
+		"passivate-after":     func(c *Config, v int) { c.Actors.PassivateAfter = time.Duration(v) },
+		"commit-workers":      func(c *Config, v int) { c.Actors.Commit.Workers = v },
+		"max-batch-messages":  func(c *Config, v int) { c.Actors.Commit.MaxMessages = v },
+		"max-queue-per-conv":  func(c *Config, v int) { c.Actors.MaxQueuePerConv = v },
+		"max-pending":         func(c *Config, v int) { c.Actors.MaxPending = v },
+		"max-pending-bytes":   func(c *Config, v int) { c.Actors.MaxPendingBytes = int64(v) },
+		"max-conversations":   func(c *Config, v int) { c.Actors.MaxConversations = v },
 		"store-conns":         func(c *Config, v int) { c.StoreConns = v },
 		"store-control-conns": func(c *Config, v int) { c.StoreControlConns = v },
-		"commit-timeout":      func(c *Config, v int) { c.CommitTimeout = time.Duration(v) },
-		"worker-lease-ttl":    func(c *Config, v int) { c.WorkerLeaseTTL = time.Duration(v) },
+		"commit-timeout":      func(c *Config, v int) { c.Actors.Commit.Timeout = time.Duration(v) },
+		"worker-lease-ttl":    func(c *Config, v int) { c.WorkerLease.TTL = time.Duration(v) },
 		"drain-timeout":       func(c *Config, v int) { c.DrainTimeout = time.Duration(v) },
-		"member-ttl":          func(c *Config, v int) { c.MemberTTL = time.Duration(v) },
-		"heartbeat":           func(c *Config, v int) { c.Heartbeat = time.Duration(v) },
-		"partitions":          func(c *Config, v int) { c.Partitions = v },
-		"handoff-wait":        func(c *Config, v int) { c.HandoffWait = time.Duration(v) },
+		"member-ttl":          func(c *Config, v int) { c.Cluster.MemberTTL = time.Duration(v) },
+		"heartbeat":           func(c *Config, v int) { c.Cluster.Heartbeat = time.Duration(v) },
+		"partitions":          func(c *Config, v int) { c.Cluster.Ring.Partitions = v },
+		"handoff-wait":        func(c *Config, v int) { c.Cluster.HandoffWait = time.Duration(v) },
 		"RetentionEvery":      func(c *Config, v int) { c.RetentionEvery = time.Duration(v) },
 		"retention":           func(c *Config, v int) { c.Retention = time.Duration(v) },
 	} {
@@ -208,17 +201,17 @@ func TestServerValidateNamesTheFlag(t *testing.T) {
 		t.Errorf("store-commit-conns -1: %v", err)
 	}
 	c = DefaultConfig()
-	c.MemberTTL, c.Heartbeat = 2*time.Second, time.Second
+	c.Cluster.MemberTTL, c.Cluster.Heartbeat = 2*time.Second, time.Second
 	if err := c.Validate(); err == nil || err.Error() != "member-ttl 2s: must exceed twice heartbeat (1s)" {
 		t.Errorf("ttl vs heartbeat: %v", err)
 	}
 	c = DefaultConfig()
-	c.Partitions = ring.MaxPartitions + 1
+	c.Cluster.Ring.Partitions = ring.MaxPartitions + 1
 	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "partitions ") {
 		t.Errorf("too many partitions: %v", err)
 	}
 	c = DefaultConfig()
-	c.Store, c.ClusterListen, c.NodeID = "postgres://h/x", "127.0.0.1:0", "a/b"
+	c.Store, c.Cluster.ClusterListen, c.NodeID = "postgres://h/x", "127.0.0.1:0", "a/b"
 	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "node-id ") {
 		t.Errorf("cluster node id with '/': %v", err)
 	}
@@ -248,8 +241,8 @@ func TestConstructorsRefuseNegativeFields(t *testing.T) {
 		!strings.Contains(err.Error(), "actor: MaxPending -1") {
 		t.Errorf("actor.NewConversations(MaxPending -1): %v", err)
 	}
-	if _, err := actor.NewConversations(actor.Config{Store: noStore{}, IDs: noIDs{}, CommitTimeout: -time.Second}); err == nil ||
-		!strings.Contains(err.Error(), "actor: CommitTimeout -1s") {
+	if _, err := actor.NewConversations(actor.Config{Store: noStore{}, IDs: noIDs{}, Commit: commit.Config{Timeout: -time.Second}}); err == nil ||
+		!strings.Contains(err.Error(), "actor: Commit.Timeout -1s") {
 		t.Errorf("actor.NewConversations(CommitTimeout -1s): %v", err)
 	}
 	if _, err := idgen.New(idgen.Config{WorkerID: -1}); err == nil || !strings.Contains(err.Error(), "idgen: WorkerID -1") {

@@ -11,6 +11,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sequencer-im/sequencer/actor"
+	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -53,9 +56,8 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 // limits, the commit queue, the three pools, the heartbeat age and the
 // partitions moving (all of them, until this only node holds them).
 func TestGaugesOfAClusteredNode(t *testing.T) {
-	s := start(t, Config{Store: pgtest.NewDatabase(t), ClusterListen: "127.0.0.1:0", StoreConns: 5,
-		CommitWorkers: 3, StoreControlConns: 1,
-		MaxPending: 1234, MaxPendingBytes: 5 << 20}, nil)
+	s := start(t, Config{Store: pgtest.NewDatabase(t), Cluster: cluster.Config{ClusterListen: "127.0.0.1:0"}, StoreConns: 5,
+		StoreControlConns: 1, Actors: actor.Config{Commit: commit.Config{Workers: 3}, MaxPending: 1234, MaxPendingBytes: 5 << 20}}, nil)
 	for _, c := range []struct {
 		name   string
 		labels []string
@@ -83,7 +85,7 @@ func TestGaugesOfAClusteredNode(t *testing.T) {
 		}
 	}
 	age, ok := gauge(t, s, "sequencer_cluster_heartbeat_age_seconds")
-	if ttl := s.cfg.MemberTTL.Seconds(); !ok || age < 0 || age > ttl {
+	if ttl := s.cfg.Cluster.MemberTTL.Seconds(); !ok || age < 0 || age > ttl {
 		t.Errorf("heartbeat age %v s (present %v), want within the member TTL %v s", age, ok, ttl)
 	}
 	testwait.For(t, 30*time.Second, 20*time.Millisecond, "no partition moving on a settled one-node cluster", func() bool {

@@ -152,7 +152,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	pools.Logger = s.log // Citus: "distributed: N workers, M shards"
 	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
 		Postgres: pools, MySQL: mysql.Options{MaxConns: int(pools.MaxConns), CommitConns: int(pools.CommitConns),
-			ControlConns: int(pools.ControlConns), MaxBody: cfg.MaxBody}})
+			ControlConns: int(pools.ControlConns), MaxBody: cfg.API.MaxBody}})
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -180,11 +180,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 	}
 
-	acfg := cfg.actorConfig()
+	acfg := cfg.Actors
 	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger = st, s.lease, s.metrics, log
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
-	if cfg.ClusterListen != "" {
+	if cfg.clustered() {
 		table, ok := st.(membership.Provider)
 		if !ok {
 			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
@@ -258,7 +258,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	log.Info("serving", "listen", s.listener.Addr().String(), "tls", tlsConf != nil,
 		"client_certs", tlsConf != nil && tlsConf.ClientCAs != nil, "auth_tokens", s.edge.tokens != nil,
 		"admin_listen", s.AdminAddr(), "store", Redact(cfg.Store), "node_id", cfg.NodeID,
-		"worker_id", wid, "cluster_listen", cfg.ClusterListen)
+		"worker_id", wid, "cluster_listen", cfg.Cluster.ClusterListen)
 	ok = true
 	return s, nil
 }
@@ -268,7 +268,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 func storePools(cfg Config) postgres.Options {
 	commits := cfg.StoreCommitConns
 	if commits <= 0 {
-		commits = cfg.CommitWorkers
+		commits = cfg.Actors.Commit.Workers
 	}
 	return postgres.Options{MaxConns: int32(cfg.StoreConns), CommitConns: int32(commits), ControlConns: int32(cfg.StoreControlConns)}
 }

@@ -41,7 +41,7 @@ Flags of every command (--store and --partitions also from the environment, as f
 Cluster commands (members, partitions, route, drain, forget) need PostgreSQL or MySQL;
 shards needs a Citus store.
 See docs/OPERATIONS.md.
-`, server.DefaultConfig().Partitions)
+`, server.DefaultConfig().Cluster.Ring.Partitions)
 
 // adminCmd runs `sequencer admin ...`.
 func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) string) error {
@@ -63,7 +63,7 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	fs := flag.NewFlagSet("admin "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := fs.String("store", "./data", "postgres://... DSN, mysql://... URL, or a file path / sqlite:PATH for the embedded store")
-	partitions := fs.Int("partitions", server.DefaultConfig().Partitions, "the ring's partition count: the nodes' --partitions")
+	partitions := fs.Int("partitions", server.DefaultConfig().Cluster.Ring.Partitions, "the ring's partition count: the nodes' --partitions")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	var force *bool
 	var wait *time.Duration

@@ -15,12 +15,22 @@ import (
 	"github.com/sequencer-im/sequencer/server"
 )
 
-// flaglessFields are the server.Config fields no serve flag sets.
-var flaglessFields = []string{"RetentionEvery", "TracerProvider"}
+// flaglessFields are the server.Config fields no serve flag sets, by their
+// path: the server's own, and the components' knobs that keep their
+// component's default (serve starts from DefaultConfig, so they do).
+var flaglessFields = []string{
+	"RetentionEvery", "TracerProvider",
+	"Actors.MaxFloors",
+	"Cluster.ForwardTimeout", "Cluster.StopTimeout", "Cluster.Ring.ReplicationFactor", "Cluster.Ring.Load",
+	"Cluster.MaxBody", // Start sets it from --max-body (API.MaxBody)
+	"WorkerLease.MaxStoreSkew",
+}
 
 // Parsing no flag from a zero Config gives server.DefaultConfig() (but for
 // the fields without a flag): every flag's default is the DefaultConfig
-// field it sets, and every field with a non-zero default has a flag.
+// field it sets, and every field with a non-zero default has a flag or is
+// listed in flaglessFields. The components' Configs inside server.Config
+// are compared field by field.
 func TestServeFlagDefaultsAreDefaultConfig(t *testing.T) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -31,15 +41,35 @@ func TestServeFlagDefaultsAreDefaultConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := server.DefaultConfig()
-	wv, gv := reflect.ValueOf(&want).Elem(), reflect.ValueOf(&cfg).Elem()
+	flagless := map[string]bool{}
 	for _, f := range flaglessFields {
-		gv.FieldByName(f).Set(wv.FieldByName(f))
+		flagless[f] = true
 	}
-	for i := range wv.NumField() {
-		if !reflect.DeepEqual(gv.Field(i).Interface(), wv.Field(i).Interface()) {
-			t.Errorf("%s: flag default %v, server.DefaultConfig() has %v", wv.Type().Field(i).Name, gv.Field(i), wv.Field(i))
+	var compare func(path string, got, want reflect.Value)
+	compare = func(path string, got, want reflect.Value) {
+		for i := range want.NumField() {
+			sf := want.Type().Field(i)
+			if !sf.IsExported() {
+				continue
+			}
+			p := sf.Name
+			if path != "" {
+				p = path + "." + sf.Name
+			}
+			g, w := got.Field(i), want.Field(i)
+			switch {
+			case flagless[p]:
+				if !g.IsZero() {
+					t.Errorf("%s: listed as flagless, but a flag set it to %v", p, g)
+				}
+			case w.Kind() == reflect.Struct && w.Type().String() != "time.Time":
+				compare(p, g, w)
+			case !reflect.DeepEqual(g.Interface(), w.Interface()):
+				t.Errorf("%s: flag default %v, server.DefaultConfig() has %v", p, g, w)
+			}
 		}
 	}
+	compare("", reflect.ValueOf(cfg), reflect.ValueOf(want))
 	// serve itself starts from DefaultConfig, so the flagless fields keep it.
 }
 

@@ -33,8 +33,8 @@ func TestEveryServeFlagReadsItsEnvironmentVariable(t *testing.T) {
 	if err := parseWithEnv(fs, []string{"--node-id", "from-flag"}, env(vars)); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:9999" || cfg.Store != "postgres://x@127.0.0.1/db" || cfg.ClusterListen != "127.0.0.1:9998" ||
-		cfg.MemberTTL != 7*time.Second || cfg.MaxBody != 1024 {
+	if cfg.Listen != "127.0.0.1:9999" || cfg.Store != "postgres://x@127.0.0.1/db" || cfg.Cluster.ClusterListen != "127.0.0.1:9998" ||
+		cfg.Cluster.MemberTTL != 7*time.Second || cfg.API.MaxBody != 1024 {
 		t.Fatalf("environment not applied: %+v", cfg)
 	}
 	if cfg.NodeID != "from-flag" {

@@ -30,6 +30,45 @@ func FillZero[T any](c *T, d T) {
 	}
 }
 
+// FillZeroNested is FillZero for a Config that holds other components'
+// Configs as struct fields (server.Config holds actor.Config, which holds
+// commit.Config): a struct field with exported fields is filled field by
+// field, recursively; every other field (time.Time, slices, pointers,
+// interfaces, numbers) is taken from d only when it is zero as a whole.
+func FillZeroNested[T any](c *T, d T) {
+	fillNested(reflect.ValueOf(c).Elem(), reflect.ValueOf(d))
+}
+
+func fillNested(cv, dv reflect.Value) {
+	if cv.Kind() != reflect.Struct {
+		panic("conf.FillZeroNested: not a struct")
+	}
+	for i := range cv.NumField() {
+		f := cv.Field(i)
+		if !f.CanSet() {
+			continue
+		}
+		if f.Kind() == reflect.Struct && hasExported(f.Type()) {
+			fillNested(f, dv.Field(i))
+			continue
+		}
+		if f.IsZero() {
+			f.Set(dv.Field(i))
+		}
+	}
+}
+
+// hasExported reports whether struct type t has an exported field (a
+// Config, as opposed to a value type like time.Time).
+func hasExported(t reflect.Type) bool {
+	for i := range t.NumField() {
+		if t.Field(i).IsExported() {
+			return true
+		}
+	}
+	return false
+}
+
 // FieldError says that one Config field holds a value that makes no sense.
 type FieldError struct {
 	Pkg   string // component, printed as a prefix when set ("commit")
@@ -130,6 +169,48 @@ func Rename(err error, pkg string, names map[string]string) error {
 		out = append(out, &r)
 	})
 	return errors.Join(out...)
+}
+
+// Nest returns err with the Field (and Other) of every FieldError in it
+// prefixed by "prefix." and the component prefix set to pkg (the enclosing
+// component's, or ""): the errors of a nested Config's Validate under their
+// path in the enclosing Config ("actor: Commit.Workers" for actor.Config's
+// commit.Config). Other errors are kept as they are.
+func Nest(err error, pkg, prefix string) error {
+	if err == nil {
+		return nil
+	}
+	var out []error
+	walk(err, func(e error) {
+		fe, ok := e.(*FieldError)
+		if !ok {
+			out = append(out, e)
+			return
+		}
+		r := *fe
+		r.Pkg, r.Field = pkg, prefix+"."+fe.Field
+		if fe.Other != "" {
+			r.Other = prefix + "." + fe.Other
+		}
+		out = append(out, &r)
+	})
+	return errors.Join(out...)
+}
+
+// walk calls f on every leaf of err's tree of joined errors (a FieldError is
+// a leaf; so is any error that joins nothing).
+func walk(err error, f func(error)) {
+	if _, ok := err.(*FieldError); ok {
+		f(err)
+		return
+	}
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range u.Unwrap() {
+			walk(e, f)
+		}
+		return
+	}
+	f(err)
 }
 
 // Fields lists the Field of every FieldError in err, in order.

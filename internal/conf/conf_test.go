@@ -31,6 +31,44 @@ func TestFillZeroTakesOnlyZeroFields(t *testing.T) {
 	}
 }
 
+func TestFillZeroNestedFillsNestedConfigsFieldByField(t *testing.T) {
+	type inner struct{ A, B int }
+	type outer struct {
+		N  int
+		In inner
+		At time.Time // a value type: taken as a whole
+		L  []string
+	}
+	at := time.Unix(7, 0)
+	d := outer{N: 4, In: inner{A: 1, B: 2}, At: at, L: []string{"x"}}
+	c := outer{In: inner{B: 5}}
+	FillZeroNested(&c, d)
+	want := outer{N: 4, In: inner{A: 1, B: 5}, At: at, L: []string{"x"}}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("got %+v, want %+v", c, want)
+	}
+}
+
+func TestNestPrefixesFieldsWithTheirPath(t *testing.T) {
+	ch := Checker{Pkg: "commit"}
+	Positive(&ch, "Workers", 0)
+	ch.BadVs("Timeout", time.Duration(0), "must exceed %s", "Workers")
+	other := errors.New("not a field error")
+	err := Nest(errors.Join(ch.Err(), other), "actor", "Commit")
+	if got := Fields(err); !reflect.DeepEqual(got, []string{"Commit.Workers", "Commit.Timeout"}) {
+		t.Fatalf("fields %v", got)
+	}
+	if !errors.Is(err, other) {
+		t.Fatalf("%v: the other error was dropped", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "commit:") || !strings.Contains(msg, "actor: Commit.Timeout 0s: must exceed Commit.Workers") {
+		t.Fatalf("message %q", msg)
+	}
+	if Nest(nil, "", "X") != nil {
+		t.Fatal("Nest(nil) is not nil")
+	}
+}
+
 func TestRenameKeepsMappedFieldsUnderTheirNewNames(t *testing.T) {
 	ch := Checker{Pkg: "cluster"}
 	Positive(&ch, "MaxBody", -1)

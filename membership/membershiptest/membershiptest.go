@@ -1,6 +1,7 @@
 // Package membershiptest is the conformance suite of membership.Store: the
-// same rules are checked against the in-memory store (membership.Mem) and
-// the PostgreSQL one (persist/postgres ClusterStore). Time is a clock.Fake
+// same rules are checked against every implementation: the in-memory ones
+// (membership.Mem, persist/memstore) and the shared stores' (persist/postgres
+// ClusterStore, on PostgreSQL and on Citus, and persist/mysql's). Time is a clock.Fake
 // the store under test must read as its clock, so lease expiry is tested
 // without sleeping.
 package membershiptest
@@ -306,7 +307,7 @@ func testLeaveAndRemove(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if !ok || !m.Leaving || !v2.Live(b.Incarnation) {
 		t.Fatalf("leaving member: %+v ok=%v", m, ok)
 	}
-	if rm := v2.RingMembers(); len(rm) != 1 || rm[0].NodeID != "a" {
+	if rm := v2.RingNodes(); len(rm) != 1 || rm[0].NodeID != "a" {
 		t.Fatalf("ring members while b leaves: %v", rm)
 	}
 	// Leaving twice changes nothing.
@@ -551,7 +552,7 @@ func testRequestDrain(t *testing.T, s membership.Store, clk *clock.Fake) {
 	if mb, ok := v2.Member("b"); !ok || !mb.Leaving || !v2.Live(b.Incarnation) {
 		t.Fatalf("drained member in the view: %+v ok=%v", mb, ok)
 	}
-	if rm := v2.RingMembers(); len(rm) != 1 || rm[0].NodeID != "a" {
+	if rm := v2.RingNodes(); len(rm) != 1 || rm[0].NodeID != "a" {
 		t.Fatalf("ring members while b is drained: %v", rm)
 	}
 	// Its own heartbeat sees the mark and keeps it; its leases stay until it

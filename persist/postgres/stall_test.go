@@ -11,6 +11,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
+	"github.com/sequencer-im/sequencer/commit"
 )
 
 type stallIDs struct{ n atomic.Uint64 }
@@ -41,7 +42,7 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 			stopped <- int(pid)
 		}
 	}
-	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, CommitTimeout: time.Second, CommitWorkers: 2})
+	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, Commit: commit.Config{Timeout: time.Second, Workers: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

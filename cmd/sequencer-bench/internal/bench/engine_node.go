@@ -53,9 +53,11 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	def := server.DefaultConfig()
+	def := server.DefaultConfig() // the knobs 'sequencer serve' runs with
 	m := metrics.New()
-	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: "bench-" + randomID(), TTL: def.WorkerLeaseTTL, Metrics: m})
+	lcfg := def.WorkerLease
+	lcfg.Holder, lcfg.Metrics = "bench-"+randomID(), m
+	lease, err := idgen.NewLease(store, lcfg)
 	if err != nil {
 		store.Close()
 		return nil, err
@@ -65,19 +67,15 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 		store.Close()
 		return nil, fmt.Errorf("worker-id lease: %w", err)
 	}
-	workers := def.CommitWorkers
+	acfg := def.Actors
+	acfg.Store, acfg.IDs, acfg.Metrics = store, lease, m
 	if env.CommitWorkers > 0 {
-		workers = env.CommitWorkers
+		acfg.Commit.Workers = env.CommitWorkers
 	}
-	passivate := def.PassivateAfter
 	if env.Passivate > 0 {
-		passivate = env.Passivate
+		acfg.PassivateAfter = env.Passivate
 	}
-	node, err := actor.NewConversations(actor.Config{
-		Store: store, IDs: lease, Metrics: m,
-		PassivateAfter: passivate, MaxQueuePerConv: def.MaxQueuePerConv, MaxPending: def.MaxPending,
-		CommitWorkers: workers, MaxBatchMessages: def.MaxBatchMessages, CommitTimeout: def.CommitTimeout,
-	})
+	node, err := actor.NewConversations(acfg)
 	if err != nil {
 		_ = lease.Close(context.WithoutCancel(ctx))
 		store.Close()
