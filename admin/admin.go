@@ -204,6 +204,10 @@ type Partition struct {
 	// Moving: the ring's owner does not hold the lease (a handoff or a
 	// takeover is under way, or has not started).
 	Moving bool `json:"moving"`
+	// CitusWorkers: on Citus, the workers (host:port) that hold shards of
+	// the partition's conversations: all those holding shards, since
+	// partitions and shards are not aligned (docs/ARCHITECTURE.md).
+	CitusWorkers []string `json:"citus_workers,omitempty"`
 }
 
 // Partitions is every partition of the ring.
@@ -211,6 +215,8 @@ type Partitions struct {
 	Version    uint64      `json:"membership_version"`
 	Moving     int         `json:"moving"`
 	Partitions []Partition `json:"partitions"`
+
+	citusWorkers []string // the table's summary line
 }
 
 // Partitions lists every partition with its ring owner and lease.
@@ -227,9 +233,11 @@ func (a *Admin) Partitions(ctx context.Context) (Partitions, error) {
 	if err != nil {
 		return Partitions{}, err
 	}
-	out := Partitions{Version: v.Version, Partitions: make([]Partition, 0, r.Partitions())}
+	_, workers, _ := a.distributed()
+	out := Partitions{Version: v.Version, Partitions: make([]Partition, 0, r.Partitions()), citusWorkers: workers}
 	for p := range uint32(r.Partitions()) {
 		out.Partitions = append(out.Partitions, partitionOf(v, r, p))
+		out.Partitions[p].CitusWorkers = workers
 		if out.Partitions[p].Moving {
 			out.Moving++
 		}
@@ -318,10 +326,15 @@ type Placement struct {
 	OwnerLive  bool   `json:"lease_owner_live"`
 	Epoch      uint64 `json:"epoch"`
 	Moving     bool   `json:"moving"`
+	// Shard and Worker: on Citus, the shard holding the conversation and
+	// the worker (host:port) holding that shard.
+	Shard  int64  `json:"shard,omitempty"`
+	Worker string `json:"worker,omitempty"`
 }
 
 // Route computes conv's partition and owner with package ring over the
-// current membership view, plus the partition's lease.
+// current membership view, plus the partition's lease (and on Citus the
+// conversation's shard and worker).
 func (a *Admin) Route(ctx context.Context, conv string) (Placement, error) {
 	if conv == "" {
 		return Placement{}, errors.New("route: conversation id needed")
@@ -344,6 +357,9 @@ func (a *Admin) Route(ctx context.Context, conv string) (Placement, error) {
 		OwnerLive: pt.OwnerLive, Epoch: pt.Epoch, Moving: pt.Moving}
 	if m, ok := v.Member(pt.RingOwner); ok {
 		out.APIAddr, out.ClusterAddr = m.APIAddr, m.ClusterAddr
+	}
+	if sh, ok := a.store.(sharded); ok {
+		out.Shard, out.Worker, _ = sh.ShardOf(conv)
 	}
 	return out, nil
 }

@@ -75,6 +75,10 @@ func (m Members) Table() Table {
 func (p Partitions) Table() Table {
 	t := Table{Lines: []string{fmt.Sprintf("membership version %d, %d partitions, %d moving", p.Version, len(p.Partitions), p.Moving)},
 		Header: []string{"PARTITION", "OWNER", "EPOCH", "RING OWNER", "MOVING"}}
+	if len(p.citusWorkers) > 0 {
+		t.Lines = append(t.Lines, fmt.Sprintf("citus: every partition's conversations are on the shards of all %d workers (%s): partitions and shards are not aligned; admin shards lists the shards",
+			len(p.citusWorkers), strings.Join(p.citusWorkers, ", ")))
+	}
 	for _, e := range p.Partitions {
 		owner := dash(e.Owner)
 		if e.Owner != "" && !e.OwnerLive {
@@ -94,10 +98,7 @@ func (h Head) Table() Table {
 		{"conversation", h.ConvID}, {"head", u(h.Head)}, {"next seq", u(h.Head + 1)},
 		{"first stored seq", first}, {"partition", strconv.Itoa(int(h.Partition))},
 	}
-	if h.Worker != "" {
-		rows = append(rows, []string{"citus shard", strconv.FormatInt(h.Shard, 10)}, []string{"citus worker", h.Worker})
-	}
-	return Table{Rows: rows}
+	return Table{Rows: append(rows, citusRows(h.Shard, h.Worker)...)}
 }
 
 func (r Placement) Table() Table {
@@ -105,11 +106,20 @@ func (r Placement) Table() Table {
 	if r.LeaseOwner != "" && !r.OwnerLive {
 		owner += " (dead)"
 	}
-	return Table{Rows: [][]string{
+	rows := [][]string{
 		{"conversation", r.ConvID}, {"partition", strconv.Itoa(int(r.Partition))},
 		{"membership version", u(r.Version)}, {"ring owner", dash(r.Node)}, {"api address", dash(r.APIAddr)},
 		{"cluster address", dash(r.ClusterAddr)}, {"lease owner", owner}, {"epoch", u(r.Epoch)}, {"moving", yes(r.Moving)},
-	}}
+	}
+	return Table{Rows: append(rows, citusRows(r.Shard, r.Worker)...)}
+}
+
+// citusRows are a conversation's shard and worker on Citus (none elsewhere).
+func citusRows(shard int64, worker string) [][]string {
+	if worker == "" {
+		return nil
+	}
+	return [][]string{{"citus shard", strconv.FormatInt(shard, 10)}, {"citus worker", worker}}
 }
 
 func (f Forgot) Table() Table {

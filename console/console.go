@@ -6,6 +6,8 @@
 //	GET /console/api/members          members with heartbeat age
 //	GET /console/api/partitions       every partition's owner and epoch
 //	GET /console/api/metrics          commits/s, acked messages/s, send latency over the last minutes
+//	GET /console/api/workers          on a distributed store (Citus): its workers, the shards
+//	                                  this node routes to each, and whether this node reaches them
 //	GET /console/api/conversation?conv_id=ID[&limit=N][&uid=UID]
 //	                                  head and the last N messages' ids and times (never bodies),
 //	                                  and with uid that user's read position and unread count;
@@ -71,6 +73,19 @@ type Reader interface {
 	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
 }
 
+// Worker is one worker of a distributed store (Citus) as the serving node
+// sees it.
+type Worker struct {
+	Addr      string `json:"addr"`      // host:port
+	Shards    int    `json:"shards"`    // shards this node routes to it (0: none yet, e.g. just added)
+	Reachable bool   `json:"reachable"` // a ping from this node answered
+}
+
+// Workers lists a distributed store's workers, each pinged within ctx.
+type Workers interface {
+	Workers(ctx context.Context) ([]Worker, error)
+}
+
 // ReadPositions answers users' read states (persist.ReadPositions satisfies
 // it).
 type ReadPositions interface {
@@ -86,6 +101,9 @@ type Config struct {
 	// is refused (501).
 	Positions ReadPositions
 	Gatherer  prometheus.Gatherer // the node's registry; nil: no metrics
+	// Workers, on a distributed store only; nil: the page shows no
+	// workers.
+	Workers Workers
 	// SampleEvery is the metrics sampling interval (default 1s); Keep is
 	// how many samples are kept (default 300: five minutes at 1s).
 	SampleEvery time.Duration
@@ -128,6 +146,7 @@ func New(cfg Config) *Console {
 	c.mux.HandleFunc("GET /console/api/partitions", c.partitions)
 	c.mux.HandleFunc("GET /console/api/metrics", c.metrics)
 	c.mux.HandleFunc("GET /console/api/conversation", c.conversation)
+	c.mux.HandleFunc("GET /console/api/workers", c.workers)
 	c.mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
 	})
@@ -174,6 +193,26 @@ func (c *Console) partitions(w http.ResponseWriter, _ *http.Request) {
 		"node": c.cfg.NodeID, "membershipVersion": strconv.FormatUint(c.cfg.Cluster.Version(), 10),
 		"partitions": nonNil(c.cfg.Cluster.Partitions()),
 	})
+}
+
+// workerTimeout bounds the workers' pings (one that does not answer in
+// time is shown unreachable).
+const workerTimeout = 2 * time.Second
+
+func (c *Console) workers(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Workers == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"node": c.cfg.NodeID, "distributed": false, "workers": []Worker{}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), workerTimeout)
+	defer cancel()
+	ws, err := c.cfg.Workers.Workers(ctx)
+	if err != nil {
+		c.cfg.Logger.Debug("console: listing workers failed", "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "store unavailable"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"node": c.cfg.NodeID, "distributed": true, "workers": nonNil(ws)})
 }
 
 func nonNil[T any](s []T) []T {

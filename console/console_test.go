@@ -246,3 +246,38 @@ func TestConversationReadState(t *testing.T) {
 		t.Fatalf("no read positions: %d, want 501", code)
 	}
 }
+
+type fakeWorkers struct{ err error }
+
+func (w fakeWorkers) Workers(ctx context.Context) ([]Worker, error) {
+	if w.err != nil {
+		return nil, w.err
+	}
+	return []Worker{{Addr: "10.0.0.7:5432", Shards: 16, Reachable: true}, {Addr: "10.0.0.8:5432", Shards: 16}}, nil
+}
+
+// The workers of a distributed store, and none (distributed: false) on
+// other stores; a failure says "store unavailable", nothing more.
+func TestWorkers(t *testing.T) {
+	c := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}, Workers: fakeWorkers{}})
+	defer c.Close()
+	code, body := get(t, c, "/console/api/workers")
+	var ans struct {
+		Distributed bool
+		Workers     []Worker
+	}
+	if err := json.Unmarshal([]byte(body), &ans); code != 200 || err != nil || !ans.Distributed || len(ans.Workers) != 2 ||
+		ans.Workers[0] != (Worker{Addr: "10.0.0.7:5432", Shards: 16, Reachable: true}) || ans.Workers[1].Reachable {
+		t.Fatalf("workers: %d %s %v", code, body, err)
+	}
+	plain := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}})
+	defer plain.Close()
+	if code, body = get(t, plain, "/console/api/workers"); code != 200 || body != `{"distributed":false,"node":"n1","workers":[]}`+"\n" {
+		t.Fatalf("not distributed: %d %s", code, body)
+	}
+	down := New(Config{NodeID: "n1", Cluster: fakeView{}, Reader: fakeReader{}, Workers: fakeWorkers{err: errors.New("dial tcp 10.0.0.5:5432 (user secret)")}})
+	defer down.Close()
+	if code, body = get(t, down, "/console/api/workers"); code != 503 || strings.Contains(body, "10.0.0.5") || strings.Contains(body, "secret") {
+		t.Fatalf("store down: %d %s", code, body)
+	}
+}

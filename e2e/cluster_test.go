@@ -66,8 +66,11 @@ func (s *nodeSet) all() []string {
 // Afterwards every acked message is stored at its seq, seqs are 1..head, no
 // msg_id repeats, every resend got the original ids, and the SDK surfaced no
 // error to its caller.
-func TestClusterChurn(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+func TestClusterChurn(t *testing.T) { clusterChurn(t, pgtest.NewDatabase(t), 400) }
+
+// clusterChurn is TestClusterChurn on the database of dsn, with step more
+// acks awaited before the first event and after each.
+func clusterChurn(t *testing.T, dsn string, step int) {
 	nodes := &nodeSet{}
 	var procs []*proc
 	for i := 1; i <= 3; i++ {
@@ -130,17 +133,17 @@ func TestClusterChurn(t *testing.T) {
 	done := make(chan struct{})
 	go func() { l.run(ctx, t, stop); close(done) }()
 
-	step := func(what string, more int) {
+	await := func(what string) {
 		n := l.led.count()
-		waitFor(t, 90*time.Second, fmt.Sprintf("%d more acks %s", more, what), func() bool { return l.led.count() >= n+more })
+		waitFor(t, 90*time.Second, fmt.Sprintf("%d more acks %s", step, what), func() bool { return l.led.count() >= n+step })
 	}
-	step("before the crash", 400)
+	await("before the crash")
 	t.Log("kill -9 n1")
 	procs[0].kill()
 	waitFor(t, 60*time.Second, "every conversation owned by a live node after n1's lease expired", func() bool {
 		return ownersExclude(t, procs[2].Addr, convs, "n1")
 	})
-	step("after kill -9 n1", 400)
+	await("after kill -9 n1")
 	t.Log("n4 joins")
 	n4 := &proc{t: t, name: "n4", args: clusterArgs(t, dsn, "n4", "2s")}
 	n4.start(n4addr)
@@ -149,12 +152,12 @@ func TestClusterChurn(t *testing.T) {
 	waitFor(t, 60*time.Second, "n4 to own conversations", func() bool {
 		return !ownersExclude(t, procs[2].Addr, convs, "n4")
 	})
-	step("after n4 joined", 400)
+	await("after n4 joined")
 	t.Log("SIGTERM n2")
 	if err := procs[1].term(60 * time.Second); err != nil {
 		t.Fatalf("n2 graceful leave: %v\n%s", err, procs[1].Output())
 	}
-	step("after n2 left", 400)
+	await("after n2 left")
 	close(stop)
 	<-done
 
@@ -174,14 +177,19 @@ func TestClusterChurn(t *testing.T) {
 // (SIGCONT) it steps down, none of its pending commits lands (the store holds
 // exactly what clients were told), and the clients that were waiting on it
 // got a retryable error or an answer.
-func TestClusterZombie(t *testing.T) { clusterZombie(t, pgtest.NewDatabase(t)) }
+func TestClusterZombie(t *testing.T) { clusterZombie(t, pgtest.NewDatabase(t), nil) }
 
-// clusterZombie is TestClusterZombie on the database of dsn.
-func clusterZombie(t *testing.T, dsn string) {
+// clusterZombie is TestClusterZombie on the database of dsn; zombieEnv is
+// added to the frozen node's environment.
+func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
 	var procs []*proc
 	nodes := &nodeSet{}
 	for i := 1; i <= 3; i++ {
-		p := startNode(t, fmt.Sprintf("z%d", i), clusterArgs(t, dsn, fmt.Sprintf("z%d", i), "2s")...)
+		var env []string
+		if i == 1 {
+			env = zombieEnv
+		}
+		p := startNodeEnv(t, fmt.Sprintf("z%d", i), env, clusterArgs(t, dsn, fmt.Sprintf("z%d", i), "2s")...)
 		procs = append(procs, p)
 		nodes.add(p.Addr)
 	}
@@ -281,12 +289,13 @@ func clusterZombie(t *testing.T, dsn string) {
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d sends failed for good; the SDK's errors: %q", n, sdkErrSample)
 	}
-	l.led.verify(t, openStore(t, dsn), convs)
 	// Every stored row was acked to its client: no commit of the zombie landed
 	// behind a client's back (a landed stale commit would be found by the
 	// resend as a duplicate with the zombie's ids, so it would be in the ledger
 	// and contiguous; the fence is what keeps the new owner's seqs from being
 	// overwritten, checked by verify's 1..head rule).
+	l.led.verify(t, openStore(t, dsn), convs)
+	return zombie
 }
 
 // ownersExclude reports whether Route, asked at addr, names no conversation

@@ -52,8 +52,7 @@ func artifactsDir(t *testing.T) string {
 // within the failover time; the charts and the conversation lookup work.
 // Screenshots go to $SEQUENCER_TEST_ARTIFACTS.
 func TestConsoleShowsFailover(t *testing.T) {
-	chrome := browser(t)
-	shots := artifactsDir(t)
+	browser(t) // skips before anything starts when browser tests are off
 	const ttl = 2 * time.Second
 	dsn := pgtest.NewDatabase(t)
 	n1 := startNode(t, "n1", clusterArgs(t, dsn, "n1", ttl.String())...)
@@ -78,88 +77,32 @@ func TestConsoleShowsFailover(t *testing.T) {
 		}
 	}()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
-		chromedp.Headless, chromedp.WindowSize(1280, 1000))
-	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
-	// The first Run starts the browser and must not carry a timeout (it
-	// would stop the browser); later steps are bounded one by one.
-	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	do := func(what string, d time.Duration, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		rctx, rcancel := context.WithTimeout(bctx, d)
-		defer rcancel()
-		if err := chromedp.Do(rctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	evalString := func(what, expr string) string {
-		t.Helper()
-		rctx, rcancel := context.WithTimeout(bctx, 10*time.Second)
-		defer rcancel()
-		v, err := chromedp.Run(rctx, chromedp.Evaluate[string](expr))
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return v
-	}
-	// waitJS polls a JS expression until it is true.
-	waitJS := func(what, expr string, d time.Duration) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for {
-			if evalString(what, "String(!!("+expr+"))") == "true" {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v; page shows:\n%s", what, d,
-					evalString("page text", `document.querySelector("main").innerText.slice(0, 3000)`))
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	shot := func(name string) {
-		t.Helper()
-		rctx, rcancel := context.WithTimeout(bctx, 20*time.Second)
-		defer rcancel()
-		png, err := chromedp.Run(rctx, chromedp.FullScreenshot(100) /* 100: PNG */)
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", name, err)
-		}
-		p := filepath.Join(shots, name)
-		if err := os.WriteFile(p, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("screenshot %s", p)
-	}
+	pg := openPage(t)
 	owners := func(node string) string {
 		return fmt.Sprintf(`document.querySelectorAll('#partmap .cell[data-owner=%q]').length`, node)
 	}
 
-	do("open the console", 30*time.Second, chromedp.Navigate("http://"+n1.Addr+"/console/"))
-	waitJS("both members listed", `document.querySelectorAll('#members tbody tr[data-node="n1"], #members tbody tr[data-node="n2"]').length === 2`, 30*time.Second)
+	pg.do("open the console", 30*time.Second, chromedp.Navigate("http://"+n1.Addr+"/console/"))
+	pg.waitJS("both members listed", `document.querySelectorAll('#members tbody tr[data-node="n1"], #members tbody tr[data-node="n2"]').length === 2`, 30*time.Second)
+	pg.waitJS("no Citus workers shown on plain PostgreSQL", `document.querySelector('#workers-section').hidden`, time.Second)
 	// Both nodes heartbeat every 250 ms: the ages shown stay well below the TTL.
-	waitJS("heartbeat ages below the member TTL",
+	pg.waitJS("heartbeat ages below the member TTL",
 		fmt.Sprintf(`[...document.querySelectorAll('#members td[data-age-ms]')].every(td => +td.dataset.ageMs >= 0 && +td.dataset.ageMs < %d)`, ttl.Milliseconds()), 10*time.Second)
-	waitJS("271 partitions split between n1 and n2",
+	pg.waitJS("271 partitions split between n1 and n2",
 		fmt.Sprintf(`document.querySelectorAll('#partmap .cell').length === 271 && %s > 0 && %s > 0 && %s + %s === 271`,
 			owners("n1"), owners("n2"), owners("n1"), owners("n2")), 30*time.Second)
-	waitJS("commit rate plotted", `(document.querySelector('#chart-rate polyline.s2')?.getAttribute('points') || '').split(' ').length >= 3`, 30*time.Second)
-	epochTitle := evalString("epoch on hover", `document.querySelector('#partmap .cell').title`)
+	pg.waitJS("commit rate plotted", `(document.querySelector('#chart-rate polyline.s2')?.getAttribute('points') || '').split(' ').length >= 3`, 30*time.Second)
+	epochTitle := pg.eval("epoch on hover", `document.querySelector('#partmap .cell').title`)
 	if ok, _ := filepath.Match(`partition 0 · owner n? · epoch *`, epochTitle); !ok {
 		t.Fatalf("cell title %q: want partition, owner and epoch", epochTitle)
 	}
 
-	do("conversation lookup", 20*time.Second,
+	pg.do("conversation lookup", 20*time.Second,
 		chromedp.SetValue(chromedp.CSS("#conv"), "console:1"),
 		chromedp.Click(chromedp.CSS("#lookup button")),
 		chromedp.WaitVisible(chromedp.CSS("#headseq")))
-	waitJS("lookup shows messages", `document.querySelectorAll('#convresult tbody tr').length > 0 && document.querySelector('#headseq').textContent !== '0'`, 10*time.Second)
-	shot("console-2-nodes.png")
+	pg.waitJS("lookup shows messages", `document.querySelectorAll('#convresult tbody tr').length > 0 && document.querySelector('#headseq').textContent !== '0'`, 10*time.Second)
+	pg.shot("console-2-nodes.png")
 
 	n2.kill()
 	killed := time.Now()
@@ -167,10 +110,10 @@ func TestConsoleShowsFailover(t *testing.T) {
 	// (README, "A cluster": about TTL + heartbeat + the takeover). The bound
 	// is generous so a slow machine does not fail it.
 	bound := 5*ttl + 10*time.Second
-	waitJS("all 271 partitions owned by n1 after n2's crash", owners("n1")+` === 271`, bound)
+	pg.waitJS("all 271 partitions owned by n1 after n2's crash", owners("n1")+` === 271`, bound)
 	t.Logf("partitions moved to n1 on the page %v after the kill (member TTL %v)", time.Since(killed).Round(100*time.Millisecond), ttl)
-	waitJS("n2 gone from the members", `document.querySelectorAll('#members tbody tr').length === 1 && !!document.querySelector('#members tbody tr[data-node="n1"]')`, bound)
-	shot("console-after-failover.png")
+	pg.waitJS("n2 gone from the members", `document.querySelectorAll('#members tbody tr').length === 1 && !!document.querySelector('#members tbody tr[data-node="n1"]')`, bound)
+	pg.shot("console-after-failover.png")
 
 	// A node with --auth-token-file: the lookup asks for the token, then works.
 	tokens := filepath.Join(t.TempDir(), "tokens")
@@ -178,14 +121,93 @@ func TestConsoleShowsFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	solo := startNode(t, "solo", "--store", filepath.Join(t.TempDir(), "db"), "--auth-token-file", tokens)
-	do("open the console of a node with tokens", 30*time.Second, chromedp.Navigate("http://"+solo.Addr+"/console/"))
-	waitJS("single node listed", `!!document.querySelector('#members tbody tr td') && document.querySelector('#partmap').innerText.includes('single node')`, 30*time.Second)
-	do("lookup without a token", 20*time.Second,
+	pg.do("open the console of a node with tokens", 30*time.Second, chromedp.Navigate("http://"+solo.Addr+"/console/"))
+	pg.waitJS("single node listed", `!!document.querySelector('#members tbody tr td') && document.querySelector('#partmap').innerText.includes('single node')`, 30*time.Second)
+	pg.do("lookup without a token", 20*time.Second,
 		chromedp.SetValue(chromedp.CSS("#conv"), "g:1"),
 		chromedp.Click(chromedp.CSS("#lookup button")))
-	waitJS("the token field appears after a 401", `!document.querySelector('#token').hidden && document.querySelector('#convresult').innerText.includes('bearer token')`, 10*time.Second)
-	do("lookup with the token", 20*time.Second,
+	pg.waitJS("the token field appears after a 401", `!document.querySelector('#token').hidden && document.querySelector('#convresult').innerText.includes('bearer token')`, 10*time.Second)
+	pg.do("lookup with the token", 20*time.Second,
 		chromedp.SetValue(chromedp.CSS("#token"), "console-secret"),
 		chromedp.Click(chromedp.CSS("#lookup button")))
-	waitJS("lookup answered with the token", `document.querySelector('#headseq')?.textContent === '0'`, 10*time.Second)
+	pg.waitJS("lookup answered with the token", `document.querySelector('#headseq')?.textContent === '0'`, 10*time.Second)
+}
+
+// page is one tab of a headless Chromium, driven step by step; every step
+// is bounded and fails the test when it fails.
+type page struct {
+	t     *testing.T
+	ctx   context.Context
+	shots string // where screenshots go
+}
+
+// openPage starts Chromium (browser: skipped or failed as that says),
+// stopped when the test ends.
+func openPage(t *testing.T) *page {
+	t.Helper()
+	chrome := browser(t)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.Headless, chromedp.WindowSize(1280, 1000))
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, bcancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { bcancel(); acancel() })
+	// The first Run starts the browser and must not carry a timeout (it
+	// would stop the browser); later steps are bounded one by one.
+	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return &page{t: t, ctx: bctx, shots: artifactsDir(t)}
+}
+
+func (p *page) do(what string, d time.Duration, steps ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	rctx, rcancel := context.WithTimeout(p.ctx, d)
+	defer rcancel()
+	if err := chromedp.Do(rctx, steps...); err != nil {
+		p.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// eval evaluates a JS expression whose value is a string.
+func (p *page) eval(what, expr string) string {
+	p.t.Helper()
+	rctx, rcancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer rcancel()
+	v, err := chromedp.Run(rctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		p.t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// waitJS polls a JS expression until it is true.
+func (p *page) waitJS(what, expr string, d time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if p.eval(what, "String(!!("+expr+"))") == "true" {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: not within %v; page shows:\n%s", what, d,
+				p.eval("page text", `document.querySelector("main").innerText.slice(0, 3000)`))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// shot saves a screenshot (PNG) under the artifacts directory.
+func (p *page) shot(name string) {
+	p.t.Helper()
+	rctx, rcancel := context.WithTimeout(p.ctx, 20*time.Second)
+	defer rcancel()
+	png, err := chromedp.Run(rctx, chromedp.FullScreenshot(100) /* 100: PNG */)
+	if err != nil {
+		p.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	path := filepath.Join(p.shots, name)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Logf("screenshot %s", path)
 }

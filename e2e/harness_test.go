@@ -78,7 +78,13 @@ type proc struct {
 // startNode starts `sequencer serve --listen ADDR args...` and waits for /readyz.
 func startNode(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, args: args}
+	return startNodeEnv(t, name, nil, args...)
+}
+
+// startNodeEnv is startNode with env added to the process's environment.
+func startNodeEnv(t testing.TB, name string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, args: args, env: env}
 	p.start(freeAddr(t))
 	t.Cleanup(func() {
 		p.kill()

@@ -73,6 +73,20 @@ func (l *ledger) count() int {
 	return len(l.acks)
 }
 
+// countIn is how many distinct messages were acked in the conversations of
+// in.
+func (l *ledger) countIn(in map[string]bool) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, a := range l.acks {
+		if in[a.conv] {
+			n++
+		}
+	}
+	return n
+}
+
 // verify checks the invariants against the store: every acked message is
 // stored at its seq with its msg_id; each conversation's seqs are exactly
 // 1..head; no msg_id repeats; resends got the first ids.

@@ -185,6 +185,9 @@ type load struct {
 	// head that goes backwards or a read that misses an ack fails verify).
 	readers int
 	readVia func(rng *rand.Rand) (node string, c sequencerv1connect.SequencerServiceClient)
+	// convsFor, when set, is the conversations client i sends to (a subset
+	// of convs); nil: all of convs.
+	convsFor func(i int) []string
 }
 
 // read runs one reader until stop.
@@ -254,6 +257,10 @@ func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 			}
 			rng := rand.New(rand.NewSource(int64(i)))
 			from := uint64(1000 + i)
+			mine := l.convs
+			if l.convsFor != nil {
+				mine = l.convsFor(i)
+			}
 			for j := 0; l.perClient == 0 || j < l.perClient; j++ {
 				select {
 				case <-stop:
@@ -262,7 +269,7 @@ func (l *load) run(ctx context.Context, t *testing.T, stop <-chan struct{}) {
 					return
 				default:
 				}
-				conv := l.convs[rng.Intn(len(l.convs))]
+				conv := mine[rng.Intn(len(mine))]
 				cid := fmt.Sprintf("c%d-m%d", i, j)
 				body := []byte(cid)
 				resends := 0

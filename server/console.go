@@ -1,13 +1,16 @@
 package server
 
 import (
-	"github.com/sequencer-im/sequencer/buildinfo"
+	"context"
 	"net/http"
 	"time"
+
+	"github.com/sequencer-im/sequencer/buildinfo"
 
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
 // clusterView shows a cluster node's view in the console.
@@ -45,6 +48,18 @@ func (v singleView) Members() []console.Member {
 }
 func (v singleView) Partitions() []console.Partition { return nil }
 
+// citusWorkers shows a Citus store's workers in the console.
+type citusWorkers struct{ s *postgres.Store }
+
+func (w citusWorkers) Workers(ctx context.Context) ([]console.Worker, error) {
+	ws, err := w.s.CitusWorkers(ctx)
+	out := make([]console.Worker, len(ws))
+	for i, x := range ws {
+		out[i] = console.Worker{Addr: x.Addr, Shards: x.Shards, Reachable: x.Reachable}
+	}
+	return out, err
+}
+
 // startConsole builds the read-only web console (/console/), served on the
 // admin mux: on --admin-listen when set, else on the API port (with its
 // TLS). Like /metrics it needs no token, except the conversation lookup
@@ -57,6 +72,11 @@ func (s *Server) startConsole() *console.Console {
 	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log}
 	if rp, ok := s.store.(persist.ReadPositions); ok {
 		cfg.Positions = rp
+	}
+	if pg, ok := s.store.(*postgres.Store); ok {
+		if dist, _, _ := pg.Distributed(); dist {
+			cfg.Workers = citusWorkers{pg}
+		}
 	}
 	if tokens := s.edge.tokens; tokens != nil {
 		// Conversation lookups show message metadata: the API's token guards them.

@@ -21,6 +21,9 @@ func TestConsoleMountedWithTheAdminEndpoints(t *testing.T) {
 	if code, body := get(t, "http://"+one.Addr()+"/console/api/conversation?conv_id=g:1"); code != 200 || !strings.Contains(body, `"headSeq":"0"`) {
 		t.Fatalf("lookup without tokens configured: %d %s", code, body)
 	}
+	if code, body := get(t, "http://"+one.Addr()+"/console/api/workers"); code != 200 || !strings.Contains(body, `"distributed":false`) {
+		t.Fatalf("workers of a store that is not Citus: %d %s", code, body)
+	}
 
 	adm := start(t, Config{AdminListen: "127.0.0.1:0"}, nil)
 	if code, _ := get(t, "http://"+adm.Addr()+"/console/"); code != http.StatusNotFound {

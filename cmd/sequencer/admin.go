@@ -22,8 +22,10 @@ var adminUsage = fmt.Sprintf(`sequencer admin COMMAND [args] [flags]: operator c
 Commands:
   members                 member rows: state (live, leaving, expired), lease left, leases held
   partitions              every partition: lease owner, epoch, ring owner, moving
-  head CONV               a conversation's head, next seq and first stored seq
+  head CONV               a conversation's head, next seq and first stored seq (on Citus: its shard and worker)
   route CONV              partition and owner of CONV (ring over the current membership), and its lease
+  shards                  Citus: every shard (hash range, worker, bytes, conversations, messages) and
+                          every worker (shards, bytes, reachable from here)
   drain NODE [--wait D]   graceful leave of NODE: it leaves the ring, hands off, exits 0
   forget NODE [--force]   remove a dead member's row now (refused while its lease is live)
   migrate status          applied vs available schema migrations
@@ -36,7 +38,8 @@ Flags of every command (--store and --partitions also from the environment, as f
   --partitions  [SEQUENCER_PARTITIONS]  the nodes' --partitions (default %d)
   --json                                machine-readable output
 
-Cluster commands (members, partitions, route, drain, forget) need PostgreSQL or MySQL.
+Cluster commands (members, partitions, route, drain, forget) need PostgreSQL or MySQL;
+shards needs a Citus store.
 See docs/OPERATIONS.md.
 `, server.DefaultConfig().Cluster.Ring.Partitions)
 
@@ -68,7 +71,7 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	var olderThan time.Duration
 	npos := 0
 	switch name {
-	case "members", "partitions", "migrate status":
+	case "members", "partitions", "shards", "migrate status":
 	case "head", "route":
 		npos = 1
 	case "forget":
@@ -112,6 +115,8 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 		out, err = a.Members(ctx)
 	case "partitions":
 		out, err = a.Partitions(ctx)
+	case "shards":
+		out, err = a.Shards(ctx)
 	case "head":
 		out, err = a.Head(ctx, pos[0])
 	case "route":

@@ -69,6 +69,21 @@
     $("members").tBodies[0].replaceChildren(...rows);
   }
 
+  // The workers of a distributed store (Citus); the section stays hidden
+  // on other stores.
+  function renderWorkers(w) {
+    $("workers-section").hidden = !w.distributed;
+    if (!w.distributed) return;
+    const down = w.workers.filter((x) => !x.reachable).length;
+    $("workersummary").textContent = `${w.workers.length} workers` +
+      (down ? ` · ${down} unreachable: the conversations of its shards get unavailable, the others keep going` : "");
+    $("workers").tBodies[0].replaceChildren(...w.workers.map((x) =>
+      el("tr", { "data-worker": x.addr, "data-reachable": String(x.reachable) },
+        el("td", {}, x.addr),
+        el("td", {}, String(x.shards)),
+        el("td", { class: x.reachable ? "" : "stale" }, x.reachable ? "yes" : "no"))));
+  }
+
   function renderPartitions(parts) {
     const map = $("partmap");
     const ps = parts.partitions;
@@ -135,6 +150,8 @@
   }
 
   async function poll() {
+    // Workers apart: their pings must not hold up the rest.
+    getJSON("workers").then(renderWorkers, (e) => { $("workersummary").textContent = "cannot list workers: " + e.message; });
     try {
       const [members, parts, metrics] = await Promise.all([getJSON("members"), getJSON("partitions"), getJSON("metrics")]);
       renderMembers(members, parts);

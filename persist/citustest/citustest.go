@@ -248,6 +248,22 @@ func Require(t testing.TB) {
 	}
 }
 
+// RequireStoppable is for tests that stop and start the cluster's nodes
+// (PgCtl): it fails the test under CI (or skips it otherwise) when the
+// cluster is an external one (named by EnvURL), which this process did not
+// start and cannot stop.
+func RequireStoppable(t testing.TB, d *Database) {
+	t.Helper()
+	if d.Coordinator.DataDir != "" {
+		return
+	}
+	msg := "citustest: this test stops and starts Citus nodes: it needs a cluster this process starts (unset " + EnvURL + ")"
+	if os.Getenv("CI") == "true" || os.Getenv(EnvRequired) != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
 // NewDatabase creates the test's database on every node (see the package
 // comment) and drops it when the test ends.
 func NewDatabase(t testing.TB) *Database {

@@ -339,34 +339,41 @@ func (s *Store) leaseView(ctx context.Context, force bool) (map[uint32]persist.F
 	if !force && d.leases != nil && time.Since(d.leasesAt) < leaseTTL {
 		return d.leases, d.leasesHeld, nil
 	}
-	rows, err := s.control.Query(ctx, `SELECT partition, owner, epoch FROM partition_lease`)
+	m, held, err := s.readLeases(ctx)
 	if err != nil {
 		if d.leases != nil {
-			// The coordinator does not answer: the cached copy still
-			// refuses what it knows is stale; the head rows' epochs
-			// fence the rest (see above).
+			// The coordinator does not answer (or closed the connection
+			// mid-read: a cached prepared statement reports that in the
+			// rows, not in Query): the cached copy still refuses what it
+			// knows is stale; the head rows' epochs fence the rest (see
+			// above).
 			return d.leases, d.leasesHeld, nil
 		}
 		return nil, false, unavailable("citus: read partition leases", err)
 	}
+	d.leases, d.leasesHeld, d.leasesAt = m, held, time.Now()
+	return m, held, nil
+}
+
+// readLeases reads partition_lease from the coordinator.
+func (s *Store) readLeases(ctx context.Context) (map[uint32]persist.Fence, bool, error) {
+	rows, err := s.control.Query(ctx, `SELECT partition, owner, epoch FROM partition_lease`)
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
 	m := map[uint32]persist.Fence{}
 	held := false
 	for rows.Next() {
 		var p, e int64
 		var o string
 		if err := rows.Scan(&p, &o, &e); err != nil {
-			rows.Close()
-			return nil, false, unavailable("citus: read partition leases", err)
+			return nil, false, err
 		}
 		m[uint32(p)] = persist.Fence{Partition: uint32(p), Owner: o, Epoch: uint64(e)}
 		held = held || o != ""
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, false, unavailable("citus: read partition leases", err)
-	}
-	d.leases, d.leasesHeld, d.leasesAt = m, held, time.Now()
-	return m, held, nil
+	return m, held, rows.Err()
 }
 
 // forgetLeases drops the lease cache (tests that change leases directly).

@@ -215,7 +215,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, unavailable("detect citus", err)
 	}
 	if citus {
-		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns}
+		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns, noLeaseCheck: noLeaseCheckFromEnv()}
+		if s.dist.noLeaseCheck {
+			s.log.Warn("citus: " + TestNoLeaseCheckEnv + " is set: commits skip the lease check (tests only)")
+		}
 		if err := s.startDist(ctx); err != nil {
 			s.Close()
 			return nil, err
