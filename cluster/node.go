@@ -156,6 +156,13 @@ func New(cfg Config) (*Node, error) {
 	n.fwd = newForwarder(forwarderDeps{
 		clk:     cfg.Clock,
 		forward: tr.Forward,
+		route:   n.fwdRoute,
+		member: func(nodeID string) (bool, <-chan struct{}) {
+			n.mu.RLock()
+			defer n.mu.RUnlock()
+			_, ok := n.core.View().Member(nodeID)
+			return ok, n.changed
+		},
 		self: func() (string, string, uint64) {
 			n.mu.RLock()
 			defer n.mu.RUnlock()
@@ -165,7 +172,22 @@ func New(cfg Config) (*Node, error) {
 		met:     n.met,
 		timeout: cfg.ForwardTimeout,
 	})
+	if p, ok := tr.(Prober); ok {
+		n.fwd.probe = p.Probe
+	}
 	return n, nil
+}
+
+// fwdRoute is the forwarder's route function: where convID's sends go now
+// by the ownership core (another node: forwarded; else the local way), and
+// the channel closed at the core's next change.
+func (n *Node) fwdRoute(convID string) (fwdRoute, <-chan struct{}) {
+	p := ring.PartitionOf(convID, n.partitions)
+	now := n.clk.Now()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	d := n.core.Dispatch(p, now)
+	return fwdRoute{remote: d.Way == ownership.WayForward, addr: d.Owner.ClusterAddr, owner: d.Owner.NodeID}, n.changed
 }
 
 // opCtx bounds one store operation of the membership machinery.
