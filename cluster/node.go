@@ -413,7 +413,17 @@ func (n *Node) beat(ctx context.Context) {
 	cancel()
 	if err == nil {
 		var drain bool
-		n.update(func(c *ownership.Core) { drain = c.Renewed(self.Incarnation, v, sent) })
+		var moved bool
+		n.update(func(c *ownership.Core) {
+			before := c.View().Version
+			drain = c.Renewed(self.Incarnation, v, sent)
+			moved = c.View().Version != before
+		})
+		if moved {
+			// A new view (a member joined, left or expired): take or hand
+			// off what moved now, not at the next reconcile tick.
+			n.poke(n.wakeRecon)
+		}
 		n.viewed(v)
 		if drain {
 			n.drainOnce.Do(func() {
