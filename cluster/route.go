@@ -212,3 +212,12 @@ func (n *Node) waitChange(ctx context.Context, changed <-chan struct{}, waitOver
 	}
 	return nil
 }
+
+// MembershipVersion is the version of the membership view this node routes
+// by (api.MembershipViewer: every Send answer carries it, so a client's
+// cached owners learned under an older view are asked again).
+func (n *Node) MembershipVersion() uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.core.View().Version
+}
