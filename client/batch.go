@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,8 @@ import (
 type batcher struct {
 	n      *node
 	policy BatchPolicy
-	budget time.Duration // each request's deadline (the attempt timeout)
+	budget time.Duration     // each request's deadline (the attempt timeout)
+	saw    func(http.Header) // told every answer's headers (the membership version)
 
 	// unsupported: the node answered SendBatch unimplemented (an older
 	// server); its Sends go one by one from then on.
@@ -72,8 +74,8 @@ func newItemError(code, msg string) *itemError {
 func (e *itemError) Error() string { return e.ce.Error() }
 func (e *itemError) Unwrap() error { return e.ce }
 
-func newBatcher(n *node, p BatchPolicy, budget time.Duration) *batcher {
-	b := &batcher{n: n, policy: p, budget: budget, busy: map[string]int{}}
+func newBatcher(n *node, p BatchPolicy, budget time.Duration, saw func(http.Header)) *batcher {
+	b := &batcher{n: n, policy: p, budget: budget, saw: saw, busy: map[string]int{}}
 	b.space = sync.NewCond(&b.mu)
 	return b
 }
@@ -218,6 +220,9 @@ func (b *batcher) sendBatch(batch []*queued) {
 	}
 	if err == nil && len(resp.Msg.GetResults()) != len(batch) {
 		err = sequencer.Errorf(sequencer.CodeInternal, "SendBatch answered %d results for %d items", len(resp.Msg.GetResults()), len(batch))
+	}
+	if err == nil {
+		b.saw(resp.Header())
 	}
 	for i, q := range batch {
 		if err != nil {

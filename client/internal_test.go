@@ -51,6 +51,8 @@ func TestClassify(t *testing.T) {
 		{"caller canceled", local(connect.CodeCanceled, context.Canceled), false, failure{code: sequencer.CodeCanceled}},
 		{"bare context error", context.Canceled, false, failure{code: sequencer.CodeCanceled}},
 		{"domain error", sequencer.ErrOverloaded, false, failure{code: sequencer.CodeResourceExhausted, retry: true}},
+		{"owner moved while waiting", fmt.Errorf("%w (%w)", errRouteMoved, context.Canceled), false,
+			failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true, moved: true}},
 	} {
 		if got := classify(tc.err, tc.timedOut); got != tc.want {
 			t.Errorf("%s: classify = %+v, want %+v", tc.name, got, tc.want)
