@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -224,6 +225,12 @@ func (b *batcher) sendBatch(batch []*queued) {
 	if err == nil {
 		b.saw(resp.Header())
 	}
+	if err != nil && ctx.Err() != nil {
+		// The request's own budget ran out: for its items that is an
+		// attempt that timed out, not their callers' deadline (which the
+		// retry loop tells apart by the caller's ctx).
+		err = fmt.Errorf("%w: SendBatch of %d items got no answer within %v: %w", errAttemptTimedOut, len(batch), b.budget, err)
+	}
 	for i, q := range batch {
 		if err != nil {
 			q.done <- itemAnswer{err: err}
@@ -249,6 +256,9 @@ func (b *batcher) sendEach(ctx context.Context, batch []*queued) {
 			defer wg.Done()
 			resp, err := b.n.rpc.Send(ctx, connect.NewRequest(q.msg))
 			if err != nil {
+				if ctx.Err() != nil {
+					err = fmt.Errorf("%w: Send got no answer within %v: %w", errAttemptTimedOut, b.budget, err)
+				}
 				q.done <- itemAnswer{err: err}
 				return
 			}
@@ -257,6 +267,11 @@ func (b *batcher) sendEach(ctx context.Context, batch []*queued) {
 	}
 	wg.Wait()
 }
+
+// errAttemptTimedOut marks the failure of a request that ran out of its own
+// time (the batcher's budget, the attempt timeout): an attempt that timed
+// out, retried while the call's budget lasts.
+var errAttemptTimedOut = errors.New("attempt timed out")
 
 // asItemError reports whether err is a batch item's error.
 func asItemError(err error) (*itemError, bool) {

@@ -34,6 +34,12 @@ func classify(err error, attemptTimedOut bool) failure {
 		// Given up while waiting: the outcome is unknown, like a timeout.
 		return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true, moved: true}
 	}
+	if errors.Is(err, errAttemptTimedOut) {
+		// A request that ran out of its own time (a SendBatch carrying
+		// this attempt), whether or not the attempt's context has noticed
+		// its own deadline yet; the caller's end is told apart by ctx.
+		return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
+	}
 	if ie, ok := asItemError(err); ok {
 		// A batch item the node answered: the same rules as a Send's answer.
 		return answered(ie.code)
