@@ -546,10 +546,11 @@ func (f *forwarder) sendUnit(ctx context.Context, reqs []sequencer.SendRequest, 
 // to the owner the route names, after a backoff on the clock (cut short by
 // a change of the node's view) when that is the same owner. It returns the
 // first answer (fwdAnswered, fwdRetry; resent set when an attempt went
-// unanswered), or no answer when ctx ended, when the link to the owner the
-// route still names stalled (stalled set), or when the route no longer names
-// another node: the item is handed back to the caller (after a takeover the
-// local writer takes it, or it waits for the handoff).
+// unanswered), or no answer when ctx ended (err wraps ctx.Err()), when the
+// link to the owner the route still names stalled (stalled set), or when
+// the route no longer names another node: the item is handed back to the
+// caller (after a takeover the local writer takes it, or it waits for the
+// handoff).
 func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst fwdRoute, o fwdOutcome) fwdOutcome {
 	backoff := fwdBackoffMin
 	for resent := false; ; resent = true {
@@ -561,7 +562,10 @@ func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst f
 			return o
 		}
 		o.resent = true
-		if ctx.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			if !errors.Is(o.err, err) {
+				o.err = fmt.Errorf("%w (%v)", err, o.err)
+			}
 			return o
 		}
 		next, changed := f.route(req.ConvID)
@@ -576,8 +580,8 @@ func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst f
 			case <-ctx.Done():
 			}
 			t.Stop()
-			if ctx.Err() != nil {
-				return fwdOutcome{kind: fwdNoAnswer, resent: true, err: fmt.Errorf("%w (%v)", ctx.Err(), o.err)}
+			if err := ctx.Err(); err != nil {
+				return fwdOutcome{kind: fwdNoAnswer, resent: true, err: fmt.Errorf("%w (%v)", err, o.err)}
 			}
 			backoff = min(2*backoff, fwdBackoffMax)
 			if next, _ = f.route(req.ConvID); !next.remote {
