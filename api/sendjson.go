@@ -28,7 +28,8 @@ import (
 // the Connect handler unchanged. Errors are written by connect's
 // ErrorWriter (the Connect unary error JSON and status), a panic in Send is
 // answered like WithRecover's. Service.Send sets no response headers or
-// trailers, so the answer's headers are the Connect handler's own. Not
+// trailers but HeaderMembershipVersion (cluster mode), which this path sets
+// too, so the answer's headers are the Connect handler's own. Not
 // installed when tracing is on (the interceptor must see every call).
 // sendjson_test.go compares its answers with the Connect handler's.
 type sendJSON struct {
@@ -85,6 +86,7 @@ func (h *sendJSON) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.out = out
+	h.svc.viewHeader(header)
 	_, _ = w.Write(out)
 }
 

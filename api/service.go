@@ -22,6 +22,7 @@ import (
 	"github.com/sequencer-im/sequencer/internal/tracing"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +70,21 @@ type Router interface {
 	Route(ctx context.Context, convID string) (sequencer.Route, error)
 }
 
+// MembershipViewer is an optional ability of a Router (cluster.Node has
+// it): the version of the membership view the node routes by. With it, every
+// answer to Send and SendBatch carries that version in the response header
+// HeaderMembershipVersion.
+type MembershipViewer interface {
+	MembershipVersion() uint64
+}
+
+// HeaderMembershipVersion names the membership version of the node that
+// answered a Send or SendBatch (cluster mode). A client that caches the
+// owners Route named (the SDKs, docs/CLIENTS.md) asks Route again before
+// it uses an owner learned under an older version: the ring may have moved
+// it, and a send that a non-owner forwards succeeds without telling.
+const HeaderMembershipVersion = "Sequencer-Membership-Version"
+
 // RouterFunc adapts a function to Router.
 type RouterFunc func(ctx context.Context, convID string) (sequencer.Route, error)
 
@@ -111,6 +127,7 @@ type Service struct {
 	sender   Sender
 	reader   Reader
 	router   Router
+	viewer   MembershipViewer // the Router's, if it has one
 	reads    ReadPositions
 	maxBody  int
 	maxBatch int
@@ -182,7 +199,9 @@ func NewService(cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	viewer, _ := cfg.Router.(MembershipViewer)
 	return &Service{
+		viewer:   viewer,
 		maxBatch: cfg.MaxBatchBytes,
 		sender:   cfg.Sender,
 		reader:   cfg.Reader,
@@ -233,7 +252,16 @@ func (s *Service) Send(ctx context.Context, req *connect.Request[sequencerv1.Sen
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(sendResponse(res)), nil
+	resp := connect.NewResponse(sendResponse(res))
+	s.viewHeader(resp.Header())
+	return resp, nil
+}
+
+// viewHeader sets HeaderMembershipVersion on a send's answer (cluster mode).
+func (s *Service) viewHeader(h http.Header) {
+	if s.viewer != nil {
+		h[HeaderMembershipVersion] = []string{strconv.FormatUint(s.viewer.MembershipVersion(), 10)}
+	}
 }
 
 // send is Send but for building the answer's message (the direct JSON path
@@ -297,7 +325,9 @@ func (s *Service) SendBatch(ctx context.Context, req *connect.Request[sequencerv
 		}
 	}
 	s.ok(methodSendBatch)
-	return connect.NewResponse(&sequencerv1.SendBatchResponse{Results: results}), nil
+	resp := connect.NewResponse(&sequencerv1.SendBatchResponse{Results: results})
+	s.viewHeader(resp.Header())
+	return resp, nil
 }
 
 // itemError records one failed batch item like a failed Send and returns its

@@ -491,6 +491,61 @@ func TestRoute(t *testing.T) {
 	}
 }
 
+// viewRouter is a Router with a membership version (as cluster.Node).
+type viewRouter struct {
+	RouterFunc
+	version uint64
+}
+
+func (v viewRouter) MembershipVersion() uint64 { return v.version }
+
+// TestSendAnswersCarryTheMembershipVersion: with a Router that knows its
+// membership version (cluster mode), every Send and SendBatch answer names
+// it in the header Sequencer-Membership-Version (gRPC, Connect, and the
+// direct JSON path); a single node's Router has none and sends no header.
+func TestSendAnswersCarryTheMembershipVersion(t *testing.T) {
+	route := RouterFunc(func(context.Context, string) (sequencer.Route, error) { return sequencer.Route{}, nil })
+	h := newHarness(t, func(c *Config) { c.Router = viewRouter{route, 17} })
+	h.sender.set(answer(5, 1, false))
+	req := &sequencerv1.SendRequest{ConvId: "g:1", FromUid: 9, ClientMsgId: "k", Body: []byte("x")}
+	for _, opts := range [][]connect.ClientOption{{connect.WithGRPC()}, nil} {
+		c := h.client(opts...)
+		resp, err := c.Send(context.Background(), connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := resp.Header().Get(HeaderMembershipVersion); v != "17" {
+			t.Fatalf("Send answer's %s = %q, want 17", HeaderMembershipVersion, v)
+		}
+		bresp, err := c.SendBatch(context.Background(), connect.NewRequest(&sequencerv1.SendBatchRequest{Items: []*sequencerv1.SendRequest{req}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := bresp.Header().Get(HeaderMembershipVersion); v != "17" {
+			t.Fatalf("SendBatch answer's %s = %q, want 17", HeaderMembershipVersion, v)
+		}
+	}
+	hr, err := http.Post(h.url+sequencerv1connect.SequencerServiceSendProcedure, "application/json",
+		strings.NewReader(`{"convId":"g:1","fromUid":"9","clientMsgId":"k","body":"eA=="}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr.Body.Close()
+	if v := hr.Header.Get(HeaderMembershipVersion); hr.StatusCode != 200 || v != "17" {
+		t.Fatalf("JSON Send: status %d, %s = %q, want 200 and 17", hr.StatusCode, HeaderMembershipVersion, v)
+	}
+
+	single := newHarness(t, func(c *Config) { c.Router = route })
+	single.sender.set(answer(5, 1, false))
+	resp, err := single.client().Send(context.Background(), connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := resp.Header()[HeaderMembershipVersion]; ok {
+		t.Fatalf("a single node's Send answer has %s %q", HeaderMembershipVersion, v)
+	}
+}
+
 // gRPC over HTTP/2 cleartext (prior knowledge), as grpc-go clients speak it.
 func TestGRPCOverH2C(t *testing.T) {
 	h := newHarness(t)

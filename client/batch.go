@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +27,8 @@ import (
 type batcher struct {
 	n      *node
 	policy BatchPolicy
-	budget time.Duration // each request's deadline (the attempt timeout)
+	budget time.Duration     // each request's deadline (the attempt timeout)
+	saw    func(http.Header) // told every answer's headers (the membership version)
 
 	// unsupported: the node answered SendBatch unimplemented (an older
 	// server); its Sends go one by one from then on.
@@ -72,8 +75,8 @@ func newItemError(code, msg string) *itemError {
 func (e *itemError) Error() string { return e.ce.Error() }
 func (e *itemError) Unwrap() error { return e.ce }
 
-func newBatcher(n *node, p BatchPolicy, budget time.Duration) *batcher {
-	b := &batcher{n: n, policy: p, budget: budget, busy: map[string]int{}}
+func newBatcher(n *node, p BatchPolicy, budget time.Duration, saw func(http.Header)) *batcher {
+	b := &batcher{n: n, policy: p, budget: budget, saw: saw, busy: map[string]int{}}
 	b.space = sync.NewCond(&b.mu)
 	return b
 }
@@ -219,6 +222,15 @@ func (b *batcher) sendBatch(batch []*queued) {
 	if err == nil && len(resp.Msg.GetResults()) != len(batch) {
 		err = sequencer.Errorf(sequencer.CodeInternal, "SendBatch answered %d results for %d items", len(resp.Msg.GetResults()), len(batch))
 	}
+	if err == nil {
+		b.saw(resp.Header())
+	}
+	if err != nil && ctx.Err() != nil {
+		// The request's own budget ran out: for its items that is an
+		// attempt that timed out, not their callers' deadline (which the
+		// retry loop tells apart by the caller's ctx).
+		err = fmt.Errorf("%w: SendBatch of %d items got no answer within %v: %w", errAttemptTimedOut, len(batch), b.budget, err)
+	}
 	for i, q := range batch {
 		if err != nil {
 			q.done <- itemAnswer{err: err}
@@ -244,6 +256,9 @@ func (b *batcher) sendEach(ctx context.Context, batch []*queued) {
 			defer wg.Done()
 			resp, err := b.n.rpc.Send(ctx, connect.NewRequest(q.msg))
 			if err != nil {
+				if ctx.Err() != nil {
+					err = fmt.Errorf("%w: Send got no answer within %v: %w", errAttemptTimedOut, b.budget, err)
+				}
 				q.done <- itemAnswer{err: err}
 				return
 			}
@@ -252,6 +267,11 @@ func (b *batcher) sendEach(ctx context.Context, batch []*queued) {
 	}
 	wg.Wait()
 }
+
+// errAttemptTimedOut marks the failure of a request that ran out of its own
+// time (the batcher's budget, the attempt timeout): an attempt that timed
+// out, retried while the call's budget lasts.
+var errAttemptTimedOut = errors.New("attempt timed out")
 
 // asItemError reports whether err is a batch item's error.
 func asItemError(err error) (*itemError, bool) {

@@ -102,6 +102,9 @@ type Client struct {
 
 	mu      sync.Mutex
 	learned map[string]*node // owners learned from Route, by base URL
+
+	checksMu sync.Mutex
+	checks   map[string]*routeCheck // Route calls of watchRoute, by conv_id
 }
 
 // maxLearnedNodes bounds the owner addresses a client remembers; past it
@@ -126,6 +129,7 @@ func New(cfg Config) (*Client, error) {
 		opts:    cfg.clientOptions(),
 		routes:  newRouteCache(cfg.RouteCacheSize),
 		learned: map[string]*node{},
+		checks:  map[string]*routeCheck{},
 	}
 	if c.httpc == nil {
 		c.transport = defaultTransport(cfg.TLSConfig)
@@ -146,7 +150,7 @@ func New(cfg Config) (*Client, error) {
 func (c *Client) newNode(url string, entry bool) *node {
 	n := &node{url: url, entry: entry, rpc: sequencerv1connect.NewSequencerServiceClient(c.httpc, url, c.opts...)}
 	if !c.cfg.Batching.Disabled {
-		n.batch = newBatcher(n, c.cfg.Batching, c.cfg.Retry.AttemptTimeout)
+		n.batch = newBatcher(n, c.cfg.Batching, c.cfg.Retry.AttemptTimeout, c.sawView)
 	}
 	return n
 }
@@ -200,6 +204,8 @@ func (c *Client) send(ctx context.Context, req SendRequest, queued func()) (Send
 		if err != nil {
 			return target, err
 		}
+		ctx, stopWatch := c.watchRoute(ctx, req.ConvID, target)
+		defer stopWatch()
 		var out *sequencerv1.SendResponse
 		if target.batch != nil && !target.batch.unsupported.Load() {
 			out, err = target.batch.send(ctx, msg, queued != nil, signal)
@@ -208,9 +214,13 @@ func (c *Client) send(ctx context.Context, req SendRequest, queued func()) (Send
 			var resp *connect.Response[sequencerv1.SendResponse]
 			if resp, err = target.rpc.Send(ctx, connect.NewRequest(msg)); err == nil {
 				out = resp.Msg
+				c.sawView(resp.Header())
 			}
 		}
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errRouteMoved) {
+				err = fmt.Errorf("%w (%w)", errRouteMoved, err)
+			}
 			return target, err
 		}
 		res.MsgID = out.GetMsgId()
@@ -382,6 +392,109 @@ func (c *Client) sendTarget(ctx context.Context, convID string) (*node, error) {
 	default:
 		// Route is only a shortcut: the node forwards the Send itself.
 		return asked, nil
+	}
+}
+
+// headerMembershipVersion is the header of a Send or SendBatch answer that
+// names the answering node's membership version (cluster mode; api package:
+// HeaderMembershipVersion).
+const headerMembershipVersion = "Sequencer-Membership-Version"
+
+// sawView notes the membership version a Send or SendBatch answer carries:
+// cached owners learned under an older view are asked again (docs/CLIENTS.md
+// "Routing").
+func (c *Client) sawView(h http.Header) {
+	if v, err := strconv.ParseUint(h.Get(headerMembershipVersion), 10, 64); err == nil {
+		c.routes.saw(v)
+	}
+}
+
+// errRouteMoved ends a Send attempt whose conversation's owner, asked again
+// while the attempt waited (RetryPolicy.RouteCheck), is another node than
+// the one the attempt went to.
+var errRouteMoved = errors.New("the conversation's owner is another node than the one this attempt waits on")
+
+// watchRoute guards one Send attempt of convID to target: every RouteCheck
+// without an answer it asks another node for the owner (checkRoute: the
+// attempts of one conversation share one Route call per RouteCheck), and
+// cancels the returned context with errRouteMoved when the owner cached for
+// convID is now a reachable node other than target. stop ends the guard.
+// Without routing it does nothing.
+func (c *Client) watchRoute(ctx context.Context, convID string, target *node) (context.Context, func()) {
+	every := c.cfg.Retry.RouteCheck
+	if c.cfg.DisableRouting || time.Now().UnixNano() < c.routingOffUntil.Load() || every <= 0 {
+		return ctx, func() {}
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	var mu sync.Mutex
+	stopped := false
+	var timer *time.Timer
+	var check func()
+	check = func() {
+		owner := c.checkRoute(wctx, convID, target)
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		if owner != nil && owner != target && !owner.down(time.Now()) {
+			c.log.DebugContext(ctx, "sequencer client: owner moved while an attempt waited", "conv_id", convID,
+				"attempt_node", target.url, "owner", owner.url)
+			cancel(errRouteMoved)
+			return
+		}
+		timer = time.AfterFunc(every, check)
+	}
+	mu.Lock()
+	timer = time.AfterFunc(every, check)
+	mu.Unlock()
+	return wctx, func() {
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// routeCheck is one Route call of watchRoute, shared by the attempts of its
+// conversation that ask while it runs or within RouteCheck after it ended.
+type routeCheck struct {
+	done  chan struct{}
+	owner *node // the owner cached after the answer (nil: none, or the call failed)
+}
+
+// checkRoute asks a node other than avoid who owns convID now (or shares
+// the answer of a call that is running or just ended) and returns the owner
+// then cached; nil when unknown or ctx ended.
+func (c *Client) checkRoute(ctx context.Context, convID string, avoid *node) *node {
+	c.checksMu.Lock()
+	rc := c.checks[convID]
+	if rc == nil {
+		rc = &routeCheck{done: make(chan struct{})}
+		c.checks[convID] = rc
+		go func() {
+			rctx, cancel := context.WithTimeout(context.Background(), c.cfg.Retry.RouteCheck)
+			if _, owner, err := c.route(rctx, c.anyNode(avoid), convID); err == nil {
+				rc.owner = owner
+			}
+			cancel()
+			close(rc.done)
+			time.AfterFunc(c.cfg.Retry.RouteCheck, func() {
+				c.checksMu.Lock()
+				if c.checks[convID] == rc {
+					delete(c.checks, convID)
+				}
+				c.checksMu.Unlock()
+			})
+		}()
+	}
+	c.checksMu.Unlock()
+	select {
+	case <-rc.done:
+		return rc.owner
+	case <-ctx.Done():
+		return nil
 	}
 }
 

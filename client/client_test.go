@@ -356,6 +356,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{Addrs: []string{"http://"}},
 		{Addrs: []string{"127.0.0.1:1"}, Retry: client.RetryPolicy{MaxAttempts: -1}},
 		{Addrs: []string{"127.0.0.1:1"}, Retry: client.RetryPolicy{BaseBackoff: 2 * time.Second}},
+		{Addrs: []string{"127.0.0.1:1"}, Retry: client.RetryPolicy{RouteCheck: -time.Second}},
 		{Addrs: []string{"127.0.0.1:1"}, Protocol: client.Protocol(9)},
 		{Addrs: []string{"127.0.0.1:1"}, Batching: client.BatchPolicy{MaxInFlight: -1}},
 		{Addrs: []string{"127.0.0.1:1"}, Batching: client.BatchPolicy{MaxInFlight: 65}},

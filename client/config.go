@@ -76,6 +76,14 @@ type RetryPolicy struct {
 	// MaxBackoff caps the wait between attempts. It is also how long a node
 	// that failed at the transport level is avoided. Default 1s.
 	MaxBackoff time.Duration
+	// RouteCheck: a Send attempt not answered within RouteCheck asks another
+	// node for the conversation's owner (Route), and again every RouteCheck
+	// while it waits; when the answer names an owner other than the node the
+	// attempt went to (the partition moved, or the route was stale), the
+	// attempt is given up (outcome unknown) and the Send goes to that owner
+	// at once, with the same client_msg_id. Default 250ms. Not used with
+	// DisableRouting.
+	RouteCheck time.Duration
 }
 
 // Defaults of Config and RetryPolicy.
@@ -84,6 +92,7 @@ const (
 	DefaultAttemptTimeout = 10 * time.Second
 	DefaultBaseBackoff    = 20 * time.Millisecond
 	DefaultMaxBackoff     = time.Second
+	DefaultRouteCheck     = 250 * time.Millisecond
 	DefaultRouteCacheSize = 65536
 
 	DefaultBatchMaxItems       = 1000
@@ -200,6 +209,9 @@ func (c Config) withDefaults() Config {
 	if c.Retry.MaxBackoff == 0 {
 		c.Retry.MaxBackoff = DefaultMaxBackoff
 	}
+	if c.Retry.RouteCheck == 0 {
+		c.Retry.RouteCheck = DefaultRouteCheck
+	}
 	if c.RouteCacheSize == 0 {
 		c.RouteCacheSize = DefaultRouteCacheSize
 	}
@@ -232,7 +244,7 @@ func (c Config) validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"retry.deadline": r.Deadline, "retry.attempt_timeout": r.AttemptTimeout,
-		"retry.base_backoff": r.BaseBackoff, "retry.max_backoff": r.MaxBackoff,
+		"retry.base_backoff": r.BaseBackoff, "retry.max_backoff": r.MaxBackoff, "retry.route_check": r.RouteCheck,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must be > 0", name, d))

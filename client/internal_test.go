@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
 func TestClassify(t *testing.T) {
@@ -51,6 +55,8 @@ func TestClassify(t *testing.T) {
 		{"caller canceled", local(connect.CodeCanceled, context.Canceled), false, failure{code: sequencer.CodeCanceled}},
 		{"bare context error", context.Canceled, false, failure{code: sequencer.CodeCanceled}},
 		{"domain error", sequencer.ErrOverloaded, false, failure{code: sequencer.CodeResourceExhausted, retry: true}},
+		{"owner moved while waiting", fmt.Errorf("%w (%w)", errRouteMoved, context.Canceled), false,
+			failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true, moved: true}},
 	} {
 		if got := classify(tc.err, tc.timedOut); got != tc.want {
 			t.Errorf("%s: classify = %+v, want %+v", tc.name, got, tc.want)
@@ -166,5 +172,39 @@ func TestGiveUpKeepsCodeAndCause(t *testing.T) {
 	want := `send conv_id "g:1" (3 attempts, max attempts reached): unavailable: store unavailable`
 	if got.Error() != want {
 		t.Fatalf("message %q, want %q", got.Error(), want)
+	}
+}
+
+// TestBatchTimeoutIsAnAttemptTimeout: a SendBatch request that runs out of
+// its own time (the batcher's budget) fails its items as an attempt that
+// timed out, retried with the same key while the call's budget lasts,
+// whether or not the attempt's own context has noticed its deadline yet.
+// (They end at nearly the same moment, the batch's a little later; on a
+// loaded machine the batch's error could arrive first and was then taken
+// for the caller's deadline: not retried. TestClusterZombie saw SDK calls
+// end with deadline_exceeded after one or two attempts.)
+func TestBatchTimeoutIsAnAttemptTimeout(t *testing.T) {
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answers
+	}))
+	srv.Config.Protocols = &protocols
+	srv.Start()
+	defer srv.Close()
+	c, err := New(Config{Addrs: []string{srv.Listener.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := newBatcher(c.entries[0], c.cfg.Batching, 50*time.Millisecond, c.sawView)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = b.send(ctx, &sequencerv1.SendRequest{ConvId: "g:1", FromUid: 1, ClientMsgId: "k"}, false, func() {})
+	if err == nil {
+		t.Fatal("a request that never got an answer succeeded")
+	}
+	if f := classify(err, false); !f.retry || !f.timeout || f.code != sequencer.CodeDeadlineExceeded {
+		t.Fatalf("a batch that ran out of its time: %+v (%v), want a retried attempt timeout", f, err)
 	}
 }

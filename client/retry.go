@@ -24,11 +24,22 @@ type failure struct {
 	retry     bool           // resending (same client_msg_id) may succeed
 	transport bool           // the node was not reached or the answer was lost
 	timeout   bool           // the attempt ran past AttemptTimeout
+	moved     bool           // given up because the owner moved (RouteCheck): the next attempt goes at once
 }
 
 // classify reads a failed attempt. attemptTimedOut tells that the attempt's
 // own deadline passed while the call's budget remained.
 func classify(err error, attemptTimedOut bool) failure {
+	if errors.Is(err, errRouteMoved) {
+		// Given up while waiting: the outcome is unknown, like a timeout.
+		return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true, moved: true}
+	}
+	if errors.Is(err, errAttemptTimedOut) {
+		// A request that ran out of its own time (a SendBatch carrying
+		// this attempt), whether or not the attempt's context has noticed
+		// its own deadline yet; the caller's end is told apart by ctx.
+		return failure{code: sequencer.CodeDeadlineExceeded, retry: true, timeout: true}
+	}
 	if ie, ok := asItemError(err); ok {
 		// A batch item the node answered: the same rules as a Send's answer.
 		return answered(ie.code)
@@ -232,6 +243,9 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 			return last("max attempts reached")
 		}
 		wait := p.backoff(n)
+		if f.moved {
+			wait = 0 // the owner is known: no reason to wait
+		}
 		dl := budget
 		if cdl, ok := ctx.Deadline(); ok {
 			dl = earliest(dl, cdl)
@@ -248,6 +262,9 @@ func (c *Client) retry(ctx context.Context, cl call, attempt attemptFunc) error 
 		}
 		c.log.DebugContext(ctx, "sequencer client: retrying", "op", cl.op, "conv_id", cl.convID, "attempt", n,
 			"node", nodeURL(target), "code", f.code.String(), "backoff", wait, "err", err)
+		if wait == 0 {
+			continue
+		}
 		// The wait ends before the budget (checked above): only ctx can
 		// cut it short.
 		t := time.NewTimer(wait)
@@ -297,6 +314,8 @@ func (c *Client) giveUp(ctx context.Context, cl call, attempts int, err error, f
 // failed attempt on target.
 func (c *Client) noteFailure(target *node, convID string, f failure) {
 	switch {
+	case f.moved:
+		// The new owner was just learned: keep it.
 	case f.transport && target != nil:
 		// Unreachable: avoid it for a while and re-route its conversations.
 		target.markDown(time.Now().Add(c.cfg.Retry.MaxBackoff))

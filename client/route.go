@@ -51,6 +51,11 @@ func (o owner) newer(p owner) bool {
 // changes in a cluster's life, so only owners are ever invalidated; the
 // partition table is bounded by the cluster's partition count.
 type routeCache struct {
+	// seen is the newest membership version a node named in a Send answer
+	// (header Sequencer-Membership-Version): an owner learned under an
+	// older view is not used, its conversation asks Route again.
+	seen atomic.Uint64
+
 	mu     sync.Mutex
 	max    int
 	lru    *list.List               // of *convEntry, most recent first
@@ -67,7 +72,18 @@ func newRouteCache(max int) *routeCache {
 	return &routeCache{max: max, lru: list.New(), convs: map[string]*list.Element{}, owners: map[uint32]owner{}}
 }
 
-// lookup returns the cached owner of convID.
+// saw records the membership version a node answered with.
+func (c *routeCache) saw(version uint64) {
+	for {
+		cur := c.seen.Load()
+		if version <= cur || c.seen.CompareAndSwap(cur, version) {
+			return
+		}
+	}
+}
+
+// lookup returns the cached owner of convID, unless it was learned under
+// an older membership view than one seen since.
 func (c *routeCache) lookup(convID string) (*node, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -77,7 +93,7 @@ func (c *routeCache) lookup(convID string) (*node, bool) {
 	}
 	c.lru.MoveToFront(el)
 	o, ok := c.owners[el.Value.(*convEntry).partition]
-	if !ok || o.node == nil {
+	if !ok || o.node == nil || o.membershipVersion < c.seen.Load() {
 		return nil, false
 	}
 	return o.node, true

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -36,6 +37,7 @@ type fakeNode struct {
 	stored   map[string]uint64                                       // client_msg_id -> seq
 	noBatch  bool                                                    // answer SendBatch unimplemented (an older server)
 	batchFn  func(items []*sequencerv1.SendRequest)                  // called as a SendBatch arrives; nil: nothing
+	view     uint64                                                  // membership version in the answers' header (0: none)
 }
 
 func startFake(t *testing.T) *fakeNode {
@@ -109,7 +111,22 @@ func (f *fakeNode) Send(_ context.Context, req *connect.Request[sequencerv1.Send
 		seq = uint64(len(f.stored) + 1)
 		f.stored[key] = seq
 	}
-	return connect.NewResponse(&sequencerv1.SendResponse{MsgId: 1000 + seq, Seq: seq, ServerAt: timestamppb.Now(), Duplicate: dup}), nil
+	resp := connect.NewResponse(&sequencerv1.SendResponse{MsgId: 1000 + seq, Seq: seq, ServerAt: timestamppb.Now(), Duplicate: dup})
+	f.viewHeader(resp.Header())
+	return resp, nil
+}
+
+// viewHeader sets the membership version header as a cluster node does.
+func (f *fakeNode) viewHeader(h http.Header) {
+	if f.view != 0 {
+		h.Set("Sequencer-Membership-Version", fmt.Sprint(f.view))
+	}
+}
+
+func (f *fakeNode) setView(v uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.view = v
 }
 
 // SendBatch answers each item as Send would (an error of the n-th send
@@ -135,7 +152,11 @@ func (f *fakeNode) SendBatch(ctx context.Context, req *connect.Request[sequencer
 		}
 		out.Results = append(out.Results, &sequencerv1.SendResult{Outcome: &sequencerv1.SendResult_Ok{Ok: resp.Msg}})
 	}
-	return connect.NewResponse(out), nil
+	r := connect.NewResponse(out)
+	f.mu.Lock()
+	f.viewHeader(r.Header())
+	f.mu.Unlock()
+	return r, nil
 }
 
 func (f *fakeNode) counts() (routes, sends int) {
@@ -333,5 +354,106 @@ func TestBatchFallsBackToSendOnOlderNode(t *testing.T) {
 	// then unary Sends only.
 	if !slices.Equal(methods, []string{"Send", "Send", "Send"}) {
 		t.Fatalf("requests %v", methods)
+	}
+}
+
+// A Send attempt waits on an owner that does not answer while the
+// conversation moved: the client asks Route again while it waits
+// (RouteCheck), sees another owner and resends there at once with the same
+// client_msg_id, long before its attempt timeout. While the route still
+// names the node it waits on, it keeps waiting (no resend).
+func TestSlowAttemptFollowsAMovedOwner(t *testing.T) {
+	entry, old, next := startFake(t), startFake(t), startFake(t)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the fakes stop (cleanups run last first)
+	entry.routeTo(old.addr, "old", 1)
+	c := newClient(t, client.Config{Addrs: []string{entry.addr},
+		Retry: client.RetryPolicy{AttemptTimeout: time.Minute, RouteCheck: 20 * time.Millisecond}})
+	send(t, c, "g:1", "k1")
+
+	// old stops answering (a blackholed link, a stuck commit); the route
+	// still names it: the client keeps waiting, asking Route meanwhile.
+	var held sync.WaitGroup
+	held.Add(1)
+	old.setSend(func(n int) error {
+		if n == 2 {
+			held.Done()
+			<-release
+		}
+		return nil
+	})
+	done := make(chan error, 1)
+	var res client.SendResult
+	go func() {
+		var err error
+		res, err = c.Send(ctxT(t), client.SendRequest{ConvID: "g:1", FromUID: 1, ClientMsgID: "k2", Body: []byte("x")})
+		done <- err
+	}()
+	held.Wait()
+	routes, _ := entry.counts()
+	deadline := time.Now().Add(10 * time.Second)
+	for r := routes; r < routes+3; r, _ = entry.counts() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting attempt asked Route %d times, want 3 checks", r-routes)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the send ended while its owner still held it and the route named it: %v", err)
+	default:
+	}
+	if got := next.keys(); len(got) != 0 {
+		t.Fatalf("the new owner got %v before the route moved", got)
+	}
+
+	// The partition moves: the next check names next, and k2 goes there.
+	entry.routeTo(next.addr, "next", 2)
+	if err := <-done; err != nil {
+		t.Fatalf("send after the owner moved: %v", err)
+	}
+	if res.Seq != 1 || res.ClientMsgID != "k2" {
+		t.Fatalf("send after the owner moved = %+v, want next's first message k2", res)
+	}
+	if got := next.keys(); !slices.Equal(got, []string{"k2"}) {
+		t.Fatalf("new owner got %v, want the resent k2", got)
+	}
+	free() // the old owner's held Send holds its lock
+	if got := old.keys(); !slices.Equal(got, []string{"k1", "k2"}) {
+		t.Fatalf("old owner got %v, want k1, then k2 once", got)
+	}
+}
+
+// The owner cached for a conversation was learned at membership version 1;
+// a later Send answer names version 2 (the ring may have moved it, and the
+// old owner forwards without telling): the next send of that conversation
+// asks Route again and goes to the owner it names now, with or without
+// batching.
+func TestRoutesOfAnOlderViewAreAskedAgain(t *testing.T) {
+	for _, disabled := range []bool{false, true} {
+		entry, old, next := startFake(t), startFake(t), startFake(t)
+		entry.routeTo(old.addr, "old", 1)
+		c := newClient(t, client.Config{Addrs: []string{entry.addr}, Batching: client.BatchPolicy{Disabled: disabled}})
+		send(t, c, "g:1", "k1")
+		send(t, c, "g:1", "k2") // cached: no Route
+		if r, _ := entry.counts(); r != 1 {
+			t.Fatalf("batching disabled %v: %d Route calls for one conversation, want 1", disabled, r)
+		}
+		entry.routeTo(next.addr, "next", 2)
+		old.setView(2) // the old owner's answer says the view moved on
+		send(t, c, "g:1", "k3")
+		send(t, c, "g:1", "k4")
+		if got := old.keys(); !slices.Equal(got, []string{"k1", "k2", "k3"}) {
+			t.Fatalf("batching disabled %v: old owner got %v, want k1, k2, k3", disabled, got)
+		}
+		if got := next.keys(); !slices.Equal(got, []string{"k4"}) {
+			t.Fatalf("batching disabled %v: new owner got %v, want k4 (routed again after version 2 was seen)", disabled, got)
+		}
+		send(t, c, "g:1", "k5")
+		if r, _ := entry.counts(); r != 2 {
+			t.Fatalf("batching disabled %v: %d Route calls, want 2 (the new route is cached)", disabled, r)
+		}
 	}
 }

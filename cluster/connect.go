@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -225,6 +226,7 @@ func (t *ConnectTransport) Start(h Handler) (string, error) {
 		hopts = append(hopts, ic)
 	}
 	mux.Handle(clusterv1connect.NewClusterServiceHandler(&clusterService{h: h}, hopts...))
+	mux.HandleFunc("GET "+probePath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	var protocols http.Protocols
 	srv := &http.Server{
 		Handler:           mux,
@@ -305,6 +307,37 @@ func (t *ConnectTransport) Forward(ctx context.Context, addr string, req *cluste
 		return nil, fmt.Errorf("forward to %s: %w", addr, err)
 	}
 	return res.Msg, nil
+}
+
+// probePath answers any GET at once (Probe). A node without it answers 404,
+// which proves the link as well.
+const probePath = "/sequencer.cluster.probe"
+
+var _ Prober = (*ConnectTransport)(nil)
+
+// Probe asks the node at addr for any HTTP answer over the client that
+// carries forwards (HTTP/2: the same connection as the forwards in flight,
+// while it takes new streams). An error means no answer came before ctx
+// ended, or the node cannot be reached.
+func (t *ConnectTransport) Probe(ctx context.Context, addr string) error {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return errTransportClosed
+	}
+	ctx, stop := mergeCancel(ctx, t.ctx)
+	defer stop()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.scheme+addr+probePath, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", addr, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<10))
+	return resp.Body.Close()
 }
 
 // mergeCancel returns ctx, also canceled when other is.

@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -211,6 +212,65 @@ func TestConnectTransportUnreachableAndRestart(t *testing.T) {
 	if _, err := forward(t, a, addr, "ab", 0, time.Second); err == nil {
 		t.Fatal("forward after Close succeeded")
 	}
+}
+
+// TestConnectTransportProbe: a probe of a live peer is answered while a
+// forward to it is still waiting for its owner (a slow owner is not a dead
+// link); a probe into a link that accepts bytes and answers nothing, or to
+// a closed port, fails; after Close probes fail at once.
+func TestConnectTransportProbe(t *testing.T) {
+	a := newConnect(t, "127.0.0.1:0", nil)
+	_, addr, _ := startEcho(t, "127.0.0.1:0", nil)
+	slow := make(chan error, 1)
+	go func() {
+		_, err := forward(t, a, addr, "slow", 0, 2*time.Second)
+		slow <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Probe(ctx, addr); err != nil {
+		t.Fatalf("probe of a live peer with a forward in flight: %v", err)
+	}
+	select {
+	case err := <-slow:
+		t.Fatalf("the slow forward ended before its deadline: %v", err)
+	default:
+	}
+
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	go func() {
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }() // reads, never answers
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	hctx, hcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer hcancel()
+	if err := a.Probe(hctx, hole.Addr().String()); err == nil {
+		t.Fatal("probe into a link that answers nothing succeeded")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	if err := a.Probe(ctx, dead); err == nil {
+		t.Fatal("probe of a closed port succeeded")
+	}
+	a.Close()
+	if err := a.Probe(ctx, addr); err == nil {
+		t.Fatal("probe after Close succeeded")
+	}
+	<-slow
 }
 
 func TestConnectTransportRefusesPlainNonLoopback(t *testing.T) {

@@ -12,35 +12,6 @@ import (
 	"github.com/sequencer-im/sequencer/ring"
 )
 
-// await waits for it's outcome; it gives up (no answer) when ctx ends or the
-// owner drops out of the membership (crashed: its reply will never come;
-// sending again is safe, the resend key makes it idempotent).
-func (n *Node) await(ctx context.Context, ownerID string, it *fwdItem) fwdOutcome {
-	for {
-		select {
-		case o := <-it.done:
-			return o
-		default:
-		}
-		n.mu.RLock()
-		changed := n.changed
-		_, member := n.core.View().Member(ownerID)
-		n.mu.RUnlock()
-		if !member {
-			n.met.forward("owner_gone")
-			return fwdOutcome{kind: fwdNoAnswer, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrUnknownOutcome,
-				fmt.Sprintf("node %s left the membership while a send was forwarded to it", ownerID))}
-		}
-		select {
-		case o := <-it.done:
-			return o
-		case <-changed:
-		case <-ctx.Done():
-			return fwdOutcome{kind: fwdNoAnswer, err: ctx.Err()}
-		}
-	}
-}
-
 // HandleForward implements Handler: a batch forwarded by another node. The
 // sender must be a live member at its current incarnation (else the batch
 // is refused, nothing stored); every item is validated with the API's rules
@@ -146,23 +117,34 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 	}
 	n.mu.RUnlock()
 
-	// Forward first, so the peers work while the local writer does.
-	type sent struct {
-		owner string
-		idx   []int
-		items []*fwdItem
-	}
-	var fwd []sent
-	for addr, idx := range remote {
-		items := make([]*fwdItem, len(idx))
-		for k, i := range idx {
-			items[k] = newFwdItem(ctx, reqs[i])
-		}
-		n.fwd.enqueue(addr, items)
-		fwd = append(fwd, sent{owners[addr], idx, items})
-	}
 	// retry: items to send again one by one (no final answer yet).
 	retry := make([]retryKind, len(reqs))
+	// Forward first, so the peers work while the local writer does.
+	var fwd sync.WaitGroup
+	for addr, idx := range remote {
+		fwd.Add(1)
+		go func() {
+			defer fwd.Done()
+			ureqs := make([]sequencer.SendRequest, len(idx))
+			for k, i := range idx {
+				ureqs[k] = reqs[i]
+			}
+			for k, o := range n.fwd.sendUnit(ctx, ureqs, fwdRoute{remote: true, addr: addr, owner: owners[addr]}) {
+				i := idx[k]
+				out[i] = sequencer.SendOutcome{Result: o.res, Err: o.err}
+				switch {
+				case o.kind == fwdAnswered && o.err != nil && o.resent && sequencer.ErrorCode(o.err).Retryable():
+					retry[i] = retryUnknown // an attempt without an answer may have stored it
+				case o.kind == fwdRetry && o.resent:
+					retry[i] = retryUnknown
+				case o.kind == fwdRetry:
+					retry[i] = retryNotStored
+				case o.kind == fwdNoAnswer && !o.stalled:
+					retry[i] = retryUnknown // ctx ended (sendSlow says so), or handed back to the local path
+				}
+			}
+		}()
+	}
 	if len(local) > 0 {
 		lreqs := make([]sequencer.SendRequest, len(local))
 		lout := make([]sequencer.SendOutcome, len(local))
@@ -177,18 +159,7 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 			}
 		}
 	}
-	for _, f := range fwd {
-		for k, i := range f.idx {
-			o := n.await(ctx, f.owner, f.items[k])
-			out[i] = sequencer.SendOutcome{Result: o.res, Err: o.err}
-			switch o.kind {
-			case fwdRetry:
-				retry[i] = retryNotStored
-			case fwdNoAnswer:
-				retry[i] = retryUnknown
-			}
-		}
-	}
+	fwd.Wait()
 	for _, i := range slow {
 		retry[i] = retryNotStored
 	}
@@ -212,19 +183,13 @@ const (
 // same without being tried. Once ctx ended, items not answered get ctx's
 // error (not an answer: the outcome is unknown).
 func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, retry []retryKind, forwarded bool) {
-	byConv := map[string][]int{}
-	var order []string
+	var todo []int
 	for i := range reqs {
-		if retry[i] == retryNone {
-			continue
+		if retry[i] != retryNone {
+			todo = append(todo, i)
 		}
-		c := reqs[i].ConvID
-		if _, ok := byConv[c]; !ok {
-			order = append(order, c)
-		}
-		byConv[c] = append(byConv[c], i)
 	}
-	if len(order) == 0 {
+	if len(todo) == 0 {
 		return
 	}
 	// lastOK[conv]: the index of the last item of conv that succeeded
@@ -235,10 +200,11 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 			lastOK[reqs[i].ConvID] = i
 		}
 	}
-	run := func(c string) {
+	byConversation(reqs, todo, func(idx []int) {
 		var failed error
+		c := reqs[idx[0]].ConvID
 		last, hasLast := lastOK[c]
-		for _, i := range byConv[c] {
+		for _, i := range idx {
 			switch {
 			case ctx.Err() != nil:
 				if out[i].Err != nil {
@@ -260,9 +226,24 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 				}
 			}
 		}
+	})
+}
+
+// byConversation runs run once per conversation of the items idx (indexes
+// into reqs) with that conversation's indexes in their order, the
+// conversations in parallel; it returns when all are done.
+func byConversation(reqs []sequencer.SendRequest, idx []int, run func(idx []int)) {
+	byConv := map[string][]int{}
+	var order []string
+	for _, i := range idx {
+		c := reqs[i].ConvID
+		if _, ok := byConv[c]; !ok {
+			order = append(order, c)
+		}
+		byConv[c] = append(byConv[c], i)
 	}
 	if len(order) == 1 {
-		run(order[0])
+		run(byConv[order[0]])
 		return
 	}
 	var wg sync.WaitGroup
@@ -270,7 +251,7 @@ func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out [
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			run(c)
+			run(byConv[c])
 		}()
 	}
 	wg.Wait()

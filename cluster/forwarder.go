@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -22,8 +23,8 @@ const (
 	MaxForwardBytes = 4 << 20
 )
 
-// fwdItem is one send waiting to be forwarded, or forwarded and waiting for
-// its answer.
+// fwdItem is one attempt of a send: waiting to be forwarded, or forwarded
+// and waiting for its answer.
 type fwdItem struct {
 	ctx  context.Context // the caller's (bounded): the item is dropped unsent once it ends
 	req  sequencer.SendRequest
@@ -33,19 +34,34 @@ type fwdItem struct {
 type fwdKind int
 
 const (
-	fwdAnswered fwdKind = iota // a final answer: res or err
-	fwdRetry                   // not stored (ownership error, refused batch): retry within HandoffWait
-	fwdNoAnswer                // outcome unknown: retry with the same key until ctx ends
+	fwdAnswered fwdKind = iota // the owner's answer: res or err
+	fwdRetry                   // not stored (an ownership error at the owner, the batch refused): the caller may route again
+	fwdNoAnswer                // outcome unknown, and not sent again: ctx ended, the link stalled, or handed back (see forwarder.resend)
 )
 
 type fwdOutcome struct {
 	kind fwdKind
 	res  sequencer.SendResult
 	err  error
+	// resent: an earlier attempt got no answer (it may have stored the
+	// item), so a retryable error is no final answer, and Duplicate was
+	// cleared (the client sent the message once).
+	resent bool
+	// stalled: no answer because the link to the owner made no progress
+	// (its probe failed) while the route still names that owner; err is a
+	// deadline_exceeded (outcome unknown) the caller answers at once.
+	stalled bool
 }
 
 func newFwdItem(ctx context.Context, req sequencer.SendRequest) *fwdItem {
 	return &fwdItem{ctx: ctx, req: req, done: make(chan fwdOutcome, 1)}
+}
+
+// fwdRoute is where the route function sends a conversation's items now.
+type fwdRoute struct {
+	remote bool   // another node owns it: forward to it; else the local path (or a wait) takes the item
+	addr   string // the owner's cluster address
+	owner  string // the owner's node id
 }
 
 // peerQueue holds the items waiting for one peer. Every batch is one
@@ -93,16 +109,27 @@ var defaultForwardPolicy = forwardPolicy{eager: 2, minBatch: 128, stall: 20 * ti
 // forwarder carries sends to the nodes that own them: one queue per peer,
 // batches by the forwardPolicy, one request per batch over the transport,
 // and every item's outcome handed back (answered, not stored, or no answer:
-// see fwdKind). It knows nothing of ownership: the caller routes (Node.send,
-// Node.sendMany) and retries. Its dependencies are injected: the transport's
-// Forward, the clock (the stall guard and its quiet time), who this node is
-// (self), and what a transport failure means for the failure detector
-// (suspect).
+// see fwdKind). It owns the retry of an attempt that got no answer (a
+// transport error, the owner ran out of time or left the membership): the
+// item is sent again with the same key to the owner the route names then,
+// until an answer or the end of its caller's context, or handed back to the
+// caller when the route no longer names another node (after a takeover the
+// local writer takes it). A batch whose link to the peer makes no progress
+// (its probe fails) ends without an answer at once; while the route still
+// names that peer, the caller answers deadline_exceeded (outcome unknown),
+// so that a client re-routes instead of waiting for the link.
+//
+// Its dependencies are injected: the transport's Forward (and Probe), the
+// route function (where a conversation's sends go now), the membership test
+// of an owner, the clock (the stall guard, the retry's backoff, the probe's
+// timing and the owner's time budget), who this node is (self), and what a
+// transport failure means for the failure detector (suspect).
 type forwarder struct {
 	forwarderDeps
 
-	mu     sync.Mutex            // guards peers and policy
+	mu     sync.Mutex            // guards peers, probes and policy
 	peers  map[string]*peerQueue // items waiting, by owner address
+	probes map[string]*probeCall // probes in flight, by peer address
 	policy forwardPolicy
 	ctx    context.Context // batches in flight; canceled by close
 	cancel context.CancelFunc
@@ -112,15 +139,57 @@ type forwarder struct {
 type forwarderDeps struct {
 	clk     clock.Clock // nil: the real clock
 	forward func(ctx context.Context, addr string, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error)
+	// probe asks the peer at addr for any answer over the link forwards
+	// use (Prober); nil: links are not probed.
+	probe func(ctx context.Context, addr string) error
+	// route answers where convID's sends go now, and a channel closed at
+	// the next change of the node's view.
+	route func(convID string) (fwdRoute, <-chan struct{})
+	// member reports whether nodeID is in the node's membership view (a
+	// node that left will never answer), and a channel closed at the next
+	// change of the view.
+	member  func(nodeID string) (bool, <-chan struct{})
 	self    func() (nodeID, incarnation string, version uint64)
 	suspect func() // a peer failed at the transport level
 	met     *clusterMetrics
 	timeout time.Duration // how long an item without a deadline waits (Config.ForwardTimeout)
+	// probeAfter and probeTimeout: a batch without an answer after
+	// probeAfter has its link probed; a probe without an answer within
+	// probeTimeout ends the batches in flight to that peer (stalled).
+	// Zero: ForwardProbeAfter and ForwardProbeTimeout.
+	probeAfter, probeTimeout time.Duration
 }
+
+// The stall guard of a forward (forwarder): a batch not answered within
+// ForwardProbeAfter has its link probed (one probe per peer at a time), and
+// again every ForwardProbeAfter while the probes answer; a probe without an
+// answer within ForwardProbeTimeout ends the batch without an answer. An
+// owner that is merely slow (a handoff, a slow store) answers the probe, so
+// its batches wait; a link that lost its peer (a blackhole, a frozen
+// process) is given up about 1.5 s after the batch left instead of at the
+// HTTP/2 ping timeout (4 s) or the caller's deadline.
+const (
+	ForwardProbeAfter   = 500 * time.Millisecond
+	ForwardProbeTimeout = time.Second
+)
+
+// The backoff between the attempts of an item that got no answer from an
+// owner the route still names: doubled per attempt from fwdBackoffMin up to
+// fwdBackoffMax, cut short by a change of the node's view.
+const (
+	fwdBackoffMin = 20 * time.Millisecond
+	fwdBackoffMax = 500 * time.Millisecond
+)
 
 func newForwarder(d forwarderDeps) *forwarder {
 	d.clk = clock.Or(d.clk)
-	f := &forwarder{forwarderDeps: d, peers: map[string]*peerQueue{}, policy: defaultForwardPolicy}
+	if d.probeAfter <= 0 {
+		d.probeAfter = ForwardProbeAfter
+	}
+	if d.probeTimeout <= 0 {
+		d.probeTimeout = ForwardProbeTimeout
+	}
+	f := &forwarder{forwarderDeps: d, peers: map[string]*peerQueue{}, probes: map[string]*probeCall{}, policy: defaultForwardPolicy}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	return f
 }
@@ -245,23 +314,8 @@ func itemSize(r sequencer.SendRequest) int {
 // forwardBatch sends one batch and hands every item its outcome. It returns
 // the error when the batch got no per-item answer.
 func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
-	// The batch waits as long as its most patient item. Context deadlines
-	// are real time, whatever the injected clock: this is the one place the
-	// forwarder reads the wall clock, to turn them into the owner's budget.
-	var deadline time.Time
-	realNow := time.Now()
-	for _, it := range batch {
-		dl, ok := it.ctx.Deadline()
-		if !ok {
-			dl = realNow.Add(f.timeout)
-		}
-		if dl.After(deadline) {
-			deadline = dl
-		}
-	}
-	timeout := deadline.Sub(realNow)
-	ctx, cancel := context.WithDeadline(f.ctx, deadline)
-	defer cancel()
+	ctx, cancel, budget := f.batchContext(batch)
+	defer cancel(nil)
 	// Tracing: the forward's span is a child of the first item's caller
 	// (a batch carrying several callers' items has one parent).
 	if sc := trace.SpanContextFromContext(batch[0].ctx); sc.IsValid() {
@@ -274,7 +328,7 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		MembershipVersion: version,
 		// The owner gives up a little earlier, so its answer (even "deadline
 		// exceeded") arrives before this node stops waiting.
-		TimeoutMs: uint32(max(timeout*9/10/time.Millisecond, 1)),
+		TimeoutMs: uint32(min(max(budget*9/10/time.Millisecond, 1), math.MaxUint32)),
 		Items:     make([]*clusterv1.ForwardItem, len(batch)),
 	}
 	items := make([]clusterv1.ForwardItem, len(batch)) // one allocation per batch, not per item
@@ -285,7 +339,14 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		msg.Items[i] = f
 	}
 	f.met.forwardBatch(len(batch))
+	var stopWatch func()
+	if f.probe != nil {
+		stopWatch = f.watch(addr, func() { cancel(errLinkStalled) })
+	}
 	reply, err := f.forward(ctx, addr, msg)
+	if stopWatch != nil {
+		stopWatch()
+	}
 	if err == nil && len(reply.GetResults()) != len(batch) {
 		err = fmt.Errorf("node at %s answered %d results for %d items", addr, len(reply.GetResults()), len(batch))
 	}
@@ -294,14 +355,20 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		o := fwdOutcome{kind: fwdNoAnswer, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrUnknownOutcome,
 			fmt.Sprintf("forward to %s: %v", addr, err))}
 		result := "transport_error"
-		if !errors.As(err, &re) {
-			f.suspect()
-		}
-		if errors.As(err, &re) {
+		switch {
+		case errors.As(err, &re):
 			// Nothing stored: this node is not a live member in the
 			// receiver's view (it is presumed dead, or the receiver lags).
 			o = fwdOutcome{kind: fwdRetry, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner, re.Error())}
 			result = "refused"
+		case errors.Is(context.Cause(ctx), errLinkStalled):
+			o = fwdOutcome{kind: fwdNoAnswer, stalled: true, err: sequencer.Wrap(sequencer.CodeDeadlineExceeded,
+				fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled),
+				fmt.Sprintf("forward to %s: outcome unknown", addr))}
+			result = "stalled"
+			f.suspect()
+		default:
+			f.suspect()
 		}
 		for _, it := range batch {
 			f.met.forward(result)
@@ -334,4 +401,228 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		it.done <- o
 	}
 	return nil
+}
+
+// errLinkStalled ends a batch whose link to the peer made no progress (its
+// probe got no answer).
+var errLinkStalled = errors.New("no progress on the link to the owner (probe unanswered)")
+
+// batchContext is the context of one batch: it waits as long as its most
+// patient item (until the latest of the items' deadlines; an item without
+// one waits f.timeout on the clock), and budget is that wait as the owner
+// gets it. Context deadlines are compared with the injected clock (the real
+// one in production; a test with a fake clock gives its items deadlines
+// near the fake time, or none).
+func (f *forwarder) batchContext(batch []*fwdItem) (context.Context, context.CancelCauseFunc, time.Duration) {
+	now := f.clk.Now()
+	var latest time.Time
+	budget, open := time.Duration(0), false // open: an item has no deadline
+	for _, it := range batch {
+		dl, ok := it.ctx.Deadline()
+		if !ok {
+			open = true
+			budget = max(budget, f.timeout)
+			continue
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+		budget = max(budget, dl.Sub(now))
+	}
+	ctx, cancel := context.WithCancelCause(f.ctx)
+	if !open {
+		dctx, dcancel := context.WithDeadline(ctx, latest)
+		return dctx, func(cause error) { cancel(cause); dcancel() }, budget
+	}
+	t := clock.AfterFunc(f.clk, budget, func() { cancel(context.DeadlineExceeded) })
+	return ctx, func(cause error) { t.Stop(); cancel(cause) }, budget
+}
+
+// probeCall is one probe of a peer's link, shared by the batches that wait
+// for its verdict.
+type probeCall struct {
+	done  chan struct{}
+	alive bool
+}
+
+// watch guards one batch in flight to addr: after probeAfter without an
+// answer it probes the link (shared with the other batches to addr); a probe
+// that answers re-arms the guard, one that does not calls stalled. The
+// returned stop ends the guard once the batch returned.
+func (f *forwarder) watch(addr string, stalled func()) (stop func()) {
+	var mu sync.Mutex
+	over := false
+	var timer clock.Timer
+	var arm func()
+	arm = func() { // mu held
+		timer = clock.AfterFunc(f.clk, f.probeAfter, func() {
+			alive := f.probeLink(addr)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case over:
+			case alive:
+				arm()
+			default:
+				stalled()
+			}
+		})
+	}
+	mu.Lock()
+	arm()
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		over = true
+		timer.Stop()
+	}
+}
+
+// probeLink reports whether the peer at addr answered a probe within
+// probeTimeout; concurrent callers share one probe.
+func (f *forwarder) probeLink(addr string) bool {
+	f.mu.Lock()
+	pc := f.probes[addr]
+	if pc == nil {
+		pc = &probeCall{done: make(chan struct{})}
+		f.probes[addr] = pc
+		go func() {
+			ctx, cancel := context.WithCancel(f.ctx)
+			t := clock.AfterFunc(f.clk, f.probeTimeout, cancel)
+			err := f.probe(ctx, addr)
+			t.Stop()
+			cancel()
+			f.mu.Lock()
+			delete(f.probes, addr)
+			f.mu.Unlock()
+			pc.alive = err == nil
+			close(pc.done)
+		}()
+	}
+	f.mu.Unlock()
+	<-pc.done
+	return pc.alive
+}
+
+// send forwards req to dst's owner and returns the outcome, after sending
+// it again as long as attempts get no answer (see resend).
+func (f *forwarder) send(ctx context.Context, req sequencer.SendRequest, dst fwdRoute) fwdOutcome {
+	it := newFwdItem(ctx, req)
+	f.enqueue(dst.addr, []*fwdItem{it})
+	return f.resend(ctx, req, dst, f.await(ctx, dst.owner, it))
+}
+
+// sendUnit forwards reqs (the items of one call owned by dst's owner) as
+// one unit and returns each item's outcome. The items that got no answer
+// are then sent again one by one as send does, those of one conversation in
+// item order (conversations in parallel); after one ends without an answer,
+// the later ones of its conversation are left as they are.
+func (f *forwarder) sendUnit(ctx context.Context, reqs []sequencer.SendRequest, dst fwdRoute) []fwdOutcome {
+	items := make([]*fwdItem, len(reqs))
+	for k := range reqs {
+		items[k] = newFwdItem(ctx, reqs[k])
+	}
+	f.enqueue(dst.addr, items)
+	out := make([]fwdOutcome, len(reqs))
+	var again []int
+	for k, it := range items {
+		if out[k] = f.await(ctx, dst.owner, it); out[k].kind == fwdNoAnswer {
+			again = append(again, k)
+		}
+	}
+	byConversation(reqs, again, func(idx []int) {
+		for _, k := range idx {
+			if out[k] = f.resend(ctx, reqs[k], dst, out[k]); out[k].kind == fwdNoAnswer {
+				return
+			}
+		}
+	})
+	return out
+}
+
+// resend carries on after an attempt of req to dst ended with o. An attempt
+// without an answer is not an answer: req is sent again, with the same key,
+// to the owner the route names, after a backoff on the clock (cut short by
+// a change of the node's view) when that is the same owner. It returns the
+// first answer (fwdAnswered, fwdRetry; resent set when an attempt went
+// unanswered), or no answer when ctx ended (err wraps ctx.Err()), when the
+// link to the owner the route still names stalled (stalled set), or when
+// the route no longer names another node: the item is handed back to the
+// caller (after a takeover the local writer takes it, or it waits for the
+// handoff).
+func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst fwdRoute, o fwdOutcome) fwdOutcome {
+	backoff := fwdBackoffMin
+	for resent := false; ; resent = true {
+		if o.kind != fwdNoAnswer {
+			if resent {
+				o.resent = true
+				o.res.Duplicate = false // found stored by this node's own resend: the client sent it once
+			}
+			return o
+		}
+		o.resent = true
+		if err := ctx.Err(); err != nil {
+			if !errors.Is(o.err, err) {
+				o.err = fmt.Errorf("%w (%v)", err, o.err)
+			}
+			return o
+		}
+		next, changed := f.route(req.ConvID)
+		if !next.remote || (o.stalled && next.owner == dst.owner) {
+			return o
+		}
+		if next == dst {
+			t, fired := f.after(backoff)
+			select {
+			case <-fired:
+			case <-changed:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			if err := ctx.Err(); err != nil {
+				return fwdOutcome{kind: fwdNoAnswer, resent: true, err: fmt.Errorf("%w (%v)", err, o.err)}
+			}
+			backoff = min(2*backoff, fwdBackoffMax)
+			if next, _ = f.route(req.ConvID); !next.remote {
+				return o
+			}
+		}
+		dst = next
+		it := newFwdItem(ctx, req)
+		f.enqueue(dst.addr, []*fwdItem{it})
+		o = f.await(ctx, dst.owner, it)
+	}
+}
+
+// after returns a timer on the clock and a channel closed when it fires.
+func (f *forwarder) after(d time.Duration) (clock.Timer, <-chan struct{}) {
+	fired := make(chan struct{})
+	return clock.AfterFunc(f.clk, d, func() { close(fired) }), fired
+}
+
+// await waits for it's outcome; it gives up (no answer) when ctx ends or the
+// owner drops out of the membership (crashed: its reply will never come;
+// sending again is safe, the resend key makes it idempotent).
+func (f *forwarder) await(ctx context.Context, ownerID string, it *fwdItem) fwdOutcome {
+	for {
+		select {
+		case o := <-it.done:
+			return o
+		default:
+		}
+		member, changed := f.member(ownerID)
+		if !member {
+			f.met.forward("owner_gone")
+			return fwdOutcome{kind: fwdNoAnswer, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrUnknownOutcome,
+				fmt.Sprintf("node %s left the membership while a send was forwarded to it", ownerID))}
+		}
+		select {
+		case o := <-it.done:
+			return o
+		case <-changed:
+		case <-ctx.Done():
+			return fwdOutcome{kind: fwdNoAnswer, err: ctx.Err()}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -48,6 +49,9 @@ type ipOptions struct {
 	tlsFiles [3]string                 // cert, key, CA: mutual TLS
 	wrap     func(Transport) Transport // wraps a plain loopback transport
 	tp       trace.TracerProvider      // traces the default transport
+	// listen and advertise, when set: the cluster listener's address and
+	// the one peers dial (e.g. a proxy in front of it).
+	listen, advertise string
 }
 
 func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
@@ -69,7 +73,10 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 		NodeID: id, Store: store.Cluster(), ClusterListen: "127.0.0.1:0", APIAddr: "api-" + id,
 		MemberTTL: 2 * time.Second, Heartbeat: 300 * time.Millisecond, Logger: simLogger(),
 		TLSCertFile: o.tlsFiles[0], TLSKeyFile: o.tlsFiles[1], TLSCAFile: o.tlsFiles[2],
-		TracerProvider: o.tp,
+		TracerProvider: o.tp, ClusterAdvertise: o.advertise,
+	}
+	if o.listen != "" {
+		cfg.ClusterListen = o.listen
 	}
 	n := &ipNode{id: id, store: store, lease: lease}
 	if o.wrap != nil {
@@ -399,6 +406,115 @@ func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
 	}
 	ct.dropRequests.Store(0)
 	pc.checkStored(acks)
+}
+
+// holeProxy forwards TCP connections to target; while hole is set it reads
+// and drops the bytes of both directions (a blackholed link: connections
+// stay open, nothing arrives).
+type holeProxy struct {
+	ln     net.Listener
+	target string
+	hole   atomic.Bool
+}
+
+func newHoleProxy(t *testing.T, target string) *holeProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holeProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); u.Close() })
+			go p.pipe(c, u)
+			go p.pipe(u, c)
+		}
+	}()
+	return p
+}
+
+func (p *holeProxy) pipe(from, to net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := from.Read(buf)
+		if err != nil {
+			to.Close()
+			return
+		}
+		if p.hole.Load() {
+			continue
+		}
+		if _, err := to.Write(buf[:k]); err != nil {
+			from.Close()
+			return
+		}
+	}
+}
+
+// TestInProcessForwardIntoBlackhole: the link from a to the owner b is
+// blackholed (b stays a live member, so the route keeps naming it). A send
+// forwarded into it is answered deadline_exceeded (outcome unknown: never
+// an error that says "not stored") while its caller's deadline is still far
+// off, so that the client re-routes; once the link passes again, the resend
+// with the same key is acked and the message is stored once.
+func TestInProcessForwardIntoBlackhole(t *testing.T) {
+	pc := newProcCluster(t)
+	a := pc.startInProcess("a", ipOptions{})
+	listen := freeLoopback(t)
+	hole := newHoleProxy(t, listen)
+	b := pc.startInProcess("b", ipOptions{listen: listen, advertise: hole.ln.Addr().String()})
+	pc.waitInProcess(a, b)
+	conv := convsOwnedBy(t, a, "b", "hole", 1)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	acks := map[string]acked{}
+	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "before", MsgType: 1}
+	res, err := a.cn.Send(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks[req.ClientMsgID] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
+
+	hole.hole.Store(true)
+	req = sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "into-the-hole", MsgType: 1}
+	_, err = a.cn.Send(ctx, req)
+	if ctx.Err() != nil {
+		t.Fatalf("the send into a blackholed link ended with its caller's deadline (%v), want an answer before it", err)
+	}
+	if sequencer.ErrorCode(err) != sequencer.CodeDeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("send into a blackholed link: %v (code %v), want deadline_exceeded (outcome unknown)", err, sequencer.ErrorCode(err))
+	}
+	if loc, _ := a.cn.Locate(conv); loc.NodeID != "b" {
+		t.Fatalf("%s moved to %s during the test", conv, loc.NodeID)
+	}
+
+	hole.hole.Store(false)
+	res, err = a.cn.Send(ctx, req) // the client's resend
+	if err != nil {
+		t.Fatalf("resend after the link healed: %v", err)
+	}
+	acks[req.ClientMsgID] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
+	pc.checkStored(acks)
+}
+
+// freeLoopback returns a free 127.0.0.1 port's address.
+func freeLoopback(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // TestInProcessOwnerCrashesMidForward: the owner of a conversation stops

@@ -156,6 +156,13 @@ func New(cfg Config) (*Node, error) {
 	n.fwd = newForwarder(forwarderDeps{
 		clk:     cfg.Clock,
 		forward: tr.Forward,
+		route:   n.fwdRoute,
+		member: func(nodeID string) (bool, <-chan struct{}) {
+			n.mu.RLock()
+			defer n.mu.RUnlock()
+			_, ok := n.core.View().Member(nodeID)
+			return ok, n.changed
+		},
 		self: func() (string, string, uint64) {
 			n.mu.RLock()
 			defer n.mu.RUnlock()
@@ -165,7 +172,22 @@ func New(cfg Config) (*Node, error) {
 		met:     n.met,
 		timeout: cfg.ForwardTimeout,
 	})
+	if p, ok := tr.(Prober); ok {
+		n.fwd.probe = p.Probe
+	}
 	return n, nil
+}
+
+// fwdRoute is the forwarder's route function: where convID's sends go now
+// by the ownership core (another node: forwarded; else the local way), and
+// the channel closed at the core's next change.
+func (n *Node) fwdRoute(convID string) (fwdRoute, <-chan struct{}) {
+	p := ring.PartitionOf(convID, n.partitions)
+	now := n.clk.Now()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	d := n.core.Dispatch(p, now)
+	return fwdRoute{remote: d.Way == ownership.WayForward, addr: d.Owner.ClusterAddr, owner: d.Owner.NodeID}, n.changed
 }
 
 // opCtx bounds one store operation of the membership machinery.
@@ -391,7 +413,17 @@ func (n *Node) beat(ctx context.Context) {
 	cancel()
 	if err == nil {
 		var drain bool
-		n.update(func(c *ownership.Core) { drain = c.Renewed(self.Incarnation, v, sent) })
+		var moved bool
+		n.update(func(c *ownership.Core) {
+			before := c.View().Version
+			drain = c.Renewed(self.Incarnation, v, sent)
+			moved = c.View().Version != before
+		})
+		if moved {
+			// A new view (a member joined, left or expired): take or hand
+			// off what moved now, not at the next reconcile tick.
+			n.poke(n.wakeRecon)
+		}
 		n.viewed(v)
 		if drain {
 			n.drainOnce.Do(func() {

@@ -57,13 +57,17 @@ func ownershipErr(err error) bool {
 // forwarded again.
 //
 // A forward that gets no answer (transport error, the owner dropped out of
-// the membership, the owner gave up for lack of time) is not an answer: it
-// is sent again, with the same client_msg_id (idempotent), to the current
-// owner until an answer comes or ctx ends (bounded by ForwardTimeout when ctx
-// has no deadline); then the error is ctx's (canceled or deadline exceeded:
-// the outcome is unknown). Ownership errors (the partition is moving or not
-// taken yet) are retried within HandoffWait; their final answer is the
-// retryable error (nothing was stored).
+// the membership, the owner gave up for lack of time) is not an answer: the
+// forwarder sends it again, with the same client_msg_id (idempotent), to the
+// current owner until an answer comes or ctx ends (bounded by ForwardTimeout
+// when ctx has no deadline); then the error is ctx's (canceled or deadline
+// exceeded: the outcome is unknown). When the route no longer names another
+// node (a takeover), the forwarder hands it back and it goes the local way.
+// When the link to the owner makes no progress, the answer is at once
+// deadline_exceeded (outcome unknown), so that the client re-routes.
+// Ownership errors (the partition is moving or not taken yet) are retried
+// within HandoffWait; their final answer is the retryable error (nothing was
+// stored).
 //
 // After a forward without an answer (or when unknownBefore: the caller's
 // earlier attempt got none), no retryable error answers the send any more
@@ -108,7 +112,6 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 
 		var err error
 		retryAfter := time.Duration(0) // 0: wait for a local change
-		noAnswer := false              // retry until ctx ends, past HandoffWait
 		switch dst.Way {
 		case ownership.WayRefuse:
 			return sequencer.SendResult{}, dst.Err
@@ -126,9 +129,8 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 				return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))
 			}
-			it := newFwdItem(ctx, req)
-			n.fwd.enqueue(dst.Owner.ClusterAddr, []*fwdItem{it})
-			o := n.await(ctx, dst.Owner.NodeID, it)
+			o := n.fwd.send(ctx, req, fwdRoute{remote: true, addr: dst.Owner.ClusterAddr, owner: dst.Owner.NodeID})
+			unknownBefore = unknownBefore || o.resent
 			switch o.kind {
 			case fwdAnswered:
 				if o.err == nil || !unknownBefore || !sequencer.ErrorCode(o.err).Retryable() {
@@ -142,21 +144,26 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 				err = o.err
 				retryAfter = backoff // the owner's view may be ahead or behind ours
 			case fwdNoAnswer:
-				if ctx.Err() != nil {
+				switch {
+				case o.stalled:
+					// The link to the owner makes no progress: outcome
+					// unknown (deadline_exceeded, never an error that says
+					// "not stored"); the client re-routes and resends.
+					return sequencer.SendResult{}, o.err
+				case ctx.Err() != nil:
 					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", dst.Owner.NodeID, ctx.Err(), o.err)
 				}
-				err = o.err
-				retryAfter = backoff
-				noAnswer = true
+				// Handed back by the forwarder: the route no longer names
+				// another node (a takeover: this node may be the owner now).
+				// The handoff wait starts over: the conversation is moving.
 				unknownBefore = true
-				// The handoff wait starts over: the conversation may be
-				// moving now (its owner dropped out).
 				wait.Reset(n.cfg.HandoffWait)
+				continue
 			}
 		}
 
 		waitOver := wait.C
-		if noAnswer || unknownBefore {
+		if unknownBefore {
 			// An earlier attempt may have stored it: an error now would
 			// say "not stored, ever". Only an answer or ctx ends this.
 			waitOver = nil
@@ -204,4 +211,13 @@ func (n *Node) waitChange(ctx context.Context, changed <-chan struct{}, waitOver
 		return ctx.Err()
 	}
 	return nil
+}
+
+// MembershipVersion is the version of the membership view this node routes
+// by (api.MembershipViewer: every Send answer carries it, so a client's
+// cached owners learned under an older view are asked again).
+func (n *Node) MembershipVersion() uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.core.View().Version
 }

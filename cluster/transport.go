@@ -39,6 +39,15 @@ type Transport interface {
 	Close() error
 }
 
+// Prober is a Transport that can check a peer's link (optional): Probe asks
+// the node at addr for any answer over the link that forwards use, and
+// fails when none comes before ctx ends. The forwarder probes the link of a
+// batch that has waited long (ForwardProbeAfter), to tell a slow owner
+// (answers the probe) from a link that makes no progress.
+type Prober interface {
+	Probe(ctx context.Context, addr string) error
+}
+
 // RefusedError is a receiver's refusal of a whole forwarded batch before it
 // looked at any item (the sender is not a live member at its incarnation):
 // nothing was stored. It crosses the wire as connect's permission_denied.

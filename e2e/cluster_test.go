@@ -205,6 +205,7 @@ func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
 	var sdkErrMu sync.Mutex
 	var sdkErrSample []string   // errors the SDK surfaced (it retries on its own)
 	var sdkUnknown atomic.Int64 // SDK calls that ended with an unknown outcome (resent)
+	var sdkEarly atomic.Int64   // of which before the SDK's retry budget was spent
 	l := &load{convs: convs, clients: 48, led: newLedger(),
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
 			if i%3 == 0 { // pinned to the zombie, raw gRPC
@@ -220,7 +221,15 @@ func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
 				}
 				return resp.MsgId, resp.Seq, nil
 			}
+			start := time.Now()
 			res, err := sdk.Send(ctx, client.SendRequest{ConvID: conv, FromUID: from, ClientMsgID: cid, Body: body})
+			if c := sequencer.ErrorCode(err); err != nil && ctx.Err() == nil && time.Since(start) < client.DefaultDeadline &&
+				(c == sequencer.CodeDeadlineExceeded || c == sequencer.CodeCanceled) {
+				// The SDK retries an attempt without an answer while its
+				// budget lasts; giving up on it earlier was a defect (a
+				// batch's own timeout taken for the caller's deadline).
+				sdkEarly.Add(1)
+			}
 			if err != nil {
 				sdkErrMu.Lock()
 				if len(sdkErrSample) < 5 {
@@ -285,6 +294,10 @@ func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
 	})
 	if n := sdkUnknown.Load(); n > 0 {
 		t.Logf("%d SDK calls ended with an unknown outcome (deadline_exceeded/canceled) and were resent with the same key: %q", n, sdkErrSample)
+	}
+	if n := sdkEarly.Load(); n > 0 {
+		t.Errorf("%d SDK calls ended with deadline_exceeded or canceled before the SDK's %v retry budget was spent (the caller's deadline was far): %q",
+			n, client.DefaultDeadline, sdkErrSample)
 	}
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d sends failed for good; the SDK's errors: %q", n, sdkErrSample)

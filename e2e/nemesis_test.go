@@ -349,6 +349,17 @@ func (c *nemesisCluster) measure(from, to time.Duration) window {
 	return w
 }
 
+// timeline counts the acked SDK sends per 500 ms of [from, to).
+func (c *nemesisCluster) timeline(from, to time.Duration) []int {
+	out := make([]int, (to-from+500*time.Millisecond-1)/(500*time.Millisecond))
+	for _, o := range c.led.hist.Ops() {
+		if o.Kind == history.Send && o.Outcome == history.OK && o.Client%4 != 3 && o.Return >= from && o.Return < to {
+			out[(o.Return-from)/(500*time.Millisecond)]++
+		}
+	}
+	return out
+}
+
 // faultRow is one line of the nemesis report.
 type faultRow struct {
 	name            string
@@ -415,6 +426,7 @@ func TestNemesisFaults(t *testing.T) {
 	var rows []faultRow
 	for i, s := range spans {
 		rows = append(rows, faultRow{name: nemesisFaults[i].name, healthy: c.measure(s.t0, s.t1), during: c.measure(s.t1, s.t2), healed: s.healed})
+		t.Logf("%s: SDK acks per 500 ms from 1 s before the fault to 1 s after it: %v", nemesisFaults[i].name, c.timeline(s.t1-time.Second, s.t2+time.Second))
 	}
 	writeReport(t, "nemesis-faults", fmt.Sprintf("nemesis faults, member TTL %s, 48 clients (36 SDK defaults, 12 raw JSON), 5 s per fault", nemesisTTL), rows)
 }

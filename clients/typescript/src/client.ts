@@ -14,7 +14,7 @@ import {
   type SendResponse,
 } from "./gen/sequencer/v1/sequencer_pb.js";
 import { Batcher, itemSize, type BatchLimits, type Pending } from "./batcher.js";
-import { classify, SequencerError, type ErrorCode, type Failure } from "./errors.js";
+import { classify, RouteMoved, SequencerError, type ErrorCode, type Failure } from "./errors.js";
 import { RouteCache, type Route } from "./route.js";
 
 /** Retry budget of one call (docs/CLIENTS.md, "Retries"). */
@@ -29,6 +29,12 @@ export interface RetryOptions {
   baseBackoffMs?: number;
   /** Cap of the wait; also how long an unreachable node is avoided (default 1 000 ms). */
   maxBackoffMs?: number;
+  /**
+   * A send attempt not answered within this asks another node Route, and
+   * again every routeCheckMs while it waits; an answer naming another owner
+   * ends the attempt and the send goes there at once, same key (default 250 ms).
+   */
+  routeCheckMs?: number;
 }
 
 /** TLS options for https:// addresses (Node's http2.connect options). */
@@ -131,6 +137,9 @@ export interface CallOptions {
 
 export type { Route };
 
+/** The header of a send's answer naming the answering node's membership version (docs/API.md, "Route"). */
+const headerMembershipVersion = "sequencer-membership-version";
+
 /** The server's limit of items per SendBatch. */
 export const MAX_BATCH_ITEMS = 1000;
 
@@ -142,6 +151,7 @@ const defaults = {
   attemptTimeoutMs: 10_000,
   baseBackoffMs: 20,
   maxBackoffMs: 1_000,
+  routeCheckMs: 250,
   routeCacheSize: 65_536,
   maxBatchBytes: 3 << 20,
   maxBatchesInFlight: 4,
@@ -165,18 +175,19 @@ class Node {
     private readonly sessions: Http2SessionManager,
     transport: Transport,
     limits: BatchLimits,
+    readonly onHeader: (headers: Headers) => void,
   ) {
     this.rpc = createClient(SequencerService, transport);
     this.batcher = new Batcher(
       async (items, signal) => {
-        const resp = await this.rpc.sendBatch({ items }, { signal });
+        const resp = await this.rpc.sendBatch({ items }, { signal, onHeader });
         return resp.results.map((r) =>
           r.outcome.case === "ok" ? { ok: r.outcome.value }
           : r.outcome.case === "error" ? { error: r.outcome.value }
           : {},
         );
       },
-      (item, signal) => this.rpc.send(item, { signal }),
+      (item, signal) => this.rpc.send(item, { signal, onHeader }),
       limits,
     );
   }
@@ -331,6 +342,7 @@ export class SequencerClient {
   private readonly retry: Required<RetryOptions>;
   private readonly interceptors: Interceptor[];
   private readonly routing = new Map<string, Promise<[Node, Node | undefined]>>();
+  private readonly checks = new Map<string, Promise<Node | undefined>>();
   private rr = 0;
   private routingOffUntil = 0;
   private closed = false;
@@ -345,7 +357,11 @@ export class SequencerClient {
       attemptTimeoutMs: opts.retry?.attemptTimeoutMs ?? defaults.attemptTimeoutMs,
       baseBackoffMs: opts.retry?.baseBackoffMs ?? defaults.baseBackoffMs,
       maxBackoffMs: opts.retry?.maxBackoffMs ?? defaults.maxBackoffMs,
+      routeCheckMs: opts.retry?.routeCheckMs ?? defaults.routeCheckMs,
     };
+    if (!(this.retry.routeCheckMs > 0)) {
+      throw new SequencerError("invalid_argument", `sequencer client: retry.routeCheckMs: must be > 0, got ${this.retry.routeCheckMs}`);
+    }
     const maxItems = opts.maxBatchItems ?? MAX_BATCH_ITEMS;
     if (maxItems < 1 || maxItems > MAX_BATCH_ITEMS) {
       throw new SequencerError("invalid_argument", `sequencer client: maxBatchItems: must be 1..${MAX_BATCH_ITEMS}, got ${maxItems}`);
@@ -386,8 +402,17 @@ export class SequencerClient {
       maxQueuedItems: this.opts.maxQueuedItems ?? defaults.maxQueuedItems,
       maxQueuedBytes: this.opts.maxQueuedBytes ?? defaults.maxQueuedBytes,
       timeoutMs: this.retry.attemptTimeoutMs,
-    });
+    }, this.sawView);
   }
+
+  // sawView notes the membership version a send's answer carries (header
+  // Sequencer-Membership-Version): cached owners of older views are asked again.
+  private readonly sawView = (headers: Headers): void => {
+    const v = headers.get(headerMembershipVersion);
+    if (v !== null && /^[0-9]{1,20}$/.test(v)) {
+      this.routes.saw(BigInt(v));
+    }
+  };
 
   private debug(msg: string, fields: Record<string, unknown>): void {
     this.opts.debug?.(msg, fields);
@@ -429,21 +454,28 @@ export class SequencerClient {
     const resp = await this.withRetry(call, opts, async (at) => {
       const target = await this.sendTarget(req.convId, at.signal);
       at.target = target;
-      if (this.opts.disableBatching) {
-        return target.rpc.send(req, { signal: at.signal });
+      const watch = this.watchRoute(req.convId, target, at.signal);
+      try {
+        if (this.opts.disableBatching) {
+          return await target.rpc.send(req, { signal: watch.signal, onHeader: this.sawView });
+        }
+        let p!: Pending;
+        const answer = new Promise<SendResponse>((resolve, reject) => {
+          p = {
+            req, size, done: false,
+            resolve: (r) => { p.done = true; resolve(r); },
+            reject: (e) => { p.done = true; reject(e); },
+          };
+        });
+        answer.catch(() => {}); // observed below, or dropped when enqueue fails first
+        watch.signal.addEventListener("abort", () => p.reject(watch.signal.reason), { once: true });
+        await target.batcher.enqueue(p, watch.signal);
+        return await answer;
+      } catch (e) {
+        throw watch.signal.reason instanceof RouteMoved ? watch.signal.reason : e;
+      } finally {
+        watch.stop();
       }
-      let p!: Pending;
-      const answer = new Promise<SendResponse>((resolve, reject) => {
-        p = {
-          req, size, done: false,
-          resolve: (r) => { p.done = true; resolve(r); },
-          reject: (e) => { p.done = true; reject(e); },
-        };
-      });
-      answer.catch(() => {}); // observed below, or dropped when enqueue fails first
-      at.signal.addEventListener("abort", () => p.reject(at.signal.reason), { once: true });
-      await target.batcher.enqueue(p, at.signal);
-      return answer;
     });
     return {
       msgId: resp.msgId,
@@ -635,6 +667,71 @@ export class SequencerClient {
     }
   }
 
+  // watchRoute guards one send attempt of convId to target: every
+  // routeCheckMs without an answer it asks another node for the owner
+  // (checkRoute: the attempts of one conversation share one Route call), and
+  // aborts the returned signal with RouteMoved when the owner cached for
+  // convId is now a reachable node other than target. stop ends the guard.
+  private watchRoute(convId: string, target: Node, signal: AbortSignal): { signal: AbortSignal; stop: () => void } {
+    const every = this.retry.routeCheckMs;
+    if (this.opts.disableRouting || Date.now() < this.routingOffUntil) {
+      return { signal, stop: () => {} };
+    }
+    const ac = new AbortController();
+    const onAbort = () => ac.abort(signal.reason);
+    if (signal.aborted) {
+      onAbort();
+    } else {
+      signal.addEventListener("abort", onAbort, { once: true });
+    }
+    let stopped = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const check = async () => {
+      const owner = await this.checkRoute(convId, target);
+      if (stopped) {
+        return;
+      }
+      if (owner && owner !== target && !owner.down(Date.now())) {
+        this.debug("owner moved while an attempt waited", { convId, attemptNode: target.url, owner: owner.url });
+        ac.abort(new RouteMoved(`the owner of ${JSON.stringify(convId)} is ${owner.url}, not ${target.url} where this attempt waits`));
+        return;
+      }
+      timer = setTimeout(check, every);
+    };
+    timer = setTimeout(check, every);
+    return {
+      signal: ac.signal,
+      stop: () => {
+        stopped = true;
+        clearTimeout(timer);
+        signal.removeEventListener("abort", onAbort);
+      },
+    };
+  }
+
+  // checkRoute asks a node other than avoid who owns convId now, or shares
+  // the answer of such a call that is running or ended less than
+  // routeCheckMs ago; it resolves with the owner then cached (undefined when
+  // unknown or the call failed).
+  private checkRoute(convId: string, avoid: Node): Promise<Node | undefined> {
+    let shared = this.checks.get(convId);
+    if (!shared) {
+      const every = this.retry.routeCheckMs;
+      const mine: Promise<Node | undefined> = this.askRoute(this.anyNode(avoid), convId, AbortSignal.timeout(every))
+        .then(([, owner]) => owner, () => undefined)
+        .finally(() => {
+          setTimeout(() => {
+            if (this.checks.get(convId) === mine) {
+              this.checks.delete(convId);
+            }
+          }, every).unref();
+        });
+      this.checks.set(convId, mine);
+      shared = mine;
+    }
+    return shared;
+  }
+
   private anyNode(avoid?: Node): Node {
     const now = Date.now();
     const n = this.seeds.length;
@@ -679,6 +776,9 @@ export class SequencerClient {
   }
 
   private noteFailure(target: Node | undefined, convId: string | undefined, f: Failure): void {
+    if (f.moved) {
+      return; // the new owner was just learned: keep it
+    }
     if (f.transport && target) {
       target.downUntil = Date.now() + this.retry.maxBackoffMs;
       const dropped = this.routes.forgetNode(target);
@@ -761,7 +861,7 @@ export class SequencerClient {
       if (r.maxAttempts > 0 && n >= r.maxAttempts) {
         throw giveUp("max attempts reached");
       }
-      const wait = this.backoff(n);
+      const wait = f.moved ? 0 : this.backoff(n); // moved: the owner is known, no reason to wait
       if (Date.now() + wait >= budgetEnd) {
         throw giveUp(`retry budget ${r.deadlineMs} ms would be spent`);
       }

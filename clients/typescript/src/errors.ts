@@ -84,12 +84,21 @@ export class AttemptTimeout extends Error {
   }
 }
 
+/**
+ * An attempt given up because a route check named another owner than the
+ * node it waited on (docs/CLIENTS.md, "Routing"): its outcome is unknown.
+ */
+export class RouteMoved extends Error {
+  override name = "RouteMoved";
+}
+
 /** What one failed attempt tells the client. */
 export interface Failure {
   code: ErrorCode; // the code the caller sees if this is the last attempt
   retry: boolean; // resending (same client_msg_id) may succeed
   transport: boolean; // the node was not reached or the answer was lost
   timeout: boolean; // the attempt ran past its timeout
+  moved?: boolean; // given up for an owner that moved: the next attempt goes at once to the owner just learned
 }
 
 // Node.js error codes (and message fragments) of a connection rather than a
@@ -123,6 +132,9 @@ export function transportError(err: unknown): boolean {
  * (the call's budget remains); callerDone: the caller's signal aborted.
  */
 export function classify(err: unknown, timedOut: boolean): Failure {
+  if (err instanceof RouteMoved) {
+    return { code: "deadline_exceeded", retry: true, transport: false, timeout: true, moved: true };
+  }
   if (err instanceof ItemError) {
     return { code: err.code, retry: retryableCode(err.code), transport: false, timeout: false };
   }

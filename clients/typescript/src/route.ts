@@ -32,10 +32,23 @@ export class RouteCache<N> {
   // Map keeps insertion order: the first key is the least recently used.
   private convs = new Map<string, number>();
   private owners = new Map<number, Owner<N>>();
+  /**
+   * The newest membership version a node named in a send's answer (header
+   * Sequencer-Membership-Version): an owner learned under an older view is
+   * not used, its conversation asks Route again.
+   */
+  private seen = 0n;
 
   constructor(private readonly max: number) {}
 
-  /** lookup returns the cached owner node of convId. */
+  /** saw records the membership version a node answered with. */
+  saw(version: bigint): void {
+    if (version > this.seen) {
+      this.seen = version;
+    }
+  }
+
+  /** lookup returns the cached owner node of convId, unless it was learned under an older view than one seen since. */
   lookup(convId: string): N | undefined {
     const p = this.convs.get(convId);
     if (p === undefined) {
@@ -43,7 +56,8 @@ export class RouteCache<N> {
     }
     this.convs.delete(convId);
     this.convs.set(convId, p);
-    return this.owners.get(p)?.node;
+    const o = this.owners.get(p);
+    return o && o.membershipVersion >= this.seen ? o.node : undefined;
   }
 
   /**

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { backoffMs, ownerURL, SequencerClient } from "../src/client.js";
-import { classify, ItemError, AttemptTimeout } from "../src/errors.js";
+import { classify, ItemError, AttemptTimeout, RouteMoved } from "../src/errors.js";
 import { RouteCache } from "../src/route.js";
 import { Batcher, type Pending } from "../src/batcher.js";
 import { create } from "@bufbuild/protobuf";
@@ -112,7 +112,7 @@ describe("unit", () => {
 
   test("U4 classify: what is retried", () => {
     const reset = new ConnectError("read ECONNRESET", Code.Aborted, undefined, undefined, Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }));
-    const cases: [string, unknown, boolean, { code: string; retry: boolean; transport: boolean; timeout: boolean }][] = [
+    const cases: [string, unknown, boolean, { code: string; retry: boolean; transport: boolean; timeout: boolean; moved?: boolean }][] = [
       ["answered unavailable", new ConnectError("moving", Code.Unavailable), false, { code: "unavailable", retry: true, transport: false, timeout: false }],
       ["answered resource_exhausted", new ConnectError("full", Code.ResourceExhausted), false, { code: "resource_exhausted", retry: true, transport: false, timeout: false }],
       ["connection reset", reset, false, { code: "unavailable", retry: true, transport: true, timeout: false }],
@@ -126,6 +126,7 @@ describe("unit", () => {
       ["unauthenticated", new ConnectError("token", Code.Unauthenticated), false, { code: "unauthenticated", retry: false, transport: false, timeout: false }],
       ["batch item unavailable", new ItemError("unavailable", "moving"), false, { code: "unavailable", retry: true, transport: false, timeout: false }],
       ["batch item invalid", new ItemError("invalid_argument", "bad"), false, { code: "invalid_argument", retry: false, transport: false, timeout: false }],
+      ["owner moved while waiting", new RouteMoved("moved"), false, { code: "deadline_exceeded", retry: true, transport: false, timeout: true, moved: true }],
     ];
     for (const [name, err, timedOut, want] of cases) {
       assert.deepEqual(classify(err, timedOut), want, name);
@@ -136,6 +137,7 @@ describe("unit", () => {
     assert.throws(() => new SequencerClient({ addrs: [] }), { code: "invalid_argument" });
     assert.throws(() => new SequencerClient({ addrs: ["nohost"] }), { code: "invalid_argument" });
     assert.throws(() => new SequencerClient({ addrs: ["127.0.0.1:1"], maxBatchItems: 1001 }), { code: "invalid_argument" });
+    assert.throws(() => new SequencerClient({ addrs: ["127.0.0.1:1"], retry: { routeCheckMs: 0 } }), { code: "invalid_argument" });
   });
 
   test("U6 batcher: up to maxBatchesInFlight requests in flight and not one more; queued items go when one returns", async () => {
