@@ -103,30 +103,53 @@ func NewDatabase(t testing.TB) string {
 func NewDatabaseOn(t testing.TB, adminURL string) string {
 	t.Helper()
 	name := pgtest.DBName(t.Name())
-	if err := execAdmin(adminURL, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4"); err != nil {
-		t.Fatalf("mysqltest: create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if err := execAdmin(adminURL, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
-			t.Errorf("mysqltest: drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(adminURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := CreateDatabase(ctx, adminURL, name)
 	if err != nil {
 		t.Fatalf("mysqltest: %v", err)
 	}
-	u.Path = "/" + name
-	return u.String()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := DropDatabase(ctx, adminURL, name); err != nil {
+			t.Errorf("mysqltest: %v", err)
+		}
+	})
+	return u
 }
 
-func execAdmin(adminURL, stmt string) error {
+// CreateDatabase creates the database name (utf8mb4) on the server of
+// adminURL and returns its mysql:// URL (adminURL with the database
+// replaced). Tools that are not tests and own the database's life use it
+// (sequencer-bench); tests call NewDatabase.
+func CreateDatabase(ctx context.Context, adminURL, name string) (string, error) {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", fmt.Errorf("admin URL: %w", err)
+	}
+	if err := execAdmin(ctx, adminURL, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4"); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// DropDatabase drops the database name on the server of adminURL, if it
+// exists.
+func DropDatabase(ctx context.Context, adminURL, name string) error {
+	if err := execAdmin(ctx, adminURL, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return nil
+}
+
+func execAdmin(ctx context.Context, adminURL, stmt string) error {
 	db, err := open(adminURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	_, err = db.ExecContext(ctx, stmt)
 	return err
 }
@@ -174,7 +197,7 @@ func resolve() (string, error) {
 	srv, err := startServer()
 	if err != nil {
 		adminErr = fmt.Errorf("no server answers at %s (%v), and starting a throwaway server failed: %v. %s",
-			redact(candidate), probeErr, err, howToGet)
+			Redact(candidate), probeErr, err, howToGet)
 		return "", adminErr
 	}
 	local = srv
@@ -182,7 +205,8 @@ func resolve() (string, error) {
 	return admin, nil
 }
 
-func redact(raw string) string {
+// Redact returns a mysql:// URL with its password hidden, for messages.
+func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unparsable URL)"
@@ -366,4 +390,12 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// Pid is the server's process id (0 when it is not running).
+func (s *Server) Pid() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
 }
