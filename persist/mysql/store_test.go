@@ -703,3 +703,44 @@ func TestStalledCommitReleasesLocks(t *testing.T) {
 	}
 	t.Logf("stalled commit: %v", err)
 }
+
+// A failed head check stops the commit through strict mode (a NULL head is
+// refused). The store forces strict mode on its sessions, so a server or
+// URL whose sql_mode is lax (NULL stored as 0 with a warning) still refuses
+// the commit and keeps every head.
+func TestHeadCheckHoldsWithLaxSQLMode(t *testing.T) {
+	url := newDatabaseURL(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	s := openStore(t, url+sep+"sql_mode=%27%27", Options{})
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mode string
+	if err := s.commits.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode").Scan(&mode); err != nil || !strings.Contains(mode, "STRICT_ALL_TABLES") {
+		t.Fatalf("commit session sql_mode %q (%v), want strict", mode, err)
+	}
+	a, b := "g:lax:a", "g:lax:b"
+	if err := s.Commit(ctx, []persist.ConvBatch{
+		{ConvID: a, Messages: []sequencer.Message{msg(a, 1, 1, "a1")}},
+		{ConvID: b, Messages: []sequencer.Message{msg(b, 1, 2, "b1"), msg(b, 2, 3, "b2")}}}); err != nil {
+		t.Fatal(err)
+	}
+	// b's PrevHead is wrong (3, stored 2: its row 4 would leave a gap), a's
+	// is right.
+	err := s.Commit(ctx, []persist.ConvBatch{
+		{ConvID: a, PrevHead: 1, Messages: []sequencer.Message{msg(a, 2, 4, "a2")}},
+		{ConvID: b, PrevHead: 3, Messages: []sequencer.Message{msg(b, 4, 5, "b4")}}})
+	var hm *persist.HeadMismatchError
+	if !errors.As(err, &hm) || len(hm.ConvIDs) != 1 || hm.ConvIDs[0] != b {
+		t.Fatalf("commit over a wrong head: %v, want HeadMismatchError naming %s", err, b)
+	}
+	for conv, want := range map[string]uint64{a: 1, b: 2} {
+		if h, err := s.LoadHead(ctx, conv); err != nil || h != want {
+			t.Fatalf("head of %s = %d (%v), want %d", conv, h, err, want)
+		}
+	}
+}

@@ -391,11 +391,3 @@ func lastLines(b []byte, n int) string {
 	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
-
-// Pid is the server's process id (0 when it is not running).
-func (s *Server) Pid() int {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
