@@ -547,7 +547,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		}
 		env.DSN = dsn
 		if spec.NeedsBaselineTables {
-			if err := r.my.exec(ctx, dsn, myMessageDDL...); err != nil {
+			if err := baselineTables(ctx, dsn); err != nil {
 				return res, err
 			}
 		}
