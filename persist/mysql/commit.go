@@ -26,7 +26,7 @@ import (
 // NULL, which the NOT NULL column refuses; a head row that should exist
 // but was inserted shows in ROW_COUNT()), inserts the rows in (conv_id,
 // seq) order and COMMITs. A failed check raises error 1048 by inserting a
-// NULL head (raiseIf): the statements after a failed one, COMMIT included,
+// NULL head (raiseIfNotOK): the statements after a failed one, COMMIT included,
 // never run. The refusal is then named by re-reading the fences and heads
 // (diagnose). Rows beyond half of max_allowed_packet go in further round
 // trips before the last one.
