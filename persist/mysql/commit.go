@@ -389,6 +389,14 @@ func (s *Store) writeTrips(p *plan) []trip {
 		cur = trip{}
 		sqlb.Reset()
 	}
+	rows := 0
+	for i := range p.batches {
+		rows += len(p.batches[i].Messages)
+	}
+	// One allocation for the arguments and the text of a commit that fits
+	// in one round trip (the usual case).
+	cur.args = make([]any, 0, 3*len(p.fences)+2*len(p.batches)+8*rows)
+	sqlb.Grow(256 + 24*len(p.batches) + 32*rows)
 	cur.args = p.checks(&sqlb, cur.args)
 	inStmt, size := false, sqlb.Len()
 	for _, a := range cur.args {
