@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -16,25 +17,28 @@ import (
 
 // Commit writes all batches in one transaction; see persist.Store.
 //
-// Isolation and locking (docs/MYSQL.md): REPEATABLE READ, set for every
-// transaction. Every lock a commit takes is on existing rows by primary key
-// (record locks, no gap locks): the partition_lease rows of its fences
-// (LOCK IN SHARE MODE, partition order; Acquire takes them FOR UPDATE, so it
-// waits for in-flight commits and fences later ones), the conv_head rows of
-// its conversations with a PrevHead (FOR UPDATE, conv_id order); new
-// conversations get their head row by INSERT (insert-intention locks do not
-// block each other; a row that exists already is a head mismatch). The rows
-// go in (conv_id, seq) order. What can still deadlock (two inserts' unique
-// checks meeting, a zombie writer) is detected, rolled back and redone here,
-// up to Options.MaxRetries times, and counted (Retries): it happens before
-// COMMIT, so nothing was written.
+// One round trip (docs/MYSQL.md "One commit"): a multi-statement that
+// starts the transaction at REPEATABLE READ, checks the fences (a locking
+// count of the partition_lease rows held at the commit's epochs, LOCK IN
+// SHARE MODE: Acquire takes them FOR UPDATE, so it waits for in-flight
+// commits and fences later ones), moves every head by compare-and-set in
+// INSERT ... ON DUPLICATE KEY UPDATE (a head that is not PrevHead becomes
+// NULL, which the NOT NULL column refuses; a head row that should exist
+// but was inserted shows in ROW_COUNT()), inserts the rows in (conv_id,
+// seq) order and COMMITs. A failed check raises error 1048 by inserting a
+// NULL head (raiseIfNotOK): the statements after a failed one, COMMIT included,
+// never run. The refusal is then named by re-reading the fences and heads
+// (diagnose). Rows beyond half of max_allowed_packet go in further round
+// trips before the last one.
 //
-// Round trips: (1) SET TRANSACTION, START TRANSACTION, CONNECTION_ID(), the
-// locking reads and the new head rows; (2) the head UPDATE, the multi-row
-// INSERT and COMMIT, as one multi-statement (a failed statement stops the
-// ones after it, so COMMIT runs only when everything before it succeeded).
-// Rows beyond half of max_allowed_packet go in further round trips before
-// the last one.
+// Every lock is on existing rows by primary key (record locks, no gap
+// locks) except the locking read of an empty batch's missing head row.
+// What can still deadlock (two inserts' unique checks meeting, a zombie
+// writer) is detected, rolled back and redone here, up to
+// Options.MaxRetries times, and counted (Retries): it happens before
+// COMMIT, so nothing was written. The connection's server thread id is
+// known from when it opened (threadConnector), so a commit cut off in its
+// last round trip can be settled (settle.go).
 func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if err := persist.CheckBatches(batches); err != nil {
 		return err
@@ -62,26 +66,46 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 // timeout before COMMIT: Commit redoes it.
 var errRedo = errors.New("mysql: deadlock or lock wait timeout before COMMIT (rolled back)")
 
+// okVar is the session variable the checks leave their verdict in.
+const okVar = "@sequencer_ok"
+
+// raiseIfNotOK fails the multi-statement with error 1048 (Column 'head'
+// cannot be null) when okVar is false; otherwise it inserts nothing and
+// locks nothing. Strict mode (forced at Open) makes the NULL an error.
+const raiseIfNotOK = "INSERT INTO conv_head (conv_id, head) SELECT '', NULL FROM DUAL WHERE NOT " + okVar + ";"
+
 // plan is a commit's statements' inputs, ordered.
 type plan struct {
 	batches  []persist.ConvBatch // by conv_id
 	fences   []persist.Fence     // distinct, by partition
 	unfenced bool
-	locked   []int // batches whose head row must exist: locked FOR UPDATE (PrevHead > 0, or an empty batch)
-	created  []int // batches of new conversations: head row inserted
+	// moves are the batches with messages, grouped by their number of
+	// messages (one compare-and-set statement each), groups by size,
+	// conv_id order inside.
+	moves [][]int
+	// held and free are the empty batches (a check of the head only) with
+	// PrevHead > 0 (the row must hold it) and PrevHead 0 (no row, or 0).
+	held, free []int
 }
 
 func planCommit(in []persist.ConvBatch) *plan {
 	p := &plan{batches: slices.Clone(in)}
 	slices.SortFunc(p.batches, func(a, b persist.ConvBatch) int { return strings.Compare(a.ConvID, b.ConvID) })
 	p.fences, p.unfenced = persist.Fences(p.batches)
+	bySize := map[int][]int{}
 	for i := range p.batches {
 		b := &p.batches[i]
-		if b.PrevHead == 0 && len(b.Messages) > 0 {
-			p.created = append(p.created, i)
-		} else {
-			p.locked = append(p.locked, i)
+		switch {
+		case len(b.Messages) > 0:
+			bySize[len(b.Messages)] = append(bySize[len(b.Messages)], i)
+		case b.PrevHead > 0:
+			p.held = append(p.held, i)
+		default:
+			p.free = append(p.free, i)
 		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(bySize)) {
+		p.moves = append(p.moves, bySize[n])
 	}
 	return p
 }
@@ -96,138 +120,97 @@ func sqlList(b *strings.Builder, n int, item string) {
 	}
 }
 
+// checks writes the statements that start the transaction, check the
+// fences and the empty batches' heads and move the other heads, each check
+// followed by raiseIfNotOK.
+func (p *plan) checks(b *strings.Builder, args []any) []any {
+	b.WriteString("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION;")
+	if len(p.fences) > 0 {
+		keys := make([]any, len(p.fences))
+		var rows []any
+		for i, f := range p.fences {
+			keys[i] = f.Partition
+			rows = append(rows, f.Partition, f.Owner, f.Epoch)
+		}
+		args = lockedMatch(b, args, "partition_lease", "`partition`", "(`partition`, owner, epoch)", "(?,?,?)", keys, rows, "LOCK IN SHARE MODE")
+	}
+	if p.unfenced {
+		b.WriteString("SELECT NOT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '') INTO " + okVar + ";" + raiseIfNotOK)
+	}
+	if len(p.held) > 0 {
+		keys := make([]any, len(p.held))
+		var rows []any
+		for k, i := range p.held {
+			keys[k] = p.batches[i].ConvID
+			rows = append(rows, p.batches[i].ConvID, p.batches[i].PrevHead)
+		}
+		args = lockedMatch(b, args, "conv_head", "conv_id", "(conv_id, head)", "(?,?)", keys, rows, "FOR UPDATE")
+	}
+	if len(p.free) > 0 {
+		fmt.Fprintf(b, "SELECT COUNT(*) = 0 INTO %s FROM conv_head FORCE INDEX (PRIMARY) WHERE conv_id IN (", okVar)
+		sqlList(b, len(p.free), "?")
+		b.WriteString(") AND head <> 0 FOR UPDATE;" + raiseIfNotOK)
+		for _, i := range p.free {
+			args = append(args, p.batches[i].ConvID)
+		}
+	}
+	// The heads, by primary key, one upsert per batch size n: a row whose
+	// head is not LastSeq-n (PrevHead) is set to NULL and refused; a
+	// missing row is inserted, which is right only for PrevHead 0, so
+	// ROW_COUNT() (1 per inserted row, 2 per updated one) must show
+	// exactly the new conversations as inserted.
+	for _, g := range p.moves {
+		n := len(p.batches[g[0]].Messages)
+		want := 0
+		b.WriteString("INSERT INTO conv_head (conv_id, head) VALUES ")
+		sqlList(b, len(g), "(?,?)")
+		fmt.Fprintf(b, " ON DUPLICATE KEY UPDATE head = IF(head + %d = VALUES(head), VALUES(head), NULL);", n)
+		for _, i := range g {
+			args = append(args, p.batches[i].ConvID, p.batches[i].LastSeq())
+			if p.batches[i].PrevHead == 0 {
+				want++
+			} else {
+				want += 2
+			}
+		}
+		fmt.Fprintf(b, "SET %s = ROW_COUNT() = %d;%s", okVar, want, raiseIfNotOK)
+	}
+	return args
+}
+
+// lockedMatch writes a locking read of table's rows with the primary keys
+// keys (lock: LOCK IN SHARE MODE or FOR UPDATE) that checks each holds
+// the values of one tuple of rows (cols, tuple: the row constructor and one
+// tuple's placeholders), then raiseIfNotOK. The range on the primary key
+// decides what is locked (FORCE INDEX: never a scan); the row constructor
+// only filters.
+func lockedMatch(b *strings.Builder, args []any, table, key, cols, tuple string, keys, rows []any, lock string) []any {
+	fmt.Fprintf(b, "SELECT COUNT(*) = %d INTO %s FROM %s FORCE INDEX (PRIMARY) WHERE %s IN (", len(keys), okVar, table, key)
+	sqlList(b, len(keys), "?")
+	fmt.Fprintf(b, ") AND %s IN (", cols)
+	sqlList(b, len(keys), tuple)
+	fmt.Fprintf(b, ") %s;%s", lock, raiseIfNotOK)
+	args = append(args, keys...)
+	return append(args, rows...)
+}
+
 func (s *Store) commitOnce(ctx context.Context, p *plan) error {
 	conn, err := s.commits.Conn(ctx)
 	if err != nil {
 		return unavailable("commit: acquire connection", err)
 	}
 	defer conn.Close()
-
-	// Round trip 1: the checks.
-	var q strings.Builder
-	var args []any
-	q.WriteString("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; START TRANSACTION; SELECT CONNECTION_ID();")
-	if len(p.fences) > 0 {
-		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease FORCE INDEX (PRIMARY) WHERE `partition` IN (")
-		sqlList(&q, len(p.fences), "?")
-		q.WriteString(") ORDER BY `partition` LOCK IN SHARE MODE;")
-		for _, f := range p.fences {
-			args = append(args, f.Partition)
-		}
-	}
-	if p.unfenced {
-		q.WriteString("SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '');")
-	}
-	if len(p.locked) > 0 {
-		q.WriteString("SELECT conv_id, head FROM conv_head FORCE INDEX (PRIMARY) WHERE conv_id IN (")
-		sqlList(&q, len(p.locked), "?")
-		q.WriteString(") ORDER BY conv_id FOR UPDATE;")
-		for _, i := range p.locked {
-			args = append(args, p.batches[i].ConvID)
-		}
-	}
-	if len(p.created) > 0 {
-		q.WriteString("INSERT INTO conv_head (conv_id, head) VALUES ")
-		sqlList(&q, len(p.created), "(?,?)")
-		for _, i := range p.created {
-			args = append(args, p.batches[i].ConvID, p.batches[i].LastSeq())
-		}
-	}
-	var thread uint64
-	leases := map[uint32]persist.Fence{}
-	clusterHeld := false
-	heads := map[string]uint64{}
-	err = func() error {
-		rows, err := conn.QueryContext(ctx, q.String(), args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		if err := scanAll(rows, func() error { return rows.Scan(&thread) }); err != nil {
-			return err
-		}
-		if len(p.fences) > 0 {
-			if !rows.NextResultSet() {
-				return resultErr(rows)
-			}
-			if err := scanAll(rows, func() error {
-				var f persist.Fence
-				if err := rows.Scan(&f.Partition, &f.Owner, &f.Epoch); err != nil {
-					return err
-				}
-				leases[f.Partition] = f
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
-		if p.unfenced {
-			if !rows.NextResultSet() {
-				return resultErr(rows)
-			}
-			if err := scanAll(rows, func() error { return rows.Scan(&clusterHeld) }); err != nil {
-				return err
-			}
-		}
-		if len(p.locked) > 0 {
-			if !rows.NextResultSet() {
-				return resultErr(rows)
-			}
-			if err := scanAll(rows, func() error {
-				var c string
-				var h uint64
-				if err := rows.Scan(&c, &h); err != nil {
-					return err
-				}
-				heads[c] = h
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
-		for rows.NextResultSet() { // the INSERT's outcome
-		}
-		return rows.Err()
-	}()
+	thread, err := threadOf(conn)
 	if err != nil {
-		s.rollback(conn)
-		switch {
-		case retryable(err):
-			return fmt.Errorf("%w: %v", errRedo, err)
-		case isNumber(err, erDupEntry) && len(p.created) > 0:
-			// Only the head rows are inserted in this round trip: a new
-			// conversation's row exists. The fences come first.
-			if err := s.checkFences(p, leases); err != nil && thread != 0 {
-				return err
-			}
-			return s.headMismatch(ctx, p, heads)
-		}
-		return classify("commit: checks", err)
+		return unavailable("commit: connection", err)
 	}
-	if err := s.checkFences(p, leases); err != nil {
-		s.rollback(conn)
-		return err
-	}
-	if clusterHeld {
-		s.rollback(conn)
-		return persist.ErrUnfenced
-	}
-	for _, i := range p.locked {
-		b := &p.batches[i]
-		if h, ok := heads[b.ConvID]; (ok && h != b.PrevHead) || (!ok && b.PrevHead != 0) {
-			s.rollback(conn)
-			return s.headMismatch(ctx, p, heads)
-		}
-	}
-	if s.beforeCommit != nil {
-		s.beforeCommit(thread)
-	}
-
-	// Round trip 2 (and more for large commits): the rows and COMMIT.
 	trips := s.writeTrips(p)
 	for k, t := range trips {
 		last := k == len(trips)-1
 		if last {
+			if s.beforeLast != nil {
+				s.beforeLast(thread)
+			}
 			t.sql += "COMMIT"
 		}
 		_, err := conn.ExecContext(ctx, t.sql, t.args...)
@@ -235,13 +218,15 @@ func (s *Store) commitOnce(ctx context.Context, p *plan) error {
 			continue
 		}
 		if !last || !connLost(err) || errors.Is(err, driver.ErrBadConn) {
-			// A statement failed (COMMIT did not run: the statements after a
-			// failed one are skipped), or nothing of COMMIT's round trip was
-			// sent.
+			// A statement failed (COMMIT did not run: the statements after
+			// a failed one are skipped), or nothing of COMMIT's round trip
+			// was sent.
 			s.rollback(conn)
 			switch {
 			case retryable(err):
 				return fmt.Errorf("%w: %v", errRedo, err)
+			case isCheckFailed(err):
+				return s.diagnose(ctx, p, err)
 			case isNumber(err, erDupEntry):
 				return s.conflicts(ctx, p, err)
 			}
@@ -258,6 +243,13 @@ func (s *Store) commitOnce(ctx context.Context, p *plan) error {
 	return nil
 }
 
+// isCheckFailed reports the error of a failed check: raiseIfNotOK or a
+// head compare-and-set (a NULL head).
+func isCheckFailed(err error) bool {
+	me, ok := mysqlErr(err)
+	return ok && me.Number == erBadNull && strings.Contains(me.Message, "'head'")
+}
+
 // scanAll calls scan for every row of the current result set.
 func scanAll(rows *sql.Rows, scan func() error) error {
 	for rows.Next() {
@@ -268,17 +260,9 @@ func scanAll(rows *sql.Rows, scan func() error) error {
 	return rows.Err()
 }
 
-// resultErr is the error of a missing result set.
-func resultErr(rows *sql.Rows) error {
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	return errors.New("mysql: commit: a result set is missing")
-}
-
 // checkFences returns the *StaleFenceError of the fences whose lease row
 // (as read, locked) is not held by their owner at their epoch.
-func (s *Store) checkFences(p *plan, leases map[uint32]persist.Fence) error {
+func checkFences(p *plan, leases map[uint32]persist.Fence) error {
 	var stale []persist.Fence
 	for _, f := range p.fences {
 		if l, ok := leases[f.Partition]; !ok || l.Owner != f.Owner || l.Epoch != f.Epoch {
@@ -291,47 +275,86 @@ func (s *Store) checkFences(p *plan, leases map[uint32]persist.Fence) error {
 	return nil
 }
 
-// headMismatch names every conversation of p whose stored head is not its
-// PrevHead (heads: the locked rows already read). The transaction is rolled
-// back; this reads.
-func (s *Store) headMismatch(ctx context.Context, p *plan, heads map[string]uint64) error {
+// diagnose names why a check failed (the transaction is rolled back;
+// this reads): a stale fence, a cluster that holds partitions while the
+// commit is unfenced, or the conversations whose stored head is not their
+// PrevHead. Fences and heads never return to an older value, so what was
+// wrong inside the transaction is still wrong now; if nothing is, the
+// commit failed without a cause that lasted, and nothing was written.
+func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
+	if len(p.fences) > 0 {
+		var q strings.Builder
+		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN (")
+		sqlList(&q, len(p.fences), "?")
+		q.WriteString(")")
+		args := make([]any, len(p.fences))
+		for i, f := range p.fences {
+			args[i] = f.Partition
+		}
+		leases := map[uint32]persist.Fence{}
+		if err := s.readRows(ctx, q.String(), args, func(rows *sql.Rows) error {
+			var f persist.Fence
+			if err := rows.Scan(&f.Partition, &f.Owner, &f.Epoch); err != nil {
+				return err
+			}
+			leases[f.Partition] = f
+			return nil
+		}); err != nil {
+			return unavailable("commit: read fences", errors.Join(cause, err))
+		}
+		if err := checkFences(p, leases); err != nil {
+			return err
+		}
+	}
+	if p.unfenced {
+		var held bool
+		if err := s.read.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')").Scan(&held); err != nil {
+			return unavailable("commit: read leases", errors.Join(cause, err))
+		}
+		if held {
+			return persist.ErrUnfenced
+		}
+	}
+	var q strings.Builder
+	q.WriteString("SELECT conv_id, head FROM conv_head WHERE conv_id IN (")
+	sqlList(&q, len(p.batches), "?")
+	q.WriteString(")")
+	args := make([]any, len(p.batches))
+	for i := range p.batches {
+		args[i] = p.batches[i].ConvID
+	}
+	heads := map[string]uint64{}
+	if err := s.readRows(ctx, q.String(), args, func(rows *sql.Rows) error {
+		var c string
+		var h uint64
+		if err := rows.Scan(&c, &h); err != nil {
+			return err
+		}
+		heads[c] = h
+		return nil
+	}); err != nil {
+		return unavailable("commit: read heads", errors.Join(cause, err))
+	}
 	var bad []string
-	for _, i := range p.locked {
-		b := &p.batches[i]
-		if h, ok := heads[b.ConvID]; (ok && h != b.PrevHead) || (!ok && b.PrevHead != 0) {
+	for i := range p.batches {
+		if b := &p.batches[i]; heads[b.ConvID] != b.PrevHead {
 			bad = append(bad, b.ConvID)
 		}
 	}
-	if len(p.created) > 0 {
-		var q strings.Builder
-		q.WriteString("SELECT conv_id FROM conv_head WHERE conv_id IN (")
-		sqlList(&q, len(p.created), "?")
-		q.WriteString(")")
-		args := make([]any, len(p.created))
-		for k, i := range p.created {
-			args[k] = p.batches[i].ConvID
-		}
-		rows, err := s.read.QueryContext(ctx, q.String(), args...)
-		if err != nil {
-			return unavailable("commit: read heads", err)
-		}
-		defer rows.Close()
-		if err := scanAll(rows, func() error {
-			var c string
-			if err := rows.Scan(&c); err != nil {
-				return err
-			}
-			bad = append(bad, c)
-			return nil
-		}); err != nil {
-			return unavailable("commit: read heads", err)
-		}
-	}
 	if len(bad) == 0 {
-		return unavailable("commit: head check", errors.New("a head row appeared and vanished"))
+		return unavailable("commit: a check failed, and the fences and heads read after it are as expected", cause)
 	}
-	slices.Sort(bad)
-	return &persist.HeadMismatchError{ConvIDs: slices.Compact(bad)}
+	return &persist.HeadMismatchError{ConvIDs: bad}
+}
+
+// readRows runs a query on the read pool and calls scan for every row.
+func (s *Store) readRows(ctx context.Context, q string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := s.read.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	return scanAll(rows, func() error { return scan(rows) })
 }
 
 // trip is one round trip of the write phase.
@@ -346,9 +369,10 @@ func rowBytes(m *sequencer.Message) int {
 	return 2*len(m.Body) + 2*len(m.ConvID) + 2*len(m.ClientMsgID) + 128
 }
 
-// writeTrips builds the write phase: the head UPDATE and the rows in
-// (conv_id, seq) order, in statements of at most half of
-// max_allowed_packet, grouped into round trips of that size.
+// writeTrips builds the commit's round trips: the checks and head moves,
+// then the rows in (conv_id, seq) order, in statements of at most half of
+// max_allowed_packet, grouped into round trips of that size. COMMIT is
+// appended to the last one by the caller.
 func (s *Store) writeTrips(p *plan) []trip {
 	limit := s.maxPacket / 2
 	if limit <= 0 {
@@ -365,32 +389,31 @@ func (s *Store) writeTrips(p *plan) []trip {
 		cur = trip{}
 		sqlb.Reset()
 	}
-	var upd []int
-	for _, i := range p.locked {
-		if len(p.batches[i].Messages) > 0 {
-			upd = append(upd, i)
-		}
+	rows := 0
+	for i := range p.batches {
+		rows += len(p.batches[i].Messages)
 	}
-	// The heads, all in one statement by primary key (the rows exist and
-	// are locked FOR UPDATE already): an upsert takes record locks on the
-	// rows it finds, where an UPDATE over an IN list may run as a scan,
-	// which at REPEATABLE READ locks every row it passes (other writers'
-	// heads) and deadlocks concurrent group commits.
-	if len(upd) > 0 {
-		sqlb.WriteString("INSERT INTO conv_head (conv_id, head) VALUES ")
-		sqlList(&sqlb, len(upd), "(?,?)")
-		sqlb.WriteString(" ON DUPLICATE KEY UPDATE head = VALUES(head);")
-		for _, i := range upd {
-			cur.args = append(cur.args, p.batches[i].ConvID, p.batches[i].LastSeq())
-		}
-	}
+	// One allocation for the arguments and the text of a commit that fits
+	// in one round trip (the usual case).
+	cur.args = make([]any, 0, 3*len(p.fences)+2*len(p.batches)+8*rows)
+	sqlb.Grow(256 + 24*len(p.batches) + 32*rows)
+	cur.args = p.checks(&sqlb, cur.args)
 	inStmt, size := false, sqlb.Len()
+	for _, a := range cur.args {
+		if v, ok := a.(string); ok {
+			size += 2 * len(v) // escaped in the worst case
+		} else {
+			size += 20
+		}
+	}
 	for i := range p.batches {
 		for j := range p.batches[i].Messages {
 			m := &p.batches[i].Messages[j]
 			n := rowBytes(m)
-			if inStmt && size+n > limit {
-				sqlb.WriteString(";")
+			if size+n > limit && (inStmt || size > 0) {
+				if inStmt {
+					sqlb.WriteString(";")
+				}
 				flush()
 				inStmt, size = false, 0
 			}
@@ -413,9 +436,6 @@ func (s *Store) writeTrips(p *plan) []trip {
 		sqlb.WriteString(";")
 	}
 	flush()
-	if len(trips) == 0 {
-		trips = append(trips, trip{})
-	}
 	return trips
 }
 

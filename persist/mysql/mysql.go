@@ -5,15 +5,17 @@
 // It owns the SQL schema (embedded, versioned migrations under migrations/,
 // applied by Migrate; im_message is the seed's DDL as written) and the SQL of
 // every method. A Commit is ONE InnoDB transaction at REPEATABLE READ
-// spanning all its conversations, in two round trips (commit.go): the fence
-// check (partition_lease rows LOCK IN SHARE MODE), the head compare-and-set
-// (conv_head rows FOR UPDATE, new heads inserted), then one multi-row INSERT
-// and COMMIT. It classifies errors as persist.Store documents; a deadlock
-// (1213) or lock wait timeout (1205) before COMMIT is redone inside Commit
-// (nothing was written) and counted (Retries). A lost connection or timeout
-// once COMMIT is on its way is sequencer.ErrUnknownOutcome: the server thread
-// of that connection (CONNECTION_ID(), read in the same transaction) may
-// still commit, and Settle KILLs it and waits until it is gone (settle.go).
+// spanning all its conversations, in one multi-statement round trip
+// (commit.go): the fence check (partition_lease rows LOCK IN SHARE MODE),
+// the head compare-and-set (conv_head upserts by primary key), one
+// multi-row INSERT and COMMIT; a failed check stops the statements after it
+// by a NULL head that strict mode refuses. It classifies errors as
+// persist.Store documents; a deadlock (1213) or lock wait timeout (1205)
+// before COMMIT is redone inside Commit (nothing was written) and counted
+// (Retries). A lost connection or timeout once COMMIT is on its way is
+// sequencer.ErrUnknownOutcome: the server thread of that connection
+// (CONNECTION_ID(), read when the connection opened) may still commit, and
+// Settle KILLs it and waits until it is gone (settle.go).
 //
 // It keeps three connection pools (reads, commits, control), like
 // persist/postgres. It never assigns seqs or msg_ids and never decides
@@ -69,8 +71,8 @@ type Options struct {
 	MaxRetries int
 	// IdleTimeout is the server's wait_timeout (whole seconds, at least 1)
 	// for the commit and control sessions: a session idle that long, also
-	// inside a transaction (its process frozen or cut off between two
-	// round trips of a commit), is closed by the server and its transaction
+	// inside a transaction (its process frozen or cut off between the
+	// round trips of a commit too large for one), is closed by the server and its transaction
 	// rolled back, so the partition-lease and head rows it locked cannot
 	// hold the live nodes back for longer. The store's own sessions are
 	// never idle inside a transaction for more than a round trip, and
@@ -138,7 +140,7 @@ type Store struct {
 	// started is the server's start time (seconds), to tell a restart.
 	started int64
 
-	beforeCommit func(thread uint64) // tests: called after the checks, before the rows and COMMIT are sent
+	beforeLast func(thread uint64) // tests: called before a commit's last round trip (the one with COMMIT) is sent
 }
 
 var (
@@ -171,6 +173,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["time_zone"] = "'+00:00'"
+	// Strict mode: a value the column cannot hold is an error, never a
+	// silent change (rejected), and a commit's failed check (a NULL head)
+	// stops the commit (commit.go).
+	cfg.Params["sql_mode"] = "'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
 	s := &Store{opts: opts}
 	for _, p := range []struct {
 		db      **sql.DB
@@ -189,6 +195,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("mysql: %w", err)
+		}
+		if p.db == &s.commits {
+			conn = threadConnector{conn}
 		}
 		db := sql.OpenDB(conn)
 		db.SetMaxOpenConns(p.size)
@@ -258,6 +267,7 @@ func (s *Store) Close() error {
 
 // MySQL error numbers the store reacts to.
 const (
+	erBadNull         = 1048 // column cannot be null: a failed check (commit.go)
 	erDupEntry        = 1062
 	erLockWaitTimeout = 1205
 	erLockDeadlock    = 1213

@@ -15,8 +15,8 @@ import (
 // slow fsync, a frozen disk), and when the statement ends the thread goes
 // on to COMMIT. If the writer re-read the rows before that, it would answer
 // "not stored" for a message that lands a moment later. So the store
-// remembers the server thread (CONNECTION_ID(), read in the commit's first
-// round trip) of every such commit, and Settle KILLs it from a control
+// remembers the server thread (CONNECTION_ID(), read when the commit's
+// connection opened: thread.go) of every such commit, and Settle KILLs it from a control
 // connection and waits until it is gone from information_schema.PROCESSLIST.
 // A killed thread finishes the commit it is in the middle of or rolls back;
 // once it is gone, the rows by key are the final truth.

@@ -56,13 +56,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // lockWaiters counts this database's statements that wait for a row lock:
-// the store's locking reads that are running (they are point lookups by
-// primary key: running means waiting). INNODB_TRX does not show a wait
-// that happens while the optimizer reads a const row.
+// the locking reads and the commits' head upserts that are running (they
+// work on a few rows by primary key: in these tests running means
+// waiting). INNODB_TRX does not show a wait that happens while the
+// optimizer reads a const row.
 func lockWaiters(t *testing.T, s *Store) int {
 	var n int
 	if err := s.read.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-		WHERE DB = DATABASE() AND COMMAND = 'Query' AND (INFO LIKE '%FOR UPDATE%' OR INFO LIKE '%LOCK IN SHARE MODE%')
+		WHERE DB = DATABASE() AND COMMAND = 'Query' AND (INFO LIKE '%FOR UPDATE%' OR INFO LIKE '%LOCK IN SHARE MODE%'
+			OR INFO LIKE 'INSERT INTO conv_head (conv_id, head) VALUES%')
 		AND INFO NOT LIKE '%PROCESSLIST%'`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
@@ -192,11 +194,11 @@ func frozenCommit(t *testing.T, s *Store, conv string, id uint64) (error, uint64
 	}
 	locker := session(t, s)
 	var thread uint64
-	s.beforeCommit = func(th uint64) {
+	s.beforeLast = func(th uint64) {
 		thread = th
 		exec(t, locker, "LOCK TABLES im_message WRITE")
 	}
-	defer func() { s.beforeCommit = nil }()
+	defer func() { s.beforeLast = nil }()
 	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	err := s.Commit(cctx, []persist.ConvBatch{{ConvID: conv, PrevHead: 1, Messages: []sequencer.Message{msg(conv, 2, id+1, fmt.Sprint("c", id+1))}}})
@@ -511,6 +513,9 @@ func TestLargeCommitSplits(t *testing.T) {
 	if n := len(s.writeTrips(planCommit(bs))); n < 2 {
 		t.Fatalf("%d round trips, want several", n)
 	}
+	if n := len(s.writeTrips(planCommit(bs[:1]))); n != 1 {
+		t.Fatalf("a commit that fits in a packet takes %d round trips, want 1", n)
+	}
 	if err := s.Commit(ctx, bs); err != nil {
 		t.Fatal(err)
 	}
@@ -641,11 +646,12 @@ func TestReadPositions(t *testing.T) {
 	}
 }
 
-// A commit whose process stalls between its checks and its write round
-// trip (a frozen node) holds the head and lease rows only until the
-// server's wait_timeout (Options.IdleTimeout) closes its session: then the
-// rows are free for the new owner, and the stalled commit, when it goes on,
-// learns nothing was written (after Settle, the rows say so).
+// A commit of several round trips (rows beyond half of max_allowed_packet)
+// whose process stalls between them (a frozen node) holds the head and
+// lease rows only until the server's wait_timeout (Options.IdleTimeout)
+// closes its session: then the rows are free for the new owner, and the
+// stalled commit, when it goes on, learns nothing was written (after
+// Settle, the rows say so).
 func TestStalledCommitReleasesLocks(t *testing.T) {
 	url := newDatabaseURL(t)
 	s := openStore(t, url, Options{IdleTimeout: time.Second})
@@ -659,10 +665,20 @@ func TestStalledCommitReleasesLocks(t *testing.T) {
 	}
 	resume := make(chan struct{})
 	stalled := make(chan struct{})
-	s.beforeCommit = func(uint64) { close(stalled); <-resume }
+	s.beforeLast = func(uint64) { close(stalled); <-resume }
+	// A body larger than the packet allows in one round trip with the
+	// checks: the checks (and the head moved) go first, the row and COMMIT
+	// after the stall.
+	s.maxPacket = 8 << 10
+	big := msg(conv, 2, 2, "s2")
+	big.Body = make([]byte, 6<<10)
+	stalledBatch := []persist.ConvBatch{{ConvID: conv, PrevHead: 1, Messages: []sequencer.Message{big}}}
+	if n := len(s.writeTrips(planCommit(stalledBatch))); n != 2 {
+		t.Fatalf("%d round trips, want 2", n)
+	}
 	done := make(chan error, 1)
 	go func() {
-		done <- s.Commit(ctx, []persist.ConvBatch{{ConvID: conv, PrevHead: 1, Messages: []sequencer.Message{msg(conv, 2, 2, "s2")}}})
+		done <- s.Commit(ctx, stalledBatch)
 	}()
 	<-stalled
 	// Another writer (the new owner) gets the head row once the server
@@ -686,4 +702,45 @@ func TestStalledCommitReleasesLocks(t *testing.T) {
 		t.Fatalf("head %d, want 2 (the new owner's)", h)
 	}
 	t.Logf("stalled commit: %v", err)
+}
+
+// A failed head check stops the commit through strict mode (a NULL head is
+// refused). The store forces strict mode on its sessions, so a server or
+// URL whose sql_mode is lax (NULL stored as 0 with a warning) still refuses
+// the commit and keeps every head.
+func TestHeadCheckHoldsWithLaxSQLMode(t *testing.T) {
+	url := newDatabaseURL(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	s := openStore(t, url+sep+"sql_mode=%27%27", Options{})
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mode string
+	if err := s.commits.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode").Scan(&mode); err != nil || !strings.Contains(mode, "STRICT_ALL_TABLES") {
+		t.Fatalf("commit session sql_mode %q (%v), want strict", mode, err)
+	}
+	a, b := "g:lax:a", "g:lax:b"
+	if err := s.Commit(ctx, []persist.ConvBatch{
+		{ConvID: a, Messages: []sequencer.Message{msg(a, 1, 1, "a1")}},
+		{ConvID: b, Messages: []sequencer.Message{msg(b, 1, 2, "b1"), msg(b, 2, 3, "b2")}}}); err != nil {
+		t.Fatal(err)
+	}
+	// b's PrevHead is wrong (3, stored 2: its row 4 would leave a gap), a's
+	// is right.
+	err := s.Commit(ctx, []persist.ConvBatch{
+		{ConvID: a, PrevHead: 1, Messages: []sequencer.Message{msg(a, 2, 4, "a2")}},
+		{ConvID: b, PrevHead: 3, Messages: []sequencer.Message{msg(b, 4, 5, "b4")}}})
+	var hm *persist.HeadMismatchError
+	if !errors.As(err, &hm) || len(hm.ConvIDs) != 1 || hm.ConvIDs[0] != b {
+		t.Fatalf("commit over a wrong head: %v, want HeadMismatchError naming %s", err, b)
+	}
+	for conv, want := range map[string]uint64{a: 1, b: 2} {
+		if h, err := s.LoadHead(ctx, conv); err != nil || h != want {
+			t.Fatalf("head of %s = %d (%v), want %d", conv, h, err, want)
+		}
+	}
 }

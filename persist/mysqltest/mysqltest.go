@@ -20,16 +20,13 @@
 package mysqltest
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -38,6 +35,7 @@ import (
 
 	gomysql "github.com/go-sql-driver/mysql"
 
+	"github.com/sequencer-im/sequencer/persist/internal/serverproc"
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -103,30 +101,53 @@ func NewDatabase(t testing.TB) string {
 func NewDatabaseOn(t testing.TB, adminURL string) string {
 	t.Helper()
 	name := pgtest.DBName(t.Name())
-	if err := execAdmin(adminURL, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4"); err != nil {
-		t.Fatalf("mysqltest: create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if err := execAdmin(adminURL, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
-			t.Errorf("mysqltest: drop database %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(adminURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := CreateDatabase(ctx, adminURL, name)
 	if err != nil {
 		t.Fatalf("mysqltest: %v", err)
 	}
-	u.Path = "/" + name
-	return u.String()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := DropDatabase(ctx, adminURL, name); err != nil {
+			t.Errorf("mysqltest: %v", err)
+		}
+	})
+	return u
 }
 
-func execAdmin(adminURL, stmt string) error {
+// CreateDatabase creates the database name (utf8mb4) on the server of
+// adminURL and returns its mysql:// URL (adminURL with the database
+// replaced). Tools that are not tests and own the database's life use it
+// (sequencer-bench); tests call NewDatabase.
+func CreateDatabase(ctx context.Context, adminURL, name string) (string, error) {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", fmt.Errorf("admin URL: %w", err)
+	}
+	if err := execAdmin(ctx, adminURL, "CREATE DATABASE `"+name+"` CHARACTER SET utf8mb4"); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// DropDatabase drops the database name on the server of adminURL, if it
+// exists.
+func DropDatabase(ctx context.Context, adminURL, name string) error {
+	if err := execAdmin(ctx, adminURL, "DROP DATABASE IF EXISTS `"+name+"`"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return nil
+}
+
+func execAdmin(ctx context.Context, adminURL, stmt string) error {
 	db, err := open(adminURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	_, err = db.ExecContext(ctx, stmt)
 	return err
 }
@@ -174,7 +195,7 @@ func resolve() (string, error) {
 	srv, err := startServer()
 	if err != nil {
 		adminErr = fmt.Errorf("no server answers at %s (%v), and starting a throwaway server failed: %v. %s",
-			redact(candidate), probeErr, err, howToGet)
+			Redact(candidate), probeErr, err, howToGet)
 		return "", adminErr
 	}
 	local = srv
@@ -182,7 +203,8 @@ func resolve() (string, error) {
 	return admin, nil
 }
 
-func redact(raw string) string {
+// Redact returns a mysql:// URL with its password hidden, for messages.
+func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unparsable URL)"
@@ -197,8 +219,7 @@ func redact(raw string) string {
 type Server struct {
 	dir, bin string
 	port     int
-	cmd      *exec.Cmd
-	done     chan struct{}
+	proc     *serverproc.Proc // nil while stopped
 }
 
 // StartServer starts a throwaway MariaDB server for this test (stopped and
@@ -262,11 +283,11 @@ func startServer() (*Server, error) {
 	}
 	if out, err := exec.Command(inst, args...).CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("%s: %v: %s", inst, err, lastLines(out, 10))
+		return nil, fmt.Errorf("%s: %v: %s", inst, err, serverproc.LastLines(out, 10))
 	}
 	s := &Server{dir: dir, bin: bin}
 	for attempt := 0; attempt < 3; attempt++ {
-		if s.port, err = freePort(); err != nil {
+		if s.port, err = serverproc.FreePort(); err != nil {
 			break
 		}
 		if err = s.Start(); err == nil {
@@ -275,15 +296,6 @@ func startServer() (*Server, error) {
 	}
 	os.RemoveAll(dir)
 	return nil, err
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Start (re)starts the server on its port and data directory and waits
@@ -298,72 +310,28 @@ func (s *Server) Start() error {
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
-	cmd := exec.Command(filepath.Join(s.bin, "mariadbd"), args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
-	s.cmd, s.done = cmd, make(chan struct{})
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // Pdeathsig follows the forking thread
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(s.done)
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-		close(s.done)
-	}()
-	if err := <-started; err != nil {
-		return fmt.Errorf("start mariadbd: %w", err)
+	p, err := serverproc.Start("mariadbd", exec.Command(filepath.Join(s.bin, "mariadbd"), args...), syscall.SIGTERM, logPath,
+		func() error { return probe(s.URL()) }, nil)
+	if err != nil {
+		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-s.done:
-			out, _ := os.ReadFile(logPath)
-			return fmt.Errorf("mariadbd exited at start: %s", lastLines(out, 10))
-		default:
-		}
-		err := probe(s.URL())
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			return fmt.Errorf("mariadbd did not answer within 60s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
-	}
+	s.proc = p
+	return nil
 }
 
 // Stop shuts the server down (SIGTERM, then SIGKILL after 30s); its data
 // stays for Start.
 func (s *Server) Stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.done
+	if s.proc != nil {
+		s.proc.Stop(syscall.SIGTERM)
+		s.proc = nil
 	}
 }
 
 // Kill stops the server with SIGKILL (a crash); its data stays for Start.
 func (s *Server) Kill() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
+	if s.proc != nil {
+		s.proc.Kill()
+		s.proc = nil
 	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.done
-}
-
-func lastLines(b []byte, n int) string {
-	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
 }

@@ -20,19 +20,16 @@
 package pgtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +39,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer/persist/internal/serverproc"
 )
 
 // EnvURL names the environment variable holding the admin DSN of the test
@@ -235,8 +234,7 @@ type localServer struct {
 	dir  string
 	dsn  string
 	port int
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the postmaster exited
+	proc *serverproc.Proc // the postmaster
 	log  string
 }
 
@@ -319,11 +317,11 @@ func startLocal() (*localServer, error) {
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 10))
+		return nil, fmt.Errorf("initdb: %v: %s", err, serverproc.LastLines(out, 10))
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := serverproc.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -337,19 +335,9 @@ func startLocal() (*localServer, error) {
 	return nil, lastErr
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// runPostmaster starts postgres on a free port and waits until it answers.
-// The postmaster is started from a goroutine locked to its OS thread, with a
-// parent-death signal: if this test process dies without Stop, the kernel
-// tells the server to shut down (fast).
+// runPostmaster starts postgres on port and waits until it answers. The
+// postmaster gets a parent-death signal (serverproc): if this test process
+// dies without Stop, the kernel tells the server to shut down (fast).
 //
 // extra are more server settings ("name=value"), passed as -c options.
 func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int, extra ...string) (*localServer, error) {
@@ -372,50 +360,19 @@ func runPostmaster(bin, dir, data string, cred *syscall.Credential, port int, ex
 	cmd.Dir = dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGINT, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	srv := &localServer{
 		dir:  dir,
 		port: port,
-		cmd:  cmd,
-		done: make(chan struct{}),
 		log:  logPath,
 		dsn:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
 	}
-	started := make(chan error, 1)
-	go func() {
-		// Pdeathsig fires when the forking thread exits: keep this thread
-		// alive (locked, blocked in Wait) as long as the server runs.
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(srv.done)
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-		logf.Close()
-		close(srv.done)
-	}()
-	if err := <-started; err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start postgres: %w", err)
+	srv.proc, err = serverproc.Start("postgres", cmd, syscall.SIGINT, logPath,
+		func() error { return probe(srv.dsn, 2*time.Second) }, func() { logf.Close() })
+	if err != nil {
+		return nil, err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-srv.done:
-			out, _ := os.ReadFile(logPath)
-			return nil, fmt.Errorf("postgres exited at start: %s", lastLines(out, 10))
-		default:
-		}
-		if err := probe(srv.dsn, 2*time.Second); err == nil {
-			return srv, nil
-		} else if time.Now().After(deadline) {
-			srv.stop()
-			return nil, fmt.Errorf("postgres did not answer within 60s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
-	}
+	return srv, nil
 }
 
 // stop shuts the server down (fast shutdown, then kill) and removes its dir.
@@ -425,22 +382,4 @@ func (s *localServer) stop() {
 }
 
 // halt shuts the server down (fast shutdown, then kill), keeping its data.
-func (s *localServer) halt() {
-	if s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-s.done:
-		case <-time.After(30 * time.Second):
-			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-			<-s.done
-		}
-	}
-}
-
-func lastLines(b []byte, n int) string {
-	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
-}
+func (s *localServer) halt() { s.proc.Stop(syscall.SIGINT) }

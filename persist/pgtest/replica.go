@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer/persist/internal/serverproc"
 )
 
 // Node is one PostgreSQL server of a replicated set of a test's own: a
@@ -49,7 +51,7 @@ func StartPrimary(t testing.TB, settings ...string) *Node {
 	initdb.Dir = n.dir
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
-		t.Fatalf("pgtest.StartPrimary: initdb: %v: %s", err, lastLines(out, 10))
+		t.Fatalf("pgtest.StartPrimary: initdb: %v: %s", err, serverproc.LastLines(out, 10))
 	}
 	n.extra = append([]string{"wal_level=replica", "max_wal_senders=10", "wal_keep_size=256MB"}, settings...)
 	n.startFresh()
@@ -67,7 +69,7 @@ func (n *Node) StartStandby(t testing.TB, settings ...string) *Node {
 	bb.Dir = s.dir
 	bb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := bb.CombinedOutput(); err != nil {
-		t.Fatalf("pgtest.StartStandby: pg_basebackup: %v: %s", err, lastLines(out, 10))
+		t.Fatalf("pgtest.StartStandby: pg_basebackup: %v: %s", err, serverproc.LastLines(out, 10))
 	}
 	s.extra = append([]string{"hot_standby=on", "wal_level=replica", "max_wal_senders=10"}, settings...)
 	s.startFresh()
@@ -111,7 +113,7 @@ func (n *Node) startFresh() {
 	n.t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := serverproc.FreePort()
 		if err != nil {
 			n.t.Fatal(err)
 		}
@@ -153,16 +155,16 @@ func (n *Node) DSN(db string) string {
 func (n *Node) Kill9() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cur == nil || n.cur.cmd.Process == nil {
+	if n.cur == nil || n.cur.proc.Cmd.Process == nil {
 		return
 	}
-	pid := n.cur.cmd.Process.Pid
+	pid := n.cur.proc.Cmd.Process.Pid
 	_ = syscall.Kill(pid, syscall.SIGSTOP)
 	for _, c := range childrenOf(pid) {
 		_ = syscall.Kill(c, syscall.SIGKILL)
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	<-n.cur.done
+	<-n.cur.proc.Done
 	n.cur = nil
 	n.stopped = nil
 }
@@ -227,7 +229,7 @@ func (n *Node) Promote() error {
 	cmd.Dir = n.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: n.cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("pg_ctl promote: %v: %s", err, lastLines(out, 10))
+		return fmt.Errorf("pg_ctl promote: %v: %s", err, serverproc.LastLines(out, 10))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -294,7 +296,7 @@ func (n *Node) Log() string {
 		b, _ := os.ReadFile(m)
 		out = append(out, b...)
 	}
-	return lastLines(out, 40)
+	return serverproc.LastLines(out, 40)
 }
 
 // Freeze stops the postmaster (SIGSTOP): the port still accepts TCP
@@ -308,8 +310,8 @@ func (n *Node) Log() string {
 func (n *Node) Freeze() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cur != nil && n.cur.cmd.Process != nil {
-		pid := n.cur.cmd.Process.Pid
+	if n.cur != nil && n.cur.proc.Cmd.Process != nil {
+		pid := n.cur.proc.Cmd.Process.Pid
 		_ = syscall.Kill(pid, syscall.SIGSTOP)
 		n.stopped = append(n.stopped, pid)
 	}
@@ -321,8 +323,8 @@ func (n *Node) Freeze() {
 func (n *Node) FreezeAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cur != nil && n.cur.cmd.Process != nil {
-		pid := n.cur.cmd.Process.Pid
+	if n.cur != nil && n.cur.proc.Cmd.Process != nil {
+		pid := n.cur.proc.Cmd.Process.Pid
 		_ = syscall.Kill(pid, syscall.SIGSTOP) // forks no more
 		n.stopped = append(n.stopped, pid)
 		for _, c := range childrenOf(pid) {

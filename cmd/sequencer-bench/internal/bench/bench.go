@@ -92,8 +92,9 @@ type Config struct {
 	// seqbench-<run id> inside it, removed at the end unless Keep. Default
 	// the system's temporary directory.
 	SQLiteDir string
-	// Pool is the PostgreSQL connections of engines b and c (default 32,
-	// their best measured setting). Engine d uses CopyWriters connections;
+	// Pool is the database connections of engines b and c (default 32,
+	// their best measured setting), and of b-mysql and c-mysql. Engine d
+	// uses CopyWriters connections;
 	// engines a and e use the server's store settings.
 	Pool int
 	// CopyBatch (default 4000) and CopyWriters (default 4) shape engine d.
@@ -266,7 +267,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
 	fs.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the e-batch engines: most SendBatch requests in flight to the node (0: the Go SDK's default, client.DefaultBatchMaxInFlight)")
 	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
-	fs.IntVar(&cfg.Pool, "pool", 32, "PostgreSQL connections of engines b and c (a and e run with the server's own store settings)")
+	fs.IntVar(&cfg.Pool, "pool", 32, "database connections of engines b and c (PostgreSQL) and b-mysql and c-mysql (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
 	fs.IntVar(&cfg.CopyWriters, "copy-writers", 4, "engine d: concurrent COPY connections")
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
@@ -547,7 +548,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		}
 		env.DSN = dsn
 		if spec.NeedsBaselineTables {
-			if err := r.my.exec(ctx, dsn, myMessageDDL...); err != nil {
+			if err := baselineTables(ctx, dsn); err != nil {
 				return res, err
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -14,7 +13,9 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 )
 
 // The MySQL engines: this sequencer on persist/mysql (in process, and
@@ -72,38 +73,43 @@ func init() {
 	})
 }
 
-// defaultMySQL is root over the local MariaDB's unix socket.
-const defaultMySQL = "mysql://root@localhost/mysql?socket=/run/mysqld/mysqld.sock"
+// defaultMySQL is root over the local MariaDB's unix socket (the test
+// harness's default server).
+const defaultMySQL = mysqltest.DefaultURL
 
 // redactMySQL hides a mysql:// URL's password.
-func redactMySQL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable mysql:// URL)"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
+func redactMySQL(raw string) string { return mysqltest.Redact(raw) }
 
-// myMessageDDL is the seed's message table as written for MySQL (the same
-// DDL persist/mysql's migration 0001 creates, body sized for 64 KiB).
-var myMessageDDL = []string{`CREATE TABLE im_message (
-  msg_id        BIGINT UNSIGNED NOT NULL,
-  conv_id       VARCHAR(64)  NOT NULL,
-  seq           BIGINT UNSIGNED NOT NULL,
-  from_uid      BIGINT UNSIGNED NOT NULL,
-  msg_type      SMALLINT     NOT NULL DEFAULT 1,
-  body          MEDIUMBLOB   NOT NULL,
-  client_msg_id VARCHAR(64)  NOT NULL,
-  server_at     DATETIME(3)  NOT NULL,
-  PRIMARY KEY (msg_id),
-  UNIQUE KEY uk_conv_seq (conv_id, seq),
-  UNIQUE KEY uk_from_client (from_uid, client_msg_id)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`,
-	`CREATE TABLE seq_floor (conv_id VARCHAR(64) PRIMARY KEY, floor BIGINT NOT NULL) ENGINE=InnoDB`,
-	`CREATE TABLE seq_segment (conv_id VARCHAR(64) PRIMARY KEY, max_seq BIGINT NOT NULL) ENGINE=InnoDB`,
+// baselineTables creates the baselines' tables in the database of rawURL:
+// im_message as the MySQL store creates it, by applying the store's own
+// first migration (persist/mysql/migrations/0001_init.sql: the seed's
+// table, plus the store's heads and lease tables, which the baselines leave
+// empty; the same body type and binary key collation as engine a-mysql
+// gets), and the baselines' own side tables. No copy of the schema lives
+// here.
+func baselineTables(ctx context.Context, rawURL string) error {
+	st, err := mysql.Open(ctx, rawURL, mysql.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.MigrateTo(ctx, 1); err != nil {
+		return fmt.Errorf("the MySQL store's first migration: %w", err)
+	}
+	db, err := openMySQL(rawURL, 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for _, ddl := range []string{
+		`CREATE TABLE seq_floor (conv_id VARCHAR(64) PRIMARY KEY, floor BIGINT NOT NULL) ENGINE=InnoDB`,
+		`CREATE TABLE seq_segment (conv_id VARCHAR(64) PRIMARY KEY, max_seq BIGINT NOT NULL) ENGINE=InnoDB`,
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			return fmt.Errorf("%s: %w", firstLine(ddl), err)
+		}
+	}
+	return nil
 }
 
 // openMySQL opens database/sql on a mysql:// URL.
@@ -130,49 +136,29 @@ func openMySQL(rawURL string, size int) (*sql.DB, error) {
 }
 
 // myBench is the MySQL server of a run: it creates a database per (engine,
-// scenario) and drops them at the end.
+// scenario), through the MySQL test harness, and drops them at the end.
 type myBench struct {
 	admin string
 	runID string
 	dbs   []string
 }
 
-func (b *myBench) exec(ctx context.Context, rawURL string, stmts ...string) error {
-	db, err := openMySQL(rawURL, 1)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	for _, st := range stmts {
-		if _, err := db.ExecContext(ctx, st); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // NewDatabase creates seqbench_<run>_<name> and returns its URL.
 func (b *myBench) NewDatabase(ctx context.Context, name string) (string, error) {
 	db := "seqbench_" + b.runID + "_" + name
-	if err := b.exec(ctx, b.admin, "CREATE DATABASE `"+db+"` CHARACTER SET utf8mb4"); err != nil {
-		return "", fmt.Errorf("mysql: create database %s: %w", db, err)
+	u, err := mysqltest.CreateDatabase(ctx, b.admin, db)
+	if err != nil {
+		return "", fmt.Errorf("mysql: %w", err)
 	}
 	b.dbs = append(b.dbs, db)
-	u, err := url.Parse(b.admin)
-	if err != nil {
-		return "", err
-	}
-	u.Path = "/" + db
-	return u.String(), nil
+	return u, nil
 }
 
 // Drop drops every database the run created.
 func (b *myBench) Drop(ctx context.Context) error {
 	var errs []error
 	for _, db := range b.dbs {
-		if err := b.exec(ctx, b.admin, "DROP DATABASE IF EXISTS `"+db+"`"); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, mysqltest.DropDatabase(ctx, b.admin, db))
 	}
 	return errors.Join(errs...)
 }
@@ -218,10 +204,15 @@ func (w *myRowWriter) Batches(context.Context) (BatchStats, error) {
 func (w *myRowWriter) Close() error { return w.db.Close() }
 
 func (w *myRowWriter) insertOne(ctx context.Context, req *sequencer.SendRequest, msgID, seq uint64) (sequencer.SendResult, error) {
+	conn, err := w.db.Conn(ctx)
+	if err != nil {
+		return sequencer.SendResult{}, fmt.Errorf("insert message conv=%s seq=%d: %w", req.ConvID, seq, err)
+	}
 	at := storedAt().UTC()
-	t0 := time.Now()
-	_, err := w.db.ExecContext(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+	t0 := time.Now() // the commit's own time, not the wait for a connection
+	_, err = conn.ExecContext(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, msgID, req.ConvID, seq, req.FromUID, req.MsgType, req.Body, req.ClientMsgID, at)
+	conn.Close()
 	if err == nil {
 		w.insertNs.Add(int64(time.Since(t0)))
 		w.inserts.Add(1)
