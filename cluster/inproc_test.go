@@ -38,7 +38,7 @@ type ipNode struct {
 	cn    *Node
 	an    *actor.Conversations
 	store *postgres.Store
-	lease *idgen.Lease
+	lease *idgen.Issuer
 	tr    Transport // the transport given in Config (nil: the default)
 	// crashed: halted like a kill -9 (no leave; its member row expires)
 	crashed atomic.Bool
@@ -62,7 +62,7 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: id})
+	lease, err := idgen.NewIssuer(store, idgen.IssuerConfig{Holder: id})
 	if err != nil {
 		t.Fatal(err)
 	}

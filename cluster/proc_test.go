@@ -146,7 +146,7 @@ func (c *child) kill() {
 }
 
 // leaseIDs issues msg_ids from a leased worker id.
-type leaseIDs struct{ l *idgen.Lease }
+type leaseIDs struct{ l *idgen.Issuer }
 
 func (l leaseIDs) NextID() (uint64, error) { return l.l.Next() }
 
@@ -182,7 +182,7 @@ func runNodeChild() {
 	if err != nil {
 		fail("open store", err)
 	}
-	lease, err := idgen.NewLease(store, idgen.LeaseConfig{Holder: id})
+	lease, err := idgen.NewIssuer(store, idgen.IssuerConfig{Holder: id})
 	if err != nil {
 		fail("lease", err)
 	}

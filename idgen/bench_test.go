@@ -48,12 +48,12 @@ func BenchmarkNextParallel(b *testing.B) {
 	reportRate(b)
 }
 
-// BenchmarkNextLeased: one goroutine, generator gated by a Lease on the
+// BenchmarkNextLeased: one goroutine, generator gated by an Issuer on the
 // in-memory store (the gate checks are on the path; renewals are not, as in
 // production where the background loop renews long before the reservation
 // ends).
 func BenchmarkNextLeased(b *testing.B) {
-	l, err := NewLease(newLeaseStore(), LeaseConfig{Holder: "bench", TTL: time.Minute})
+	l, err := NewIssuer(newLeaseStore(), IssuerConfig{Holder: "bench", TTL: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-// docs/IDGEN.md's LeaseConfig table states DefaultLeaseConfig's values and
+// docs/IDGEN.md's IssuerConfig table states DefaultIssuerConfig's values and
 // the intervals derived from them ("TTL/5 = 2s").
 func TestIDGENDocStatesTheLeaseDefaults(t *testing.T) {
 	raw, err := os.ReadFile("../docs/IDGEN.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := DefaultLeaseConfig().withDerived()
+	d := DefaultIssuerConfig().withDerived()
 	want := map[string]time.Duration{
 		"TTL": d.TTL, "RenewEvery": d.RenewEvery, "ReserveAhead": d.ReserveAhead,
 		"RetryEvery": d.RetryEvery, "StoreTimeout": d.StoreTimeout, "MaxStoreSkew": d.MaxStoreSkew,
@@ -29,13 +29,13 @@ func TestIDGENDocStatesTheLeaseDefaults(t *testing.T) {
 		seen++
 		got, err := time.ParseDuration(m[2])
 		if err != nil || got != w {
-			t.Errorf("docs/IDGEN.md: %s default %q, DefaultLeaseConfig gives %v", m[1], m[2], w)
+			t.Errorf("docs/IDGEN.md: %s default %q, DefaultIssuerConfig gives %v", m[1], m[2], w)
 		}
 	}
 	if seen != len(want) {
-		t.Fatalf("docs/IDGEN.md: %d of the %d LeaseConfig defaults found", seen, len(want))
+		t.Fatalf("docs/IDGEN.md: %d of the %d IssuerConfig defaults found", seen, len(want))
 	}
-	if err := DefaultLeaseConfig().Validate(); err != nil {
+	if err := DefaultIssuerConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

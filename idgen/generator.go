@@ -17,7 +17,7 @@
 //     the injected Clock's Sleep); a larger rollback is refused with an error
 //     wrapping sequencer.ErrClockMovedBackwards (code unavailable: the client
 //     retries), counted in sequencer_clock_rollbacks_total;
-//   - under a Lease it issues nothing without a valid lease, nothing for a
+//   - under an Issuer it issues nothing without a valid lease, nothing for a
 //     millisecond at or below the LastMs inherited from the id's previous
 //     holder, and nothing for a millisecond beyond the reservation recorded in
 //     the store (it renews first), so the store's LastMs bounds every id ever
@@ -25,7 +25,7 @@
 //
 // idgen must never assign seqs, never read or write messages, and never issue
 // an id whose millisecond it has not first made durable as a reservation when
-// running under a Lease. See docs/IDGEN.md for the design and the benchmark.
+// running under an Issuer. See docs/IDGEN.md for the design and the benchmark.
 package idgen
 
 import (
@@ -83,7 +83,7 @@ func Compose(unixMs int64, worker, seq int) uint64 {
 }
 
 // Config configures a Generator with a fixed worker id (New). Servers use a
-// Lease instead, which leases the worker id from the store.
+// Issuer instead, which leases the worker id from the store.
 type Config struct {
 	// WorkerID is this generator's worker id, 0..1023. Two live generators
 	// must never share one: assign it from something that guarantees that.
@@ -108,7 +108,7 @@ type Generator struct {
 	// state packs the last issued id's millisecond and sequence together
 	// with the generation of the view it was issued under:
 	//   gen (11 bits) | ms since Epoch (41 bits) | seq (12 bits)
-	// A CAS on it is the only way an id is issued. A Lease bumps gen when the
+	// A CAS on it is the only way an id is issued. An Issuer bumps gen when the
 	// view's rights shrink (lease lost, released) or the worker id changes,
 	// so an in-flight Next that loaded the old view cannot issue.
 	state atomic.Uint64
@@ -123,7 +123,7 @@ type Generator struct {
 }
 
 // view is what a generator may issue under, published atomically by the
-// Lease. It is immutable once published.
+// Issuer. It is immutable once published.
 type view struct {
 	gen       uint64 // 0..genMask, matches the state's gen
 	held      bool   // a valid lease (or a fixed worker id)
@@ -134,7 +134,7 @@ type view struct {
 	err       error  // why !held
 }
 
-// reserver is the Lease seen from the generator: extend the reservation so
+// reserver is the Issuer seen from the generator: extend the reservation so
 // that nowMs is covered, or say why not.
 type reserver interface {
 	reserve(nowMs int64) error
@@ -234,7 +234,7 @@ func (g *Generator) Next() (uint64, error) {
 		}
 		gen, lastRel, seq := unpack(s)
 		if gen != v.gen {
-			// A Lease is switching views (published the view, is about
+			// An Issuer is switching views (published the view, is about
 			// to bump the state, or the reverse). Take both again.
 			runtime.Gosched()
 			v, s, now = g.view.Load(), g.state.Load(), g.nowMs()

@@ -5,4 +5,4 @@ package idgen
 func (g *Generator) NextID() (uint64, error) { return g.Next() }
 
 // NextID is Next, under the name actor.IDSource asks for.
-func (l *Lease) NextID() (uint64, error) { return l.Next() }
+func (l *Issuer) NextID() (uint64, error) { return l.Next() }

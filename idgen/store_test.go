@@ -56,7 +56,7 @@ func realStart() time.Time { return time.Now().UTC().Truncate(time.Millisecond) 
 
 // issueReserved issues an id and checks it is within the reservation the
 // store returned at the last renew.
-func issueReserved(t *testing.T, l *Lease) uint64 {
+func issueReserved(t *testing.T, l *Issuer) uint64 {
 	t.Helper()
 	id, err := l.Next()
 	if err != nil {
@@ -77,7 +77,7 @@ func TestLeaseRealStoresTwoHolders(t *testing.T) {
 		t.Run(rs.name, func(t *testing.T) {
 			store := rs.open(t)
 			clk := clock.NewFake(realStart())
-			leases := []*Lease{newFakeClockLease(t, store, "node-a", clk, nil), newFakeClockLease(t, store, "node-b", clk, nil)}
+			leases := []*Issuer{newFakeClockLease(t, store, "node-a", clk, nil), newFakeClockLease(t, store, "node-b", clk, nil)}
 			for _, l := range leases {
 				mustRenew(t, l)
 				t.Cleanup(func() { l.Close(context.Background()) })
@@ -239,7 +239,7 @@ func TestLeaseClockBehindTheStore(t *testing.T) {
 		store := realStores[0].open(t)
 		m := metrics.New()
 		behind := clock.NewFake(time.Now().Add(-time.Hour))
-		l, err := NewLease(store, LeaseConfig{Holder: "slow", Clock: behind, Metrics: m})
+		l, err := NewIssuer(store, IssuerConfig{Holder: "slow", Clock: behind, Metrics: m})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +253,7 @@ func TestLeaseClockBehindTheStore(t *testing.T) {
 		if n := counterValue(t, m.ClockRollbacks.WithLabelValues("refused")); n == 0 {
 			t.Fatal("the refusal was not counted")
 		}
-		good, err := NewLease(store, LeaseConfig{Holder: "good"})
+		good, err := NewIssuer(store, IssuerConfig{Holder: "good"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -115,9 +115,10 @@ type Config struct {
 	// TLSKeyFile, TLSCAFile), --cluster-insecure (Insecure), --partitions
 	// (Ring.Partitions), --member-ttl, --heartbeat, --handoff-wait.
 	Cluster cluster.Config
-	// WorkerLease is the snowflake worker-id lease: --worker-lease-ttl
-	// (TTL); the other intervals follow TTL (docs/IDGEN.md).
-	WorkerLease idgen.LeaseConfig
+	// IDs is the msg_id issuer, a snowflake generator on a worker id leased
+	// from the store: --worker-lease-ttl (TTL); the other intervals follow
+	// TTL (docs/IDGEN.md).
+	IDs idgen.IssuerConfig
 }
 
 // minRetention is the shortest Retention other than 0.
@@ -138,7 +139,7 @@ func DefaultConfig() Config {
 		API:               api.DefaultConfig(),
 		Actors:            actor.DefaultConfig(),
 		Cluster:           cluster.DefaultConfig(),
-		WorkerLease:       idgen.DefaultLeaseConfig(),
+		IDs:               idgen.DefaultIssuerConfig(),
 	}
 }
 
@@ -170,8 +171,8 @@ func (c Config) clusterConfig() cluster.Config {
 	return cl
 }
 
-func (c Config) leaseConfig() idgen.LeaseConfig {
-	l := c.WorkerLease
+func (c Config) issuerConfig() idgen.IssuerConfig {
+	l := c.IDs
 	l.Holder = c.NodeID
 	return l
 }
@@ -194,7 +195,7 @@ var flagNames = map[string]string{
 	"Cluster.MemberTTL":         "member-ttl",
 	"Cluster.Heartbeat":         "heartbeat",
 	"Cluster.HandoffWait":       "handoff-wait",
-	"WorkerLease.TTL":           "worker-lease-ttl",
+	"IDs.TTL":                   "worker-lease-ttl",
 }
 
 // clusterFlagNames adds what is reported only for a cluster node: its
@@ -261,7 +262,7 @@ func (c Config) Validate() error {
 	ch.Add(conf.Rename(conf.Nest(c.apiConfig().Validate(), "", "API"), "", names))
 	ch.Add(conf.Rename(conf.Nest(c.Actors.Validate(), "", "Actors"), "", names))
 	ch.Add(conf.Rename(conf.Nest(c.clusterConfig().Validate(), "", "Cluster"), "", names))
-	ch.Add(conf.Rename(conf.Nest(c.leaseConfig().Validate(), "", "WorkerLease"), "", names))
+	ch.Add(conf.Rename(conf.Nest(c.issuerConfig().Validate(), "", "IDs"), "", names))
 	errs = append(errs, ch.Err())
 	return errors.Join(errs...)
 }

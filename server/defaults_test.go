@@ -28,7 +28,7 @@ func TestEveryDefaultConfigValidates(t *testing.T) {
 		"commit":            commit.DefaultConfig().Validate(),
 		"actor":             actor.DefaultConfig().Validate(),
 		"api":               api.DefaultConfig().Validate(),
-		"idgen lease":       idgen.DefaultLeaseConfig().Validate(),
+		"idgen issuer":      idgen.DefaultIssuerConfig().Validate(),
 		"idgen (worker 0)":  idgen.Config{}.Validate(),
 		"server":            DefaultConfig().Validate(),
 		"server (defaults)": Config{}.WithDefaults().Validate(),
@@ -66,7 +66,7 @@ func TestServerDefaultsAreTheComponentsDefaults(t *testing.T) {
 	same("commit", d.Actors.Commit, commit.DefaultConfig())
 	same("api", d.API, api.DefaultConfig())
 	same("cluster", d.Cluster, cluster.DefaultConfig())
-	same("idgen lease", d.WorkerLease, idgen.DefaultLeaseConfig())
+	same("idgen issuer", d.IDs, idgen.DefaultIssuerConfig())
 
 	// What Start hands each component: its Config plus the node-wide
 	// values, nothing restated.
@@ -75,8 +75,8 @@ func TestServerDefaultsAreTheComponentsDefaults(t *testing.T) {
 	cc := d.clusterConfig()
 	cc.NodeID = ""
 	same("cluster (handed over)", cc, cluster.DefaultConfig())
-	lc := d.leaseConfig()
-	same("idgen lease (handed over)", lc, idgen.DefaultLeaseConfig())
+	lc := d.issuerConfig()
+	same("idgen issuer (handed over)", lc, idgen.DefaultIssuerConfig())
 
 	// WithDefaults fills from DefaultConfig and generates only the node id.
 	w := Config{}.WithDefaults()
@@ -99,7 +99,7 @@ func TestComponentValidateNamesTheBadField(t *testing.T) {
 	mc := func(f func(*commit.Config)) error { c := commit.DefaultConfig(); f(&c); return c.Validate() }
 	ma := func(f func(*actor.Config)) error { return mod(a, f).Validate() }
 	mp := func(f func(*api.Config)) error { c := api.DefaultConfig(); f(&c); return c.Validate() }
-	ml := func(f func(*idgen.LeaseConfig)) error { c := idgen.DefaultLeaseConfig(); f(&c); return c.Validate() }
+	ml := func(f func(*idgen.IssuerConfig)) error { c := idgen.DefaultIssuerConfig(); f(&c); return c.Validate() }
 	mcl := func(f func(*cluster.Config)) error {
 		c := cluster.DefaultConfig()
 		c.NodeID, c.Store, c.ClusterListen = "n1", membership.NewMem(clock.NewFake(time.Now())), "127.0.0.1:0"
@@ -122,9 +122,9 @@ func TestComponentValidateNamesTheBadField(t *testing.T) {
 		"api: body zero":             {mp(func(c *api.Config) { c.MaxBody = 0 }), "api: MaxBody"},
 		"api: body huge":             {mp(func(c *api.Config) { c.MaxBody = 1 << 30 }), "api: MaxBody"},
 		"api: batch tiny":            {mp(func(c *api.Config) { c.MaxBatchBytes = 100 }), "api: MaxBatchBytes"},
-		"idgen: ttl zero":            {ml(func(c *idgen.LeaseConfig) { c.TTL = 0 }), "idgen: TTL"},
-		"idgen: reserve past ttl":    {ml(func(c *idgen.LeaseConfig) { c.ReserveAhead = time.Minute }), "idgen: ReserveAhead"},
-		"idgen: negative renew":      {ml(func(c *idgen.LeaseConfig) { c.RenewEvery = -1 }), "idgen: RenewEvery"},
+		"idgen: ttl zero":            {ml(func(c *idgen.IssuerConfig) { c.TTL = 0 }), "idgen: TTL"},
+		"idgen: reserve past ttl":    {ml(func(c *idgen.IssuerConfig) { c.ReserveAhead = time.Minute }), "idgen: ReserveAhead"},
+		"idgen: negative renew":      {ml(func(c *idgen.IssuerConfig) { c.RenewEvery = -1 }), "idgen: RenewEvery"},
 		"idgen: worker id":           {idgen.Config{WorkerID: 1024}.Validate(), "idgen: WorkerID"},
 		"cluster: ttl under 2 beats": {mcl(func(c *cluster.Config) { c.MemberTTL = 500 * time.Millisecond }), "cluster: MemberTTL"},
 		"cluster: no heartbeat":      {mcl(func(c *cluster.Config) { c.Heartbeat = 0 }), "cluster: Heartbeat"},
@@ -167,7 +167,7 @@ func TestServerValidateNamesTheFlag(t *testing.T) {
 		"store-conns":         func(c *Config, v int) { c.StoreConns = v },
 		"store-control-conns": func(c *Config, v int) { c.StoreControlConns = v },
 		"commit-timeout":      func(c *Config, v int) { c.Actors.Commit.Timeout = time.Duration(v) },
-		"worker-lease-ttl":    func(c *Config, v int) { c.WorkerLease.TTL = time.Duration(v) },
+		"worker-lease-ttl":    func(c *Config, v int) { c.IDs.TTL = time.Duration(v) },
 		"drain-timeout":       func(c *Config, v int) { c.DrainTimeout = time.Duration(v) },
 		"member-ttl":          func(c *Config, v int) { c.Cluster.MemberTTL = time.Duration(v) },
 		"heartbeat":           func(c *Config, v int) { c.Cluster.Heartbeat = time.Duration(v) },

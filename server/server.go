@@ -53,7 +53,7 @@ type Server struct {
 	log       *slog.Logger
 	metrics   *metrics.Set
 	store     persist.Store
-	lease     *idgen.Lease
+	lease     *idgen.Issuer
 	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
 	console   *console.Console
@@ -158,9 +158,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.store = st
 
-	lcfg := cfg.leaseConfig()
+	lcfg := cfg.issuerConfig()
 	lcfg.Metrics = s.metrics
-	s.lease, err = idgen.NewLease(st, lcfg)
+	s.lease, err = idgen.NewIssuer(st, lcfg)
 	if err != nil {
 		return nil, err
 	}

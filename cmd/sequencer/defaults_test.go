@@ -23,7 +23,7 @@ var flaglessFields = []string{
 	"Actors.MaxFloors",
 	"Cluster.ForwardTimeout", "Cluster.StopTimeout", "Cluster.Ring.ReplicationFactor", "Cluster.Ring.Load",
 	"Cluster.MaxBody", // Start sets it from --max-body (API.MaxBody)
-	"WorkerLease.MaxStoreSkew",
+	"IDs.MaxStoreSkew",
 }
 
 // Parsing no flag from a zero Config gives server.DefaultConfig() (but for

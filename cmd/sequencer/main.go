@@ -117,7 +117,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.StoreCommitConns, "store-commit-conns", d.StoreCommitConns, "PostgreSQL commit pool: connections only commits use (0: --commit-workers)")
 	fs.IntVar(&c.StoreControlConns, "store-control-conns", d.StoreControlConns, "PostgreSQL control pool: connections for membership heartbeats, partition leases and the worker-id lease")
 	fs.DurationVar(&c.Actors.Commit.Timeout, "commit-timeout", d.Actors.Commit.Timeout, "bound on one store commit; past it the outcome is re-read from the store")
-	fs.DurationVar(&c.WorkerLease.TTL, "worker-lease-ttl", d.WorkerLease.TTL, "lifetime of the snowflake worker-id lease without renewal")
+	fs.DurationVar(&c.IDs.TTL, "worker-lease-ttl", d.IDs.TTL, "lifetime of the snowflake worker-id lease without renewal")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", d.DrainTimeout, "bound on the graceful stop after SIGTERM")
 	fs.StringVar(&c.Cluster.ClusterAdvertise, "cluster-advertise", d.Cluster.ClusterAdvertise, "inter-node address other nodes dial (default: the address --cluster-listen bound)")
 	fs.StringVar(&c.Cluster.TLSCertFile, "cluster-tls-cert", d.Cluster.TLSCertFile, "cluster: this node's certificate (PEM) for mutual TLS between nodes (with --cluster-tls-key and --cluster-ca)")

@@ -43,7 +43,7 @@ func init() {
 // PassivateAfter comes from the bench (--passivate).
 type nodeEngine struct {
 	node  *actor.Conversations
-	lease *idgen.Lease
+	lease *idgen.Issuer
 	store persist.Store
 	m     *metrics.Set
 }
@@ -55,9 +55,9 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	}
 	def := server.DefaultConfig() // the knobs 'sequencer serve' runs with
 	m := metrics.New()
-	lcfg := def.WorkerLease
+	lcfg := def.IDs
 	lcfg.Holder, lcfg.Metrics = "bench-"+randomID(), m
-	lease, err := idgen.NewLease(store, lcfg)
+	lease, err := idgen.NewIssuer(store, lcfg)
 	if err != nil {
 		store.Close()
 		return nil, err

@@ -16,9 +16,9 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-// LeaseConfig configures a Lease. DefaultLeaseConfig holds the defaults;
+// IssuerConfig configures an Issuer. DefaultIssuerConfig holds the defaults;
 // zero fields take them, and the intervals left zero follow TTL.
-type LeaseConfig struct {
+type IssuerConfig struct {
 	// Holder names this process in the lease table (the node id). Required.
 	Holder string
 	// TTL is how long a lease lives without a renew (at least 10ms).
@@ -55,21 +55,21 @@ type LeaseConfig struct {
 	Metrics *metrics.Set
 }
 
-// minLeaseTTL is the shortest LeaseConfig.TTL.
+// minLeaseTTL is the shortest IssuerConfig.TTL.
 const minLeaseTTL = 10 * time.Millisecond
 
-// DefaultLeaseConfig returns the defaults (Holder is still required). The
+// DefaultIssuerConfig returns the defaults (Holder is still required). The
 // intervals it leaves zero follow TTL: RenewEvery TTL/5, ReserveAhead
 // TTL/2, RetryEvery RenewEvery/4, StoreTimeout RenewEvery (docs/IDGEN.md).
-func DefaultLeaseConfig() LeaseConfig {
-	return LeaseConfig{
+func DefaultIssuerConfig() IssuerConfig {
+	return IssuerConfig{
 		TTL:          10 * time.Second,
 		MaxStoreSkew: 100 * time.Millisecond,
 	}
 }
 
 // withDerived returns c with the zero intervals set from TTL.
-func (c LeaseConfig) withDerived() LeaseConfig {
+func (c IssuerConfig) withDerived() IssuerConfig {
 	if c.RenewEvery == 0 {
 		c.RenewEvery = c.TTL / 5
 	}
@@ -87,8 +87,8 @@ func (c LeaseConfig) withDerived() LeaseConfig {
 
 // Validate reports every field that makes no sense: TTL as given (zero
 // too), the intervals after the ones left zero follow TTL. Holder is
-// checked by NewLease.
-func (c LeaseConfig) Validate() error {
+// checked by NewIssuer.
+func (c IssuerConfig) Validate() error {
 	ch := conf.Checker{Pkg: "idgen"}
 	if c.TTL < minLeaseTTL {
 		ch.Bad("TTL", c.TTL, fmt.Sprintf("must be at least %v", minLeaseTTL))
@@ -114,11 +114,11 @@ func (c LeaseConfig) Validate() error {
 	return ch.Err()
 }
 
-func (c *LeaseConfig) setDefaults() error {
+func (c *IssuerConfig) setDefaults() error {
 	if c.Holder == "" {
 		return errors.New("idgen: lease config: Holder is required")
 	}
-	conf.FillZero(c, DefaultLeaseConfig())
+	conf.FillZero(c, DefaultIssuerConfig())
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -126,7 +126,8 @@ func (c *LeaseConfig) setDefaults() error {
 	return nil
 }
 
-// Lease keeps a worker-id lease in the store for one Generator: it acquires
+// Issuer is the node's msg_id source: a Generator on a worker id it
+// leases from the store. It keeps that worker-id lease for the Generator: it acquires
 // a worker id, renews it, records reservations, and releases it on Close.
 //
 // Ordering rule (what makes ids unique across crashes): a renew writes the
@@ -143,9 +144,9 @@ func (c *LeaseConfig) setDefaults() error {
 //
 // Background renewals run in Start's loop; tests call RenewOnce directly with
 // a clock.Fake instead.
-type Lease struct {
+type Issuer struct {
 	store persist.WorkerLeases
-	cfg   LeaseConfig
+	cfg   IssuerConfig
 	clk   clock.Clock
 	gen   *Generator
 	gauge prometheus.Gauge // nil without metrics
@@ -164,17 +165,17 @@ type Lease struct {
 	loopDone chan struct{}
 }
 
-// NewLease returns a Lease on store with its Generator. It acquires nothing
+// NewIssuer returns an Issuer on store with its Generator. It acquires nothing
 // yet: call Start (or RenewOnce). Until then Next fails with
 // sequencer.ErrWorkerLeaseLost.
-func NewLease(store persist.WorkerLeases, cfg LeaseConfig) (*Lease, error) {
+func NewIssuer(store persist.WorkerLeases, cfg IssuerConfig) (*Issuer, error) {
 	if store == nil {
-		return nil, errors.New("idgen: NewLease: nil store")
+		return nil, errors.New("idgen: NewIssuer: nil store")
 	}
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Lease{store: store, cfg: cfg, clk: clock.Or(cfg.Clock)}
+	l := &Issuer{store: store, cfg: cfg, clk: clock.Or(cfg.Clock)}
 	if cfg.Metrics != nil {
 		l.gauge = cfg.Metrics.WorkerLease
 		l.gauge.Set(0)
@@ -185,20 +186,20 @@ func NewLease(store persist.WorkerLeases, cfg LeaseConfig) (*Lease, error) {
 }
 
 // Config returns the configuration with defaults applied.
-func (l *Lease) Config() LeaseConfig { return l.cfg }
+func (l *Issuer) Config() IssuerConfig { return l.cfg }
 
 // Generator returns the generator this lease gates.
-func (l *Lease) Generator() *Generator { return l.gen }
+func (l *Issuer) Generator() *Generator { return l.gen }
 
 // Next is l.Generator().Next().
-func (l *Lease) Next() (uint64, error) { return l.gen.Next() }
+func (l *Issuer) Next() (uint64, error) { return l.gen.Next() }
 
 // WorkerID returns the leased worker id and whether a lease is held.
-func (l *Lease) WorkerID() (int, bool) { return l.gen.WorkerID() }
+func (l *Issuer) WorkerID() (int, bool) { return l.gen.WorkerID() }
 
 // Held returns the lease as last returned by the store, and whether it is
 // held.
-func (l *Lease) Held() (persist.WorkerLease, bool) {
+func (l *Issuer) Held() (persist.WorkerLease, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.cur, l.held
@@ -207,7 +208,7 @@ func (l *Lease) Held() (persist.WorkerLease, bool) {
 // CanIssue reports whether the generator can issue ids now without a store
 // round trip: a lease is held, unexpired by the lease's clock, and the
 // current millisecond is within the recorded reservation. For /readyz.
-func (l *Lease) CanIssue() bool {
+func (l *Issuer) CanIssue() bool {
 	v := l.gen.view.Load()
 	if !v.held {
 		return false
@@ -222,7 +223,7 @@ func (l *Lease) CanIssue() bool {
 // (re-acquiring when the lease was lost). It returns the first attempt's
 // error; the loop runs either way, so a node may start while the store is
 // down and become Ready later. Call Start at most once.
-func (l *Lease) Start(ctx context.Context) error {
+func (l *Issuer) Start(ctx context.Context) error {
 	first := l.RenewOnce(ctx)
 	loopCtx, cancel := context.WithCancel(context.Background())
 	l.mu.Lock()
@@ -246,11 +247,11 @@ func (l *Lease) Start(ctx context.Context) error {
 // Run renews until ctx ends or the lease is closed: like Start's loop, for
 // callers that manage their own goroutines. It makes the first attempt at
 // once.
-func (l *Lease) Run(ctx context.Context) {
+func (l *Issuer) Run(ctx context.Context) {
 	l.loop(ctx, l.RenewOnce(ctx))
 }
 
-func (l *Lease) loop(ctx context.Context, last error) {
+func (l *Issuer) loop(ctx context.Context, last error) {
 	for {
 		d := l.cfg.RenewEvery
 		if last != nil {
@@ -277,7 +278,7 @@ func (l *Lease) loop(ctx context.Context, last error) {
 // time: renew the held lease (recording a new reservation), or acquire one
 // when none is held (also right after a renew found the lease lost). The
 // background loop calls it; tests call it directly.
-func (l *Lease) RenewOnce(ctx context.Context) error {
+func (l *Issuer) RenewOnce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	defer cancel()
 	l.mu.Lock()
@@ -302,7 +303,7 @@ func (l *Lease) RenewOnce(ctx context.Context) error {
 }
 
 // acquireLocked takes a worker id and records a first reservation.
-func (l *Lease) acquireLocked(ctx context.Context) error {
+func (l *Issuer) acquireLocked(ctx context.Context) error {
 	now := l.clk.Now()
 	wl, err := l.store.AcquireWorker(ctx, l.cfg.Holder, now, l.cfg.TTL)
 	end := l.clk.Now()
@@ -336,7 +337,7 @@ func (l *Lease) acquireLocked(ctx context.Context) error {
 
 // renewLocked renews the held lease with a new reservation; on failure it
 // drops the lease if the store says it is gone or it expired by our clock.
-func (l *Lease) renewLocked(ctx context.Context) error {
+func (l *Issuer) renewLocked(ctx context.Context) error {
 	if err := l.reserveLocked(ctx); err != nil {
 		l.loseIfGoneLocked(err)
 		return fmt.Errorf("idgen: renew worker id %d lease: %w", l.cur.WorkerID, err)
@@ -347,7 +348,7 @@ func (l *Lease) renewLocked(ctx context.Context) error {
 
 // reserveLocked records LastMs = now + ReserveAhead in the store (the store
 // never lowers it) and, on success, raises capMs to it.
-func (l *Lease) reserveLocked(ctx context.Context) error {
+func (l *Issuer) reserveLocked(ctx context.Context) error {
 	now := l.clk.Now()
 	reserve := now.UnixMilli() + l.cfg.ReserveAhead.Milliseconds()
 	if reserve < l.capMs {
@@ -371,20 +372,20 @@ func (l *Lease) reserveLocked(ctx context.Context) error {
 // call this clock timed from start to end, so a clock at most MaxStoreSkew
 // behind the store's is past storeMs - (end-start) - MaxStoreSkew by the
 // time the call returns. 0 when the store has no clock of its own.
-func (l *Lease) storeFloor(storeMs int64, start, end time.Time) int64 {
+func (l *Issuer) storeFloor(storeMs int64, start, end time.Time) int64 {
 	if storeMs <= 0 || l.cfg.MaxStoreSkew < 0 {
 		return 0
 	}
 	return storeMs - end.Sub(start).Milliseconds() - l.cfg.MaxStoreSkew.Milliseconds()
 }
 
-func (l *Lease) failedLocked(err error) {
+func (l *Issuer) failedLocked(err error) {
 	l.failAtMs, l.failErr = l.clk.Now().UnixMilli(), err
 }
 
 // loseIfGoneLocked drops the lease when err says it was taken over or it
 // has expired by our clock. It reports whether it did.
-func (l *Lease) loseIfGoneLocked(err error) bool {
+func (l *Issuer) loseIfGoneLocked(err error) bool {
 	if !l.held {
 		return true
 	}
@@ -404,7 +405,7 @@ func (l *Lease) loseIfGoneLocked(err error) bool {
 // the new generation, so a Next that loaded the previous view cannot issue
 // under it any more, and marks the last ms used up, so the next id is for a
 // later millisecond (ids keep increasing across a worker id switch).
-func (l *Lease) publishLocked(newGen bool) {
+func (l *Issuer) publishLocked(newGen bool) {
 	if newGen {
 		l.viewGen = (l.viewGen + 1) & genMask
 	}
@@ -433,7 +434,7 @@ func (l *Lease) publishLocked(newGen bool) {
 
 // reserve is called by Next when the current millisecond is past the
 // reservation or the lease end: renew now (at most once per RetryEvery).
-func (l *Lease) reserve(nowMs int64) error {
+func (l *Issuer) reserve(nowMs int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	v := l.gen.view.Load()
@@ -464,7 +465,7 @@ func (l *Lease) reserve(nowMs int64) error {
 // recording the last millisecond actually issued (never below the LastMs
 // inherited at acquire), so a successor need not wait out the reservation.
 // Closing twice is a no-op.
-func (l *Lease) Close(ctx context.Context) error {
+func (l *Issuer) Close(ctx context.Context) error {
 	l.mu.Lock()
 	stop, done := l.stop, l.loopDone
 	l.mu.Unlock()
@@ -499,4 +500,4 @@ func (l *Lease) Close(ctx context.Context) error {
 	return nil
 }
 
-var _ reserver = (*Lease)(nil)
+var _ reserver = (*Issuer)(nil)

@@ -15,9 +15,9 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-func newTestLease(t *testing.T, store persist.WorkerLeases, holder string, clk clock.Clock, m *metrics.Set) *Lease {
+func newTestLease(t *testing.T, store persist.WorkerLeases, holder string, clk clock.Clock, m *metrics.Set) *Issuer {
 	t.Helper()
-	l, err := NewLease(store, LeaseConfig{Holder: holder, Clock: clk, Metrics: m})
+	l, err := NewIssuer(store, IssuerConfig{Holder: holder, Clock: clk, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,16 +26,16 @@ func newTestLease(t *testing.T, store persist.WorkerLeases, holder string, clk c
 
 // newFakeClockLease is a lease on a real store driven by a fake clock: the
 // store's own clock check is off (the fake clock is not the store's time).
-func newFakeClockLease(t *testing.T, store persist.WorkerLeases, holder string, clk clock.Clock, m *metrics.Set) *Lease {
+func newFakeClockLease(t *testing.T, store persist.WorkerLeases, holder string, clk clock.Clock, m *metrics.Set) *Issuer {
 	t.Helper()
-	l, err := NewLease(store, LeaseConfig{Holder: holder, Clock: clk, Metrics: m, MaxStoreSkew: -1})
+	l, err := NewIssuer(store, IssuerConfig{Holder: holder, Clock: clk, Metrics: m, MaxStoreSkew: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
 }
 
-func mustRenew(t *testing.T, l *Lease) {
+func mustRenew(t *testing.T, l *Issuer) {
 	t.Helper()
 	if err := l.RenewOnce(context.Background()); err != nil {
 		t.Fatalf("RenewOnce: %v", err)
@@ -44,7 +44,7 @@ func mustRenew(t *testing.T, l *Lease) {
 
 // issueChecked issues an id and checks the store's reservation covers it:
 // the invariant that makes ids unique across crashes.
-func issueChecked(t *testing.T, l *Lease, store *leaseStore) uint64 {
+func issueChecked(t *testing.T, l *Issuer, store *leaseStore) uint64 {
 	t.Helper()
 	id, err := l.Next()
 	if err != nil {
@@ -57,7 +57,7 @@ func issueChecked(t *testing.T, l *Lease, store *leaseStore) uint64 {
 	return id
 }
 
-func wantLeaseLost(t *testing.T, l *Lease) {
+func wantLeaseLost(t *testing.T, l *Issuer) {
 	t.Helper()
 	id, err := l.Next()
 	if !errors.Is(err, sequencer.ErrWorkerLeaseLost) {
@@ -71,29 +71,29 @@ func wantLeaseLost(t *testing.T, l *Lease) {
 	}
 }
 
-func TestLeaseConfig(t *testing.T) {
+func TestIssuerConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  LeaseConfig
+		cfg  IssuerConfig
 		ok   bool
-		want LeaseConfig // checked when ok (durations only)
+		want IssuerConfig // checked when ok (durations only)
 	}{
-		{"defaults", LeaseConfig{Holder: "n1"}, true,
-			LeaseConfig{TTL: 10 * time.Second, RenewEvery: 2 * time.Second, ReserveAhead: 5 * time.Second,
+		{"defaults", IssuerConfig{Holder: "n1"}, true,
+			IssuerConfig{TTL: 10 * time.Second, RenewEvery: 2 * time.Second, ReserveAhead: 5 * time.Second,
 				RetryEvery: 500 * time.Millisecond, StoreTimeout: 2 * time.Second}},
-		{"scaled from TTL", LeaseConfig{Holder: "n1", TTL: time.Second}, true,
-			LeaseConfig{TTL: time.Second, RenewEvery: 200 * time.Millisecond, ReserveAhead: 500 * time.Millisecond,
+		{"scaled from TTL", IssuerConfig{Holder: "n1", TTL: time.Second}, true,
+			IssuerConfig{TTL: time.Second, RenewEvery: 200 * time.Millisecond, ReserveAhead: 500 * time.Millisecond,
 				RetryEvery: 50 * time.Millisecond, StoreTimeout: 200 * time.Millisecond}},
-		{"no holder", LeaseConfig{}, false, LeaseConfig{}},
-		{"reserve beyond TTL", LeaseConfig{Holder: "n1", ReserveAhead: 11 * time.Second}, false, LeaseConfig{}},
-		{"reserve not above renew", LeaseConfig{Holder: "n1", RenewEvery: 5 * time.Second}, false, LeaseConfig{}},
-		{"negative retry", LeaseConfig{Holder: "n1", RetryEvery: -1}, false, LeaseConfig{}},
+		{"no holder", IssuerConfig{}, false, IssuerConfig{}},
+		{"reserve beyond TTL", IssuerConfig{Holder: "n1", ReserveAhead: 11 * time.Second}, false, IssuerConfig{}},
+		{"reserve not above renew", IssuerConfig{Holder: "n1", RenewEvery: 5 * time.Second}, false, IssuerConfig{}},
+		{"negative retry", IssuerConfig{Holder: "n1", RetryEvery: -1}, false, IssuerConfig{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := NewLease(newLeaseStore(), tc.cfg)
+			l, err := NewIssuer(newLeaseStore(), tc.cfg)
 			if !tc.ok {
 				if err == nil {
-					t.Fatalf("NewLease(%+v) succeeded, want an error", tc.cfg)
+					t.Fatalf("NewIssuer(%+v) succeeded, want an error", tc.cfg)
 				}
 				return
 			}
@@ -351,7 +351,7 @@ func TestLeaseTwoHoldersDifferentIDs(t *testing.T) {
 	for i := 0; i < 5000; i++ { // crosses a millisecond for each
 		for _, x := range []struct {
 			name string
-			l    *Lease
+			l    *Issuer
 		}{{"a", a}, {"b", b}} {
 			id := issueChecked(t, x.l, store)
 			if other, dup := seen[id]; dup {
