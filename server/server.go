@@ -338,13 +338,14 @@ func (s *Server) Reload() error {
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
 
 // readiness is /readyz: the node accepts sends only with a reachable store, a
-// leased worker id and (in cluster mode) a known ring.
+// leased worker id with a clock that can issue under it (not stepped back
+// behind the ids already issued) and (in cluster mode) a known ring.
 func (s *Server) readiness() error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
 	}
-	if !s.lease.CanIssue() {
-		return sequencer.ErrWorkerLeaseLost
+	if err := s.lease.Issuable(); err != nil {
+		return err // worker id lease not held, or clock moved backwards
 	}
 	if s.cluster != nil {
 		if err := s.cluster.Serving(); err != nil {
