@@ -63,6 +63,7 @@ type Server struct {
 	adminLn   net.Listener
 	edge      *edge
 	stopWatch func()
+	stopClock func() // stops the test clock's file reader (testClock)
 	served    chan error
 	draining  atomic.Bool
 	health    *api.Health        // grpc.health.v1 on the API port
@@ -157,9 +158,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	s.store = st
+	clk, stopClock := testClock(log) // nil: the real clock
+	s.stopClock = stopClock
 
 	lcfg := cfg.issuerConfig()
-	lcfg.Metrics = s.metrics
+	lcfg.Metrics, lcfg.Clock = s.metrics, clk
 	s.lease, err = idgen.NewIssuer(st, lcfg)
 	if err != nil {
 		return nil, err
@@ -181,7 +184,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 
 	acfg := cfg.Actors
-	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger = st, s.lease, s.metrics, log
+	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger, acfg.Clock = st, s.lease, s.metrics, log, clk
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.clustered() {
@@ -190,7 +193,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
 		}
 		ccfg := cfg.clusterConfig()
-		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics = table.Membership(), s.Addr(), log, s.metrics
+		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics, ccfg.Clock = table.Membership(), s.Addr(), log, s.metrics, clk
 		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -437,6 +440,10 @@ func (s *Server) closeAll(ctx context.Context) error {
 	}
 	if s.adminLn != nil && s.admin == nil {
 		s.adminLn.Close()
+	}
+	if s.stopClock != nil {
+		s.stopClock()
+		s.stopClock = nil
 	}
 	return errors.Join(errs...)
 }
