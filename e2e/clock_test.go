@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -68,20 +66,6 @@ type seen struct {
 	at    time.Duration
 	what  string // "ack", or the code and the message with numbers elided
 	ready bool   // the node's /readyz answered 200 just before
-}
-
-// numbers are elided from error messages so that equal errors group.
-var numbers = regexp.MustCompile(`[0-9][0-9.]*(ms|s|µs)?`)
-
-func answerClass(err error) string {
-	if err == nil {
-		return "ack"
-	}
-	msg := connect.CodeOf(err).String() + ": " + numbers.ReplaceAllString(err.Error(), "N")
-	if len(msg) > 160 {
-		msg = msg[:160] + "..."
-	}
-	return msg
 }
 
 // ownerProbe sends one message at a time to one node for conversations that node
@@ -227,39 +211,6 @@ func (pr *ownerProbe) runs(from, to, zero time.Duration) []string {
 	return out
 }
 
-// errorsBy counts, by class, what the load's clients got while on is true.
-type errorsBy struct {
-	mu sync.Mutex
-	on bool
-	n  map[string]int
-}
-
-func (e *errorsBy) note(err error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.on {
-		e.n[answerClass(err)]++
-	}
-}
-
-func (e *errorsBy) record(on bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.on = on
-}
-
-func (e *errorsBy) take() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []string
-	for k, v := range e.n {
-		out = append(out, fmt.Sprintf("%dx %s", v, k))
-	}
-	sort.Strings(out)
-	clear(e.n)
-	return out
-}
-
 // TestClockJumps: 3 nodes on PostgreSQL under the nemesis load (SDK and raw
 // clients, readers, the checked history); n1's wall clock is stepped +5s,
 // -5s and -30s, each held 3 s, then stepped back. A probe resends to n1's own
@@ -270,7 +221,7 @@ func (e *errorsBy) take() []string {
 // back, msg_ids unique) holds.
 func TestClockJumps(t *testing.T) {
 	c := startNemesisCluster(t, 3, true)
-	errs := &errorsBy{n: map[string]int{}}
+	errs := newAnswers(false)
 	c.onError = errs.note
 	c.startLoad()
 	waitFor(t, 60*time.Second, "200 acks before the first fault", func() bool { return c.led.count() >= 200 })

@@ -342,10 +342,21 @@ func (s *Server) Metrics() *metrics.Set { return s.metrics }
 
 // readiness is /readyz: the node accepts sends only with a reachable store, a
 // leased worker id with a clock that can issue under it (not stepped back
-// behind the ids already issued) and (in cluster mode) a known ring.
+// behind the ids already issued) and (in cluster mode) a known ring. The
+// store is asked first: when it is down (or full) the lease and the
+// membership fail too, and the store is what to fix.
 func (s *Server) readiness() error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		var se *sequencer.Error
+		if errors.As(err, &se) {
+			return err // the store's own reason, e.g. "store out of disk space"
+		}
+		return fmt.Errorf("%w: %v", sequencer.ErrStoreUnavailable, err)
 	}
 	if err := s.lease.Issuable(); err != nil {
 		return err // worker id lease not held, or clock moved backwards
@@ -354,11 +365,6 @@ func (s *Server) readiness() error {
 		if err := s.cluster.Serving(); err != nil {
 			return sequencer.Wrap(sequencer.CodeUnavailable, err, "cluster membership not ready")
 		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
-		return fmt.Errorf("%w: %v", sequencer.ErrStoreUnavailable, err)
 	}
 	return nil
 }
