@@ -449,3 +449,26 @@ func (w *watchWriter) String() string {
 	defer w.mu.Unlock()
 	return w.buf.String()
 }
+
+// withParam keeps the DSN's other parameters as PostgreSQL reads them: a
+// space stays a space (options=-c citus.shard_count=8, which --citus
+// documents), and a '+' stays a '+'.
+func TestWithParamKeepsOptions(t *testing.T) {
+	got, err := withParam("postgres://u:p+q@h:5/db?options=-c%20citus.shard_count%3D8&application_name=a%2Bb", "search_path", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := cfg.RuntimeParams["options"]; o != "-c citus.shard_count=8" {
+		t.Fatalf("options %q in %s", o, got)
+	}
+	if a := cfg.RuntimeParams["application_name"]; a != "a+b" {
+		t.Fatalf("application_name %q in %s", a, got)
+	}
+	if sp := cfg.RuntimeParams["search_path"]; sp != "s1" {
+		t.Fatalf("search_path %q in %s", sp, got)
+	}
+}
