@@ -28,8 +28,10 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,7 +62,14 @@ type dist struct {
 	leasesAt    time.Time
 	refreshedAt time.Time
 
-	noLeaseCheck bool // tests: skip checkFences (a zombie whose cache is stale)
+	noLeaseCheck bool        // tests: skip checkFences (a zombie whose cache is stale)
+	routedOnly   atomic.Bool // tests: never write the shard tables directly (Citus's own path)
+	frozen       atomic.Bool // tests: the refresher never reloads the placements
+
+	// ownsTables: the store's user owns conv_head (or is a superuser), as
+	// lock_shard_metadata requires; without it commits take Citus's own
+	// path (commitDist).
+	ownsTables bool
 
 	wantReload atomic.Bool // a commit failed on a worker: reload the placements soon
 	stop       context.CancelFunc
@@ -69,14 +78,21 @@ type dist struct {
 	statMu    sync.Mutex
 	direct    int64 // commits sent to a worker
 	viaCoord  int64 // commits sent through the coordinator (several shards)
+	rerouted  int64 // direct commits that found their shard gone and went through Citus
 	refreshes int64 // placement reloads
 }
 
-// shardRange is one shard of conv_head and the worker holding it.
+// shardRange is one shard of conv_head, its co-located shard of im_message
+// and the worker holding them.
 type shardRange struct {
 	id       int64
 	min, max int32
 	node     string // host:port
+	group    int32  // the worker's pg_dist_node.groupid
+	msgShard int64  // im_message's shard of the same range (0: none found)
+	// The shard tables on the worker (schema-qualified), which a commit
+	// writes directly (commitOn, "Direct writes").
+	headTable, msgTable pgx.Identifier
 }
 
 // leaseTTL is how long the lease cache is trusted before a commit re-reads
@@ -105,9 +121,11 @@ func (s *Store) Distributed() (distributed bool, workers, shards int) {
 	return true, len(nodes), len(s.dist.shards)
 }
 
-// DistStats are counters of the distributed mode (tests, bench).
+// DistStats are counters of the distributed mode (tests, bench). Rerouted
+// counts the commits sent to a worker that no longer held their shard
+// (moved or split): they were written through Citus's own path instead.
 type DistStats struct {
-	Direct, ViaCoordinator, PlacementReloads int64
+	Direct, ViaCoordinator, PlacementReloads, Rerouted int64
 }
 
 // DistStats returns the counters (zero on plain PostgreSQL).
@@ -117,17 +135,24 @@ func (s *Store) DistStats() DistStats {
 	}
 	s.dist.statMu.Lock()
 	defer s.dist.statMu.Unlock()
-	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes}
+	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes, Rerouted: s.dist.rerouted}
 }
 
 // loadPlacements reads conv_head's shards and their workers from Citus's
 // metadata, and opens a pool for each new worker.
 func (s *Store) loadPlacements(ctx context.Context) error {
 	d := s.dist
-	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
+	// conv_head's shards, each with im_message's shard of the same hash
+	// range (co-located: same worker) and both shard tables' qualified
+	// names (shard_name, split by parse_ident).
+	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, n.groupid,
+			coalesce(m.shardid, 0),
+			parse_ident(shard_name('conv_head'::regclass, s.shardid, false)),
+			CASE WHEN m.shardid IS NOT NULL THEN parse_ident(shard_name('im_message'::regclass, m.shardid, false)) END
 		FROM pg_dist_shard s
 		JOIN pg_dist_placement p ON p.shardid = s.shardid
 		JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'
+		LEFT JOIN pg_dist_shard m ON m.logicalrelid = 'im_message'::regclass AND m.shardminvalue = s.shardminvalue
 		WHERE s.logicalrelid = 'conv_head'::regclass
 		ORDER BY s.shardminvalue::int4`)
 	if err != nil {
@@ -137,12 +162,20 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		var sh shardRange
 		var host string
 		var port int32
-		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port)
+		var head, msgs []string
+		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port, &sh.group, &sh.msgShard, &head, &msgs)
 		sh.node = host + ":" + strconv.Itoa(int(port))
+		sh.headTable, sh.msgTable = head, msgs
 		return sh, err
 	})
 	if err != nil {
 		return unavailable("citus: read placements", err)
+	}
+	// lock_shard_metadata (commitOn, "Direct writes") wants the tables'
+	// owner (or a superuser).
+	var owns bool
+	if err := s.control.QueryRow(ctx, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'conv_head'::regclass`).Scan(&owns); err != nil {
+		return unavailable("citus: read the tables' owner", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -166,6 +199,7 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		d.workers[sh.node], d.readers[sh.node] = w, r
 	}
 	d.shards = shards
+	d.ownsTables = owns
 	d.loaded = time.Now()
 	d.statMu.Lock()
 	d.refreshes++
@@ -235,20 +269,39 @@ func (d *dist) shardOf(conv string) int {
 	return i
 }
 
-// CommitGroup implements commit.Grouper: the id of the Citus shard holding
-// conv (0 on plain PostgreSQL, or before the placements are known: one
-// group).
+// CommitGroup implements commit.Grouper: conversations whose commits can
+// share a transaction have the same group. With direct writes (the
+// store's user owns the tables) that is every conversation of one worker
+// (the transaction writes each shard's tables on that worker: commitOn,
+// "Direct writes"), so a transaction holds as many conversations as on one
+// PostgreSQL whatever the shard count; through Citus's own path, the
+// conversations of one shard. 0 on plain PostgreSQL, or before the
+// placements are known: one group.
 func (s *Store) CommitGroup(conv string) uint64 {
 	if s.dist == nil {
 		return 0
 	}
-	s.dist.mu.RLock()
-	defer s.dist.mu.RUnlock()
-	if i := s.dist.shardOf(conv); i >= 0 {
-		return uint64(s.dist.shards[i].id)
+	d := s.dist
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	i := d.shardOf(conv)
+	switch {
+	case i < 0:
+		return 0
+	case d.directWrites():
+		return workerGroupBit | uint64(uint32(d.shards[i].group))
+	default:
+		return uint64(d.shards[i].id)
 	}
-	return 0
 }
+
+// workerGroupBit marks a CommitGroup that names a worker (its groupid), not
+// a shard.
+const workerGroupBit = 1 << 63
+
+// directWrites reports whether commits may write the shard tables directly
+// (d.mu held).
+func (d *dist) directWrites() bool { return d.ownsTables && !d.routedOnly.Load() }
 
 // ShardOf returns the id of the shard holding conv and the worker
 // (host:port) holding it, as the store knows them; ok false when it does
@@ -266,30 +319,93 @@ func (s *Store) ShardOf(conv string) (shard int64, worker string, ok bool) {
 	return s.dist.shards[i].id, s.dist.shards[i].node, true
 }
 
-// route returns the pool to run a commit of convs on: the worker holding
-// their shard when they share one, else the coordinator's commit pool.
-func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpool.Pool, string, error) {
+// route returns the pool to run a commit of batches on: the worker holding
+// their shards when that is one worker, with the plan of its direct writes
+// (nil when it must go through Citus: a single shard then), else the
+// coordinator's commit pool.
+func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpool.Pool, string, *directPlan, error) {
 	d := s.dist
 	d.mu.RLock()
 	empty := len(d.shards) == 0
 	d.mu.RUnlock()
 	if empty {
 		if err := s.loadPlacements(ctx); err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	shard := -2
+	plan := &directPlan{of: make([]int, len(batches))}
+	at := map[int]int{} // index in d.shards -> index in plan.shards
+	node := ""
 	for i := range batches {
 		k := d.shardOf(batches[i].ConvID)
-		if k < 0 || (shard != -2 && k != shard) {
-			return s.commits, "", nil
+		if k < 0 || (node != "" && d.shards[k].node != node) {
+			return s.commits, "", nil, nil
 		}
-		shard = k
+		node = d.shards[k].node
+		j, ok := at[k]
+		if !ok {
+			j = len(plan.shards)
+			at[k] = j
+			plan.shards = append(plan.shards, d.shards[k])
+		}
+		plan.of[i] = j
 	}
-	node := d.shards[shard].node
-	return d.workers[node], node, nil
+	direct := d.directWrites()
+	for _, sh := range plan.shards {
+		direct = direct && sh.msgShard != 0 && len(sh.headTable) > 0 && len(sh.msgTable) > 0
+	}
+	switch {
+	case direct:
+		return d.workers[node], node, plan, nil
+	case len(plan.shards) == 1:
+		return d.workers[node], node, nil, nil
+	default:
+		return s.commits, "", nil, nil
+	}
+}
+
+// directPlan is a commit's direct writes: the shards it touches (all on one
+// worker) and each batch's shard.
+type directPlan struct {
+	shards []shardRange
+	of     []int // of[i]: the index in shards of batches[i]'s shard
+}
+
+// pieces splits batches (those route was given) by shard, in shard order.
+func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
+	out := make([]commitPiece, len(p.shards))
+	for i := range batches {
+		out[p.of[i]].batches = append(out[p.of[i]].batches, batches[i])
+	}
+	for k := range out {
+		sh := &p.shards[k]
+		out[k].msgTable = sh.msgTable
+		out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
+		out[k].cas = casShardSQL(sh.headTable)
+	}
+	return out
+}
+
+// lockIDs are the shards whose metadata lock the commit takes (conv_head's;
+// a move locks the whole co-located group), ascending.
+func (p *directPlan) lockIDs() []int64 {
+	ids := make([]int64, len(p.shards))
+	for i, sh := range p.shards {
+		ids[i] = sh.id
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// shardIDs are every shard the commit writes (conv_head's and im_message's).
+func (p *directPlan) shardIDs() []int64 {
+	ids := make([]int64, 0, 2*len(p.shards))
+	for _, sh := range p.shards {
+		ids = append(ids, sh.id, sh.msgShard)
+	}
+	return ids
 }
 
 // Fencing on Citus (the argument; docs/CITUS.md repeats it).
@@ -572,7 +688,7 @@ func (s *Store) refreshDist(ctx context.Context) {
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, _, _ = s.leaseView(qctx, true)
-		if time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false) {
+		if !s.dist.frozen.Load() && (time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false)) {
 			last = time.Now()
 			if s.hasShards() {
 				_ = s.loadPlacements(qctx)
@@ -592,12 +708,16 @@ func (s *Store) hasShards() bool {
 // the cached leases agree), then ONE transaction on the worker holding the
 // batches' shard (or through the coordinator when they span shards), with
 // the same pipelined statements and error kinds as on one PostgreSQL, the
-// head compare-and-set carrying the fence epochs (seq_cas_heads).
+// head compare-and-set carrying the fence epochs. On the worker it writes
+// the shards' tables directly (commitOn, "Direct writes"); when the worker
+// no longer holds one of them (nothing was written), the same commit runs
+// at once through Citus's own path on the same connection (Citus routes it
+// to the shards' workers) and the placements are reloaded.
 func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) error {
 	if err := s.checkFences(ctx, batches); err != nil {
 		return err
 	}
-	pool, node, err := s.route(ctx, batches)
+	pool, node, plan, err := s.route(ctx, batches)
 	if err != nil {
 		return err
 	}
@@ -621,7 +741,17 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 	if s.beforeCommit != nil {
 		s.beforeCommit(backend.pid)
 	}
-	err = s.commitOn(ctx, conn, batches)
+	err = s.commitOn(ctx, conn, batches, plan)
+	if errors.Is(err, errShardNotHere) {
+		d.wantReload.Store(true)
+		d.statMu.Lock()
+		d.rerouted++
+		d.statMu.Unlock()
+		// Through Citus on the same connection: it routes the statements
+		// to the shards' workers from here (two-phase commit if they are
+		// now on several).
+		err = s.commitOn(ctx, conn, batches, nil)
+	}
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
 		s.unsettle(backend, settleOn)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -70,6 +70,7 @@ func TestCitusHash(t *testing.T) {
 	for i := range 500 {
 		convs = append(convs, fmt.Sprintf("conv-%d-%x", i, i*7919))
 	}
+	groupWorker := map[uint64]string{}
 	rows, err := s.pool.Query(ctx, `SELECT c, get_shard_id_for_distribution_column('conv_head', c) FROM unnest($1::text[]) AS c`, convs)
 	if err != nil {
 		t.Fatal(err)
@@ -81,18 +82,61 @@ func TestCitusHash(t *testing.T) {
 		if err := rows.Scan(&c, &id); err != nil {
 			t.Fatal(err)
 		}
-		got, _, ok := s.ShardOf(c)
+		got, worker, ok := s.ShardOf(c)
 		if !ok || got != id {
 			t.Fatalf("ShardOf(%q) = %d %v, Citus says %d", c, got, ok, id)
 		}
-		if g := s.CommitGroup(c); g != uint64(id) {
-			t.Fatalf("CommitGroup(%q) = %d, want %d", c, g, id)
+		// With direct writes a commit group is a worker; through Citus's
+		// own path, a shard.
+		g := s.CommitGroup(c)
+		if w, seen := groupWorker[g]; seen && w != worker {
+			t.Fatalf("CommitGroup(%q) = %x, the group of %s and %s", c, g, w, worker)
 		}
+		groupWorker[g] = worker
+		s.dist.routedOnly.Store(true)
+		if g := s.CommitGroup(c); g != uint64(id) {
+			t.Fatalf("CommitGroup(%q) through Citus = %d, want its shard %d", c, g, id)
+		}
+		s.dist.routedOnly.Store(false)
 		n++
 	}
 	if err := rows.Err(); err != nil || n != len(convs) {
 		t.Fatalf("%d rows, %v", n, err)
 	}
+	if len(groupWorker) != 2 {
+		t.Fatalf("commit groups %v: want one per worker", groupWorker)
+	}
+}
+
+// convsOfWorker returns n conversation ids of two shards of the worker
+// holding "seed"'s shard, alternating between them (and that worker).
+func convsOfWorker(t testing.TB, s *Store, seed string, n int) ([]string, string) {
+	t.Helper()
+	first, worker, ok := s.ShardOf(seed)
+	if !ok {
+		t.Fatal("no placements")
+	}
+	var other int64
+	var a, b []string
+	for i := 0; len(a) < n || len(b) < n; i++ {
+		c := fmt.Sprintf("%s/%d", seed, i)
+		id, w, _ := s.ShardOf(c)
+		switch {
+		case id == first:
+			a = append(a, c)
+		case w == worker && (other == 0 || id == other):
+			other = id
+			b = append(b, c)
+		}
+	}
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		out = append(out, a[i])
+		if len(out) < n {
+			out = append(out, b[i])
+		}
+	}
+	return out, worker
 }
 
 // convsOfShard returns n conversation ids of the shard of "seed" (and that
@@ -142,12 +186,14 @@ func execDSN(t testing.TB, dsn, sql string) {
 	}
 }
 
-// A commit whose conversations share a shard runs on the worker holding it
-// and nowhere else (and LoadHead reads there too): pg_stat_statements shows its statements on that worker
-// only (not on the coordinator: no hop; not on the other worker: the
-// UPDATE ... FROM unnest is pruned by conv_id = ANY), and no two-phase
-// commit happens anywhere (no PREPARE TRANSACTION, no pg_dist_transaction
-// record on the coordinator).
+// A commit whose conversations are on one worker (here in two of its
+// shards) runs on that worker and nowhere else (and LoadHead reads there
+// too): pg_stat_statements shows its statements on that worker only (not on
+// the coordinator: no hop; not on the other worker), it writes the shards'
+// own tables there (the metadata lock of the direct writes, no
+// seq_cas_heads through Citus), and no two-phase commit happens anywhere
+// (no PREPARE TRANSACTION, no pg_dist_transaction record on the
+// coordinator).
 func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	s, db := newCitusStore(t)
 	ctx := context.Background()
@@ -156,7 +202,7 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	for _, n := range nodes {
 		execDSN(t, n.DSN(db.Name), `SELECT pg_stat_statements_reset()`)
 	}
-	convs, worker := convsOfShard(t, s, "direct", 40)
+	convs, worker := convsOfWorker(t, s, "direct", 40)
 	before := s.DistStats()
 	var dtx0 int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
@@ -179,22 +225,28 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	if st := s.DistStats(); st.Direct-before.Direct != rounds || st.ViaCoordinator != before.ViaCoordinator {
 		t.Fatalf("stats %+v (before %+v), want %d direct commits", st, before, rounds)
 	}
+	if st := s.DistStats(); st.Rerouted != 0 {
+		t.Fatalf("stats %+v: commits rerouted with no shard moving", st)
+	}
 	for _, n := range nodes {
+		direct := statements(t, n.DSN(db.Name), "%lock_shard_metadata%")
 		cas := statements(t, n.DSN(db.Name), "%seq_cas_heads%")
-		ins := statements(t, n.DSN(db.Name), "INSERT INTO im_message%")
+		ins := statements(t, n.DSN(db.Name), "INSERT INTO %im_message%")
 		prep := statements(t, n.DSN(db.Name), "PREPARE TRANSACTION%")
 		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); n.Name == "coordinator" && heads != 0 {
 			t.Fatalf("LoadHead went through the coordinator %d times", heads)
 		}
 		holds := n.Addr() == worker
-		t.Logf("%s (%s): seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), cas, ins, prep)
+		t.Logf("%s (%s): direct %d, seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), direct, cas, ins, prep)
 		switch {
 		case prep != 0:
 			t.Fatalf("%s ran PREPARE TRANSACTION %d times: two-phase commit on the hot path", n.Name, prep)
-		case holds && cas < rounds:
-			t.Fatalf("the shard's worker %s ran seq_cas_heads %d times, want %d", n.Name, cas, rounds)
-		case !holds && (cas != 0 || ins != 0):
-			t.Fatalf("%s, which does not hold the shard, ran seq_cas_heads %d / inserts %d times", n.Name, cas, ins)
+		case holds && (direct < rounds || ins < 2*rounds):
+			t.Fatalf("the shards' worker %s ran %d direct commits / %d inserts, want %d / %d (two shards)", n.Name, direct, ins, rounds, 2*rounds)
+		case cas != 0:
+			t.Fatalf("%s ran seq_cas_heads %d times: a commit went through Citus's planner", n.Name, cas)
+		case !holds && (direct != 0 || ins != 0):
+			t.Fatalf("%s, which does not hold the shard, ran %d direct commits / %d inserts", n.Name, direct, ins)
 		}
 	}
 	var dtx int
@@ -506,6 +558,120 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 		total += int(h)
 	}
 	t.Logf("%d messages over the move; stats %+v", total, s.DistStats())
+}
+
+// A direct write (the shards' own tables on the worker) never lands in a
+// shard that moved away: with the store's placements frozen, one of the
+// two shards of a commit moved to the other worker, and its tables on the
+// old worker kept from the deferred drop (an open reader holds them), the
+// next commit still goes to the old worker, finds the shard gone there
+// (metadata lock, then the placement check), writes nothing into the
+// orphan tables and lands through Citus (from the old worker, on both);
+// once the placements are reloaded, commits of the moved shard go straight
+// to the new worker.
+func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	convs, from := convsOfWorker(t, s, "orphan", 4) // shards A, B, A, B
+	shard, _, _ := s.ShardOf(convs[0])
+	var src, dst citustest.Node
+	for _, w := range db.Workers {
+		if w.Addr() == from {
+			src = w
+		} else {
+			dst = w
+		}
+	}
+	commit := func(prev uint64, convs ...string) error {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: prev, Messages: []sequencer.Message{msgAt(c, prev+1)}})
+		}
+		return s.Commit(ctx, bs)
+	}
+	if err := commit(0, convs...); err != nil {
+		t.Fatal(err)
+	}
+	s.dist.frozen.Store(true)
+	s.dist.mu.RLock()
+	moved := s.dist.shards[s.dist.shardOf(convs[0])]
+	s.dist.mu.RUnlock()
+
+	// Keep the old worker's tables of the moved shard from the deferred drop.
+	old, err := pgx.Connect(ctx, src.DSN(db.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close(ctx)
+	if _, err := old.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	countOld := func() (rows, head int64) {
+		t.Helper()
+		if err := old.QueryRow(ctx, "SELECT count(*) FROM "+moved.msgTable.Sanitize()).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.QueryRow(ctx, "SELECT coalesce(max(head), 0) FROM "+moved.headTable.Sanitize()).Scan(&head); err != nil {
+			t.Fatal(err)
+		}
+		return rows, head
+	}
+	rows0, head0 := countOld()
+	if rows0 != 2 || head0 != 1 {
+		t.Fatalf("old worker's shard before the move: %d rows, head %d", rows0, head0)
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+		shard, src.Host, src.Port, dst.Host, dst.Port); err != nil {
+		t.Fatalf("move shard %d: %v", shard, err)
+	}
+	if _, w, _ := s.ShardOf(convs[0]); w != src.Addr() {
+		t.Fatalf("the store's placements moved (%s) though frozen", w)
+	}
+	before := s.DistStats()
+	if err := commit(1, convs...); err != nil {
+		t.Fatalf("commit after the move, to the old worker: %v", err)
+	}
+	if st := s.DistStats(); st.Rerouted != before.Rerouted+1 {
+		t.Fatalf("stats %+v (before %+v): want one rerouted commit", st, before)
+	}
+	if rows, head := countOld(); rows != rows0 || head != head0 {
+		t.Fatalf("the orphan shard on the old worker was written: %d rows (was %d), head %d (was %d)", rows, rows0, head, head0)
+	}
+	for _, c := range convs {
+		rows, err := s.ReadRange(ctx, c, 0, 10)
+		if err != nil || len(rows) != 2 || rows[1].Seq != 2 {
+			t.Fatalf("%s after the move: %v, %v", c, rows, err)
+		}
+	}
+	// Reloaded, the store writes the moved shard straight on the new worker.
+	s.dist.frozen.Store(false)
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, w, _ := s.ShardOf(convs[0]); w != dst.Addr() {
+		t.Fatalf("placements after reload: %s, want %s", w, dst.Addr())
+	}
+	before = s.DistStats()
+	if err := commit(2, convs[0], convs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.DistStats(); st.Rerouted != before.Rerouted || st.Direct != before.Direct+1 {
+		t.Fatalf("stats %+v (before %+v): want one direct commit, none rerouted", st, before)
+	}
+	if h, err := s.LoadHead(ctx, convs[0]); err != nil || h != 3 {
+		t.Fatalf("head %d, %v; want 3", h, err)
+	}
+}
+
+// Large commits (COPY into the shard tables) of conversations in two
+// shards of one worker go straight to it, conflicts included.
+func TestCitusLargeCommitDirect(t *testing.T) {
+	s, _ := newCitusStore(t)
+	convs, _ := convsOfWorker(t, s, "big", 3)
+	largeCommits(t, s, convs)
+	if st := s.DistStats(); st.Direct != 3 || st.ViaCoordinator != 0 || st.Rerouted != 0 {
+		t.Fatalf("stats %+v: want 3 direct commits", st)
+	}
 }
 
 // The membership conformance suite on Citus: the control tables are plain
