@@ -187,8 +187,8 @@ func execDSN(t testing.TB, dsn, sql string) {
 }
 
 // A commit whose conversations are on one worker (here in two of its
-// shards) runs on that worker and nowhere else (and LoadHead reads there
-// too): pg_stat_statements shows its statements on that worker only (not on
+// shards) runs on that worker and nowhere else (and LoadHead reads the
+// shard tables there): pg_stat_statements shows its statements on that worker only (not on
 // the coordinator: no hop; not on the other worker), it writes the shards'
 // own tables there (the metadata lock of the direct writes, no
 // seq_cas_heads through Citus), and no two-phase commit happens anywhere
@@ -233,8 +233,11 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 		cas := statements(t, n.DSN(db.Name), "%seq_cas_heads%")
 		ins := statements(t, n.DSN(db.Name), "INSERT INTO %im_message%")
 		prep := statements(t, n.DSN(db.Name), "PREPARE TRANSACTION%")
-		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); n.Name == "coordinator" && heads != 0 {
-			t.Fatalf("LoadHead went through the coordinator %d times", heads)
+		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); heads != 0 {
+			t.Fatalf("LoadHead went through Citus on %s %d times", n.Name, heads)
+		}
+		if heads := statements(t, n.DSN(db.Name), "%FROM pg_dist_placement%SELECT head FROM%"); (n.Addr() == worker) != (heads >= rounds*20) {
+			t.Fatalf("LoadHead read the shard tables on %s %d times", n.Name, heads)
 		}
 		holds := n.Addr() == worker
 		t.Logf("%s (%s): direct %d, seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), direct, cas, ins, prep)
@@ -641,6 +644,11 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 		rows, err := s.ReadRange(ctx, c, 0, 10)
 		if err != nil || len(rows) != 2 || rows[1].Seq != 2 {
 			t.Fatalf("%s after the move: %v, %v", c, rows, err)
+		}
+		// LoadHead, still sent to the old worker, does not answer from
+		// the orphan (head 1 there).
+		if h, err := s.LoadHead(ctx, c); err != nil || h != 2 {
+			t.Fatalf("LoadHead(%s) after the move: %d, %v; want 2", c, h, err)
 		}
 	}
 	// Reloaded, the store writes the moved shard straight on the new worker.
