@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -437,6 +439,87 @@ func TestSplitSQL(t *testing.T) {
 	}
 }
 
+// A file of migrations_citus/ replaces the plain file of the same version:
+// every Citus version has a plain one, so a new plain migration can never
+// be shadowed on Citus by accident.
+func TestCitusMigrationsReplacePlainOnes(t *testing.T) {
+	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	for _, m := range plain {
+		names[m.Version] = m.Name
+	}
+	for _, m := range over {
+		if p, ok := names[m.Version]; !ok || p != m.Name {
+			t.Errorf("migrations_citus/%s.sql: the plain migrations/ file of version %d is %q, want the same name", m.Name, m.Version, p)
+		}
+	}
+}
+
+// Migration 0006 on a Citus database that holds messages: afterwards
+// im_message has one resend-key index, UNIQUE (from_uid, client_msg_id,
+// conv_id), and the key still refuses a resend in the same conversation
+// and finds messages by (from_uid, client_msg_id).
+func TestCitusResendKeyMigration(t *testing.T) {
+	db := citustest.NewDatabase(t)
+	s := openStore(t, db.DSN())
+	ctx := context.Background()
+	ms, err := CitusMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Version < 6 {
+			if err := s.apply(ctx, m); err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+		}
+	}
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := msgAt("mig", 1)
+	if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: "mig", Messages: []sequencer.Message{first}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate to 0006: %v", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
+		WHERE indrelid = 'im_message'::regclass ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var name, def string
+		err := r.Scan(&name, &def)
+		_, cols, _ := strings.Cut(def, " USING btree ")
+		return name + " " + cols, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"im_message_msg_id (msg_id)", "im_message_pkey (conv_id, msg_id)", "uk_conv_seq (conv_id, seq)", "uk_from_client (from_uid, client_msg_id, conv_id)"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("im_message's indexes after 0006:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	again := msgAt("mig", 2)
+	again.FromUID, again.ClientMsgID = first.FromUID, first.ClientMsgID
+	ce, ok := persist.AsConflict(s.Commit(ctx, []persist.ConvBatch{{ConvID: "mig", PrevHead: 1, Messages: []sequencer.Message{again}}}))
+	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID {
+		t.Fatalf("resend in the same conversation after 0006: %+v", ce)
+	}
+	if m, err := s.FindByClientKey(ctx, first.Key()); err != nil || m.MsgID != first.MsgID {
+		t.Fatalf("FindByClientKey after 0006: %+v, %v", m, err)
+	}
+}
+
 // A shard moves to the other worker (citus_move_shard_placement) while
 // four writers commit to its conversations: every acknowledged message is
 // stored, every conversation's seqs stay 1..head without a gap, and the
@@ -668,6 +751,54 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 	}
 	if h, err := s.LoadHead(ctx, convs[0]); err != nil || h != 3 {
 		t.Fatalf("head %d, %v; want 3", h, err)
+	}
+}
+
+// A store whose user does not own the tables (so lock_shard_metadata is not
+// allowed) commits through Citus's own path on the worker, one shard per
+// transaction, and stays correct.
+func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
+	owner, db := newCitusStore(t)
+	ctx := context.Background()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	role := "seq_user_" + hex.EncodeToString(rnd[:])
+	execDSN(t, db.DSN(), `CREATE ROLE `+role+` LOGIN`) // Citus creates it on the workers
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, db.DSN())
+		if err == nil {
+			_, _ = c.Exec(ctx, `DROP OWNED BY `+role)
+			_, _ = c.Exec(ctx, `DROP ROLE `+role)
+			c.Close(ctx)
+		}
+	})
+	execDSN(t, db.DSN(), `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO `+role)
+	dsn := strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1)
+	s := openStore(t, dsn)
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfWorker(t, s, "notowner", 4) // two shards
+	if g0, g1 := s.CommitGroup(convs[0]), s.CommitGroup(convs[1]); g0 == g1 {
+		t.Fatalf("commit groups %x %x: want one per shard without direct writes", g0, g1)
+	}
+	for r := uint64(0); r < 3; r++ {
+		for _, c := range convs[:2] { // one shard each
+			if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: c, PrevHead: r, Messages: []sequencer.Message{msgAt(c, r+1)}}}); err != nil {
+				t.Fatalf("round %d, %s: %v", r, c, err)
+			}
+		}
+	}
+	if st := s.DistStats(); st.Direct != 6 || st.Rerouted != 0 {
+		t.Fatalf("stats %+v: want 6 commits on the workers", st)
+	}
+	for _, c := range convs[:2] {
+		if h, err := owner.LoadHead(ctx, c); err != nil || h != 3 {
+			t.Fatalf("%s: head %d, %v", c, h, err)
+		}
+		if h, err := s.LoadHead(ctx, c); err != nil || h != 3 {
+			t.Fatalf("%s read by %s: head %d, %v", c, role, h, err)
+		}
 	}
 }
 
