@@ -23,6 +23,7 @@ package postgres
 //   - Fencing without a cross-node read: see fencing below and commitDist.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,11 +52,12 @@ type dist struct {
 	conns int32           // connections per worker commit pool
 	reads int32           // connections per worker read pool
 
-	mu      sync.RWMutex
-	shards  []shardRange             // conv_head's shards, by minimum hash
-	workers map[string]*pgxpool.Pool // commits, by host:port
-	readers map[string]*pgxpool.Pool // single-shard reads, by host:port
-	loaded  time.Time
+	mu       sync.RWMutex
+	shards   []shardRange             // conv_head's shards, by minimum hash
+	byWorker map[string]*workerTables // every shard of a worker, by host:port (direct writes)
+	workers  map[string]*pgxpool.Pool // commits, by host:port
+	readers  map[string]*pgxpool.Pool // single-shard reads, by host:port
+	loaded   time.Time
 
 	leaseMu     sync.Mutex
 	leases      map[uint32]persist.Fence // partition_lease as last read
@@ -200,6 +202,7 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		d.workers[sh.node], d.readers[sh.node] = w, r
 	}
 	d.shards = shards
+	d.byWorker = workerTablesOf(shards)
 	d.ownsTables = owns
 	d.loaded = time.Now()
 	d.statMu.Lock()
@@ -359,6 +362,9 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 	}
 	switch {
 	case direct:
+		if len(plan.shards) > fewShards {
+			plan.all = d.byWorker[node]
+		}
 		return d.workers[node], node, plan, nil
 	case len(plan.shards) == 1:
 		return d.workers[node], node, nil, nil
@@ -372,19 +378,87 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 type directPlan struct {
 	shards []shardRange
 	of     []int // of[i]: the index in shards of batches[i]'s shard
+	// all: the commit touches more than fewShards shards, and writes them
+	// with the statements of the worker's every shard (nil: a statement
+	// pair per shard).
+	all *workerTables
 }
 
-// pieces splits batches (those route was given) by shard, in shard order.
+// fewShards is the most shards a commit writes with a statement pair per
+// shard (the hot conversation: one). A commit touching more (spread load:
+// usually every shard of the worker) uses the worker's two statements that
+// write all of its shards at once (workerTables), so its statement count
+// does not grow with the shard count: with 32 shards on 2 workers, a pair
+// per shard cost the workers twice the CPU per message of 2 shards.
+const fewShards = 2
+
+// workerTables are every shard of one worker, by shard id, and the two
+// statements that write all of their tables (casShardsSQL,
+// insertShardsSQL; a shard the commit does not touch gets empty arrays).
+type workerTables struct {
+	shards      []shardRange
+	cas, insert string
+}
+
+// workerTablesOf builds the workerTables of every worker whose shards'
+// tables are all known (d.mu held for writing).
+func workerTablesOf(shards []shardRange) map[string]*workerTables {
+	out := map[string]*workerTables{}
+	bad := map[string]bool{}
+	for _, sh := range shards {
+		if sh.msgShard == 0 || len(sh.headTable) == 0 || len(sh.msgTable) == 0 {
+			bad[sh.node] = true
+			continue
+		}
+		if out[sh.node] == nil {
+			out[sh.node] = &workerTables{}
+		}
+		out[sh.node].shards = append(out[sh.node].shards, sh)
+	}
+	for node, wt := range out {
+		if bad[node] {
+			delete(out, node)
+			continue
+		}
+		slices.SortFunc(wt.shards, func(a, b shardRange) int { return cmp.Compare(a.id, b.id) })
+		heads := make([]pgx.Identifier, len(wt.shards))
+		msgs := make([]pgx.Identifier, len(wt.shards))
+		for i, sh := range wt.shards {
+			heads[i], msgs[i] = sh.headTable, sh.msgTable
+		}
+		wt.cas, wt.insert = casShardsSQL(heads), insertShardsSQL(msgs)
+	}
+	return out
+}
+
+// pieces splits batches (those route was given) by shard: per touched
+// shard, or with p.all per shard of the worker (most of them empty when
+// few are touched).
 func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
-	out := make([]commitPiece, len(p.shards))
+	shards := p.shards
+	of := p.of
+	if p.all != nil {
+		shards = p.all.shards
+		at := make(map[int64]int, len(shards))
+		for k, sh := range shards {
+			at[sh.id] = k
+		}
+		of = make([]int, len(batches))
+		for i := range batches {
+			of[i] = at[p.shards[p.of[i]].id]
+		}
+	}
+	out := make([]commitPiece, len(shards))
 	for i := range batches {
-		out[p.of[i]].batches = append(out[p.of[i]].batches, batches[i])
+		out[of[i]].batches = append(out[of[i]].batches, batches[i])
 	}
 	for k := range out {
-		sh := &p.shards[k]
+		sh := &shards[k]
 		out[k].msgTable = sh.msgTable
-		out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
-		out[k].cas = casShardSQL(sh.headTable)
+		if p.all == nil {
+			out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
+			out[k].cas = casShardSQL(sh.headTable)
+		}
 	}
 	return out
 }

@@ -110,33 +110,41 @@ func TestCitusHash(t *testing.T) {
 	}
 }
 
-// convsOfWorker returns n conversation ids of two shards of the worker
-// holding "seed"'s shard, alternating between them (and that worker).
-func convsOfWorker(t testing.TB, s *Store, seed string, n int) ([]string, string) {
+// convsOfWorker returns n conversation ids in k shards of the worker
+// holding "seed"'s shard (seed's shard first), taking the shards in turn
+// (and that worker).
+func convsOfWorker(t testing.TB, s *Store, seed string, n, k int) ([]string, string) {
 	t.Helper()
 	first, worker, ok := s.ShardOf(seed)
 	if !ok {
 		t.Fatal("no placements")
 	}
-	var other int64
-	var a, b []string
-	for i := 0; len(a) < n || len(b) < n; i++ {
+	order := []int64{first}
+	by := map[int64][]string{}
+	for i := 0; ; i++ {
 		c := fmt.Sprintf("%s/%d", seed, i)
 		id, w, _ := s.ShardOf(c)
-		switch {
-		case id == first:
-			a = append(a, c)
-		case w == worker && (other == 0 || id == other):
-			other = id
-			b = append(b, c)
+		if w != worker {
+			continue
+		}
+		if _, seen := by[id]; !seen && id != first {
+			if len(order) == k {
+				continue
+			}
+			order = append(order, id)
+		}
+		by[id] = append(by[id], c)
+		full := len(order) == k
+		for _, id := range order {
+			full = full && len(by[id]) >= n
+		}
+		if full {
+			break
 		}
 	}
 	var out []string
 	for i := 0; len(out) < n; i++ {
-		out = append(out, a[i])
-		if len(out) < n {
-			out = append(out, b[i])
-		}
+		out = append(out, by[order[i%k]][i/k])
 	}
 	return out, worker
 }
@@ -204,7 +212,7 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	for _, n := range nodes {
 		execDSN(t, n.DSN(db.Name), `SELECT pg_stat_statements_reset()`)
 	}
-	convs, worker := convsOfWorker(t, s, "direct", 40)
+	convs, worker := convsOfWorker(t, s, "direct", 40, 2)
 	before := s.DistStats()
 	var dtx0 int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
@@ -648,9 +656,10 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 
 // A direct write (the shards' own tables on the worker) never lands in a
 // shard that moved away: with the store's placements frozen, one of the
-// two shards of a commit moved to the other worker, and its tables on the
-// old worker kept from the deferred drop (an open reader holds them), the
-// next commit still goes to the old worker, finds the shard gone there
+// three shards of a commit (written with the statements for all of the
+// worker's shards) moved to the other worker, and its tables on the old
+// worker kept from the deferred drop (an open reader holds them), the next
+// commit still goes to the old worker, finds the shard gone there
 // (metadata lock, then the placement check), writes nothing into the
 // orphan tables and lands through Citus (from the old worker, on both);
 // once the placements are reloaded, commits of the moved shard go straight
@@ -658,7 +667,7 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 	s, db := newCitusStore(t)
 	ctx := context.Background()
-	convs, from := convsOfWorker(t, s, "orphan", 4) // shards A, B, A, B
+	convs, from := convsOfWorker(t, s, "orphan", 6, 3) // shards A, B, C, A, B, C: one statement pair for all the worker's shards
 	shard, _, _ := s.ShardOf(convs[0])
 	var src, dst citustest.Node
 	for _, w := range db.Workers {
@@ -743,7 +752,7 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 		t.Fatalf("placements after reload: %s, want %s", w, dst.Addr())
 	}
 	before = s.DistStats()
-	if err := commit(2, convs[0], convs[2]); err != nil {
+	if err := commit(2, convs[0], convs[3]); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.DistStats(); st.Rerouted != before.Rerouted || st.Direct != before.Direct+1 {
@@ -778,7 +787,7 @@ func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
 	if err := s.loadPlacements(ctx); err != nil {
 		t.Fatal(err)
 	}
-	convs, _ := convsOfWorker(t, s, "notowner", 4) // two shards
+	convs, _ := convsOfWorker(t, s, "notowner", 4, 2)
 	if g0, g1 := s.CommitGroup(convs[0]), s.CommitGroup(convs[1]); g0 == g1 {
 		t.Fatalf("commit groups %x %x: want one per shard without direct writes", g0, g1)
 	}
@@ -806,7 +815,7 @@ func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
 // shards of one worker go straight to it, conflicts included.
 func TestCitusLargeCommitDirect(t *testing.T) {
 	s, _ := newCitusStore(t)
-	convs, _ := convsOfWorker(t, s, "big", 3)
+	convs, _ := convsOfWorker(t, s, "big", 3, 3)
 	largeCommits(t, s, convs)
 	if st := s.DistStats(); st.Direct != 3 || st.ViaCoordinator != 0 || st.Rerouted != 0 {
 		t.Fatalf("stats %+v: want 3 direct commits", st)

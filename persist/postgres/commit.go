@@ -53,31 +53,43 @@ var headCheckSQL = headCASSQL("conv_head", false, sqlHeadMismatch, "head mismatc
 // epochs (a head moves only when its row's epoch is at most the batch's,
 // or the batch's is 0: unfenced, and takes the larger).
 func headCASSQL(table string, epochs bool, code, message string) string {
-	cols, set, check, ins := "", "", "", ""
-	if epochs {
-		cols, set = ", $4::int8[]", ", epoch = greatest(h.epoch, u.epoch)"
-		check, ins = " AND (u.epoch = 0 OR h.epoch <= u.epoch)", ", epoch"
-	}
-	return `WITH u AS (
-  SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[]` + cols + `) AS u(conv_id, prev, head` + ins + `) ORDER BY conv_id
-), upd AS (
-  UPDATE ` + table + ` AS h SET head = u.head` + set + ` FROM u
-  WHERE h.conv_id = u.conv_id AND h.head = u.prev AND u.prev > 0` + check + `
-  RETURNING h.conv_id
-), ins AS (
-  INSERT INTO ` + table + ` (conv_id, head` + ins + `)
-  SELECT conv_id, head` + ins + ` FROM u WHERE prev = 0 AND head > 0
-  ON CONFLICT (conv_id) DO NOTHING
-  RETURNING conv_id
-), matched AS (
-  SELECT conv_id FROM upd
-  UNION ALL SELECT conv_id FROM ins
-  UNION ALL SELECT u.conv_id FROM u
-    WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM ` + table + ` h WHERE h.conv_id = u.conv_id)
-)
+	return "WITH " + headCASCTEs(table, "", 1, epochs) + `
 SELECT seq_raise('` + code + `', '` + message + `', json_agg(u.conv_id ORDER BY u.conv_id)::text)
 FROM u WHERE NOT EXISTS (SELECT 1 FROM matched m WHERE m.conv_id = u.conv_id)
 HAVING count(*) > 0`
+}
+
+// headCASCTEs are the CTEs of headCASSQL for one table: u, upd, ins and
+// matched, each name followed by sfx, reading their arrays from parameter
+// $first on (3 arrays, 4 with epochs).
+func headCASCTEs(table, sfx string, first int, epochs bool) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	cols, set, check, ins := "", "", "", ""
+	if epochs {
+		cols, set = ", "+p(3)+"::int8[]", ", epoch = greatest(h.epoch, u.epoch)"
+		check, ins = " AND (u.epoch = 0 OR h.epoch <= u.epoch)", ", epoch"
+	}
+	from := "u" + sfx // the CTE u, as "u" in the statements that read it
+	if sfx != "" {
+		from += " AS u"
+	}
+	return `u` + sfx + ` AS (
+  SELECT * FROM unnest(` + p(0) + `::text[], ` + p(1) + `::int8[], ` + p(2) + `::int8[]` + cols + `) AS u(conv_id, prev, head` + ins + `) ORDER BY conv_id
+), upd` + sfx + ` AS (
+  UPDATE ` + table + ` AS h SET head = u.head` + set + ` FROM ` + from + `
+  WHERE h.conv_id = u.conv_id AND h.head = u.prev AND u.prev > 0` + check + `
+  RETURNING h.conv_id
+), ins` + sfx + ` AS (
+  INSERT INTO ` + table + ` (conv_id, head` + ins + `)
+  SELECT conv_id, head` + ins + ` FROM ` + from + ` WHERE prev = 0 AND head > 0
+  ON CONFLICT (conv_id) DO NOTHING
+  RETURNING conv_id
+), matched` + sfx + ` AS (
+  SELECT conv_id FROM upd` + sfx + `
+  UNION ALL SELECT conv_id FROM ins` + sfx + `
+  UNION ALL SELECT u.conv_id FROM ` + from + `
+    WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM ` + table + ` h WHERE h.conv_id = u.conv_id)
+)`
 }
 
 // unfencedCheckSQL refuses a commit without fences (a node started without
@@ -103,10 +115,21 @@ const (
 const casHeadsSQL = `SELECT seq_cas_heads($1::text[], $2::int8[], $3::int8[], $4::int8[])`
 
 // insertSQL writes all rows of a commit in one statement.
-const insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+var insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
 ` + insertRowsSQL
 
-const insertRowsSQL = `SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::int2[], $6::bytea[], $7::text[], $8::timestamptz[])`
+var insertRowsSQL = unnestRowsSQL(1)
+
+// unnestRowsSQL selects rows of im_message from 8 arrays, parameters
+// $first to $first+7.
+func unnestRowsSQL(first int) string {
+	types := []string{"int8", "text", "int8", "int8", "int2", "bytea", "text", "timestamptz"}
+	args := make([]string, len(types))
+	for i, t := range types {
+		args[i] = "$" + strconv.Itoa(first+i) + "::" + t + "[]"
+	}
+	return "SELECT * FROM unnest(" + strings.Join(args, ", ") + ")"
+}
 
 // Direct writes (Citus). A transaction whose conversations are all in one
 // shard runs on the worker holding it; there, every statement on a
@@ -153,6 +176,33 @@ WHERE c.n <> cardinality($1::int8[]) OR c.here <> c.n`
 // then classifies as stale epoch or head mismatch (casRefusal).
 func casShardSQL(table pgx.Identifier) string {
 	return headCASSQL(table.Sanitize(), true, sqlNotMoved, "head not moved")
+}
+
+// casShardsSQL is casShardSQL on several shard tables in one statement
+// (4 arrays per table, in the order of tables; empty arrays for a table
+// the commit does not touch), raising sqlNotMoved once for all of them.
+func casShardsSQL(tables []pgx.Identifier) string {
+	var ctes, unmoved []string
+	for k, t := range tables {
+		sfx := strconv.Itoa(k)
+		ctes = append(ctes, headCASCTEs(t.Sanitize(), sfx, 1+4*k, true))
+		unmoved = append(unmoved, "SELECT u.conv_id FROM u"+sfx+" AS u WHERE NOT EXISTS (SELECT 1 FROM matched"+sfx+" m WHERE m.conv_id = u.conv_id)")
+	}
+	return "WITH " + strings.Join(ctes, ", ") + `
+SELECT seq_raise('` + sqlNotMoved + `', 'head not moved', json_agg(x.conv_id ORDER BY x.conv_id)::text)
+FROM (` + strings.Join(unmoved, "\n  UNION ALL ") + `) AS x
+HAVING count(*) > 0`
+}
+
+// insertShardsSQL inserts rows into several shard tables of im_message in
+// one statement (8 arrays per table, as insertRowsSQL's, in the order of
+// tables; empty arrays for a table the commit does not touch).
+func insertShardsSQL(tables []pgx.Identifier) string {
+	var ctes []string
+	for k, t := range tables {
+		ctes = append(ctes, "i"+strconv.Itoa(k)+" AS (INSERT INTO "+t.Sanitize()+" ("+strings.Join(imMessageColumns, ", ")+")\n  "+unnestRowsSQL(1+8*k)+")")
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
 }
 
 // headEpochsSQL reads the head rows' epochs of conversations of one shard
@@ -337,6 +387,15 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		// (citus.go, "Fencing on Citus").
 		b.Queue(lockShardSQL, plan.lockIDs())
 		b.Queue(shardHereSQL, plan.shardIDs())
+		if plan.all != nil {
+			args := make([]any, 0, 4*len(pieces))
+			for i := range pieces {
+				h := &pieces[i].heads
+				args = append(args, h.convs, h.prevs, h.heads, h.epochs)
+			}
+			b.Queue(plan.all.cas, args...)
+			break
+		}
 		for i := range pieces {
 			h := &pieces[i].heads
 			b.Queue(pieces[i].cas, h.convs, h.prevs, h.heads, h.epochs)
@@ -359,9 +418,20 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 	insertFrom, commitAt := -1, -1
 	if !useCopy {
 		insertFrom = b.Len()
-		for i := range pieces {
-			if r := pieces[i].rows; len(r.msgID) > 0 {
-				b.Queue(pieces[i].insert, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+		switch {
+		case nrows == 0:
+		case plan != nil && plan.all != nil:
+			args := make([]any, 0, 8*len(pieces))
+			for i := range pieces {
+				r := pieces[i].rows
+				args = append(args, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+			}
+			b.Queue(plan.all.insert, args...)
+		default:
+			for i := range pieces {
+				if r := pieces[i].rows; len(r.msgID) > 0 {
+					b.Queue(pieces[i].insert, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+				}
 			}
 		}
 		commitAt = b.Len()
