@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	pgtest.Stop()
 	mysqltest.Stop()
+	citustest.Stop()
 	os.Exit(code)
 }
 
@@ -240,14 +242,7 @@ func TestNodeEngineContiguousAndPassivates(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	db := &benchDB{admin: admin, Name: rep.Info.Database}
 	db.DSN, _ = withDatabase(admin, db.Name)
 	t.Cleanup(func() { _ = db.Drop(context.Background()) })
@@ -300,14 +295,7 @@ func TestMemoryScenarioStopsAtRSSLimit(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	mem, ok := find(rep.Results, "a", "memory")
 	if !ok || mem.Memory == nil || !mem.Memory.StoppedAtRSS || mem.Messages >= 1000000 {
 		t.Fatalf("memory run not stopped at the RSS limit: %+v", mem)
@@ -471,4 +459,19 @@ func TestWithParamKeepsOptions(t *testing.T) {
 	if sp := cfg.RuntimeParams["search_path"]; sp != "s1" {
 		t.Fatalf("search_path %q in %s", sp, got)
 	}
+}
+
+// readReport reads the JSON report the bench wrote beside report (the
+// Markdown file of --report).
+func readReport(t *testing.T, report string) Report {
+	t.Helper()
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }

@@ -454,7 +454,7 @@ func (rep *Report) writePGCPUMarkdown(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "## PostgreSQL CPU per message\n\n")
-	fmt.Fprintln(w, "The CPU time of every process of each PostgreSQL server (postmaster, backends, background processes, and the backends that exited during the run) over the measured window, divided by the messages stored in it; the servers run on this machine. For a -citus engine, *vs single PostgreSQL* compares it with the engine of the same name without -citus in the same run, and *coordinator share* is the coordinator's part of its PostgreSQL CPU.")
+	fmt.Fprintln(w, "The CPU time of every process of each PostgreSQL server (postmaster, backends, background processes, and the backends that exited during the run) over the measured window, divided by the messages stored in it (with --repeat: the median-throughput run's, every run's range in brackets); the servers run on this machine, and any other session's work on them counts too. For a -citus engine, *vs single PostgreSQL* compares it with the engine of the same name without -citus in the same run, and *coordinator share* is the coordinator's part of its PostgreSQL CPU.")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "| scenario | engine | msg/s | vs single PostgreSQL | msgs/commit | PostgreSQL CPU µs/msg | by server | vs single PostgreSQL | coordinator share |\n")
 	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|---|--:|--:|\n")
@@ -469,8 +469,12 @@ func (rep *Report) writePGCPUMarkdown(w io.Writer) {
 				coord = fmt.Sprintf("%.1f%%", 100*c/r.PGCPUUsPerMsg)
 			}
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %.1f | %s | %s | %s |\n", r.Scenario, r.Engine, fmtInt(int64(r.Throughput)), tput,
-			fmtBatch(r.MeanBatch), r.PGCPUUsPerMsg, fmtPGCPUBy(r.PGCPUUsPerMsgBy), cpu, coord)
+		pgcpu := fmt.Sprintf("%.1f", r.PGCPUUsPerMsg)
+		if len(r.RunsPGCPU) > 1 {
+			pgcpu += fmt.Sprintf(" (%.1f-%.1f)", slices.Min(r.RunsPGCPU), slices.Max(r.RunsPGCPU))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Scenario, r.Engine, fmtInt(int64(r.Throughput)), tput,
+			fmtBatch(r.MeanBatch), pgcpu, fmtPGCPUBy(r.PGCPUUsPerMsgBy), cpu, coord)
 	}
 	fmt.Fprintln(w)
 }
