@@ -8,18 +8,22 @@ package postgres
 //     distributed by conv_id and co-located; the control tables
 //     (cluster_member, cluster_version, partition_lease, worker_lease,
 //     schema_version) are plain tables of the coordinator.
-//   - Commits go straight to the shard: the store computes a conversation's
-//     shard with Citus's own hash (citusHash: PostgreSQL's hashtext of the
-//     conv_id, then the shard whose hash range holds it, from
-//     pg_dist_shard), keeps a pool per worker (from pg_dist_placement and
-//     pg_dist_node), and runs a commit whose conversations are all in one
-//     shard on a connection to the worker that holds it, where Citus
-//     executes it locally: no coordinator hop, no two-phase commit. The
-//     group-commit writer forms such commits (CommitGroup, commit.Grouper).
-//     A commit spanning shards goes through the coordinator (correct, with
-//     two-phase commit, slow). A commit that reaches a worker that no
-//     longer holds the shard (it moved) is still correct (Citus routes it
-//     from there) and makes the store reload the placements.
+//   - Commits go straight to the worker, into the shard tables: the store
+//     computes a conversation's shard with Citus's own hash (citusHash:
+//     PostgreSQL's hashtext of the conv_id, then the shard whose hash range
+//     holds it, from pg_dist_shard), keeps a pool per worker (from
+//     pg_dist_placement and pg_dist_node), and runs a commit whose
+//     conversations are all on one worker on a connection to it, writing
+//     its shards' own tables with plain statements guarded like Citus's
+//     own writes (commit.go, "Direct writes"): no coordinator hop, no
+//     two-phase commit, no Citus planning. The group-commit writer forms
+//     such commits (CommitGroup, commit.Grouper). A commit spanning workers
+//     goes through the coordinator (correct, with two-phase commit, slow).
+//     A commit that reaches a worker that no longer holds one of its shards
+//     (moved or split) writes nothing there, runs through Citus's own path
+//     on the same connection (Citus routes it) and makes the store reload
+//     the placements. LoadHead reads the shard table the same way
+//     (shardHeadSQL).
 //   - Fencing without a cross-node read: see fencing below and commitDist.
 
 import (

@@ -205,8 +205,8 @@ func insertShardsSQL(tables []pgx.Identifier) string {
 	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
 }
 
-// headEpochsSQL reads the head rows' epochs of conversations of one shard
-// (through Citus, pruned to the shard by conv_id = ANY).
+// headEpochsSQL reads the head rows' epochs of conversations of one worker
+// (through Citus, pruned to their shards by conv_id = ANY).
 const headEpochsSQL = `SELECT conv_id, epoch FROM conv_head WHERE conv_id = ANY($1::text[])`
 
 // errShardNotHere: a direct write found its shard gone from the worker
