@@ -763,27 +763,39 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 	}
 }
 
+// citusRole creates a login role with read and write rights on the
+// tables (Citus creates it and the grants on the workers), dropped when the
+// test ends (conv_head given back to postgres first, on the coordinator
+// alone, where a test may have given it to the role).
+func citusRole(t *testing.T, db *citustest.Database) string {
+	t.Helper()
+	ctx := context.Background()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	role := "seq_user_" + hex.EncodeToString(rnd[:])
+	execDSN(t, db.DSN(), `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, db.DSN())
+		if err == nil {
+			for _, q := range []string{`SET citus.enable_ddl_propagation TO off`, `ALTER TABLE conv_head OWNER TO postgres`,
+				`RESET citus.enable_ddl_propagation`, `DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+				_, _ = c.Exec(ctx, q)
+			}
+			c.Close(ctx)
+		}
+	})
+	execDSN(t, db.DSN(), `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO `+role)
+	return role
+}
+
 // A store whose user does not own the tables (so lock_shard_metadata is not
 // allowed) commits through Citus's own path on the worker, one shard per
 // transaction, and stays correct.
 func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
 	owner, db := newCitusStore(t)
 	ctx := context.Background()
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	role := "seq_user_" + hex.EncodeToString(rnd[:])
-	execDSN(t, db.DSN(), `CREATE ROLE `+role+` LOGIN`) // Citus creates it on the workers
-	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, db.DSN())
-		if err == nil {
-			_, _ = c.Exec(ctx, `DROP OWNED BY `+role)
-			_, _ = c.Exec(ctx, `DROP ROLE `+role)
-			c.Close(ctx)
-		}
-	})
-	execDSN(t, db.DSN(), `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO `+role)
-	dsn := strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1)
-	s := openStore(t, dsn)
+	role := citusRole(t, db)
+	s := openStore(t, strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1))
 	if err := s.loadPlacements(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -807,6 +819,51 @@ func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
 		}
 		if h, err := s.LoadHead(ctx, c); err != nil || h != 3 {
 			t.Fatalf("%s read by %s: head %d, %v", c, role, h, err)
+		}
+	}
+}
+
+// A worker that refuses the direct write's metadata lock (here: the
+// coordinator shows the store's user as the tables' owner, the workers do
+// not) costs the commit nothing but the attempt: it goes through Citus on
+// the same connection and lands.
+func TestCitusDirectWriteRefusedGoesThroughCitus(t *testing.T) {
+	owner, db := newCitusStore(t)
+	ctx := context.Background()
+	role := citusRole(t, db)
+	c, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`SET citus.enable_ddl_propagation TO off`, `ALTER TABLE conv_head OWNER TO ` + role} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	c.Close(ctx)
+	s := openStore(t, strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1))
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfWorker(t, s, "refused", 2, 1)
+	if !s.dist.directWrites() {
+		t.Fatal("the store does not try direct writes: the test sets nothing up")
+	}
+	for r := uint64(0); r < 2; r++ {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: r, Messages: []sequencer.Message{msgAt(c, r+1)}})
+		}
+		if err := s.Commit(ctx, bs); err != nil {
+			t.Fatalf("round %d: %v", r, err)
+		}
+	}
+	if st := s.DistStats(); st.Rerouted != 2 {
+		t.Fatalf("stats %+v: want both commits refused on the worker and rerouted", st)
+	}
+	for _, c := range convs {
+		if h, err := owner.LoadHead(ctx, c); err != nil || h != 2 {
+			t.Fatalf("%s: head %d, %v", c, h, err)
 		}
 	}
 }

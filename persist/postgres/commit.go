@@ -108,6 +108,7 @@ const (
 	sqlNotMoved     = "SQ006" // Citus, direct writes: DETAIL: JSON array of conv_ids whose head did not move
 
 	sqlUndefinedTable = "42P01"
+	sqlNoPrivilege    = "42501"
 )
 
 // casHeadsSQL is the distributed mode's head compare-and-set with the fence
@@ -210,7 +211,7 @@ func insertShardsSQL(tables []pgx.Identifier) string {
 const headEpochsSQL = `SELECT conv_id, epoch FROM conv_head WHERE conv_id = ANY($1::text[])`
 
 // errShardNotHere: a direct write found its shard gone from the worker
-// (shardHereSQL); nothing was written.
+// (shardHereSQL), or the worker refused it; nothing was written.
 var errShardNotHere = errors.New("citus: the shard is not on this worker")
 
 // conflictSQL finds the stored rows holding any unique key of a failed batch.
@@ -478,9 +479,11 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		rollback(conn)
 		if isPg {
 			switch {
-			case plan != nil && (pg.Code == sqlNotHere || pg.Code == sqlUndefinedTable):
+			case plan != nil && (pg.Code == sqlNotHere || pg.Code == sqlUndefinedTable || pg.Code == sqlNoPrivilege):
 				// A shard left this worker (its tables are gone or
-				// orphans): nothing was written.
+				// orphans), or the worker refused the metadata lock (it
+				// does not see the store's user as the tables' owner):
+				// nothing was written.
 				return fmt.Errorf("%w: %w", errShardNotHere, unavailable("commit", err))
 			case pg.Code == sqlNotMoved:
 				return s.casRefusal(ctx, conn, batches, pg)
