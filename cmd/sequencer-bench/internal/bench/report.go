@@ -427,6 +427,8 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 		fmt.Fprintln(w)
 	}
 
+	rep.writePGCPUMarkdown(w)
+
 	fmt.Fprintf(w, "## Targets (issue, 2 cores, PostgreSQL local)\n\n| target | measured | status |\n|---|---|---|\n")
 	for _, t := range rep.Targets {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", t.Target, orDash(t.Measured), t.Status)
@@ -435,6 +437,72 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	if chart != "" {
 		fmt.Fprintf(w, "## Chart\n\n![throughput and p99 per engine and scenario](%s)\n", chart)
 	}
+}
+
+// writePGCPUMarkdown writes the PostgreSQL servers' CPU per message of
+// every engine that measured it, by server, and each -citus engine's
+// figures relative to its single-PostgreSQL counterpart in the same run
+// (a-citus to a, e-batch-citus to e-batch).
+func (rep *Report) writePGCPUMarkdown(w io.Writer) {
+	var rows []Result
+	for _, r := range rep.Results {
+		if r.Skipped == "" && r.PGCPUUsPerMsg > 0 {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "## PostgreSQL CPU per message\n\n")
+	fmt.Fprintln(w, "The CPU time of every process of each PostgreSQL server (postmaster, backends, background processes, and the backends that exited during the run) over the measured window, divided by the messages stored in it (with --repeat: the median-throughput run's, every run's range in brackets); the servers run on this machine, and any other session's work on them counts too. For a -citus engine, *vs single PostgreSQL* compares it with the engine of the same name without -citus in the same run, and *coordinator share* is the coordinator's part of its PostgreSQL CPU.")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| scenario | engine | msg/s | vs single PostgreSQL | msgs/commit | PostgreSQL CPU µs/msg | by server | vs single PostgreSQL | coordinator share |\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|---|--:|--:|\n")
+	for _, r := range rows {
+		tput, cpu, coord := "-", "-", "-"
+		if key, ok := strings.CutSuffix(r.Engine, "-citus"); ok {
+			if b, ok := find(rep.Results, key, r.Scenario); ok && b.Skipped == "" && b.Throughput > 0 && b.PGCPUUsPerMsg > 0 {
+				tput = fmt.Sprintf("%.0f%%", 100*r.Throughput/b.Throughput)
+				cpu = fmt.Sprintf("%.2fx", r.PGCPUUsPerMsg/b.PGCPUUsPerMsg)
+			}
+			if c, ok := r.PGCPUUsPerMsgBy["coordinator"]; ok {
+				coord = fmt.Sprintf("%.1f%%", 100*c/r.PGCPUUsPerMsg)
+			}
+		}
+		pgcpu := fmt.Sprintf("%.1f", r.PGCPUUsPerMsg)
+		if len(r.RunsPGCPU) > 1 {
+			pgcpu += fmt.Sprintf(" (%.1f-%.1f)", slices.Min(r.RunsPGCPU), slices.Max(r.RunsPGCPU))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Scenario, r.Engine, fmtInt(int64(r.Throughput)), tput,
+			fmtBatch(r.MeanBatch), pgcpu, fmtPGCPUBy(r.PGCPUUsPerMsgBy), cpu, coord)
+	}
+	fmt.Fprintln(w)
+}
+
+// fmtPGCPUBy lists the CPU per message by server, the coordinator first
+// ("-" for a single server).
+func fmtPGCPUBy(by map[string]float64) string {
+	if len(by) < 2 {
+		return "-"
+	}
+	names := make([]string, 0, len(by))
+	for n := range by {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if (a == "coordinator") != (b == "coordinator") {
+			if a == "coordinator" {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.1f", n, by[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (rep *Report) writeMemoryMarkdown(w io.Writer, rows []Result) {
