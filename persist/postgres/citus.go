@@ -839,7 +839,7 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 		err = s.commitOn(ctx, conn, batches, nil)
 	}
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
-		s.unsettle(backend, settleOn)
+		s.unsettle(backend, settleOn, batches)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()

@@ -341,7 +341,7 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
 		// The transaction may still commit on the server: Settle must end
 		// it before anyone re-reads. Never reuse this connection.
-		s.unsettle(backend, nil)
+		s.unsettle(backend, nil, batches)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()
