@@ -232,7 +232,7 @@ func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
 	if err := settleWithin(500*time.Millisecond, "b"); err == nil {
 		t.Fatal("SettleConvs(b) returned while b's commit could still land")
 	}
-	if err := settleWithin(500*time.Millisecond); err == nil {
+	if err := settleWithin(500 * time.Millisecond); err == nil {
 		t.Fatal("Settle returned while b's commit could still land")
 	}
 	if err := settleWithin(500*time.Millisecond, "c"); err != nil {
@@ -241,7 +241,7 @@ func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
 	if err := syscall.Kill(stalled["b"], syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if err := settleWithin(10*time.Second); err != nil {
+	if err := settleWithin(10 * time.Second); err != nil {
 		t.Fatalf("Settle with every backend running: %v", err)
 	}
 }
