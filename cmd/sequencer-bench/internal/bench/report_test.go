@@ -402,3 +402,41 @@ func TestPGCPUSection(t *testing.T) {
 		t.Errorf("section without any PostgreSQL CPU: %q", buf.String())
 	}
 }
+
+// Round 3's targets compare engines of the same run: Citus with single
+// PostgreSQL (throughput, and the PostgreSQL CPU per message with the
+// coordinator's share), the group commit on MySQL with the seed's Redis INCR
+// + INSERT on MySQL.
+func TestStoreTargets(t *testing.T) {
+	results := []Result{
+		{Engine: "a", Scenario: "many", Throughput: 40000, PGCPUUsPerMsg: 20},
+		{Engine: "a-citus", Scenario: "many", Throughput: 26000, PGCPUUsPerMsg: 34, PGCPUUsPerMsgBy: map[string]float64{"coordinator": 0.5}},
+		{Engine: "a", Scenario: "hot", Throughput: 60000},
+		{Engine: "a-citus", Scenario: "hot", Throughput: 45000},
+		{Engine: "a-mysql", Scenario: "many", Throughput: 20000},
+		{Engine: "b-mysql", Scenario: "many", Throughput: 5000},
+	}
+	got := map[string]TargetCheck{}
+	for _, c := range storeTargets(results) {
+		got[c.Target] = c
+	}
+	for target, want := range map[string]string{
+		"many: (a-citus) >= 60% of (a)":                                             "met",     // 65%
+		"many: (a-citus) PostgreSQL CPU/msg <= 1.8x (a)'s, coordinator <= 5% of it": "met",     // 1.70x, 1.5%
+		"hot: (a-citus) >= 80% of (a)":                                              "not met", // 75%
+		"many: (a-mysql) >= 3x (b-mysql)":                                           "met",     // 4.0x
+	} {
+		if got[target].Status != want {
+			t.Errorf("%s: %q (%s), want %q", target, got[target].Status, got[target].Measured, want)
+		}
+	}
+	if m := got["many: (a-citus) PostgreSQL CPU/msg <= 1.8x (a)'s, coordinator <= 5% of it"].Measured; m != "1.70x, coordinator 1.5%" {
+		t.Errorf("measured %q", m)
+	}
+	results[1].PGCPUUsPerMsgBy["coordinator"] = 3 // 8.8%
+	for _, c := range storeTargets(results) {
+		if strings.HasPrefix(c.Target, "many: (a-citus) PostgreSQL") && c.Status != "not met" {
+			t.Errorf("coordinator at 8.8%%: %q", c.Status)
+		}
+	}
+}
