@@ -212,8 +212,14 @@ func (a *convActor) execute(ctx pa.Context) {
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
 			// The old transaction must be finished before the re-read, or
-			// the answer could be a guess (persist.Store.Settle).
-			err := n.cfg.Store.Settle(sctx)
+			// the answer could be a guess (persist.Store.Settle; only this
+			// conversation's when the store can tell them apart).
+			var err error
+			if cs, ok := n.cfg.Store.(persist.ConvSettler); ok {
+				err = cs.SettleConvs(sctx, []string{convID})
+			} else {
+				err = n.cfg.Store.Settle(sctx)
+			}
 			var head uint64
 			var rows []sequencer.Message
 			if err == nil {

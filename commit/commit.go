@@ -70,12 +70,12 @@ func (c Config) Validate() error {
 }
 
 // Grouper is an optional ability of a Store whose transactions are cheap
-// only within a group of conversations (a distributed store: one shard, on
-// the node that holds it). When Config.Store implements it, the Writer never
-// puts conversations of different groups in one transaction: each
-// transaction takes the oldest queued batch and the later queued batches of
-// its group (queue order kept within the group). CommitGroup must be pure
-// and fast (it is called under the writer's lock).
+// only within a group of conversations (a distributed store: the shards of
+// one node, written on that node). When Config.Store implements it, the
+// Writer never puts conversations of different groups in one transaction:
+// each transaction takes the oldest queued batch and the later queued
+// batches of its group (queue order kept within the group). CommitGroup
+// must be pure and fast (it is called under the writer's lock).
 type Grouper interface {
 	CommitGroup(convID string) uint64
 }

@@ -361,6 +361,18 @@ type ReadPositions interface {
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error)
 }
 
+// ConvSettler is an optional ability of a Store that knows which
+// conversations each commit of unknown outcome may hold: SettleConvs is
+// Settle for the commits that may hold rows of convIDs only (the others are
+// left to a later call). A writer that re-reads one conversation after an
+// unknown outcome needs only its own commits finished; on a distributed
+// store that keeps a conversation on a live worker from waiting for an
+// unknown commit on a worker that is down. It fails (retryably) when it
+// cannot tell yet.
+type ConvSettler interface {
+	SettleConvs(ctx context.Context, convIDs []string) error
+}
+
 // ConvScopedKeys is an optional ability of a Store whose resend key
 // (from_uid, client_msg_id) is unique per conversation only (distributed
 // mode on Citus, where every unique key must hold the distribution column:

@@ -12,37 +12,111 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// logState is a conversation: the keys appended so far, as "\nk1\nk2\n"
-// (an immutable, comparable value), and how many.
+// logState is a conversation: the keys appended so far, as a persistent
+// list (every state shares its prefix with the states it came from, so a
+// search that keeps many states keeps each key once, not once per state)
+// with jump pointers for O(log n) access by index. The zero value is the
+// empty log.
 type logState struct {
-	log string
-	n   int
-	h   uint64 // a hash of the keys in order, kept as keys are appended
+	last *entry // nil: empty
 }
 
-func (s logState) indexOf(key string) int {
-	i := strings.Index(s.log, "\n"+key+"\n")
-	if i < 0 {
+// entry is the n-th key of a log (1-based) and the log before it.
+type entry struct {
+	key  string
+	n    int
+	h    uint64   // a hash of the keys 1..n in order
+	up   []*entry // up[i] is the entry 2^i places before this one (up[0] the previous)
+	keys *keyIndex
+}
+
+// keyIndex lists, for one conversation's search, every entry that appended
+// each key (on any branch of the search): how indexOf finds a key without
+// walking the log.
+type keyIndex struct {
+	by map[string][]*entry
+}
+
+func (s logState) len() int {
+	if s.last == nil {
 		return 0
 	}
-	return strings.Count(s.log[:i+1], "\n")
+	return s.last.n
 }
 
-func (s logState) entries() []string {
-	if s.n == 0 {
+func (s logState) hash() uint64 {
+	if s.last == nil {
+		return 0
+	}
+	return s.last.h
+}
+
+// at returns the entry of index i (1..len) of s's log.
+func (s logState) at(i int) *entry {
+	e := s.last
+	for e != nil && e.n > i {
+		d := e.n - i
+		k := 0
+		for k+1 < len(e.up) && 1<<(k+1) <= d {
+			k++
+		}
+		e = e.up[k]
+	}
+	return e
+}
+
+// indexOf returns key's index in s's log, 0 when it is not there.
+func (s logState) indexOf(key string) int {
+	if s.last == nil {
+		return 0
+	}
+	for _, c := range s.last.keys.by[key] {
+		if c.n <= s.last.n && s.at(c.n) == c {
+			return c.n
+		}
+	}
+	return 0
+}
+
+func (e *entry) prev() *entry {
+	if len(e.up) == 0 {
 		return nil
 	}
-	return strings.Split(s.log[1:len(s.log)-1], "\n")
+	return e.up[0]
 }
 
 func (s logState) appendKey(key string) logState {
 	f := fnv.New64a()
 	f.Write([]byte(key))
-	h := (s.h^f.Sum64())*1099511628211 + 1
-	if s.n == 0 {
-		return logState{log: "\n" + key + "\n", n: 1, h: h}
+	h := (s.hash()^f.Sum64())*1099511628211 + 1
+	e := &entry{key: key, n: s.len() + 1, h: h}
+	if s.last == nil {
+		e.keys = &keyIndex{by: map[string][]*entry{}}
+	} else {
+		e.keys = s.last.keys
+		e.up = append(e.up, s.last)
+		for k := 0; ; k++ {
+			a := e.up[k]
+			if k >= len(a.up) {
+				break
+			}
+			e.up = append(e.up, a.up[k])
+		}
 	}
-	return logState{log: s.log + key + "\n", n: s.n + 1, h: h}
+	e.keys.by[key] = append(e.keys.by[key], e)
+	return logState{last: e}
+}
+
+// equal reports whether a and b hold the same keys in the same order.
+func (a logState) equal(b logState) bool {
+	x, y := a.last, b.last
+	for x != y {
+		if x == nil || y == nil || x.n != y.n || x.h != y.h || x.key != y.key {
+			return false
+		}
+		x, y = x.prev(), y.prev()
+	}
+	return true
 }
 
 // step is the model: can op happen on s, and what is the log after it.
@@ -54,7 +128,7 @@ func step(s logState, op *Op) (bool, logState) {
 			if i := s.indexOf(op.Key); i > 0 {
 				return uint64(i) == op.Seq, s
 			}
-			if op.Seq != uint64(s.n)+1 {
+			if op.Seq != uint64(s.len())+1 {
 				return false, s
 			}
 			return true, s.appendKey(op.Key)
@@ -68,21 +142,24 @@ func step(s logState, op *Op) (bool, logState) {
 			return true, s // an error answer: nothing, ever
 		}
 	case Pull:
-		if op.Outcome == OK && op.Final && op.AfterSeq+uint64(len(op.Keys)) != uint64(s.n) {
+		n := uint64(s.len())
+		if op.Outcome == OK && op.Final && op.AfterSeq+uint64(len(op.Keys)) != n {
 			return false, s // the whole log, and nothing but it
 		}
 		if op.Outcome != OK || len(op.Keys) == 0 {
 			return true, s // nothing read (after_seq may be past the head)
 		}
-		if op.AfterSeq+uint64(len(op.Keys)) > uint64(s.n) {
+		if op.AfterSeq+uint64(len(op.Keys)) > n {
 			return false, s
 		}
-		e := s.entries()
-		for i, k := range op.Keys {
+		for i := range op.Keys {
 			if i < len(op.Seqs) && op.Seqs[i] != op.AfterSeq+uint64(i)+1 {
 				return false, s
 			}
-			if e[int(op.AfterSeq)+i] != k {
+		}
+		e := s.at(int(op.AfterSeq) + len(op.Keys))
+		for i := len(op.Keys) - 1; i >= 0; i, e = i-1, e.prev() {
+			if e.key != op.Keys[i] {
 				return false, s
 			}
 		}
@@ -91,7 +168,7 @@ func step(s logState, op *Op) (bool, logState) {
 		if op.Outcome != OK {
 			return true, s
 		}
-		return op.Head == uint64(s.n), s
+		return op.Head == uint64(s.len()), s
 	}
 	return false, s
 }
@@ -119,7 +196,8 @@ var Model = porcupine.Model{
 	Step: func(state, input, _ interface{}) (bool, interface{}) {
 		return step(state.(logState), input.(*Op))
 	},
-	Hash: func(state interface{}) uint64 { return state.(logState).h },
+	Hash:  func(state interface{}) uint64 { return state.(logState).hash() },
+	Equal: func(a, b interface{}) bool { return a.(logState).equal(b.(logState)) },
 	DescribeOperation: func(input, _ interface{}) string {
 		op := input.(*Op)
 		switch op.Kind {
@@ -150,11 +228,14 @@ var Model = porcupine.Model{
 	},
 	DescribeState: func(state interface{}) string {
 		s := state.(logState)
-		e := s.entries()
-		if len(e) > 6 {
-			return fmt.Sprintf("%d entries: ... %v", s.n, e[len(e)-6:])
+		var tail []string
+		for e := s.last; e != nil && len(tail) < 6; e = e.prev() {
+			tail = append([]string{e.key}, tail...)
 		}
-		return fmt.Sprintf("%d entries: %v", s.n, e)
+		if s.len() > len(tail) {
+			return fmt.Sprintf("%d entries: ... %v", s.len(), tail)
+		}
+		return fmt.Sprintf("%d entries: %v", s.len(), tail)
 	},
 	DescribeOperationMetadata: func(info interface{}) string {
 		if info == nil {

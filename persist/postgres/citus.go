@@ -8,33 +8,41 @@ package postgres
 //     distributed by conv_id and co-located; the control tables
 //     (cluster_member, cluster_version, partition_lease, worker_lease,
 //     schema_version) are plain tables of the coordinator.
-//   - Commits go straight to the shard: the store computes a conversation's
-//     shard with Citus's own hash (citusHash: PostgreSQL's hashtext of the
-//     conv_id, then the shard whose hash range holds it, from
-//     pg_dist_shard), keeps a pool per worker (from pg_dist_placement and
-//     pg_dist_node), and runs a commit whose conversations are all in one
-//     shard on a connection to the worker that holds it, where Citus
-//     executes it locally: no coordinator hop, no two-phase commit. The
-//     group-commit writer forms such commits (CommitGroup, commit.Grouper).
-//     A commit spanning shards goes through the coordinator (correct, with
-//     two-phase commit, slow). A commit that reaches a worker that no
-//     longer holds the shard (it moved) is still correct (Citus routes it
-//     from there) and makes the store reload the placements.
+//   - Commits go straight to the worker, into the shard tables: the store
+//     computes a conversation's shard with Citus's own hash (citusHash:
+//     PostgreSQL's hashtext of the conv_id, then the shard whose hash range
+//     holds it, from pg_dist_shard), keeps a pool per worker (from
+//     pg_dist_placement and pg_dist_node), and runs a commit whose
+//     conversations are all on one worker on a connection to it, writing
+//     its shards' own tables with plain statements guarded like Citus's
+//     own writes (commit.go, "Direct writes"): no coordinator hop, no
+//     two-phase commit, no Citus planning. The group-commit writer forms
+//     such commits (CommitGroup, commit.Grouper). A commit spanning workers
+//     goes through the coordinator (correct, with two-phase commit, slow).
+//     A commit that reaches a worker that no longer holds one of its shards
+//     (moved or split) writes nothing there, runs through Citus's own path
+//     on the same connection (Citus routes it) and makes the store reload
+//     the placements. LoadHead reads the shard table the same way
+//     (shardHeadSQL).
 //   - Fencing without a cross-node read: see fencing below and commitDist.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
@@ -48,11 +56,12 @@ type dist struct {
 	conns int32           // connections per worker commit pool
 	reads int32           // connections per worker read pool
 
-	mu      sync.RWMutex
-	shards  []shardRange             // conv_head's shards, by minimum hash
-	workers map[string]*pgxpool.Pool // commits, by host:port
-	readers map[string]*pgxpool.Pool // single-shard reads, by host:port
-	loaded  time.Time
+	mu       sync.RWMutex
+	shards   []shardRange             // conv_head's shards, by minimum hash
+	byWorker map[string]*workerTables // every shard of a worker, by host:port (direct writes)
+	workers  map[string]*pgxpool.Pool // commits, by host:port
+	readers  map[string]*pgxpool.Pool // single-shard reads, by host:port
+	loaded   time.Time
 
 	leaseMu     sync.Mutex
 	leases      map[uint32]persist.Fence // partition_lease as last read
@@ -60,7 +69,14 @@ type dist struct {
 	leasesAt    time.Time
 	refreshedAt time.Time
 
-	noLeaseCheck bool // tests: skip checkFences (a zombie whose cache is stale)
+	noLeaseCheck bool        // tests: skip checkFences (a zombie whose cache is stale)
+	routedOnly   atomic.Bool // tests: never write the shard tables directly (Citus's own path)
+	frozen       atomic.Bool // tests: the refresher never reloads the placements
+
+	// ownsTables: the store's user owns conv_head (or is a superuser), as
+	// lock_shard_metadata requires; without it commits take Citus's own
+	// path (commitDist).
+	ownsTables bool
 
 	wantReload atomic.Bool // a commit failed on a worker: reload the placements soon
 	stop       context.CancelFunc
@@ -69,14 +85,21 @@ type dist struct {
 	statMu    sync.Mutex
 	direct    int64 // commits sent to a worker
 	viaCoord  int64 // commits sent through the coordinator (several shards)
+	rerouted  int64 // direct commits that found their shard gone and went through Citus
 	refreshes int64 // placement reloads
 }
 
-// shardRange is one shard of conv_head and the worker holding it.
+// shardRange is one shard of conv_head, its co-located shard of im_message
+// and the worker holding them.
 type shardRange struct {
 	id       int64
 	min, max int32
 	node     string // host:port
+	group    int32  // the worker's pg_dist_node.groupid
+	msgShard int64  // im_message's shard of the same range (0: none found)
+	// The shard tables on the worker (schema-qualified), which a commit
+	// writes directly (commitOn, "Direct writes").
+	headTable, msgTable pgx.Identifier
 }
 
 // leaseTTL is how long the lease cache is trusted before a commit re-reads
@@ -105,9 +128,11 @@ func (s *Store) Distributed() (distributed bool, workers, shards int) {
 	return true, len(nodes), len(s.dist.shards)
 }
 
-// DistStats are counters of the distributed mode (tests, bench).
+// DistStats are counters of the distributed mode (tests, bench). Rerouted
+// counts the commits sent to a worker that no longer held their shard
+// (moved or split): they were written through Citus's own path instead.
 type DistStats struct {
-	Direct, ViaCoordinator, PlacementReloads int64
+	Direct, ViaCoordinator, PlacementReloads, Rerouted int64
 }
 
 // DistStats returns the counters (zero on plain PostgreSQL).
@@ -117,17 +142,24 @@ func (s *Store) DistStats() DistStats {
 	}
 	s.dist.statMu.Lock()
 	defer s.dist.statMu.Unlock()
-	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes}
+	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes, Rerouted: s.dist.rerouted}
 }
 
 // loadPlacements reads conv_head's shards and their workers from Citus's
 // metadata, and opens a pool for each new worker.
 func (s *Store) loadPlacements(ctx context.Context) error {
 	d := s.dist
-	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
+	// conv_head's shards, each with im_message's shard of the same hash
+	// range (co-located: same worker) and both shard tables' qualified
+	// names (shard_name, split by parse_ident).
+	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, n.groupid,
+			coalesce(m.shardid, 0),
+			parse_ident(shard_name('conv_head'::regclass, s.shardid, false)),
+			CASE WHEN m.shardid IS NOT NULL THEN parse_ident(shard_name('im_message'::regclass, m.shardid, false)) END
 		FROM pg_dist_shard s
 		JOIN pg_dist_placement p ON p.shardid = s.shardid
 		JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'
+		LEFT JOIN pg_dist_shard m ON m.logicalrelid = 'im_message'::regclass AND m.shardminvalue = s.shardminvalue
 		WHERE s.logicalrelid = 'conv_head'::regclass
 		ORDER BY s.shardminvalue::int4`)
 	if err != nil {
@@ -137,12 +169,20 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		var sh shardRange
 		var host string
 		var port int32
-		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port)
+		var head, msgs []string
+		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port, &sh.group, &sh.msgShard, &head, &msgs)
 		sh.node = host + ":" + strconv.Itoa(int(port))
+		sh.headTable, sh.msgTable = head, msgs
 		return sh, err
 	})
 	if err != nil {
 		return unavailable("citus: read placements", err)
+	}
+	// lock_shard_metadata (commitOn, "Direct writes") wants the tables'
+	// owner (or a superuser).
+	var owns bool
+	if err := s.control.QueryRow(ctx, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'conv_head'::regclass`).Scan(&owns); err != nil {
+		return unavailable("citus: read the tables' owner", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -166,6 +206,8 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		d.workers[sh.node], d.readers[sh.node] = w, r
 	}
 	d.shards = shards
+	d.byWorker = workerTablesOf(shards)
+	d.ownsTables = owns
 	d.loaded = time.Now()
 	d.statMu.Lock()
 	d.refreshes++
@@ -235,20 +277,39 @@ func (d *dist) shardOf(conv string) int {
 	return i
 }
 
-// CommitGroup implements commit.Grouper: the id of the Citus shard holding
-// conv (0 on plain PostgreSQL, or before the placements are known: one
-// group).
+// CommitGroup implements commit.Grouper: conversations whose commits can
+// share a transaction have the same group. With direct writes (the
+// store's user owns the tables) that is every conversation of one worker
+// (the transaction writes each shard's tables on that worker: commitOn,
+// "Direct writes"), so a transaction holds as many conversations as on one
+// PostgreSQL whatever the shard count; through Citus's own path, the
+// conversations of one shard. 0 on plain PostgreSQL, or before the
+// placements are known: one group.
 func (s *Store) CommitGroup(conv string) uint64 {
 	if s.dist == nil {
 		return 0
 	}
-	s.dist.mu.RLock()
-	defer s.dist.mu.RUnlock()
-	if i := s.dist.shardOf(conv); i >= 0 {
-		return uint64(s.dist.shards[i].id)
+	d := s.dist
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	i := d.shardOf(conv)
+	switch {
+	case i < 0:
+		return 0
+	case d.directWrites():
+		return workerGroupBit | uint64(uint32(d.shards[i].group))
+	default:
+		return uint64(d.shards[i].id)
 	}
-	return 0
 }
+
+// workerGroupBit marks a CommitGroup that names a worker (its groupid), not
+// a shard.
+const workerGroupBit = 1 << 63
+
+// directWrites reports whether commits may write the shard tables directly
+// (d.mu held).
+func (d *dist) directWrites() bool { return d.ownsTables && !d.routedOnly.Load() }
 
 // ShardOf returns the id of the shard holding conv and the worker
 // (host:port) holding it, as the store knows them; ok false when it does
@@ -266,30 +327,164 @@ func (s *Store) ShardOf(conv string) (shard int64, worker string, ok bool) {
 	return s.dist.shards[i].id, s.dist.shards[i].node, true
 }
 
-// route returns the pool to run a commit of convs on: the worker holding
-// their shard when they share one, else the coordinator's commit pool.
-func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpool.Pool, string, error) {
+// route returns the pool to run a commit of batches on: the worker holding
+// their shards when that is one worker, with the plan of its direct writes
+// (nil when it must go through Citus: a single shard then), else the
+// coordinator's commit pool.
+func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpool.Pool, string, *directPlan, error) {
 	d := s.dist
 	d.mu.RLock()
 	empty := len(d.shards) == 0
 	d.mu.RUnlock()
 	if empty {
 		if err := s.loadPlacements(ctx); err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	shard := -2
+	plan := &directPlan{of: make([]int, len(batches))}
+	at := map[int]int{} // index in d.shards -> index in plan.shards
+	node := ""
 	for i := range batches {
 		k := d.shardOf(batches[i].ConvID)
-		if k < 0 || (shard != -2 && k != shard) {
-			return s.commits, "", nil
+		if k < 0 || (node != "" && d.shards[k].node != node) {
+			return s.commits, "", nil, nil
 		}
-		shard = k
+		node = d.shards[k].node
+		j, ok := at[k]
+		if !ok {
+			j = len(plan.shards)
+			at[k] = j
+			plan.shards = append(plan.shards, d.shards[k])
+		}
+		plan.of[i] = j
 	}
-	node := d.shards[shard].node
-	return d.workers[node], node, nil
+	direct := d.directWrites()
+	for _, sh := range plan.shards {
+		direct = direct && sh.msgShard != 0 && len(sh.headTable) > 0 && len(sh.msgTable) > 0
+	}
+	switch {
+	case direct:
+		if len(plan.shards) > fewShards {
+			plan.all = d.byWorker[node]
+		}
+		return d.workers[node], node, plan, nil
+	case len(plan.shards) == 1:
+		return d.workers[node], node, nil, nil
+	default:
+		return s.commits, "", nil, nil
+	}
+}
+
+// directPlan is a commit's direct writes: the shards it touches (all on one
+// worker) and each batch's shard.
+type directPlan struct {
+	shards []shardRange
+	of     []int // of[i]: the index in shards of batches[i]'s shard
+	// all: the commit touches more than fewShards shards, and writes them
+	// with the statements of the worker's every shard (nil: a statement
+	// pair per shard).
+	all *workerTables
+}
+
+// fewShards is the most shards a commit writes with a statement pair per
+// shard (the hot conversation: one). A commit touching more (spread load:
+// usually every shard of the worker) uses the worker's two statements that
+// write all of its shards at once (workerTables), so its statement count
+// does not grow with the shard count: with 32 shards on 2 workers, a pair
+// per shard cost the workers twice the CPU per message of 2 shards.
+const fewShards = 2
+
+// workerTables are every shard of one worker, by shard id, and the two
+// statements that write all of their tables (casShardsSQL,
+// insertShardsSQL; a shard the commit does not touch gets empty arrays).
+type workerTables struct {
+	shards      []shardRange
+	cas, insert string
+}
+
+// workerTablesOf builds the workerTables of every worker whose shards'
+// tables are all known (d.mu held for writing).
+func workerTablesOf(shards []shardRange) map[string]*workerTables {
+	out := map[string]*workerTables{}
+	bad := map[string]bool{}
+	for _, sh := range shards {
+		if sh.msgShard == 0 || len(sh.headTable) == 0 || len(sh.msgTable) == 0 {
+			bad[sh.node] = true
+			continue
+		}
+		if out[sh.node] == nil {
+			out[sh.node] = &workerTables{}
+		}
+		out[sh.node].shards = append(out[sh.node].shards, sh)
+	}
+	for node, wt := range out {
+		if bad[node] {
+			delete(out, node)
+			continue
+		}
+		slices.SortFunc(wt.shards, func(a, b shardRange) int { return cmp.Compare(a.id, b.id) })
+		heads := make([]pgx.Identifier, len(wt.shards))
+		msgs := make([]pgx.Identifier, len(wt.shards))
+		for i, sh := range wt.shards {
+			heads[i], msgs[i] = sh.headTable, sh.msgTable
+		}
+		wt.cas, wt.insert = casShardsSQL(heads), insertShardsSQL(msgs)
+	}
+	return out
+}
+
+// pieces splits batches (those route was given) by shard: per touched
+// shard, or with p.all per shard of the worker (most of them empty when
+// few are touched).
+func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
+	shards := p.shards
+	of := p.of
+	if p.all != nil {
+		shards = p.all.shards
+		at := make(map[int64]int, len(shards))
+		for k, sh := range shards {
+			at[sh.id] = k
+		}
+		of = make([]int, len(batches))
+		for i := range batches {
+			of[i] = at[p.shards[p.of[i]].id]
+		}
+	}
+	out := make([]commitPiece, len(shards))
+	for i := range batches {
+		out[of[i]].batches = append(out[of[i]].batches, batches[i])
+	}
+	for k := range out {
+		sh := &shards[k]
+		out[k].msgTable = sh.msgTable
+		if p.all == nil {
+			out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
+			out[k].cas = casShardSQL(sh.headTable)
+		}
+	}
+	return out
+}
+
+// lockIDs are the shards whose metadata lock the commit takes (conv_head's;
+// a move locks the whole co-located group), ascending.
+func (p *directPlan) lockIDs() []int64 {
+	ids := make([]int64, len(p.shards))
+	for i, sh := range p.shards {
+		ids[i] = sh.id
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// shardIDs are every shard the commit writes (conv_head's and im_message's).
+func (p *directPlan) shardIDs() []int64 {
+	ids := make([]int64, 0, 2*len(p.shards))
+	for _, sh := range p.shards {
+		ids = append(ids, sh.id, sh.msgShard)
+	}
+	return ids
 }
 
 // Fencing on Citus (the argument; docs/CITUS.md repeats it).
@@ -579,7 +774,7 @@ func (s *Store) refreshDist(ctx context.Context) {
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, _, _ = s.leaseView(qctx, true)
-		if time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false) {
+		if !s.dist.frozen.Load() && (time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false)) {
 			last = time.Now()
 			if s.hasShards() {
 				_ = s.loadPlacements(qctx)
@@ -599,12 +794,16 @@ func (s *Store) hasShards() bool {
 // the cached leases agree), then ONE transaction on the worker holding the
 // batches' shard (or through the coordinator when they span shards), with
 // the same pipelined statements and error kinds as on one PostgreSQL, the
-// head compare-and-set carrying the fence epochs (seq_cas_heads).
+// head compare-and-set carrying the fence epochs. On the worker it writes
+// the shards' tables directly (commitOn, "Direct writes"); when the worker
+// no longer holds one of them (nothing was written), the same commit runs
+// at once through Citus's own path on the same connection (Citus routes it
+// to the shards' workers) and the placements are reloaded.
 func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) error {
 	if err := s.checkFences(ctx, batches); err != nil {
 		return err
 	}
-	pool, node, err := s.route(ctx, batches)
+	pool, node, plan, err := s.route(ctx, batches)
 	if err != nil {
 		return err
 	}
@@ -628,9 +827,19 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 	if s.beforeCommit != nil {
 		s.beforeCommit(backend.pid)
 	}
-	err = s.commitOn(ctx, conn, batches)
+	err = s.commitOn(ctx, conn, batches, plan)
+	if errors.Is(err, errShardNotHere) {
+		d.wantReload.Store(true)
+		d.statMu.Lock()
+		d.rerouted++
+		d.statMu.Unlock()
+		// Through Citus on the same connection: it routes the statements
+		// to the shards' workers from here (two-phase commit if they are
+		// now on several).
+		err = s.commitOn(ctx, conn, batches, nil)
+	}
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
-		s.unsettle(backend, settleOn)
+		s.unsettle(backend, settleOn, batches)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()
@@ -639,6 +848,53 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 		d.wantReload.Store(true)
 	}
 	return err
+}
+
+// shardHeadSQL is LoadHead on Citus: the head from the shard's own table
+// (%s) on the worker, and in the same statement (so the same snapshot)
+// whether the shard's placement is active on this worker. When it is, the
+// table holds every commit that committed before the snapshot (a move
+// switches the placement only after blocking and draining the shard's
+// writes), so the answer is what Citus's own router read would give there,
+// without its planner and local executor (a third of the worker's CPU in
+// the many-conversations profile). When it is not (the table may be an
+// orphan of a move), LoadHead asks Citus.
+const shardHeadSQL = `SELECT EXISTS (SELECT 1 FROM pg_dist_placement p
+  WHERE p.shardid = $2 AND p.shardstate = 1 AND p.groupid = (SELECT groupid FROM pg_dist_local_group)),
+  (SELECT head FROM %s WHERE conv_id = $1)`
+
+// loadHeadDirect is LoadHead from the shard table (shardHeadSQL); done is
+// false when the store should ask Citus (or plain PostgreSQL) instead.
+func (s *Store) loadHeadDirect(ctx context.Context, convID string) (head uint64, done bool, err error) {
+	d := s.dist
+	if d == nil || d.routedOnly.Load() {
+		return 0, false, nil
+	}
+	d.mu.RLock()
+	i := d.shardOf(convID)
+	var sh shardRange
+	var pool *pgxpool.Pool
+	if i >= 0 {
+		sh, pool = d.shards[i], d.readers[d.shards[i].node]
+	}
+	d.mu.RUnlock()
+	if pool == nil || len(sh.headTable) == 0 {
+		return 0, false, nil
+	}
+	var here bool
+	var h *int64
+	err = pool.QueryRow(ctx, fmt.Sprintf(shardHeadSQL, sh.headTable.Sanitize()), convID, sh.id).Scan(&here, &h)
+	var pg *pgconn.PgError
+	switch {
+	case errors.As(err, &pg) && pg.Code == sqlUndefinedTable, err == nil && !here:
+		d.wantReload.Store(true) // the shard left this worker
+		return 0, false, nil
+	case err != nil:
+		return 0, true, unavailable("load head", err)
+	case h == nil:
+		return 0, true, nil
+	}
+	return uint64(*h), true, nil
 }
 
 // ClientKeysPerConversation implements persist.ConvScopedKeys: true on

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -71,6 +73,7 @@ func TestCitusHash(t *testing.T) {
 	for i := range 500 {
 		convs = append(convs, fmt.Sprintf("conv-%d-%x", i, i*7919))
 	}
+	groupWorker := map[uint64]string{}
 	rows, err := s.pool.Query(ctx, `SELECT c, get_shard_id_for_distribution_column('conv_head', c) FROM unnest($1::text[]) AS c`, convs)
 	if err != nil {
 		t.Fatal(err)
@@ -82,18 +85,69 @@ func TestCitusHash(t *testing.T) {
 		if err := rows.Scan(&c, &id); err != nil {
 			t.Fatal(err)
 		}
-		got, _, ok := s.ShardOf(c)
+		got, worker, ok := s.ShardOf(c)
 		if !ok || got != id {
 			t.Fatalf("ShardOf(%q) = %d %v, Citus says %d", c, got, ok, id)
 		}
-		if g := s.CommitGroup(c); g != uint64(id) {
-			t.Fatalf("CommitGroup(%q) = %d, want %d", c, g, id)
+		// With direct writes a commit group is a worker; through Citus's
+		// own path, a shard.
+		g := s.CommitGroup(c)
+		if w, seen := groupWorker[g]; seen && w != worker {
+			t.Fatalf("CommitGroup(%q) = %x, the group of %s and %s", c, g, w, worker)
 		}
+		groupWorker[g] = worker
+		s.dist.routedOnly.Store(true)
+		if g := s.CommitGroup(c); g != uint64(id) {
+			t.Fatalf("CommitGroup(%q) through Citus = %d, want its shard %d", c, g, id)
+		}
+		s.dist.routedOnly.Store(false)
 		n++
 	}
 	if err := rows.Err(); err != nil || n != len(convs) {
 		t.Fatalf("%d rows, %v", n, err)
 	}
+	if len(groupWorker) != 2 {
+		t.Fatalf("commit groups %v: want one per worker", groupWorker)
+	}
+}
+
+// convsOfWorker returns n conversation ids in k shards of the worker
+// holding "seed"'s shard (seed's shard first), taking the shards in turn
+// (and that worker).
+func convsOfWorker(t testing.TB, s *Store, seed string, n, k int) ([]string, string) {
+	t.Helper()
+	first, worker, ok := s.ShardOf(seed)
+	if !ok {
+		t.Fatal("no placements")
+	}
+	order := []int64{first}
+	by := map[int64][]string{}
+	for i := 0; ; i++ {
+		c := fmt.Sprintf("%s/%d", seed, i)
+		id, w, _ := s.ShardOf(c)
+		if w != worker {
+			continue
+		}
+		if _, seen := by[id]; !seen && id != first {
+			if len(order) == k {
+				continue
+			}
+			order = append(order, id)
+		}
+		by[id] = append(by[id], c)
+		full := len(order) == k
+		for _, id := range order {
+			full = full && len(by[id]) >= n
+		}
+		if full {
+			break
+		}
+	}
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		out = append(out, by[order[i%k]][i/k])
+	}
+	return out, worker
 }
 
 // convsOfShard returns n conversation ids of the shard of "seed" (and that
@@ -143,12 +197,14 @@ func execDSN(t testing.TB, dsn, sql string) {
 	}
 }
 
-// A commit whose conversations share a shard runs on the worker holding it
-// and nowhere else (and LoadHead reads there too): pg_stat_statements shows its statements on that worker
-// only (not on the coordinator: no hop; not on the other worker: the
-// UPDATE ... FROM unnest is pruned by conv_id = ANY), and no two-phase
-// commit happens anywhere (no PREPARE TRANSACTION, no pg_dist_transaction
-// record on the coordinator).
+// A commit whose conversations are on one worker (here in two of its
+// shards) runs on that worker and nowhere else (and LoadHead reads the
+// shard tables there): pg_stat_statements shows its statements on that worker only (not on
+// the coordinator: no hop; not on the other worker), it writes the shards'
+// own tables there (the metadata lock of the direct writes, no
+// seq_cas_heads through Citus), and no two-phase commit happens anywhere
+// (no PREPARE TRANSACTION, no pg_dist_transaction record on the
+// coordinator).
 func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	s, db := newCitusStore(t)
 	ctx := context.Background()
@@ -157,7 +213,7 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	for _, n := range nodes {
 		execDSN(t, n.DSN(db.Name), `SELECT pg_stat_statements_reset()`)
 	}
-	convs, worker := convsOfShard(t, s, "direct", 40)
+	convs, worker := convsOfWorker(t, s, "direct", 40, 2)
 	before := s.DistStats()
 	var dtx0 int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
@@ -180,22 +236,31 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	if st := s.DistStats(); st.Direct-before.Direct != rounds || st.ViaCoordinator != before.ViaCoordinator {
 		t.Fatalf("stats %+v (before %+v), want %d direct commits", st, before, rounds)
 	}
+	if st := s.DistStats(); st.Rerouted != 0 {
+		t.Fatalf("stats %+v: commits rerouted with no shard moving", st)
+	}
 	for _, n := range nodes {
+		direct := statements(t, n.DSN(db.Name), "%lock_shard_metadata%")
 		cas := statements(t, n.DSN(db.Name), "%seq_cas_heads%")
-		ins := statements(t, n.DSN(db.Name), "INSERT INTO im_message%")
+		ins := statements(t, n.DSN(db.Name), "INSERT INTO %im_message%")
 		prep := statements(t, n.DSN(db.Name), "PREPARE TRANSACTION%")
-		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); n.Name == "coordinator" && heads != 0 {
-			t.Fatalf("LoadHead went through the coordinator %d times", heads)
+		if heads := statements(t, n.DSN(db.Name), "SELECT head FROM conv_head%"); heads != 0 {
+			t.Fatalf("LoadHead went through Citus on %s %d times", n.Name, heads)
+		}
+		if heads := statements(t, n.DSN(db.Name), "%FROM pg_dist_placement%SELECT head FROM%"); (n.Addr() == worker) != (heads >= rounds*20) {
+			t.Fatalf("LoadHead read the shard tables on %s %d times", n.Name, heads)
 		}
 		holds := n.Addr() == worker
-		t.Logf("%s (%s): seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), cas, ins, prep)
+		t.Logf("%s (%s): direct %d, seq_cas_heads %d, inserts %d, prepares %d", n.Name, n.Addr(), direct, cas, ins, prep)
 		switch {
 		case prep != 0:
 			t.Fatalf("%s ran PREPARE TRANSACTION %d times: two-phase commit on the hot path", n.Name, prep)
-		case holds && cas < rounds:
-			t.Fatalf("the shard's worker %s ran seq_cas_heads %d times, want %d", n.Name, cas, rounds)
-		case !holds && (cas != 0 || ins != 0):
-			t.Fatalf("%s, which does not hold the shard, ran seq_cas_heads %d / inserts %d times", n.Name, cas, ins)
+		case holds && (direct < rounds || ins < 2*rounds):
+			t.Fatalf("the shards' worker %s ran %d direct commits / %d inserts, want %d / %d (two shards)", n.Name, direct, ins, rounds, 2*rounds)
+		case cas != 0:
+			t.Fatalf("%s ran seq_cas_heads %d times: a commit went through Citus's planner", n.Name, cas)
+		case !holds && (direct != 0 || ins != 0):
+			t.Fatalf("%s, which does not hold the shard, ran %d direct commits / %d inserts", n.Name, direct, ins)
 		}
 	}
 	var dtx int
@@ -383,6 +448,87 @@ func TestSplitSQL(t *testing.T) {
 	}
 }
 
+// A file of migrations_citus/ replaces the plain file of the same version:
+// every Citus version has a plain one, so a new plain migration can never
+// be shadowed on Citus by accident.
+func TestCitusMigrationsReplacePlainOnes(t *testing.T) {
+	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[int]string{}
+	for _, m := range plain {
+		names[m.Version] = m.Name
+	}
+	for _, m := range over {
+		if p, ok := names[m.Version]; !ok || p != m.Name {
+			t.Errorf("migrations_citus/%s.sql: the plain migrations/ file of version %d is %q, want the same name", m.Name, m.Version, p)
+		}
+	}
+}
+
+// Migration 0006 on a Citus database that holds messages: afterwards
+// im_message has one resend-key index, UNIQUE (from_uid, client_msg_id,
+// conv_id), and the key still refuses a resend in the same conversation
+// and finds messages by (from_uid, client_msg_id).
+func TestCitusResendKeyMigration(t *testing.T) {
+	db := citustest.NewDatabase(t)
+	s := openStore(t, db.DSN())
+	ctx := context.Background()
+	ms, err := CitusMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Version < 6 {
+			if err := s.apply(ctx, m); err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+		}
+	}
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := msgAt("mig", 1)
+	if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: "mig", Messages: []sequencer.Message{first}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate to 0006: %v", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
+		WHERE indrelid = 'im_message'::regclass ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var name, def string
+		err := r.Scan(&name, &def)
+		_, cols, _ := strings.Cut(def, " USING btree ")
+		return name + " " + cols, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"im_message_msg_id (msg_id)", "im_message_pkey (conv_id, msg_id)", "uk_conv_seq (conv_id, seq)", "uk_from_client (from_uid, client_msg_id, conv_id)"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("im_message's indexes after 0006:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	again := msgAt("mig", 2)
+	again.FromUID, again.ClientMsgID = first.FromUID, first.ClientMsgID
+	ce, ok := persist.AsConflict(s.Commit(ctx, []persist.ConvBatch{{ConvID: "mig", PrevHead: 1, Messages: []sequencer.Message{again}}}))
+	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID {
+		t.Fatalf("resend in the same conversation after 0006: %+v", ce)
+	}
+	if m, err := s.FindByClientKey(ctx, first.Key()); err != nil || m.MsgID != first.MsgID {
+		t.Fatalf("FindByClientKey after 0006: %+v, %v", m, err)
+	}
+}
+
 // A shard moves to the other worker (citus_move_shard_placement) while
 // four writers commit to its conversations: every acknowledged message is
 // stored, every conversation's seqs stay 1..head without a gap, and the
@@ -507,6 +653,231 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 		total += int(h)
 	}
 	t.Logf("%d messages over the move; stats %+v", total, s.DistStats())
+}
+
+// A direct write (the shards' own tables on the worker) never lands in a
+// shard that moved away: with the store's placements frozen, one of the
+// three shards of a commit (written with the statements for all of the
+// worker's shards) moved to the other worker, and its tables on the old
+// worker kept from the deferred drop (an open reader holds them), the next
+// commit still goes to the old worker, finds the shard gone there
+// (metadata lock, then the placement check), writes nothing into the
+// orphan tables and lands through Citus (from the old worker, on both);
+// once the placements are reloaded, commits of the moved shard go straight
+// to the new worker.
+func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
+	s, db := newCitusStore(t)
+	ctx := context.Background()
+	convs, from := convsOfWorker(t, s, "orphan", 6, 3) // shards A, B, C, A, B, C: one statement pair for all the worker's shards
+	shard, _, _ := s.ShardOf(convs[0])
+	var src, dst citustest.Node
+	for _, w := range db.Workers {
+		if w.Addr() == from {
+			src = w
+		} else {
+			dst = w
+		}
+	}
+	commit := func(prev uint64, convs ...string) error {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: prev, Messages: []sequencer.Message{msgAt(c, prev+1)}})
+		}
+		return s.Commit(ctx, bs)
+	}
+	if err := commit(0, convs...); err != nil {
+		t.Fatal(err)
+	}
+	s.dist.frozen.Store(true)
+	s.dist.mu.RLock()
+	moved := s.dist.shards[s.dist.shardOf(convs[0])]
+	s.dist.mu.RUnlock()
+
+	// Keep the old worker's tables of the moved shard from the deferred drop.
+	old, err := pgx.Connect(ctx, src.DSN(db.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close(ctx)
+	if _, err := old.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	countOld := func() (rows, head int64) {
+		t.Helper()
+		if err := old.QueryRow(ctx, "SELECT count(*) FROM "+moved.msgTable.Sanitize()).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.QueryRow(ctx, "SELECT coalesce(max(head), 0) FROM "+moved.headTable.Sanitize()).Scan(&head); err != nil {
+			t.Fatal(err)
+		}
+		return rows, head
+	}
+	rows0, head0 := countOld()
+	if rows0 != 2 || head0 != 1 {
+		t.Fatalf("old worker's shard before the move: %d rows, head %d", rows0, head0)
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+		shard, src.Host, src.Port, dst.Host, dst.Port); err != nil {
+		t.Fatalf("move shard %d: %v", shard, err)
+	}
+	if _, w, _ := s.ShardOf(convs[0]); w != src.Addr() {
+		t.Fatalf("the store's placements moved (%s) though frozen", w)
+	}
+	before := s.DistStats()
+	if err := commit(1, convs...); err != nil {
+		t.Fatalf("commit after the move, to the old worker: %v", err)
+	}
+	if st := s.DistStats(); st.Rerouted != before.Rerouted+1 {
+		t.Fatalf("stats %+v (before %+v): want one rerouted commit", st, before)
+	}
+	if rows, head := countOld(); rows != rows0 || head != head0 {
+		t.Fatalf("the orphan shard on the old worker was written: %d rows (was %d), head %d (was %d)", rows, rows0, head, head0)
+	}
+	for _, c := range convs {
+		rows, err := s.ReadRange(ctx, c, 0, 10)
+		if err != nil || len(rows) != 2 || rows[1].Seq != 2 {
+			t.Fatalf("%s after the move: %v, %v", c, rows, err)
+		}
+		// LoadHead, still sent to the old worker, does not answer from
+		// the orphan (head 1 there).
+		if h, err := s.LoadHead(ctx, c); err != nil || h != 2 {
+			t.Fatalf("LoadHead(%s) after the move: %d, %v; want 2", c, h, err)
+		}
+	}
+	// Reloaded, the store writes the moved shard straight on the new worker.
+	s.dist.frozen.Store(false)
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, w, _ := s.ShardOf(convs[0]); w != dst.Addr() {
+		t.Fatalf("placements after reload: %s, want %s", w, dst.Addr())
+	}
+	before = s.DistStats()
+	if err := commit(2, convs[0], convs[3]); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.DistStats(); st.Rerouted != before.Rerouted || st.Direct != before.Direct+1 {
+		t.Fatalf("stats %+v (before %+v): want one direct commit, none rerouted", st, before)
+	}
+	if h, err := s.LoadHead(ctx, convs[0]); err != nil || h != 3 {
+		t.Fatalf("head %d, %v; want 3", h, err)
+	}
+}
+
+// citusRole creates a login role with read and write rights on the
+// tables (Citus creates it and the grants on the workers), dropped when the
+// test ends (conv_head given back to postgres first, on the coordinator
+// alone, where a test may have given it to the role).
+func citusRole(t *testing.T, db *citustest.Database) string {
+	t.Helper()
+	ctx := context.Background()
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	role := "seq_user_" + hex.EncodeToString(rnd[:])
+	execDSN(t, db.DSN(), `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, db.DSN())
+		if err == nil {
+			for _, q := range []string{`SET citus.enable_ddl_propagation TO off`, `ALTER TABLE conv_head OWNER TO postgres`,
+				`RESET citus.enable_ddl_propagation`, `DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+				_, _ = c.Exec(ctx, q)
+			}
+			c.Close(ctx)
+		}
+	})
+	execDSN(t, db.DSN(), `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO `+role)
+	return role
+}
+
+// A store whose user does not own the tables (so lock_shard_metadata is not
+// allowed) commits through Citus's own path on the worker, one shard per
+// transaction, and stays correct.
+func TestCitusNotOwnerCommitsThroughCitus(t *testing.T) {
+	owner, db := newCitusStore(t)
+	ctx := context.Background()
+	role := citusRole(t, db)
+	s := openStore(t, strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1))
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfWorker(t, s, "notowner", 4, 2)
+	if g0, g1 := s.CommitGroup(convs[0]), s.CommitGroup(convs[1]); g0 == g1 {
+		t.Fatalf("commit groups %x %x: want one per shard without direct writes", g0, g1)
+	}
+	for r := uint64(0); r < 3; r++ {
+		for _, c := range convs[:2] { // one shard each
+			if err := s.Commit(ctx, []persist.ConvBatch{{ConvID: c, PrevHead: r, Messages: []sequencer.Message{msgAt(c, r+1)}}}); err != nil {
+				t.Fatalf("round %d, %s: %v", r, c, err)
+			}
+		}
+	}
+	if st := s.DistStats(); st.Direct != 6 || st.Rerouted != 0 {
+		t.Fatalf("stats %+v: want 6 commits on the workers", st)
+	}
+	for _, c := range convs[:2] {
+		if h, err := owner.LoadHead(ctx, c); err != nil || h != 3 {
+			t.Fatalf("%s: head %d, %v", c, h, err)
+		}
+		if h, err := s.LoadHead(ctx, c); err != nil || h != 3 {
+			t.Fatalf("%s read by %s: head %d, %v", c, role, h, err)
+		}
+	}
+}
+
+// A worker that refuses the direct write's metadata lock (here: the
+// coordinator shows the store's user as the tables' owner, the workers do
+// not) costs the commit nothing but the attempt: it goes through Citus on
+// the same connection and lands.
+func TestCitusDirectWriteRefusedGoesThroughCitus(t *testing.T) {
+	owner, db := newCitusStore(t)
+	ctx := context.Background()
+	role := citusRole(t, db)
+	c, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`SET citus.enable_ddl_propagation TO off`, `ALTER TABLE conv_head OWNER TO ` + role} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	c.Close(ctx)
+	s := openStore(t, strings.Replace(db.DSN(), "postgres://postgres@", "postgres://"+role+"@", 1))
+	if err := s.loadPlacements(ctx); err != nil {
+		t.Fatal(err)
+	}
+	convs, _ := convsOfWorker(t, s, "refused", 2, 1)
+	if !s.dist.directWrites() {
+		t.Fatal("the store does not try direct writes: the test sets nothing up")
+	}
+	for r := uint64(0); r < 2; r++ {
+		var bs []persist.ConvBatch
+		for _, c := range convs {
+			bs = append(bs, persist.ConvBatch{ConvID: c, PrevHead: r, Messages: []sequencer.Message{msgAt(c, r+1)}})
+		}
+		if err := s.Commit(ctx, bs); err != nil {
+			t.Fatalf("round %d: %v", r, err)
+		}
+	}
+	if st := s.DistStats(); st.Rerouted != 2 {
+		t.Fatalf("stats %+v: want both commits refused on the worker and rerouted", st)
+	}
+	for _, c := range convs {
+		if h, err := owner.LoadHead(ctx, c); err != nil || h != 2 {
+			t.Fatalf("%s: head %d, %v", c, h, err)
+		}
+	}
+}
+
+// Large commits (COPY into the shard tables) of conversations in two
+// shards of one worker go straight to it, conflicts included.
+func TestCitusLargeCommitDirect(t *testing.T) {
+	s, _ := newCitusStore(t)
+	convs, _ := convsOfWorker(t, s, "big", 3, 3)
+	largeCommits(t, s, convs)
+	if st := s.DistStats(); st.Direct != 3 || st.ViaCoordinator != 0 || st.Rerouted != 0 {
+		t.Fatalf("stats %+v: want 3 direct commits", st)
+	}
 }
 
 // The membership conformance suite on Citus: the control tables are plain

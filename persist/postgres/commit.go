@@ -44,26 +44,53 @@ HAVING count(*) > 0`
 // match; DETAIL is the JSON array of those conv_ids, ascending. A
 // conversation with PrevHead 0 matches when it has no row yet (rows are
 // created at the first non-empty commit, so a head row is never 0).
-const headCheckSQL = `WITH u AS (
-  SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[]) AS u(conv_id, prev, head) ORDER BY conv_id
-), upd AS (
-  UPDATE conv_head AS h SET head = u.head FROM u
-  WHERE h.conv_id = u.conv_id AND h.head = u.prev AND u.prev > 0
-  RETURNING h.conv_id
-), ins AS (
-  INSERT INTO conv_head (conv_id, head)
-  SELECT conv_id, head FROM u WHERE prev = 0 AND head > 0
-  ON CONFLICT (conv_id) DO NOTHING
-  RETURNING conv_id
-), matched AS (
-  SELECT conv_id FROM upd
-  UNION ALL SELECT conv_id FROM ins
-  UNION ALL SELECT u.conv_id FROM u
-    WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM conv_head h WHERE h.conv_id = u.conv_id)
-)
-SELECT seq_raise('SQ002', 'head mismatch', json_agg(u.conv_id ORDER BY u.conv_id)::text)
+var headCheckSQL = headCASSQL("conv_head", false, sqlHeadMismatch, "head mismatch")
+
+// headCASSQL is a commit's head compare-and-set on table, raising code
+// (DETAIL: the JSON array of the conversations that did not match,
+// ascending) when one did not: headCheckSQL, and with epochs the one of
+// Citus's direct writes (casShardSQL), whose head rows carry the fence
+// epochs (a head moves only when its row's epoch is at most the batch's,
+// or the batch's is 0: unfenced, and takes the larger).
+func headCASSQL(table string, epochs bool, code, message string) string {
+	return "WITH " + headCASCTEs(table, "", 1, epochs) + `
+SELECT seq_raise('` + code + `', '` + message + `', json_agg(u.conv_id ORDER BY u.conv_id)::text)
 FROM u WHERE NOT EXISTS (SELECT 1 FROM matched m WHERE m.conv_id = u.conv_id)
 HAVING count(*) > 0`
+}
+
+// headCASCTEs are the CTEs of headCASSQL for one table: u, upd, ins and
+// matched, each name followed by sfx, reading their arrays from parameter
+// $first on (3 arrays, 4 with epochs).
+func headCASCTEs(table, sfx string, first int, epochs bool) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	cols, set, check, ins := "", "", "", ""
+	if epochs {
+		cols, set = ", "+p(3)+"::int8[]", ", epoch = greatest(h.epoch, u.epoch)"
+		check, ins = " AND (u.epoch = 0 OR h.epoch <= u.epoch)", ", epoch"
+	}
+	from := "u" + sfx // the CTE u, as "u" in the statements that read it
+	if sfx != "" {
+		from += " AS u"
+	}
+	return `u` + sfx + ` AS (
+  SELECT * FROM unnest(` + p(0) + `::text[], ` + p(1) + `::int8[], ` + p(2) + `::int8[]` + cols + `) AS u(conv_id, prev, head` + ins + `) ORDER BY conv_id
+), upd` + sfx + ` AS (
+  UPDATE ` + table + ` AS h SET head = u.head` + set + ` FROM ` + from + `
+  WHERE h.conv_id = u.conv_id AND h.head = u.prev AND u.prev > 0` + check + `
+  RETURNING h.conv_id
+), ins` + sfx + ` AS (
+  INSERT INTO ` + table + ` (conv_id, head` + ins + `)
+  SELECT conv_id, head` + ins + ` FROM ` + from + ` WHERE prev = 0 AND head > 0
+  ON CONFLICT (conv_id) DO NOTHING
+  RETURNING conv_id
+), matched` + sfx + ` AS (
+  SELECT conv_id FROM upd` + sfx + `
+  UNION ALL SELECT conv_id FROM ins` + sfx + `
+  UNION ALL SELECT u.conv_id FROM ` + from + `
+    WHERE u.prev = 0 AND u.head = 0 AND NOT EXISTS (SELECT 1 FROM ` + table + ` h WHERE h.conv_id = u.conv_id)
+)`
+}
 
 // unfencedCheckSQL refuses a commit without fences (a node started without
 // --cluster-listen) in a database whose partitions a cluster holds: such a
@@ -77,6 +104,11 @@ const (
 	sqlHeadMismatch = "SQ002" // DETAIL: JSON array of the mismatched conv_ids
 	sqlUnfenced     = "SQ003"
 	sqlStaleEpoch   = "SQ004" // Citus: DETAIL: JSON array of conv_ids whose head row has a newer epoch
+	sqlNotHere      = "SQ005" // Citus, direct writes: the shard is not (only) on this worker
+	sqlNotMoved     = "SQ006" // Citus, direct writes: DETAIL: JSON array of conv_ids whose head did not move
+
+	sqlUndefinedTable = "42P01"
+	sqlNoPrivilege    = "42501"
 )
 
 // casHeadsSQL is the distributed mode's head compare-and-set with the fence
@@ -84,8 +116,103 @@ const (
 const casHeadsSQL = `SELECT seq_cas_heads($1::text[], $2::int8[], $3::int8[], $4::int8[])`
 
 // insertSQL writes all rows of a commit in one statement.
-const insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
-SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::int2[], $6::bytea[], $7::text[], $8::timestamptz[])`
+var insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+` + insertRowsSQL
+
+var insertRowsSQL = unnestRowsSQL(1)
+
+// unnestRowsSQL selects rows of im_message from 8 arrays, parameters
+// $first to $first+7.
+func unnestRowsSQL(first int) string {
+	types := []string{"int8", "text", "int8", "int8", "int2", "bytea", "text", "timestamptz"}
+	args := make([]string, len(types))
+	for i, t := range types {
+		args[i] = "$" + strconv.Itoa(first+i) + "::" + t + "[]"
+	}
+	return "SELECT * FROM unnest(" + strings.Join(args, ", ") + ")"
+}
+
+// Direct writes (Citus). A transaction whose conversations are all in one
+// shard runs on the worker holding it; there, every statement on a
+// distributed table goes through Citus's planner and local executor (the
+// profile in docs/BENCHMARKS.md: an INSERT ... SELECT is planned as "pull
+// to coordinator", its rows collected and copied into the shard; the
+// head update re-planned per shard task), which cost the worker about
+// twice plain PostgreSQL's CPU per message. So the commit writes the
+// shard's own tables (conv_head_NNN, im_message_NNN) with the plain
+// statements, guarded the way Citus guards its own writes:
+//
+//  1. lockShardSQL takes the shard's metadata lock in ShareLock, as
+//     Citus's executor does before every write (AcquireMetadataLocks). A
+//     shard move or split takes it in ExclusiveLock on every node
+//     (BlockWritesToShardList) before it switches the placement, and holds
+//     it until its transaction commits; one co-located shard's lock blocks
+//     the whole group's move.
+//  2. shardHereSQL, a later statement (so with a snapshot taken after the
+//     lock), checks in the worker's copy of Citus's metadata that both
+//     shards have exactly one placement, active, on this worker, and
+//     raises sqlNotHere otherwise: after a move the old worker's tables
+//     are orphans awaiting deferred drop, and writing them would lose the
+//     commit. Then nothing is written; the store runs the commit through
+//     Citus on the same connection and reloads the placements
+//     (commitDist).
+//  3. casShardSQL (the head compare-and-set, as headCheckSQL with the
+//     epochs of seq_cas_heads) and the rows' INSERT into the shard
+//     tables, then COMMIT: no Citus planning, no local executor.
+//
+// Still one pipelined round trip; a move cannot switch the placement
+// between the check and COMMIT, because the lock is held until then.
+const lockShardSQL = `SELECT lock_shard_metadata(5, $1::int8[])` // 5: ShareLock
+
+const shardHereSQL = `SELECT seq_raise('SQ005', 'shard not on this worker', $1::int8[]::text)
+FROM (SELECT count(*) AS n,
+        count(*) FILTER (WHERE p.shardstate = 1 AND p.groupid = (SELECT groupid FROM pg_dist_local_group)) AS here
+      FROM pg_dist_placement p WHERE p.shardid = ANY($1::int8[])) c
+WHERE c.n <> cardinality($1::int8[]) OR c.here <> c.n`
+
+// casShardSQL moves the heads of one shard's conversations by
+// compare-and-set with the fence epochs (the rules of seq_cas_heads,
+// migrations_citus/0003) on the shard's conv_head table; it raises
+// sqlNotMoved naming the conversations that did not move, which the store
+// then classifies as stale epoch or head mismatch (casRefusal).
+func casShardSQL(table pgx.Identifier) string {
+	return headCASSQL(table.Sanitize(), true, sqlNotMoved, "head not moved")
+}
+
+// casShardsSQL is casShardSQL on several shard tables in one statement
+// (4 arrays per table, in the order of tables; empty arrays for a table
+// the commit does not touch), raising sqlNotMoved once for all of them.
+func casShardsSQL(tables []pgx.Identifier) string {
+	var ctes, unmoved []string
+	for k, t := range tables {
+		sfx := strconv.Itoa(k)
+		ctes = append(ctes, headCASCTEs(t.Sanitize(), sfx, 1+4*k, true))
+		unmoved = append(unmoved, "SELECT u.conv_id FROM u"+sfx+" AS u WHERE NOT EXISTS (SELECT 1 FROM matched"+sfx+" m WHERE m.conv_id = u.conv_id)")
+	}
+	return "WITH " + strings.Join(ctes, ", ") + `
+SELECT seq_raise('` + sqlNotMoved + `', 'head not moved', json_agg(x.conv_id ORDER BY x.conv_id)::text)
+FROM (` + strings.Join(unmoved, "\n  UNION ALL ") + `) AS x
+HAVING count(*) > 0`
+}
+
+// insertShardsSQL inserts rows into several shard tables of im_message in
+// one statement (8 arrays per table, as insertRowsSQL's, in the order of
+// tables; empty arrays for a table the commit does not touch).
+func insertShardsSQL(tables []pgx.Identifier) string {
+	var ctes []string
+	for k, t := range tables {
+		ctes = append(ctes, "i"+strconv.Itoa(k)+" AS (INSERT INTO "+t.Sanitize()+" ("+strings.Join(imMessageColumns, ", ")+")\n  "+unnestRowsSQL(1+8*k)+")")
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
+}
+
+// headEpochsSQL reads the head rows' epochs of conversations of one worker
+// (through Citus, pruned to their shards by conv_id = ANY).
+const headEpochsSQL = `SELECT conv_id, epoch FROM conv_head WHERE conv_id = ANY($1::text[])`
+
+// errShardNotHere: a direct write found its shard gone from the worker
+// (shardHereSQL), or the worker refused it; nothing was written.
+var errShardNotHere = errors.New("citus: the shard is not on this worker")
 
 // conflictSQL finds the stored rows holding any unique key of a failed batch.
 const conflictSQL = `SELECT 1, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
@@ -210,11 +337,11 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	if s.beforeCommit != nil {
 		s.beforeCommit(backend.pid)
 	}
-	err = s.commitOn(ctx, conn, batches)
+	err = s.commitOn(ctx, conn, batches, nil)
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
 		// The transaction may still commit on the server: Settle must end
 		// it before anyone re-reads. Never reuse this connection.
-		s.unsettle(backend, nil)
+		s.unsettle(backend, nil, batches)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()
@@ -222,7 +349,10 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	return err
 }
 
-func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch) error {
+// commitOn runs the commit on conn. plan (Citus only) names the shards
+// whose tables it writes directly ("Direct writes"); nil: the tables of
+// plain PostgreSQL, or the distributed tables through Citus.
+func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, plan *directPlan) error {
 	// Distinct non-zero fences, in partition order.
 	fences, unfenced := persist.Fences(batches)
 	parts := make([]int64, len(fences))
@@ -231,51 +361,88 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 	for i, f := range fences {
 		parts[i], owners[i], epochs[i] = int64(f.Partition), f.Owner, int64(f.Epoch)
 	}
-	// Heads, in conv_id order.
-	order := make([]int, len(batches))
-	for i := range order {
-		order[i] = i
+	// The commit's pieces: one, or one per shard with direct writes.
+	var pieces []commitPiece
+	if plan != nil {
+		pieces = plan.pieces(batches)
+	} else {
+		pieces = []commitPiece{{batches: batches, msgTable: pgx.Identifier{"im_message"}, insert: insertSQL}}
 	}
-	sort.Slice(order, func(a, b int) bool { return batches[order[a]].ConvID < batches[order[b]].ConvID })
-	convs := make([]string, len(batches))
-	prevs := make([]int64, len(batches))
-	heads := make([]int64, len(batches))
-	for k, i := range order {
-		convs[k] = batches[i].ConvID
-		prevs[k] = int64(batches[i].PrevHead)
-		heads[k] = int64(batches[i].LastSeq())
+	var all *rowArrays // every row, for the conflict lookup
+	nrows := 0
+	for i := range pieces {
+		pieces[i].prepare()
+		nrows += len(pieces[i].rows.msgID)
 	}
-	rows := buildRows(batches)
-	useCopy := len(rows.msgID) > 0 && (s.mode == insertCopy || (s.mode == insertAuto && len(rows.msgID) >= copyMinRows))
+	if len(pieces) == 1 {
+		all = pieces[0].rows
+	}
+	useCopy := nrows > 0 && (s.mode == insertCopy || (s.mode == insertAuto && nrows >= copyMinRows))
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if s.dist != nil {
-		// Distributed mode: the fences were checked against the cached
-		// lease table (checkFences); the head rows carry the epochs
+	switch {
+	case plan != nil:
+		// Citus, direct writes; the fences were checked against the cached
+		// lease table (checkFences), the head rows carry the epochs
 		// (citus.go, "Fencing on Citus").
-		convEpochs := make([]int64, len(order))
-		for k, i := range order {
-			convEpochs[k] = int64(batches[i].Fence.Epoch)
+		b.Queue(lockShardSQL, plan.lockIDs())
+		b.Queue(shardHereSQL, plan.shardIDs())
+		if plan.all != nil {
+			args := make([]any, 0, 4*len(pieces))
+			for i := range pieces {
+				h := &pieces[i].heads
+				args = append(args, h.convs, h.prevs, h.heads, h.epochs)
+			}
+			b.Queue(plan.all.cas, args...)
+			break
 		}
-		b.Queue(casHeadsSQL, convs, prevs, heads, convEpochs)
-	} else {
+		for i := range pieces {
+			h := &pieces[i].heads
+			b.Queue(pieces[i].cas, h.convs, h.prevs, h.heads, h.epochs)
+		}
+	case s.dist != nil:
+		// Citus, through its own path (several workers, or a shard that
+		// moved): the same rules in seq_cas_heads.
+		h := &pieces[0].heads
+		b.Queue(casHeadsSQL, h.convs, h.prevs, h.heads, h.epochs)
+	default:
 		if len(fences) > 0 {
 			b.Queue(fenceCheckSQL, parts, owners, epochs)
 		}
 		if unfenced {
 			b.Queue(unfencedCheckSQL)
 		}
-		b.Queue(headCheckSQL, convs, prevs, heads)
+		h := &pieces[0].heads
+		b.Queue(headCheckSQL, h.convs, h.prevs, h.heads)
 	}
-	insertAt, commitAt := -1, -1
+	insertFrom, commitAt := -1, -1
 	if !useCopy {
-		if len(rows.msgID) > 0 {
-			insertAt = b.Len()
-			b.Queue(insertSQL, rows.msgID, rows.convID, rows.seq, rows.fromUID, rows.msgType, rows.body, rows.clientID, rows.serverAt)
+		insertFrom = b.Len()
+		switch {
+		case nrows == 0:
+		case plan != nil && plan.all != nil:
+			args := make([]any, 0, 8*len(pieces))
+			for i := range pieces {
+				r := pieces[i].rows
+				args = append(args, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+			}
+			b.Queue(plan.all.insert, args...)
+		default:
+			for i := range pieces {
+				if r := pieces[i].rows; len(r.msgID) > 0 {
+					b.Queue(pieces[i].insert, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+				}
+			}
 		}
 		commitAt = b.Len()
 		b.Queue("COMMIT")
+	}
+	conflicts := func(err error) error {
+		if all == nil {
+			all = concatRows(pieces)
+		}
+		return s.conflicts(ctx, conn, all, err)
 	}
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
@@ -312,6 +479,14 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		rollback(conn)
 		if isPg {
 			switch {
+			case plan != nil && (pg.Code == sqlNotHere || pg.Code == sqlUndefinedTable || pg.Code == sqlNoPrivilege):
+				// A shard left this worker (its tables are gone or
+				// orphans), or the worker refused the metadata lock (it
+				// does not see the store's user as the tables' owner):
+				// nothing was written.
+				return fmt.Errorf("%w: %w", errShardNotHere, unavailable("commit", err))
+			case pg.Code == sqlNotMoved:
+				return s.casRefusal(ctx, conn, batches, pg)
 			case pg.Code == sqlStaleFence:
 				return staleFences(fences, pg)
 			case pg.Code == sqlHeadMismatch:
@@ -320,20 +495,26 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				return staleEpochs(batches, pg)
 			case pg.Code == sqlUnfenced:
 				return persist.ErrUnfenced
-			case failedAt == insertAt && isUniqueViolation(err):
-				return s.conflicts(ctx, conn, rows, err)
+			case insertFrom >= 0 && failedAt >= insertFrom && isUniqueViolation(err):
+				return conflicts(err)
 			}
 		}
 		return classify("commit", err)
 	}
 	if commitAt < 0 {
 		// COPY path: the checks passed; rows, then COMMIT.
-		if _, err := conn.Conn().CopyFrom(ctx, pgx.Identifier{"im_message"}, imMessageColumns, rows.copySource()); err != nil {
-			rollback(conn)
-			if isUniqueViolation(err) {
-				return s.conflicts(ctx, conn, rows, err)
+		for i := range pieces {
+			p := &pieces[i]
+			if len(p.rows.msgID) == 0 {
+				continue
 			}
-			return classify("commit: insert rows", err)
+			if _, err := conn.Conn().CopyFrom(ctx, p.msgTable, imMessageColumns, p.rows.copySource()); err != nil {
+				rollback(conn)
+				if isUniqueViolation(err) {
+					return conflicts(err)
+				}
+				return classify("commit: insert rows", err)
+			}
 		}
 		tag, err = conn.Exec(ctx, "COMMIT")
 		if err != nil {
@@ -346,6 +527,108 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		return unavailable("commit", fmt.Errorf("transaction rolled back (%s)", tag))
 	}
 	return nil
+}
+
+// commitPiece is the part of a commit written to one pair of tables: all of
+// it, or one shard's conversations with direct writes (Citus).
+type commitPiece struct {
+	batches  []persist.ConvBatch
+	msgTable pgx.Identifier // im_message, or the shard's table
+	insert   string         // the rows' INSERT into msgTable
+	cas      string         // direct writes: the head compare-and-set on the shard's conv_head table
+
+	heads headArrays
+	rows  *rowArrays
+}
+
+// headArrays are the head compare-and-set's arguments, in conv_id order.
+type headArrays struct {
+	convs                []string
+	prevs, heads, epochs []int64
+}
+
+// prepare builds the piece's head arrays (in conv_id order) and rows.
+func (p *commitPiece) prepare() {
+	order := make([]int, len(p.batches))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return p.batches[order[a]].ConvID < p.batches[order[b]].ConvID })
+	h := headArrays{
+		convs: make([]string, len(order)), prevs: make([]int64, len(order)),
+		heads: make([]int64, len(order)), epochs: make([]int64, len(order)),
+	}
+	for k, i := range order {
+		b := &p.batches[i]
+		h.convs[k], h.prevs[k], h.heads[k], h.epochs[k] = b.ConvID, int64(b.PrevHead), int64(b.LastSeq()), int64(b.Fence.Epoch)
+	}
+	p.heads = h
+	p.rows = buildRows(p.batches)
+}
+
+// concatRows returns the rows of every piece as one set.
+func concatRows(pieces []commitPiece) *rowArrays {
+	out := &rowArrays{}
+	for i := range pieces {
+		r := pieces[i].rows
+		out.msgID = append(out.msgID, r.msgID...)
+		out.convID = append(out.convID, r.convID...)
+		out.seq = append(out.seq, r.seq...)
+		out.fromUID = append(out.fromUID, r.fromUID...)
+		out.msgType = append(out.msgType, r.msgType...)
+		out.body = append(out.body, r.body...)
+		out.clientID = append(out.clientID, r.clientID...)
+		out.serverAt = append(out.serverAt, r.serverAt...)
+	}
+	return out
+}
+
+// casRefusal classifies a casShardSQL refusal (sqlNotMoved, DETAIL: the
+// conversations whose head did not move) as seq_cas_heads does: the
+// conversations whose head row carries a newer epoch than their batch's
+// fence make a *StaleFenceError; otherwise all of them a
+// *HeadMismatchError. The epochs are read after the rollback: an epoch
+// only grows, so a later read can only find a stale owner staler.
+func (s *Store) casRefusal(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, pg *pgconn.PgError) error {
+	var convs []string
+	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
+		return unavailable("commit: unreadable compare-and-set report", pg)
+	}
+	rows, err := conn.Query(ctx, headEpochsSQL, convs)
+	if err != nil {
+		return unavailable("commit: read head epochs", errors.Join(pg, err))
+	}
+	epochs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		conv  string
+		epoch int64
+	}, error) {
+		var v struct {
+			conv  string
+			epoch int64
+		}
+		err := r.Scan(&v.conv, &v.epoch)
+		return v, err
+	})
+	if err != nil {
+		return unavailable("commit: read head epochs", errors.Join(pg, err))
+	}
+	stored := make(map[string]int64, len(epochs))
+	for _, e := range epochs {
+		stored[e.conv] = e.epoch
+	}
+	seen := map[persist.Fence]bool{}
+	var stale []persist.Fence
+	for i := range batches {
+		f := batches[i].Fence
+		if e, ok := stored[batches[i].ConvID]; ok && f.Epoch > 0 && e > int64(f.Epoch) && !seen[f] {
+			seen[f] = true
+			stale = append(stale, f)
+		}
+	}
+	if len(stale) > 0 {
+		return &persist.StaleFenceError{Fences: stale}
+	}
+	return &persist.HeadMismatchError{ConvIDs: convs}
 }
 
 // sentNothing reports whether err is a failure that happened before anything

@@ -145,7 +145,7 @@ type Store struct {
 	mode    insertMode
 
 	settleMu  sync.Mutex
-	unsettled map[backendKey]*pgxpool.Pool // backends of commits whose outcome is unknown, and the pool of their server (settle.go)
+	unsettled map[backendKey]unsettledCommit // backends of commits whose outcome is unknown (settle.go)
 
 	dist *dist // distributed mode (citus.go), nil on plain PostgreSQL
 	log  *slog.Logger
@@ -156,7 +156,10 @@ type Store struct {
 	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
 }
 
-var _ persist.Store = (*Store)(nil)
+var (
+	_ persist.Store       = (*Store)(nil)
+	_ persist.ConvSettler = (*Store)(nil)
+)
 
 const idleInTxParam = "idle_in_transaction_session_timeout"
 

@@ -622,37 +622,44 @@ func TestConflictReportIsComplete(t *testing.T) {
 // ConflictError naming that row, with nothing written.
 func TestLargeCommit(t *testing.T) {
 	s, _ := newStore(t)
+	largeCommits(t, s, []string{"big-0", "big-1", "big-2"})
+}
+
+// largeCommits commits copyMinRows/2 rows to each of three conversations
+// twice (by COPY), the second time first with one resend-key conflict.
+func largeCommits(t *testing.T, s *Store, convs []string) {
+	t.Helper()
 	ctx := context.Background()
 	var bs []persist.ConvBatch
-	for i := 0; i < 3; i++ {
-		bs = append(bs, msgs(fmt.Sprintf("big-%d", i), 0, copyMinRows/2, uint64(1+i*copyMinRows)))
+	for i, c := range convs {
+		bs = append(bs, msgs(c, 0, copyMinRows/2, uint64(1+i*copyMinRows)))
 	}
 	if err := s.Commit(ctx, bs); err != nil {
 		t.Fatal(err)
 	}
 	var next []persist.ConvBatch
-	for i := 0; i < 3; i++ {
-		next = append(next, msgs(fmt.Sprintf("big-%d", i), copyMinRows/2, copyMinRows/2, uint64(100_000+i*copyMinRows)))
+	for i, c := range convs {
+		next = append(next, msgs(c, copyMinRows/2, copyMinRows/2, uint64(100_000+i*copyMinRows)))
 	}
 	dup := &next[2].Messages[7]
-	dup.ClientMsgID = bs[0].Messages[3].ClientMsgID
-	dup.FromUID = bs[0].Messages[3].FromUID
+	dup.ClientMsgID = bs[2].Messages[3].ClientMsgID
+	dup.FromUID = bs[2].Messages[3].FromUID
 	ce, ok := persist.AsConflict(s.Commit(ctx, next))
 	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID || ce.Conflicts[0].MsgID != dup.MsgID {
 		t.Fatalf("conflict in a large commit: %+v", ce)
 	}
-	for i := 0; i < 3; i++ {
-		if h, err := s.LoadHead(ctx, fmt.Sprintf("big-%d", i)); err != nil || h != copyMinRows/2 {
-			t.Fatalf("head of big-%d = %d, %v", i, h, err)
+	for _, c := range convs {
+		if h, err := s.LoadHead(ctx, c); err != nil || h != copyMinRows/2 {
+			t.Fatalf("head of %s = %d, %v", c, h, err)
 		}
 	}
 	dup.ClientMsgID = "fresh"
 	if err := s.Commit(ctx, next); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := s.ReadRange(ctx, "big-2", 0, 2000)
+	ms, err := s.ReadRange(ctx, convs[2], 0, 2000)
 	if err != nil || len(ms) != copyMinRows {
-		t.Fatalf("big-2 holds %d rows, %v", len(ms), err)
+		t.Fatalf("%s holds %d rows, %v", convs[2], len(ms), err)
 	}
 }
 

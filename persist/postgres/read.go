@@ -16,6 +16,9 @@ const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_m
 // LoadHead returns conv's head from conv_head (0 if none). It never derives
 // the head from the rows: retention may have deleted them.
 func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
+	if h, done, err := s.loadHeadDirect(ctx, convID); done {
+		return h, err
+	}
 	var head int64
 	err := s.reader(convID).QueryRow(ctx, `SELECT head FROM conv_head WHERE conv_id = $1`, convID).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {

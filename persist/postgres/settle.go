@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // A commit whose outcome is unknown (the connection was lost or timed out
@@ -48,15 +51,27 @@ func backendOf(c *pgconn.PgConn) backendKey {
 	return backendKey{pid: c.PID(), start: start}
 }
 
+// unsettledCommit is a commit whose outcome is unknown: the pool of the
+// server its backend runs on (nil: the store's own server) and the
+// conversations whose rows it may hold.
+type unsettledCommit struct {
+	pool  *pgxpool.Pool
+	convs []string
+}
+
 // unsettle remembers that b, a backend of the server pool connects to (nil:
-// the store's own server), may still commit.
-func (s *Store) unsettle(b backendKey, pool *pgxpool.Pool) {
+// the store's own server), may still commit the rows of batches.
+func (s *Store) unsettle(b backendKey, pool *pgxpool.Pool, batches []persist.ConvBatch) {
+	convs := make([]string, len(batches))
+	for i := range batches {
+		convs[i] = batches[i].ConvID
+	}
 	s.settleMu.Lock()
 	defer s.settleMu.Unlock()
 	if s.unsettled == nil {
-		s.unsettled = make(map[backendKey]*pgxpool.Pool)
+		s.unsettled = make(map[backendKey]unsettledCommit)
 	}
-	s.unsettled[b] = pool
+	s.unsettled[b] = unsettledCommit{pool: pool, convs: convs}
 }
 
 // settlePoll is how often Settle looks whether a terminated backend is gone.
@@ -67,13 +82,31 @@ const settlePoll = 20 * time.Millisecond
 // backend stopped by the OS (SIGSTOP) is gone only after it runs again, so
 // Settle can take as long as the stall; it returns ctx's error (wrapped as
 // unavailable) when ctx ends first, and the caller tries again later.
-func (s *Store) Settle(ctx context.Context) error {
+func (s *Store) Settle(ctx context.Context) error { return s.settle(ctx, nil) }
+
+// SettleConvs implements persist.ConvSettler: Settle for the unknown commits
+// that may hold rows of convIDs only. On Citus a commit touches only the
+// workers of its conversations, so a conversation whose worker answers is
+// not held up by an unknown commit on a worker that is down.
+func (s *Store) SettleConvs(ctx context.Context, convIDs []string) error {
+	if len(convIDs) == 0 {
+		return nil
+	}
+	return s.settle(ctx, convIDs)
+}
+
+// settle settles the unknown commits that may hold rows of convIDs (nil:
+// every one).
+func (s *Store) settle(ctx context.Context, convIDs []string) error {
 	s.settleMu.Lock()
 	pending := make([]backendKey, 0, len(s.unsettled))
 	pools := make([]*pgxpool.Pool, 0, len(s.unsettled))
-	for b, p := range s.unsettled {
+	for b, u := range s.unsettled {
+		if convIDs != nil && !slices.ContainsFunc(u.convs, func(c string) bool { return slices.Contains(convIDs, c) }) {
+			continue
+		}
 		pending = append(pending, b)
-		pools = append(pools, p)
+		pools = append(pools, u.pool)
 	}
 	s.settleMu.Unlock()
 	for i, b := range pending {

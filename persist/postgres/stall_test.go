@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/commit"
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 type stallIDs struct{ n atomic.Uint64 }
@@ -143,4 +145,103 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 		}
 	}
 	t.Logf("%d answers, %d after the backend resumed", len(answers), late)
+}
+
+// TestSettleConvsWaitsOnlyForItsOwnCommits: two commits of unknown outcome,
+// one of conversation a and one of b, each on a backend that stalled
+// (SIGSTOP) past the commit's deadline. Once a's backend runs again,
+// SettleConvs(a) returns, while Settle and SettleConvs(b) cannot (b's
+// backend is still stopped, so its transaction could still commit); after b
+// resumes every call returns. A writer re-reading a is thus never held up
+// by b (on Citus: by a worker that is down).
+func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	pids := make(chan int, 1)
+	var armed atomic.Bool
+	s.beforeCommit = func(pid uint32) {
+		if armed.CompareAndSwap(true, false) {
+			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+				t.Errorf("SIGSTOP backend %d: %v (the test must run as root or postgres)", pid, err)
+				pid = 0
+			}
+			pids <- int(pid)
+		}
+	}
+	// Every commit connection prepares its statements on its first commit:
+	// open and prepare them all now (concurrent commits), so that the
+	// stalled commits below are sent whole.
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.Commit(ctx, []persist.ConvBatch{msgs(fmt.Sprintf("warm%d", i), 0, 1, uint64(1000+i))}); err != nil {
+				t.Errorf("warm-up commit: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	stalled := map[string]int{}
+	for i, conv := range []string{"a", "b"} {
+		// A connection's first commit prepares its statements, which the
+		// stopped backend never answers: nothing is sent, the commit fails
+		// before COMMIT (not an unknown outcome). Try until a commit on a
+		// prepared connection stalls after sending.
+		for attempt := 0; ; attempt++ {
+			armed.Store(true)
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			err := s.Commit(cctx, []persist.ConvBatch{msgs(conv, 0, 2, uint64(100*i+10*attempt+1))})
+			cancel()
+			pid := <-pids
+			if pid == 0 {
+				t.FailNow()
+			}
+			t.Logf("%s attempt %d: backend %d: %v", conv, attempt, pid, err)
+			if errors.Is(err, sequencer.ErrUnknownOutcome) {
+				stalled[conv] = pid
+				break
+			}
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			if attempt == 20 {
+				t.Fatalf("commit of %s on a stopped backend: %v, want an unknown outcome", conv, err)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		for _, pid := range stalled {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	settleWithin := func(d time.Duration, convs ...string) error {
+		cctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		if convs == nil {
+			return s.Settle(cctx)
+		}
+		return s.SettleConvs(cctx, convs)
+	}
+	if err := syscall.Kill(stalled["a"], syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := settleWithin(10*time.Second, "a"); err != nil {
+		t.Fatalf("SettleConvs(a) with a's backend running: %v", err)
+	}
+	if err := settleWithin(500*time.Millisecond, "b"); err == nil {
+		t.Fatal("SettleConvs(b) returned while b's commit could still land")
+	}
+	if err := settleWithin(500 * time.Millisecond); err == nil {
+		t.Fatal("Settle returned while b's commit could still land")
+	}
+	if err := settleWithin(500*time.Millisecond, "c"); err != nil {
+		t.Fatalf("SettleConvs of a conversation without unknown commits: %v", err)
+	}
+	if err := syscall.Kill(stalled["b"], syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := settleWithin(10 * time.Second); err != nil {
+		t.Fatalf("Settle with every backend running: %v", err)
+	}
 }

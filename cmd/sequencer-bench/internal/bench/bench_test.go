@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	pgtest.Stop()
 	mysqltest.Stop()
+	citustest.Stop()
 	os.Exit(code)
 }
 
@@ -240,14 +242,7 @@ func TestNodeEngineContiguousAndPassivates(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	db := &benchDB{admin: admin, Name: rep.Info.Database}
 	db.DSN, _ = withDatabase(admin, db.Name)
 	t.Cleanup(func() { _ = db.Drop(context.Background()) })
@@ -300,14 +295,7 @@ func TestMemoryScenarioStopsAtRSSLimit(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	mem, ok := find(rep.Results, "a", "memory")
 	if !ok || mem.Memory == nil || !mem.Memory.StoppedAtRSS || mem.Messages >= 1000000 {
 		t.Fatalf("memory run not stopped at the RSS limit: %+v", mem)
@@ -448,4 +436,42 @@ func (w *watchWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
+}
+
+// withParam keeps the DSN's other parameters as PostgreSQL reads them: a
+// space stays a space (options=-c citus.shard_count=8, which --citus
+// documents), and a '+' stays a '+'.
+func TestWithParamKeepsOptions(t *testing.T) {
+	got, err := withParam("postgres://u:p+q@h:5/db?options=-c%20citus.shard_count%3D8&application_name=a%2Bb", "search_path", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := cfg.RuntimeParams["options"]; o != "-c citus.shard_count=8" {
+		t.Fatalf("options %q in %s", o, got)
+	}
+	if a := cfg.RuntimeParams["application_name"]; a != "a+b" {
+		t.Fatalf("application_name %q in %s", a, got)
+	}
+	if sp := cfg.RuntimeParams["search_path"]; sp != "s1" {
+		t.Fatalf("search_path %q in %s", sp, got)
+	}
+}
+
+// readReport reads the JSON report the bench wrote beside report (the
+// Markdown file of --report).
+func readReport(t *testing.T, report string) Report {
+	t.Helper()
+	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(jb, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }

@@ -38,26 +38,47 @@ type pgNode struct {
 // of pg_dist_node (their postmasters found through their data
 // directories: the servers must run on this machine).
 func pgNodes(ctx context.Context, dsn string, citus bool) ([]pgNode, error) {
+	var out []pgNode
+	err := forEachNode(ctx, dsn, citus, func(name string, conn *pgx.Conn) error {
+		pid, err := postmasterOf(ctx, conn)
+		out = append(out, pgNode{Name: name, Pid: pid})
+		return err
+	})
+	return out, err
+}
+
+// checkpointNodes runs CHECKPOINT on the server behind dsn and, on Citus,
+// on every worker, so that a run does not pay for an earlier run's dirty
+// pages (as the single-PostgreSQL runs do not).
+func checkpointNodes(ctx context.Context, dsn string, citus bool) error {
+	return forEachNode(ctx, dsn, citus, func(name string, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// forEachNode calls fn with a connection to the server behind dsn
+// ("postgres", or on Citus "coordinator") and, on Citus, to every primary
+// worker of pg_dist_node ("worker HOST:PORT", with dsn's user, password
+// and settings).
+func forEachNode(ctx context.Context, dsn string, citus bool, fn func(name string, conn *pgx.Conn) error) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer conn.Close(ctx)
-	self, err := postmasterOf(ctx, conn)
-	if err != nil {
-		return nil, err
-	}
 	name := "postgres"
 	if citus {
 		name = "coordinator"
 	}
-	out := []pgNode{{Name: name, Pid: self}}
-	if !citus {
-		return out, nil
+	if err := fn(name, conn); err != nil || !citus {
+		return err
 	}
 	rows, err := conn.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary' ORDER BY nodeport`)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	type hp struct {
 		host string
@@ -68,30 +89,32 @@ func pgNodes(ctx context.Context, dsn string, citus bool) ([]pgNode, error) {
 		var w hp
 		if err := rows.Scan(&w.host, &w.port); err != nil {
 			rows.Close()
-			return nil, err
+			return err
 		}
 		ws = append(ws, w)
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, w := range ws {
 		c := cfg.Copy()
 		c.Host, c.Port = w.host, uint16(w.port)
 		wc, err := pgx.ConnectConfig(ctx, c)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		pid, err := postmasterOf(ctx, wc)
+		err = fn(fmt.Sprintf("worker %s:%d", w.host, w.port), wc)
 		wc.Close(ctx)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out = append(out, pgNode{Name: fmt.Sprintf("worker %s:%d", w.host, w.port), Pid: pid})
 	}
-	return out, nil
+	return nil
 }
 
 func postmasterOf(ctx context.Context, conn *pgx.Conn) (int, error) {

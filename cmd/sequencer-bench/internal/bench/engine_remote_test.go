@@ -243,14 +243,7 @@ func TestServedEngineStartsServerPerScenario(t *testing.T) {
 	if !strings.Contains(string(md), "server CPU µs/msg") {
 		t.Errorf("no server CPU column:\n%s", md)
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	for _, r := range rep.Results {
 		if r.Messages == 0 || r.Errors != 0 || r.CPUScope != cpuScopeServer || r.CPUSeconds < 0 {
 			t.Errorf("%s/%s: %d messages, %d errors, CPU %v s (%q); want messages and the server process's CPU", r.Engine, r.Scenario, r.Messages, r.Errors, r.CPUSeconds, r.CPUScope)

@@ -3,9 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,14 +25,7 @@ func TestMySQLEnginesStoreMessages(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	if !strings.Contains(rep.Info.MySQL, "innodb_flush_log_at_trx_commit") {
 		t.Errorf("the report does not describe the MySQL server: %q", rep.Info.MySQL)
 	}

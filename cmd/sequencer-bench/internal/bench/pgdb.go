@@ -198,7 +198,10 @@ func withParam(dsn, key, value string) (string, error) {
 		}
 		q := u.Query()
 		q.Set(key, value)
-		u.RawQuery = q.Encode()
+		// Encode writes a space as '+', which PostgreSQL's URL parsing
+		// keeps as a '+' (options=-c%20citus.shard_count%3D8 would become
+		// the parameter "+citus.shard_count"); a literal '+' is %2B.
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		return u.String(), nil
 	}
 	return dsn + " " + key + "=" + value, nil

@@ -185,7 +185,49 @@ func checkTargets(results []Result) []TargetCheck {
 		t.Status = status(m.Memory.BytesPerActor <= 2048)
 	}
 	out = append(out, t)
-	return append(out, networkTargets(results)...)
+	out = append(out, networkTargets(results)...)
+	return append(out, storeTargets(results)...)
+}
+
+// storeTargets are round 3's targets: Citus against single PostgreSQL
+// (issue 20) and the group commit on MySQL against the seed's Redis INCR +
+// INSERT on MySQL (issue 22), each from engines of the same run.
+func storeTargets(results []Result) []TargetCheck {
+	status := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "not met"
+	}
+	var out []TargetCheck
+	ratio := func(target, sc, num, den string, min float64, pct bool) {
+		t := TargetCheck{Target: target, Status: "not measured"}
+		n, ok1 := find(results, num, sc)
+		d, ok2 := find(results, den, sc)
+		if ok1 && ok2 && d.Throughput > 0 {
+			x := n.Throughput / d.Throughput
+			if pct {
+				t.Measured = fmt.Sprintf("%.0f%% (%s vs %s msg/s)", 100*x, fmtInt(int64(n.Throughput)), fmtInt(int64(d.Throughput)))
+			} else {
+				t.Measured = fmt.Sprintf("%.1fx (%s vs %s msg/s)", x, fmtInt(int64(n.Throughput)), fmtInt(int64(d.Throughput)))
+			}
+			t.Status = status(x >= min)
+		}
+		out = append(out, t)
+	}
+	ratio("many: (a-citus) >= 60% of (a)", "many", "a-citus", "a", 0.6, true)
+	t := TargetCheck{Target: "many: (a-citus) PostgreSQL CPU/msg <= 1.8x (a)'s, coordinator <= 5% of it", Status: "not measured"}
+	if c, ok := find(results, "a-citus", "many"); ok && c.PGCPUUsPerMsg > 0 {
+		if a, ok := find(results, "a", "many"); ok && a.PGCPUUsPerMsg > 0 {
+			x, coord := c.PGCPUUsPerMsg/a.PGCPUUsPerMsg, c.PGCPUUsPerMsgBy["coordinator"]/c.PGCPUUsPerMsg
+			t.Measured = fmt.Sprintf("%.2fx, coordinator %.1f%%", x, 100*coord)
+			t.Status = status(x <= 1.8 && coord <= 0.05)
+		}
+	}
+	out = append(out, t)
+	ratio("hot: (a-citus) >= 80% of (a)", "hot", "a-citus", "a", 0.8, true)
+	ratio("many: (a-mysql) >= 3x (b-mysql)", "many", "a-mysql", "b-mysql", 3, false)
+	return out
 }
 
 // networkTargets are issue 8's targets: the network API and the embedded
@@ -383,7 +425,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	if in.Messages > 0 {
 		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))
 	}
-	fmt.Fprintf(w, "| each run | %s; %d PostgreSQL connections for b and c (a and e: the server's store defaults); %d-byte bodies |\n\n", mode, in.Pool, in.BodySize)
+	fmt.Fprintf(w, "| each run | %s; %d database connections for b and c and their -mysql variants (a and e: the server's store defaults); %d-byte bodies |\n\n", mode, in.Pool, in.BodySize)
 	fmt.Fprintln(w, "Latency is measured by each sender around one Send, from call to durable answer. *mean batch* is messages per store commit and *commit ms* the mean time of one commit (as the engine times it), both over the measured window; *server CPU µs/msg* is the user+system CPU time of the process that sequences over the measured window (/proc/PID/stat) divided by the messages stored in it: for the e engines the server process alone, for the in-process engines a and a-sqlite (marked *) the whole bench process, its senders included; PostgreSQL's own CPU is in none of them; *of (d)* is throughput relative to the COPY ceiling in the same scenario; *load* is the machine's 1-minute load average when the run started (the bench's own processes keep it at 2-6 on two cores; clearly higher values mean other work on the machine).")
 	fmt.Fprintln(w)
 
@@ -427,7 +469,9 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 		fmt.Fprintln(w)
 	}
 
-	fmt.Fprintf(w, "## Targets (issue, 2 cores, PostgreSQL local)\n\n| target | measured | status |\n|---|---|---|\n")
+	rep.writePGCPUMarkdown(w)
+
+	fmt.Fprintf(w, "## Targets (issues, 2 cores, databases local)\n\n| target | measured | status |\n|---|---|---|\n")
 	for _, t := range rep.Targets {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", t.Target, orDash(t.Measured), t.Status)
 	}
@@ -435,6 +479,72 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	if chart != "" {
 		fmt.Fprintf(w, "## Chart\n\n![throughput and p99 per engine and scenario](%s)\n", chart)
 	}
+}
+
+// writePGCPUMarkdown writes the PostgreSQL servers' CPU per message of
+// every engine that measured it, by server, and each -citus engine's
+// figures relative to its single-PostgreSQL counterpart in the same run
+// (a-citus to a, e-batch-citus to e-batch).
+func (rep *Report) writePGCPUMarkdown(w io.Writer) {
+	var rows []Result
+	for _, r := range rep.Results {
+		if r.Skipped == "" && r.PGCPUUsPerMsg > 0 {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "## PostgreSQL CPU per message\n\n")
+	fmt.Fprintln(w, "The CPU time of every process of each PostgreSQL server (postmaster, backends, background processes, and the backends that exited during the run) over the measured window, divided by the messages stored in it (with --repeat: the median-throughput run's, every run's range in brackets); the servers run on this machine, and any other session's work on them counts too. For a -citus engine, *vs single PostgreSQL* compares it with the engine of the same name without -citus in the same run, and *coordinator share* is the coordinator's part of its PostgreSQL CPU.")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| scenario | engine | msg/s | vs single PostgreSQL | msgs/commit | PostgreSQL CPU µs/msg | by server | vs single PostgreSQL | coordinator share |\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|---|--:|--:|\n")
+	for _, r := range rows {
+		tput, cpu, coord := "-", "-", "-"
+		if key, ok := strings.CutSuffix(r.Engine, "-citus"); ok {
+			if b, ok := find(rep.Results, key, r.Scenario); ok && b.Skipped == "" && b.Throughput > 0 && b.PGCPUUsPerMsg > 0 {
+				tput = fmt.Sprintf("%.0f%%", 100*r.Throughput/b.Throughput)
+				cpu = fmt.Sprintf("%.2fx", r.PGCPUUsPerMsg/b.PGCPUUsPerMsg)
+			}
+			if c, ok := r.PGCPUUsPerMsgBy["coordinator"]; ok {
+				coord = fmt.Sprintf("%.1f%%", 100*c/r.PGCPUUsPerMsg)
+			}
+		}
+		pgcpu := fmt.Sprintf("%.1f", r.PGCPUUsPerMsg)
+		if len(r.RunsPGCPU) > 1 {
+			pgcpu += fmt.Sprintf(" (%.1f-%.1f)", slices.Min(r.RunsPGCPU), slices.Max(r.RunsPGCPU))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Scenario, r.Engine, fmtInt(int64(r.Throughput)), tput,
+			fmtBatch(r.MeanBatch), pgcpu, fmtPGCPUBy(r.PGCPUUsPerMsgBy), cpu, coord)
+	}
+	fmt.Fprintln(w)
+}
+
+// fmtPGCPUBy lists the CPU per message by server, the coordinator first
+// ("-" for a single server).
+func fmtPGCPUBy(by map[string]float64) string {
+	if len(by) < 2 {
+		return "-"
+	}
+	names := make([]string, 0, len(by))
+	for n := range by {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if (a == "coordinator") != (b == "coordinator") {
+			if a == "coordinator" {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.1f", n, by[n])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (rep *Report) writeMemoryMarkdown(w io.Writer, rows []Result) {

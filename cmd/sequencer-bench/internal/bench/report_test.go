@@ -310,6 +310,16 @@ func TestMedianRunOfRepeats(t *testing.T) {
 	if m.Throughput != 20 || m.Latency.P99 != 8 || m.FailedRuns != 1 {
 		t.Errorf("median %+v, want the 20 msg/s run and one failed run", m)
 	}
+	if m.RunsPGCPU != nil {
+		t.Errorf("runs' PostgreSQL CPU %v without any measured", m.RunsPGCPU)
+	}
+	withPG := []Result{run(30, 9), run(10, 7), run(20, 8)}
+	for i := range withPG {
+		withPG[i].PGCPUUsPerMsg = float64(i + 1)
+	}
+	if m := medianRun(withPG); m.PGCPUUsPerMsg != 3 || !slices.Equal(m.RunsPGCPU, []float64{1, 2, 3}) {
+		t.Errorf("PostgreSQL CPU %v, runs %v: want the median run's 3 and every run's", m.PGCPUUsPerMsg, m.RunsPGCPU)
+	}
 	if !slices.Equal(m.RunsThroughput, []float64{30, 10, 20}) || !slices.Equal(m.RunsP99, []float64{9, 7, 8}) {
 		t.Errorf("runs %v %v, want every measured run in order", m.RunsThroughput, m.RunsP99)
 	}
@@ -355,6 +365,78 @@ func TestRenderSavedReport(t *testing.T) {
 	for _, f := range []string{"r.json", "r.svg"} {
 		if _, err := os.Stat(filepath.Join(dir, "new", f)); err != nil {
 			t.Errorf("render did not write %s: %v", f, err)
+		}
+	}
+}
+
+// The PostgreSQL CPU section compares each -citus engine with its
+// single-PostgreSQL counterpart of the same scenario, by server, with the
+// coordinator's share.
+func TestPGCPUSection(t *testing.T) {
+	rep := &Report{Results: []Result{
+		{Engine: "a", Scenario: "many", Throughput: 10000, MeanBatch: 100, PGCPUUsPerMsg: 40, PGCPUUsPerMsgBy: map[string]float64{"postgres": 40}},
+		{Engine: "a-citus", Scenario: "many", Throughput: 7000, MeanBatch: 90, PGCPUUsPerMsg: 60,
+			PGCPUUsPerMsgBy: map[string]float64{"worker h:2": 30, "coordinator": 3, "worker h:1": 27}},
+		{Engine: "e-batch-citus", Scenario: "hot", Throughput: 500, PGCPUUsPerMsg: 10, PGCPUUsPerMsgBy: map[string]float64{"coordinator": 1, "worker h:1": 9},
+			RunsPGCPU: []float64{12, 10, 8.5}},
+		{Engine: "b", Scenario: "many", Throughput: 5000},
+	}}
+	var buf bytes.Buffer
+	rep.writePGCPUMarkdown(&buf)
+	out := buf.String()
+	for _, want := range []string{
+		"| many | a | 10,000 | - | 100.0 | 40.0 | - | - | - |",
+		"| many | a-citus | 7,000 | 70% | 90.0 | 60.0 | coordinator 3.0, worker h:1 27.0, worker h:2 30.0 | 1.50x | 5.0% |",
+		"| hot | e-batch-citus | 500 | - | - | 10.0 (8.5-12.0) | coordinator 1.0, worker h:1 9.0 | - | 10.0% |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing row %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "| b |") {
+		t.Errorf("an engine without PostgreSQL CPU has a row:\n%s", out)
+	}
+	buf.Reset()
+	(&Report{Results: []Result{{Engine: "b", Scenario: "many"}}}).writePGCPUMarkdown(&buf)
+	if buf.Len() != 0 {
+		t.Errorf("section without any PostgreSQL CPU: %q", buf.String())
+	}
+}
+
+// Round 3's targets compare engines of the same run: Citus with single
+// PostgreSQL (throughput, and the PostgreSQL CPU per message with the
+// coordinator's share), the group commit on MySQL with the seed's Redis INCR
+// + INSERT on MySQL.
+func TestStoreTargets(t *testing.T) {
+	results := []Result{
+		{Engine: "a", Scenario: "many", Throughput: 40000, PGCPUUsPerMsg: 20},
+		{Engine: "a-citus", Scenario: "many", Throughput: 26000, PGCPUUsPerMsg: 34, PGCPUUsPerMsgBy: map[string]float64{"coordinator": 0.5}},
+		{Engine: "a", Scenario: "hot", Throughput: 60000},
+		{Engine: "a-citus", Scenario: "hot", Throughput: 45000},
+		{Engine: "a-mysql", Scenario: "many", Throughput: 20000},
+		{Engine: "b-mysql", Scenario: "many", Throughput: 5000},
+	}
+	got := map[string]TargetCheck{}
+	for _, c := range storeTargets(results) {
+		got[c.Target] = c
+	}
+	for target, want := range map[string]string{
+		"many: (a-citus) >= 60% of (a)":                                             "met",     // 65%
+		"many: (a-citus) PostgreSQL CPU/msg <= 1.8x (a)'s, coordinator <= 5% of it": "met",     // 1.70x, 1.5%
+		"hot: (a-citus) >= 80% of (a)":                                              "not met", // 75%
+		"many: (a-mysql) >= 3x (b-mysql)":                                           "met",     // 4.0x
+	} {
+		if got[target].Status != want {
+			t.Errorf("%s: %q (%s), want %q", target, got[target].Status, got[target].Measured, want)
+		}
+	}
+	if m := got["many: (a-citus) PostgreSQL CPU/msg <= 1.8x (a)'s, coordinator <= 5% of it"].Measured; m != "1.70x, coordinator 1.5%" {
+		t.Errorf("measured %q", m)
+	}
+	results[1].PGCPUUsPerMsgBy["coordinator"] = 3 // 8.8%
+	for _, c := range storeTargets(results) {
+		if strings.HasPrefix(c.Target, "many: (a-citus) PostgreSQL") && c.Status != "not met" {
+			t.Errorf("coordinator at 8.8%%: %q", c.Status)
 		}
 	}
 }

@@ -57,6 +57,7 @@ type Result struct {
 	// and how many runs failed. The other fields are the median run's.
 	RunsThroughput []float64 `json:"runs_messages_per_second,omitempty"`
 	RunsP99        []float64 `json:"runs_p99_ms,omitempty"`
+	RunsPGCPU      []float64 `json:"runs_pg_cpu_us_per_msg,omitempty"` // PGCPUUsPerMsg of every measured run
 	FailedRuns     int       `json:"failed_runs,omitempty"`
 	Skipped        string    `json:"skipped,omitempty"`
 	Interrupted    bool      `json:"interrupted,omitempty"`

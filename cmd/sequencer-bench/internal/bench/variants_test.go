@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -83,14 +82,7 @@ func TestEngineVariantsStoreMessages(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	db := &benchDB{admin: admin, Name: rep.Info.Database}
 	db.DSN, _ = withDatabase(admin, db.Name)
 	t.Cleanup(func() { _ = db.Drop(context.Background()) })
@@ -173,14 +165,7 @@ func TestReadPositionEngines(t *testing.T) {
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
-	jb, err := os.ReadFile(strings.TrimSuffix(report, ".md") + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(jb, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, report)
 	db := &benchDB{admin: admin, Name: rep.Info.Database}
 	db.DSN, _ = withDatabase(admin, db.Name)
 	t.Cleanup(func() { _ = db.Drop(context.Background()) })
