@@ -36,3 +36,80 @@ func TestFakeAfterFunc(t *testing.T) {
 		t.Fatalf("fired %q, want now", s)
 	}
 }
+
+// A step moves what a reading says (wall) but not the time between two
+// readings (monotonic), as on a host whose clock NTP stepped.
+func TestSteppedKeepsMonotonic(t *testing.T) {
+	if !layoutKnown {
+		t.Fatal("time.Time's layout is not the one shiftWall knows: a step would move the monotonic reading too")
+	}
+	s := &Stepped{}
+	a := s.Now()
+	if from := s.Step(-30 * time.Second); from != 0 {
+		t.Fatalf("first Step returned %v, want 0", from)
+	}
+	b := s.Now()
+	if d := b.Sub(a); d < 0 || d > 5*time.Second {
+		t.Fatalf("Sub across a -30s step = %v, want the real time between the readings", d)
+	}
+	if b.Before(a) {
+		t.Fatal("a reading after a -30s step is Before the one taken earlier")
+	}
+	if d := time.Duration(b.UnixNano() - a.UnixNano()); d > -25*time.Second || d < -30*time.Second {
+		t.Fatalf("wall readings moved by %v, want about -30s", d)
+	}
+	if !b.Round(0).Before(a.Round(0)) {
+		t.Fatal("without the monotonic reading (as sent to a database) the later reading is not 30s earlier")
+	}
+	if since := time.Since(b); since < 0 || since > 5*time.Second {
+		t.Fatalf("time.Since(a stepped reading) = %v", since)
+	}
+	s.Step(5 * time.Second)
+	if d := time.Duration(s.Now().UnixNano() - time.Now().UnixNano()); d < 4*time.Second || d > 6*time.Second {
+		t.Fatalf("offset +5s reads %v ahead of time.Now", d)
+	}
+}
+
+func TestSteppedFollowsFile(t *testing.T) {
+	path := t.TempDir() + "/offset"
+	s := &Stepped{}
+	type step struct {
+		from, to time.Duration
+		err      bool
+	}
+	steps := make(chan step, 16)
+	stop := s.Follow(path, time.Millisecond, func(from, to time.Duration, err error) { steps <- step{from, to, err != nil} })
+	defer stop()
+	if s.Offset() != 0 {
+		t.Fatalf("missing file: offset %v, want 0", s.Offset())
+	}
+	next := func() step {
+		t.Helper()
+		select {
+		case st := <-steps:
+			return st
+		case <-time.After(10 * time.Second):
+			t.Fatal("no step reported within 10s")
+			return step{}
+		}
+	}
+	for _, c := range []struct {
+		content string
+		want    step
+	}{
+		{"5s\n", step{0, 5 * time.Second, false}},
+		{"-30s", step{5 * time.Second, -30 * time.Second, false}},
+		{"soon", step{-30 * time.Second, -30 * time.Second, true}},
+		{"", step{-30 * time.Second, 0, false}},
+	} {
+		if err := WriteOffset(path, c.content); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); got != c.want {
+			t.Fatalf("after writing %q: step %+v, want %+v", c.content, got, c.want)
+		}
+		if s.Offset() != c.want.to {
+			t.Fatalf("after writing %q: offset %v, want %v", c.content, s.Offset(), c.want.to)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/client"
+	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/internal/history"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
@@ -57,6 +58,13 @@ type nemesisCluster struct {
 	internalDups atomic.Int64
 	stop, done   chan struct{}
 	killedAt     map[int]time.Time // by node index, for the restart
+	// clockFiles are the nodes' test clock offset files (clock_test.go),
+	// nil when the nodes run on the real clock; offsets what each holds.
+	clockFiles []string
+	offsets    []time.Duration
+	// onError, when set before startLoad, sees every error a load client
+	// got.
+	onError func(err error)
 }
 
 // proxiedDSN is dsn with its host and port replaced by addr.
@@ -81,8 +89,17 @@ func proxiedDSN(t *testing.T, dsn, addr string) (string, string) {
 	return dsn + " host=" + host + " port=" + port, target
 }
 
-func startNemesisCluster(t *testing.T, n int) *nemesisCluster {
+// startNemesisCluster starts n nodes; with steppedClocks each node's wall
+// clock follows an offset file (stepClock), else the real clock.
+func startNemesisCluster(t *testing.T, n int, steppedClocks bool) *nemesisCluster {
 	c := &nemesisCluster{t: t, dsn: pgtest.NewDatabase(t), convs: convNames(120), killedAt: map[int]time.Time{}}
+	if steppedClocks {
+		dir := t.TempDir()
+		for i := 1; i <= n; i++ {
+			c.clockFiles = append(c.clockFiles, filepath.Join(dir, fmt.Sprintf("n%d.offset", i)))
+		}
+		c.offsets = make([]time.Duration, n)
+	}
 	for i := 1; i <= n; i++ {
 		_, target := proxiedDSN(t, c.dsn, "127.0.0.1:1")
 		db, err := newProxy(fmt.Sprintf("n%d->db", i), target, false)
@@ -99,7 +116,11 @@ func startNemesisCluster(t *testing.T, n int) *nemesisCluster {
 		t.Cleanup(peer.Close)
 		c.db, c.peer = append(c.db, db), append(c.peer, peer)
 		id := fmt.Sprintf("n%d", i)
-		p := &proc{t: t, name: id, env: []string{cluster.TestDialFromEnv + "=" + nodeSource(i)},
+		env := []string{cluster.TestDialFromEnv + "=" + nodeSource(i)}
+		if steppedClocks {
+			env = append(env, clock.TestOffsetFileEnv+"="+c.clockFiles[i-1])
+		}
+		p := &proc{t: t, name: id, env: env,
 			args: []string{"--store", dsn, "--cluster-listen", listen, "--cluster-advertise", peer.Addr(),
 				"--node-id", id, "--member-ttl", nemesisTTL, "--heartbeat", "250ms", "--log-level", "info"}}
 		p.start(freeAddr(t))
@@ -162,6 +183,11 @@ func (c *nemesisCluster) startLoad() {
 			}
 			return resp.MsgId, resp.Seq, nil
 		},
+		onError: func(err error) {
+			if c.onError != nil {
+				c.onError(err)
+			}
+		},
 		retryable: func(err error) bool {
 			var se *sequencer.Error
 			if asSeqErr(err, &se) {
@@ -202,11 +228,17 @@ func (c *nemesisCluster) finish() {
 	t.Logf("duplicate:true on a raw client's first send of a key (an internal resend): %d", c.internalDups.Load())
 }
 
-// heal puts every link back to pass with no delay, and resumes stopped nodes.
+// heal puts every link back to pass with no delay and steps every clock
+// that is off back to the host's.
 func (c *nemesisCluster) heal() {
 	for _, ps := range [][]*proxy{c.db, c.peer} {
 		for _, p := range ps {
 			p.all(func(l *link) { l.delay.Store(0); l.set(pass, pass) })
+		}
+	}
+	for v, off := range c.offsets {
+		if off != 0 {
+			c.stepClock(v, 0)
 		}
 	}
 }
@@ -360,6 +392,35 @@ func (c *nemesisCluster) timeline(from, to time.Duration) []int {
 	return out
 }
 
+// faultSpan is one fault as it ran: healthy from t0 to t1, the fault from
+// t1 to t2, then healed: every node ready and agreeing after that long.
+type faultSpan struct {
+	name       string
+	t0, t1, t2 time.Duration // history times
+	healed     time.Duration
+}
+
+// runFault runs a healthy stretch, then f on node v for hold, heals and
+// waits until every node is ready and agreeing (healBound).
+func (c *nemesisCluster) runFault(f nemesisFault, v int, healthy, hold time.Duration) faultSpan {
+	s := faultSpan{name: f.name, t0: c.led.hist.Now()}
+	time.Sleep(healthy) // a healthy stretch to compare with (measured, not settling)
+	s.t1 = c.led.hist.Now()
+	c.t.Logf("fault %s on %s", f.name, c.nodes[v].name)
+	f.apply(c, v)
+	time.Sleep(hold) // the fault lasts this long
+	s.t2 = c.led.hist.Now()
+	c.heal()
+	s.healed = c.waitHealed("after " + f.name)
+	return s
+}
+
+// row measures s for the report (after the load ended, so that a send
+// stuck in a fault counts with its full time).
+func (c *nemesisCluster) row(s faultSpan) faultRow {
+	return faultRow{name: s.name, healthy: c.measure(s.t0, s.t1), during: c.measure(s.t1, s.t2), healed: s.healed}
+}
+
 // faultRow is one line of the nemesis report.
 type faultRow struct {
 	name            string
@@ -403,30 +464,20 @@ func writeReport(t *testing.T, name, head string, rows []faultRow) {
 // and the slowest acked send per fault are logged for docs/TESTING.md (not
 // asserted: wall-clock speed is the machine's).
 func TestNemesisFaults(t *testing.T) {
-	c := startNemesisCluster(t, 3)
+	c := startNemesisCluster(t, 3, false)
 	c.startLoad()
 	waitFor(t, 60*time.Second, "200 acks before the first fault", func() bool { return c.led.count() >= 200 })
-	type span struct{ t0, t1, t2, healed time.Duration }
-	var spans []span
+	var spans []faultSpan
 	for _, f := range nemesisFaults {
-		t0 := c.led.hist.Now()
-		time.Sleep(3 * time.Second) // a healthy stretch to compare with (measured, not settling)
-		t1 := c.led.hist.Now()
-		t.Logf("fault %s on n1", f.name)
-		f.apply(c, 0)
-		time.Sleep(5 * time.Second) // the fault lasts 5 s
-		t2 := c.led.hist.Now()
-		c.heal()
-		healed := c.waitHealed("after " + f.name)
-		spans = append(spans, span{t0, t1, t2, healed})
+		spans = append(spans, c.runFault(f, 0, 3*time.Second, 5*time.Second))
 	}
 	c.finish()
 	// Measured after the load ended, so a send stuck in a fault counts with
 	// its full time.
 	var rows []faultRow
-	for i, s := range spans {
-		rows = append(rows, faultRow{name: nemesisFaults[i].name, healthy: c.measure(s.t0, s.t1), during: c.measure(s.t1, s.t2), healed: s.healed})
-		t.Logf("%s: SDK acks per 500 ms from 1 s before the fault to 1 s after it: %v", nemesisFaults[i].name, c.timeline(s.t1-time.Second, s.t2+time.Second))
+	for _, s := range spans {
+		rows = append(rows, c.row(s))
+		t.Logf("%s: SDK acks per 500 ms from 1 s before the fault to 1 s after it: %v", s.name, c.timeline(s.t1-time.Second, s.t2+time.Second))
 	}
 	writeReport(t, "nemesis-faults", fmt.Sprintf("nemesis faults, member TTL %s, 48 clients (36 SDK defaults, 12 raw JSON), 5 s per fault", nemesisTTL), rows)
 }
@@ -453,9 +504,9 @@ func nemesisSchedule(t *testing.T, def time.Duration) (int64, time.Duration) {
 	return seed, d
 }
 
-// TestNemesisSchedule runs a random schedule of network and process faults
-// (one node at a time, 1-6 s each, 0.5-3 s apart) for 40 s, or SOAK_MINUTES
-// (make soak). The schedule follows from the printed SOAK_SEED: the same
+// TestNemesisSchedule runs a random schedule of network, process and clock
+// faults (one node at a time, 1-6 s each, 0.5-3 s apart) for 40 s, or
+// SOAK_MINUTES (make soak). The schedule follows from the printed SOAK_SEED: the same
 // seed gives the same faults, victims and durations. The invariants are
 // TestNemesisFaults's, checked after every fault and at the end.
 func TestNemesisSchedule(t *testing.T) {
@@ -463,10 +514,10 @@ func TestNemesisSchedule(t *testing.T) {
 	fmt.Printf("nemesis schedule: SOAK_SEED=%d SOAK_MINUTES=%g\n", seed, length.Minutes())
 	t.Logf("SOAK_SEED=%d (length %v): rerun with SOAK_SEED=%d SOAK_MINUTES=%g make soak", seed, length, seed, length.Minutes())
 	rng := rand.New(rand.NewSource(seed))
-	c := startNemesisCluster(t, 3)
+	c := startNemesisCluster(t, 3, true)
 	c.startLoad()
 	waitFor(t, 60*time.Second, "200 acks before the first fault", func() bool { return c.led.count() >= 200 })
-	all := append(append([]nemesisFault(nil), nemesisFaults...), processFaults...)
+	all := append(append(append([]nemesisFault(nil), nemesisFaults...), processFaults...), clockFaults...)
 	injected := map[string]int{}
 	var slowestHeal time.Duration
 	end := time.Now().Add(length)

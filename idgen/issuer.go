@@ -206,15 +206,35 @@ func (l *Issuer) Held() (persist.WorkerLease, bool) {
 }
 
 // CanIssue reports whether the generator can issue ids now without a store
-// round trip: a lease is held, unexpired by the lease's clock, and the
-// current millisecond is within the recorded reservation. For /readyz.
-func (l *Issuer) CanIssue() bool {
+// round trip (Issuable returns nil).
+func (l *Issuer) CanIssue() bool { return l.Issuable() == nil }
+
+// Issuable returns nil when the generator can issue ids now without a store
+// round trip: a lease is held, unexpired by the lease's clock, the current
+// millisecond is within the recorded reservation and not below the lease's
+// floor, and the clock is not more than MaxClockRollback behind the last id
+// issued (after a step back, Next refuses until the clock catches up).
+// Otherwise it says why, wrapping sequencer.ErrClockMovedBackwards (the
+// clock) or sequencer.ErrWorkerLeaseLost (the lease). For /readyz.
+func (l *Issuer) Issuable() error {
 	v := l.gen.view.Load()
 	if !v.held {
-		return false
+		return fmt.Errorf("idgen: no worker id lease held: %w", sequencer.ErrWorkerLeaseLost)
 	}
 	now := l.clk.Now().UnixMilli()
-	return now < v.expiresMs && now <= v.capMs && now >= v.floorMs
+	behind := func(ms int64) time.Duration { return time.Duration(ms-now) * time.Millisecond }
+	switch last := l.gen.LastMs(); {
+	case last-now > MaxClockRollback.Milliseconds():
+		return fmt.Errorf("idgen: clock is %v behind the last issued id: %w", behind(last), sequencer.ErrClockMovedBackwards)
+	case now < v.floorMs:
+		return fmt.Errorf("idgen: clock is %v behind the lease's floor (an earlier holder, an earlier run of this node, or the store's clock): %w",
+			behind(v.floorMs), sequencer.ErrClockMovedBackwards)
+	case now >= v.expiresMs:
+		return fmt.Errorf("idgen: worker id %d lease expired by this clock (not renewed): %w", v.worker, sequencer.ErrWorkerLeaseLost)
+	case now > v.capMs:
+		return fmt.Errorf("idgen: worker id %d msg_id reservation used up (not renewed): %w", v.worker, sequencer.ErrWorkerLeaseLost)
+	}
+	return nil
 }
 
 // Start makes one RenewOnce attempt (acquiring a worker id) bounded by ctx,

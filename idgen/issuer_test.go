@@ -66,8 +66,8 @@ func wantLeaseLost(t *testing.T, l *Issuer) {
 	if c := sequencer.ErrorCode(err); c != sequencer.CodeUnavailable {
 		t.Fatalf("code %s, want unavailable", c)
 	}
-	if l.CanIssue() {
-		t.Fatal("CanIssue() with no usable lease")
+	if err := l.Issuable(); !errors.Is(err, sequencer.ErrWorkerLeaseLost) {
+		t.Fatalf("Issuable() with no usable lease = %v, want ErrWorkerLeaseLost", err)
 	}
 }
 
@@ -333,6 +333,37 @@ func TestLeaseReservationForcesRenew(t *testing.T) {
 	if store.count("renew") != renews+1 {
 		t.Fatal("Next renewed inside a valid reservation")
 	}
+}
+
+// A clock stepped back past the last issued id makes every Next fail until
+// it catches up; CanIssue (/readyz) says so meanwhile, and a step within
+// MaxClockRollback (waited out) does not count.
+func TestCanIssueWhileTheClockIsBehindTheLastID(t *testing.T) {
+	store := newLeaseStore()
+	clk := clock.NewFake(t0)
+	l := newTestLease(t, store, "n1", clk, nil)
+	mustRenew(t, l)
+	clk.Advance(2 * time.Second)
+	issueChecked(t, l, store)
+	clk.Advance(-MaxClockRollback)
+	if !l.CanIssue() {
+		t.Fatalf("CanIssue false with the clock %v behind the last id (waited out by Next)", MaxClockRollback)
+	}
+	clk.Advance(-time.Second)
+	if _, err := l.Next(); !errors.Is(err, sequencer.ErrClockMovedBackwards) {
+		t.Fatalf("Next 1s behind the last id: %v, want ErrClockMovedBackwards", err)
+	}
+	if l.CanIssue() {
+		t.Fatal("CanIssue true while every Next fails: the clock is 1s behind the last issued id")
+	}
+	if err := l.Issuable(); !errors.Is(err, sequencer.ErrClockMovedBackwards) {
+		t.Fatalf("Issuable with the clock 1s behind the last id: %v, want ErrClockMovedBackwards", err)
+	}
+	clk.Advance(time.Second + MaxClockRollback + time.Millisecond)
+	if !l.CanIssue() {
+		t.Fatal("CanIssue false once the clock is past the last id again")
+	}
+	issueChecked(t, l, store)
 }
 
 func TestLeaseTwoHoldersDifferentIDs(t *testing.T) {

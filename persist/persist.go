@@ -107,8 +107,11 @@ type ConvReader interface {
 	// (committed or rolled back), so that reads made after it see the final
 	// outcome: a transaction that outlived its connection (a stalled backend
 	// that ignored the cancel) cannot commit after Settle returned. It fails
-	// (retryably) when it cannot tell yet. Stores whose commits cannot
-	// outlive the Commit call (SQLite, in-memory) return nil at once.
+	// (retryably) when it cannot tell yet. The in-memory store returns nil
+	// at once. SQLite's commits cannot outlive the Commit call, but a
+	// COMMIT that failed after writing its -wal frames may be found by a
+	// recovery: it commits a transaction over them first (persist/sqlite,
+	// settle.go).
 	Settle(ctx context.Context) error
 }
 

@@ -63,6 +63,7 @@ type Server struct {
 	adminLn   net.Listener
 	edge      *edge
 	stopWatch func()
+	stopClock func() // stops the test clock's file reader (testClock)
 	served    chan error
 	draining  atomic.Bool
 	health    *api.Health        // grpc.health.v1 on the API port
@@ -157,9 +158,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	s.store = st
+	clk, stopClock := testClock(log) // nil: the real clock
+	s.stopClock = stopClock
 
 	lcfg := cfg.issuerConfig()
-	lcfg.Metrics = s.metrics
+	lcfg.Metrics, lcfg.Clock = s.metrics, clk
 	s.lease, err = idgen.NewIssuer(st, lcfg)
 	if err != nil {
 		return nil, err
@@ -181,7 +184,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 
 	acfg := cfg.Actors
-	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger = st, s.lease, s.metrics, log
+	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger, acfg.Clock = st, s.lease, s.metrics, log, clk
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.clustered() {
@@ -190,7 +193,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("cluster mode needs a PostgreSQL store")
 		}
 		ccfg := cfg.clusterConfig()
-		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics = table.Membership(), s.Addr(), log, s.metrics
+		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics, ccfg.Clock = table.Membership(), s.Addr(), log, s.metrics, clk
 		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -338,23 +341,30 @@ func (s *Server) Reload() error {
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
 
 // readiness is /readyz: the node accepts sends only with a reachable store, a
-// leased worker id and (in cluster mode) a known ring.
+// leased worker id with a clock that can issue under it (not stepped back
+// behind the ids already issued) and (in cluster mode) a known ring. The
+// store is asked first: when it is down (or full) the lease and the
+// membership fail too, and the store is what to fix.
 func (s *Server) readiness() error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
 	}
-	if !s.lease.CanIssue() {
-		return sequencer.ErrWorkerLeaseLost
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		var se *sequencer.Error
+		if errors.As(err, &se) {
+			return err // the store's own reason, e.g. "store out of disk space"
+		}
+		return fmt.Errorf("%w: %v", sequencer.ErrStoreUnavailable, err)
+	}
+	if err := s.lease.Issuable(); err != nil {
+		return err // worker id lease not held, or clock moved backwards
 	}
 	if s.cluster != nil {
 		if err := s.cluster.Serving(); err != nil {
 			return sequencer.Wrap(sequencer.CodeUnavailable, err, "cluster membership not ready")
 		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
-		return fmt.Errorf("%w: %v", sequencer.ErrStoreUnavailable, err)
 	}
 	return nil
 }
@@ -436,6 +446,10 @@ func (s *Server) closeAll(ctx context.Context) error {
 	}
 	if s.adminLn != nil && s.admin == nil {
 		s.adminLn.Close()
+	}
+	if s.stopClock != nil {
+		s.stopClock()
+		s.stopClock = nil
 	}
 	return errors.Join(errs...)
 }

@@ -2,30 +2,34 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
 )
 
 // watch logs the node's health as an operator needs it at the default
-// level: the store becoming unreachable and the worker-id lease being lost
-// are logged at once (WARN / ERROR), again once per logEvery while they
-// last (with how long), and their end at INFO. Sends failing meanwhile
-// are answered unavailable and are not logged one by one.
+// level: the store becoming unreachable and msg_ids becoming impossible to
+// issue (the worker-id lease lost, or the clock stepped back behind the ids
+// already issued) are logged at once (WARN / ERROR), again once per
+// logEvery while they last (with how long), and their end at INFO. Sends
+// failing meanwhile are answered unavailable and are not logged one by one.
 //
 // It probes every interval: one store ping (bounded by the interval) and a
-// look at the lease.
+// look at the issuer.
 type watch struct {
-	ping      func(context.Context) error
-	leaseHeld func() bool
-	draining  func() bool
-	interval  time.Duration
-	log       *slog.Logger
-	limited   *ratelog.Logger
+	ping     func(context.Context) error
+	issuable func() error // nil: msg_ids can be issued (idgen.Issuer.Issuable)
+	draining func() bool
+	interval time.Duration
+	log      *slog.Logger
+	limited  *ratelog.Logger
 
 	storeDownSince time.Time // zero while reachable
-	leaseLostSince time.Time // zero while held
+	blockedSince   time.Time // zero while msg_ids can be issued
+	blockedBy      string    // what blocks them: "lease" or "clock"
 }
 
 // watchInterval is how often the node probes its store and lease; logEvery
@@ -36,7 +40,7 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	w := newWatch(s.store.Ping, s.lease.CanIssue, s.draining.Load, interval, s.log)
+	w := newWatch(s.store.Ping, s.lease.Issuable, s.draining.Load, interval, s.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -55,8 +59,8 @@ func (s *Server) startWatch(interval time.Duration) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-func newWatch(ping func(context.Context) error, leaseHeld, draining func() bool, interval time.Duration, log *slog.Logger) *watch {
-	return &watch{ping: ping, leaseHeld: leaseHeld, draining: draining, interval: interval,
+func newWatch(ping func(context.Context) error, issuable func() error, draining func() bool, interval time.Duration, log *slog.Logger) *watch {
+	return &watch{ping: ping, issuable: issuable, draining: draining, interval: interval,
 		log: log, limited: ratelog.New(log, logEvery)}
 }
 
@@ -83,15 +87,39 @@ func (w *watch) probeAt(ctx context.Context, now time.Time) {
 		w.log.Info("store reachable again", "was_down_for", now.Sub(w.storeDownSince).Round(time.Millisecond))
 		w.storeDownSince = time.Time{}
 	}
-	held := w.leaseHeld()
-	switch {
-	case !held && w.leaseLostSince.IsZero():
-		w.leaseLostSince = now
-		w.limited.Error("lease lost", "worker-id lease not held: no msg_id can be issued, sends fail with unavailable")
-	case !held:
-		w.limited.Error("lease lost", "worker-id lease still not held", "for", now.Sub(w.leaseLostSince).Round(time.Second))
-	case !w.leaseLostSince.IsZero():
-		w.log.Info("worker-id lease held again", "was_lost_for", now.Sub(w.leaseLostSince).Round(time.Millisecond))
-		w.leaseLostSince = time.Time{}
+	err = w.issuable()
+	by := "lease"
+	if errors.Is(err, sequencer.ErrClockMovedBackwards) {
+		by = "clock"
 	}
+	switch {
+	case err != nil && (w.blockedSince.IsZero() || by != w.blockedBy):
+		w.endBlocked(now)
+		w.blockedSince, w.blockedBy = now, by
+		if by == "clock" {
+			w.limited.Error("clock behind", "clock behind the msg_ids already issued: no msg_id can be issued until it catches up, sends fail with unavailable", "err", err)
+		} else {
+			w.limited.Error("lease lost", "worker-id lease not held: no msg_id can be issued, sends fail with unavailable", "err", err)
+		}
+	case err != nil && by == "clock":
+		w.limited.Error("clock behind", "clock still behind the msg_ids already issued", "for", now.Sub(w.blockedSince).Round(time.Second), "err", err)
+	case err != nil:
+		w.limited.Error("lease lost", "worker-id lease still not held", "for", now.Sub(w.blockedSince).Round(time.Second), "err", err)
+	default:
+		w.endBlocked(now)
+	}
+}
+
+// endBlocked logs the end of a stretch without msg_ids, if one was on.
+func (w *watch) endBlocked(now time.Time) {
+	if w.blockedSince.IsZero() {
+		return
+	}
+	d := now.Sub(w.blockedSince).Round(time.Millisecond)
+	if w.blockedBy == "clock" {
+		w.log.Info("clock caught up: msg_ids can be issued again", "was_behind_for", d)
+	} else {
+		w.log.Info("worker-id lease held again", "was_lost_for", d)
+	}
+	w.blockedSince = time.Time{}
 }

@@ -3,10 +3,13 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sequencer-im/sequencer"
 )
 
 // A 17 s store outage that also costs the worker-id lease, probed once per
@@ -23,7 +26,12 @@ func TestWatchLogsAnOutageAFewTimes(t *testing.T) {
 			}
 			return errors.New("dial tcp 127.0.0.1:5432: connection refused")
 		},
-		func() bool { return leaseHeld },
+		func() error {
+			if leaseHeld {
+				return nil
+			}
+			return fmt.Errorf("idgen: no worker id lease held: %w", sequencer.ErrWorkerLeaseLost)
+		},
 		func() bool { return false },
 		time.Second, slog.New(slog.NewTextHandler(&out, nil)))
 	t0 := time.Unix(1_000_000, 0)
@@ -53,5 +61,37 @@ func TestWatchLogsAnOutageAFewTimes(t *testing.T) {
 	}
 	if !strings.Contains(log, "worker-id lease held again") || !strings.Contains(log, "was_lost_for=8s") {
 		t.Errorf("the lease's return is not logged:\n%s", log)
+	}
+}
+
+// A clock stepped back 5 s behind the ids already issued: the ERROR line
+// names the clock, not the lease, and its end is logged with how long.
+func TestWatchLogsAClockBehindTheIssuedIDs(t *testing.T) {
+	var out syncBuf
+	behind := false
+	w := newWatch(func(context.Context) error { return nil },
+		func() error {
+			if behind {
+				return fmt.Errorf("idgen: clock is 4.2s behind the last issued id: %w", sequencer.ErrClockMovedBackwards)
+			}
+			return nil
+		},
+		func() bool { return false },
+		time.Second, slog.New(slog.NewTextHandler(&out, nil)))
+	t0 := time.Unix(1_000_000, 0)
+	ctx := context.Background()
+	w.probeAt(ctx, t0)
+	behind = true
+	for i := 1; i <= 5; i++ {
+		w.probeAt(ctx, t0.Add(time.Duration(i)*time.Second))
+	}
+	behind = false
+	w.probeAt(ctx, t0.Add(6*time.Second))
+	log := out.String()
+	if n := strings.Count(log, "level=ERROR"); n != 1 || !strings.Contains(log, "clock behind the msg_ids already issued") || strings.Contains(log, "lease") {
+		t.Errorf("%d ERROR lines, want 1 about the clock (not the lease):\n%s", n, log)
+	}
+	if !strings.Contains(log, "clock caught up") || !strings.Contains(log, "was_behind_for=5s") {
+		t.Errorf("the clock's catching up is not logged with how long it took:\n%s", log)
 	}
 }

@@ -14,7 +14,7 @@ import (
 var layers = [][]string{
 	// 0: leaves: the domain (root), generated code, small helpers.
 	{"", "buildinfo", "clock", "internal/conf", "internal/netbuf", "internal/ratelog", "internal/reqid", "internal/storytest", "internal/testcert",
-		"internal/testwait", "internal/tracing", "internal/history", "internal/rapidmutant", "proto/cluster/v1", "proto/sequencer/v1", "persist/internal/serverproc",
+		"internal/testwait", "internal/tmpfs", "internal/tracing", "internal/history", "internal/rapidmutant", "proto/cluster/v1", "proto/sequencer/v1", "persist/internal/serverproc",
 		"persist/mysql/mysqlurl",
 		"deploy", "e2e"},
 	// 1: interfaces and pure building blocks.

@@ -232,8 +232,9 @@ func (s *Store) commitGroup(group []*commitReq) {
 	// transaction like any refusal and are sorted out below.
 	err := s.commitTx(ctx, all, false)
 	release()
-	if err != nil && !errors.Is(err, sequencer.ErrUnknownOutcome) {
-		// Nothing was written: each call on its own, in order.
+	if err != nil && !errors.Is(err, sequencer.ErrUnknownOutcome) && !errors.Is(err, errDiskFull) {
+		// Nothing was written: each call on its own, in order. (A full file
+		// system refuses each of them too: they all get its answer.)
 		for _, r := range group {
 			r.err = s.commitTx(r.ctx, r.batches, true)
 			close(r.done)
@@ -272,7 +273,7 @@ func allDone(group []*commitReq) (context.Context, func()) {
 // commitTx writes batches in one transaction. With lookup false a unique
 // key violation is reported as unavailable without looking up the rows that
 // hold the keys (the caller commits the calls again one by one).
-func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, lookup bool) error {
+func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, lookup bool) (err error) {
 	// Waiting for the writer connection is bounded by ctx. The transaction
 	// itself is not bound to ctx: database/sql would roll it back from
 	// another goroutine when ctx ends, racing with COMMIT. ctx bounds each
@@ -283,6 +284,8 @@ func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, looku
 		return unavailable("commit: writer connection", err)
 	}
 	defer conn.Close()
+	defer func() { s.wrote(err) }()
+	gen := s.settle.failed.Load() // the failed COMMITs this one's frames go over
 	tx, err := conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return unavailable("commit: begin", err)
@@ -307,8 +310,15 @@ func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, looku
 		return unavailable("commit", err)
 	}
 	if err := tx.Commit(); err != nil {
+		if isDiskFull(err) {
+			// A frame write failed: the commit frame is not whole in the
+			// -wal file, and SQLite rolled back (settle.go).
+			return unavailable("commit: COMMIT", err)
+		}
+		s.settle.commitFailed() // while holding the connection
 		return unknownOutcome("commit: COMMIT", err)
 	}
+	s.settle.committed(gen)
 	return nil
 }
 

@@ -95,6 +95,9 @@ type Store struct {
 
 	markOnce sync.Once
 	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
+
+	full   atomic.Bool // the last write found the file system full (settle.go)
+	settle settleState // COMMITs of unknown outcome, and what settled them
 }
 
 var _ persist.Store = (*Store)(nil)
@@ -192,13 +195,13 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 // Path returns the database file's absolute path.
 func (s *Store) Path() string { return s.path }
 
-// Ping checks the file can be read.
-// Settle returns nil: a SQLite commit runs inside the Commit call of this
-// process, so once Commit returned its transaction is committed or rolled
-// back, whatever Commit reported.
-func (s *Store) Settle(context.Context) error { return nil }
-
+// Ping checks the file can be read, and fails while the last write found
+// the file system full (errDiskFull; a write that succeeds clears it: the
+// node's worker-id lease renewals keep trying every few seconds).
 func (s *Store) Ping(ctx context.Context) error {
+	if s.full.Load() {
+		return fmt.Errorf("sqlite: ping: the last write found %s's file system full: %w (%w)", s.path, errDiskFull, sequencer.ErrStoreUnavailable)
+	}
 	var one int
 	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
 		return unavailable("ping", err)
@@ -226,7 +229,12 @@ func (s *Store) Close() error {
 	return errors.Join(append(errs, s.r.Close(), s.w.Close(), s.lock.release())...)
 }
 
+// unavailable is the error of a write or read that changed nothing; a full
+// file system gives the domain reason errDiskFull first.
 func unavailable(op string, err error) error {
+	if isDiskFull(err) {
+		return fmt.Errorf("sqlite: %s: %w (%w; %w)", op, errDiskFull, sequencer.ErrStoreUnavailable, err)
+	}
 	return fmt.Errorf("sqlite: %s: %w (%w)", op, sequencer.ErrStoreUnavailable, err)
 }
 

@@ -28,6 +28,7 @@ func (s *Store) AcquireWorker(ctx context.Context, holder string, now time.Time,
 			ORDER BY last_ms, worker_id LIMIT 1)
 		RETURNING worker_id, token, last_ms, expires_at, (SELECT MAX(last_ms) FROM worker_lease)`,
 		holder, now.UnixMilli(), leaseEndMs(now, ttl)).Scan(&id, &token, &lastMs, &expires, &highMs)
+	s.wrote(err)
 	if errors.Is(err, sql.ErrNoRows) {
 		return persist.WorkerLease{}, fmt.Errorf("sqlite: acquire worker id for %q: every id is leased: %w", holder, sequencer.ErrWorkerLeaseLost)
 	}
@@ -48,6 +49,7 @@ func (s *Store) RenewWorker(ctx context.Context, lease persist.WorkerLease, last
 		WHERE worker_id = ?1 AND holder = ?2 AND token = ?3 AND expires_at >= ?6
 		RETURNING last_ms, expires_at`,
 		lease.WorkerID, lease.Holder, int64(lease.Token), lastMs, leaseEndMs(now, ttl), now.UnixMilli()).Scan(&stored, &expires)
+	s.wrote(err)
 	if errors.Is(err, sql.ErrNoRows) {
 		return persist.WorkerLease{}, fmt.Errorf("sqlite: renew worker id %d for %q: taken over, released or expired: %w",
 			lease.WorkerID, lease.Holder, sequencer.ErrWorkerLeaseLost)
