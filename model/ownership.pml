@@ -98,6 +98,9 @@
 #ifndef MAXINC
 #define MAXINC 2     /* incarnations per node: one start plus one rejoin or restart */
 #endif
+#ifndef MAXREINC
+#define MAXREINC (N*MAXINC)  /* new incarnations in all, after each node's first: rejoins and restarts */
+#endif
 #ifndef MAXGEN
 #define MAXGEN 3     /* lease acquisitions per partition */
 #endif
@@ -105,6 +108,9 @@
 #define MAXRESEND 1  /* resends in all (each message is sent once, plus these resends) */
 #endif
 #define MAXS 5       /* seqs per conversation the arrays hold */
+#ifdef HEAD_FENCE
+#define LASTG        /* one_writer's ghost (the PostgreSQL variant gets one_writer from fenced) */
+#endif
 
 #define NC(n,c) ((n)*C+(c))
 #define BIT(wi) (1 << (wi))
@@ -130,7 +136,9 @@ byte row[C*(MAXS+1)];      /* im_message: ROW(c,s) = message+1 stored at seq s, 
 
 /* ghosts: what the checker remembers, never read by the protocol */
 byte gen[C];               /* acquisitions so far of each partition (a lease generation) */
+#ifdef LASTG
 byte lastg[C];             /* generation of the last successful commit of conversation c */
+#endif
 byte seqw[C];              /* bit s: seq s of conversation c was ever written */
 byte everStored;           /* bit m: message m was ever stored */
 byte landedSeq[M];         /* the seq message m was stored at */
@@ -141,6 +149,7 @@ byte landedSeq[M];         /* the seq message m was stored at */
 #define DOWN 2             /* stepped down, rejoining */
 byte phase[N];
 byte inc[N];               /* the process's current incarnation, 0 = never joined */
+byte reinc;                /* rejoins and crashes so far, all nodes (each leads to a new incarnation) */
 byte held[N];              /* bit p: ownership.Part.Held */
 byte moving[N];            /* bit p: ownership.Part.Moving */
 byte hep[N*C];             /* ownership.Part.Epoch */
@@ -234,7 +243,8 @@ inline answer_ack(n, m, sq) {
     :: cw[m] == n+1 ->
         cw[m] = 0;
         assert(acked_stored || ROW(MCONV(m), sq) == m+1);
-        acked[m] = 1   /* a second ack names the same seq: stored_once */
+        acked[m] = 1;  /* a second ack names the same seq: stored_once */
+        unk[m] = 0     /* read only while not acked: cleared, so that states differing only in it are one */
     :: else -> skip
     fi
 }
@@ -378,7 +388,12 @@ inline step_down(n, rel) {
  * incarnation; refused while a live row of this node id exists. */
 inline a_join(n) {
     d_step { phase[n] == NEW && minc[n] == 0 && inc[n] < MAXINC ->
-        inc[n]++; minc[n] = inc[n]; phase[n] = ACTIVE }
+#ifdef MUT_SAMEINC
+        if :: inc[n] == 0 -> inc[n]++ :: else -> skip fi;   /* mutant: a restart joins under its old incarnation */
+#else
+        inc[n]++;
+#endif
+        minc[n] = inc[n]; phase[n] = ACTIVE }
 }
 
 /* membership.Store.Heartbeat (another node's, or the database clock): the
@@ -408,15 +423,16 @@ inline a_step_down(n, rel) {
 /* cluster.Node.rejoin: Remove the old row, Join as a new incarnation. The
  * process and its conversation actors live on. */
 inline a_rejoin(n) {
-    d_step { phase[n] == DOWN && inc[n] < MAXINC ->
-        minc[n] = 0; inc[n]++; minc[n] = inc[n]; phase[n] = ACTIVE }
+    d_step { phase[n] == DOWN && inc[n] < MAXINC && reinc < MAXREINC ->
+        reinc++; minc[n] = 0; inc[n]++; minc[n] = inc[n]; phase[n] = ACTIVE }
 }
 
 /* A crash (kill -9) and restart: memory is lost; a transaction in flight
  * stays with its backend and may still land (orphan); its senders never get
  * an answer. The new process joins once the old row expired (a_join). */
 inline a_crash(n) {
-    d_step { phase[n] != NEW && inc[n] < MAXINC ->
+    d_step { phase[n] != NEW && inc[n] < MAXINC && reinc < MAXREINC ->
+        reinc++;
         phase[n] = NEW; held[n] = 0; moving[n] = 0; fencedT[n] = 0;
         wt = 0;
         do
@@ -457,10 +473,14 @@ inline a_acquire(n, p, rec) {
 #else
         (lown[p] == 0 || lown[p] == OWNER(n) || minc[ONODE(lown[p])] != OINC(lown[p])) ->
 #endif
+#ifdef MUT_KEEPOWN
+        if :: lown[p] != OWNER(n) -> lep[p]++ :: else -> skip fi;   /* mutant: a lease already ours keeps its epoch */
         lown[p] = OWNER(n);
-#ifdef MUT_NOBUMP
+#elif defined(MUT_NOBUMP)
+        lown[p] = OWNER(n);
         if :: lep[p] == 0 -> lep[p] = 1 :: else -> skip fi;   /* mutant: the epoch is not bumped */
 #else
+        lown[p] = OWNER(n);
         lep[p]++;
 #endif
         gen[p]++;
@@ -636,8 +656,10 @@ inline a_tx_run(n, c) {
             od;
             assert(never_back || txbase[NC(n,c)] + wk >= head[c]);
             head[c] = txbase[NC(n,c)] + wk;
+#ifdef LASTG
             assert(one_writer || txgen[NC(n,c)] >= lastg[c]);
             lastg[c] = txgen[NC(n,c)];
+#endif
 #ifdef HEAD_FENCE
             hepr[c] = txfe[NC(n,c)];
 #else
@@ -769,6 +791,128 @@ inline a_trim(c) {
         check_contiguous(c) }
 }
 
+/* ================= node symmetry ================= */
+
+/* Nodes are interchangeable: every action exists for every node, no
+ * invariant names one, and the bounds are per node. So a state and the same
+ * state with two nodes' names swapped have the same futures up to that
+ * renaming, and the same invariants hold in both. After every action, canon
+ * sorts the nodes by their own state (a fixed order of their fields) and
+ * renames every reference to them (lease owners, fence owners, the node a
+ * client waits at): the checker then stores one state for all the orders of
+ * the nodes, up to N! fewer states, and the search stays exhaustive. Nodes
+ * whose own fields are equal are not sorted further (a choice that only costs
+ * reduction, never soundness: any renaming of a state is a state of the same
+ * system). -DNOSYM turns it off. In a trail (spin -t -p) a swap prints
+ * "canon: nodes a and b renamed"; node numbers after it are the new ones. */
+#ifndef NOSYM
+hidden byte wa, wb, wc, wu, wx;  /* scratch of canon */
+
+#define SWAPV(x, y) wu = x; x = y; y = wu
+/* an owner value (OWNER encoding) naming node a or b names the other */
+#define RENAME_OWNER(v) if \
+    :: (v) != 0 && ONODE(v) == wa -> v = wb*4 + OINC(v) \
+    :: (v) != 0 && ONODE(v) == wb -> v = wa*4 + OINC(v) \
+    :: else -> skip \
+    fi
+
+/* rename nodes wa <-> wb everywhere */
+inline swap_nodes() {
+    printf("canon: nodes %d and %d renamed\n", wa, wb);
+    SWAPV(minc[wa], minc[wb]); SWAPV(phase[wa], phase[wb]); SWAPV(inc[wa], inc[wb]);
+    SWAPV(held[wa], held[wb]); SWAPV(moving[wa], moving[wb]); SWAPV(fencedT[wa], fencedT[wb]);
+    wx = 0;
+    do
+    :: wx < C ->
+        SWAPV(hep[NC(wa,wx)], hep[NC(wb,wx)]); SWAPV(hgen[NC(wa,wx)], hgen[NC(wb,wx)]);
+        SWAPV(op[NC(wa,wx)], op[NC(wb,wx)]); SWAPV(hk[NC(wa,wx)], hk[NC(wb,wx)]);
+        SWAPV(hd[NC(wa,wx)], hd[NC(wb,wx)]); SWAPV(q[NC(wa,wx)], q[NC(wb,wx)]);
+        SWAPV(bt[NC(wa,wx)], bt[NC(wb,wx)]); SWAPV(bprev[NC(wa,wx)], bprev[NC(wb,wx)]);
+        SWAPV(memo[NC(wa,wx)], memo[NC(wb,wx)]); SWAPV(rmatch[NC(wa,wx)], rmatch[NC(wb,wx)]);
+        SWAPV(tx[NC(wa,wx)], tx[NC(wb,wx)]); SWAPV(txbt[NC(wa,wx)], txbt[NC(wb,wx)]);
+        SWAPV(txprev[NC(wa,wx)], txprev[NC(wb,wx)]); SWAPV(txbase[NC(wa,wx)], txbase[NC(wb,wx)]);
+        SWAPV(txfo[NC(wa,wx)], txfo[NC(wb,wx)]); SWAPV(txfe[NC(wa,wx)], txfe[NC(wb,wx)]);
+        SWAPV(txgen[NC(wa,wx)], txgen[NC(wb,wx)]); SWAPV(orphan[NC(wa,wx)], orphan[NC(wb,wx)]);
+        RENAME_OWNER(lown[wx]);
+        wx++
+    :: else -> break
+    od;
+    wx = 0;
+    do
+    :: wx < N*C -> RENAME_OWNER(txfo[wx]); wx++
+    :: else -> break
+    od;
+    wx = 0;
+    do
+    :: wx < M ->
+        if
+        :: cw[wx] == wa+1 -> cw[wx] = wb+1
+        :: cw[wx] == wb+1 -> cw[wx] = wa+1
+        :: else -> skip
+        fi;
+        wx++
+    :: else -> break
+    od;
+    wx = 0; wu = 0
+}
+
+/* wc := 1 if node wa's own fields come before node wb's, 2 if after, 0 if
+ * equal (fields that name nodes compare only what they say about the node
+ * itself: the incarnation of a fence owner, whether it is the node). */
+#define CMPF(x, y) if :: wc == 0 && (x) < (y) -> wc = 1 :: wc == 0 && (x) > (y) -> wc = 2 :: else -> skip fi
+#define SELF(v, n) ((v) != 0 && ONODE(v) == (n))
+inline cmp_nodes() {
+    wc = 0;
+    CMPF(phase[wa], phase[wb]); CMPF(inc[wa], inc[wb]); CMPF(minc[wa], minc[wb]);
+    CMPF(held[wa], held[wb]); CMPF(moving[wa], moving[wb]); CMPF(fencedT[wa], fencedT[wb]);
+    wx = 0;
+    do
+    :: wx < C && wc == 0 ->
+        CMPF(hep[NC(wa,wx)], hep[NC(wb,wx)]); CMPF(op[NC(wa,wx)], op[NC(wb,wx)]);
+        CMPF(hk[NC(wa,wx)], hk[NC(wb,wx)]); CMPF(hd[NC(wa,wx)], hd[NC(wb,wx)]);
+        CMPF(q[NC(wa,wx)], q[NC(wb,wx)]); CMPF(bt[NC(wa,wx)], bt[NC(wb,wx)]);
+        CMPF(bprev[NC(wa,wx)], bprev[NC(wb,wx)]); CMPF(memo[NC(wa,wx)], memo[NC(wb,wx)]);
+        CMPF(rmatch[NC(wa,wx)], rmatch[NC(wb,wx)]); CMPF(tx[NC(wa,wx)], tx[NC(wb,wx)]);
+        CMPF(txbt[NC(wa,wx)], txbt[NC(wb,wx)]); CMPF(txprev[NC(wa,wx)], txprev[NC(wb,wx)]);
+        CMPF(txbase[NC(wa,wx)], txbase[NC(wb,wx)]); CMPF(txfe[NC(wa,wx)], txfe[NC(wb,wx)]);
+        CMPF(OINC(txfo[NC(wa,wx)]), OINC(txfo[NC(wb,wx)]));
+        CMPF(SELF(txfo[NC(wa,wx)], wa), SELF(txfo[NC(wb,wx)], wb));
+        CMPF(orphan[NC(wa,wx)], orphan[NC(wb,wx)]);
+        CMPF(SELF(lown[wx], wa), SELF(lown[wx], wb));
+        CMPF(hgen[NC(wa,wx)], hgen[NC(wb,wx)]); CMPF(txgen[NC(wa,wx)], txgen[NC(wb,wx)]);
+        wx++
+    :: else -> break
+    od;
+    wx = 0;
+    do
+    :: wx < M && wc == 0 -> CMPF(cw[wx] == wa+1, cw[wx] == wb+1); wx++
+    :: else -> break
+    od;
+    wx = 0
+}
+
+/* compare-and-swap nodes x < y */
+inline order(x, y) {
+    wa = x; wb = y; cmp_nodes();
+    if
+    :: wc == 2 -> swap_nodes()
+    :: else -> skip
+    fi;
+    wa = 0; wb = 0; wc = 0
+}
+
+inline canon() {
+#if N == 3
+    order(0, 1); order(1, 2); order(0, 1)
+#else
+    order(0, 1)
+#endif
+}
+#define CANON canon()
+#else
+#define CANON skip
+#endif
+
 /* ================= the system ================= */
 
 /* the two outcomes of a step-down's release and of an acquire's answer */
@@ -804,9 +948,13 @@ inline a_trim(c) {
 #define FOR_MN(A) FOR_MN_M(A, 0) FOR_MN_M(A, 1)
 #endif
 
+/* One step of the system: one action (each is a d_step), then canon; the
+ * state between the two is not stored (atomic). */
 active proctype system() {
 end:
     do
+    :: atomic {
+    if
     FOR_N(a_join)
     FOR_N(a_expire)
     FOR_N(a_step_down_rel)
@@ -837,5 +985,8 @@ end:
 #ifdef RETENTION
     FOR_C(a_trim)
 #endif
+    fi;
+    d_step { CANON }
+    }
     od
 }
