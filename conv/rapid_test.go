@@ -130,6 +130,14 @@ func convProperty(t *rapid.T) {
 		},
 		"other writer": func(t *rapid.T) {
 			h := m.st.head()
+			if convMutation == "skip-seq" {
+				// The other writer's store moves the head past a seq
+				// that has no row, and the row goes after it.
+				h++
+				if err := m.st.s.SetHeadForTest(context.Background(), rapidConv, h); err != nil {
+					t.Fatal(err)
+				}
+			}
 			m.ext++
 			row := sequencer.Message{MsgID: 1<<40 + uint64(m.ext), ConvID: rapidConv, Seq: h + 1, FromUID: 999,
 				ClientMsgID: fmt.Sprint("ext", m.ext), ServerAt: m.now}
@@ -156,6 +164,12 @@ func (m *convMachine) send(key sequencer.ClientKey) {
 	m.sends = append(m.sends, &sendRec{conv: rapidConv, key: key})
 	m.core.Send(ctx, len(m.sends)-1, sequencer.SendRequest{ConvID: rapidConv, FromUID: key.FromUID,
 		ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("b")})
+	if convMutation == "forget-op" && m.pending != nil && m.pending.Commit != nil && len(m.core.queue) > 0 {
+		// A send queued behind a commit makes the core forget the commit
+		// it has out and form the next batch.
+		m.core.op = opNone
+		m.core.advance()
+	}
 	m.pump(true)
 }
 
@@ -383,6 +397,8 @@ func TestRapidCoreMutantsFail(t *testing.T) {
 		{"lost-as-unavailable", "error never stored"}, // a landed commit reported as not landed
 		{"lookup-other-id", "duplicate ids"},          // a resend's lookup returns other ids
 		{"no-drain", "answered once"},                 // the last store answers never come
+		{"skip-seq", "no hole"},                       // another writer's row lands a seq past the head
+		{"forget-op", "one store op"},                 // a queued send makes the core forget its commit and form another
 	} {
 		t.Run(c.mutation, func(t *testing.T) {
 			rapidmutant.Fails(t, &convMutation, c.mutation, c.property, convProperty)
