@@ -318,7 +318,8 @@ func (g *Generator) rolledBack(behindMs, bound int64, what string) error {
 	return nil
 }
 
-// waitPast returns once the clock reads a millisecond after ms. With a
+// waitPast returns once the clock reads a millisecond after ms, or reads a
+// millisecond before it (a step back: the caller checks again). With a
 // free-running clock it spins (yielding the processor): the wait is below
 // one millisecond and a timer sleep would overshoot it by far more (Go's
 // timers have millisecond granularity on Linux), costing throughput. With a
@@ -338,6 +339,12 @@ func (g *Generator) waitPast(ms int64) {
 			t = g.clk.Now()
 		}
 		if t.UnixMilli() > ms {
+			return
+		}
+		if t.UnixMilli() < ms {
+			// The clock stepped back during the wait: the caller's
+			// rollback rule decides (wait up to MaxClockRollback, else
+			// refuse), rather than spinning until it is past ms again.
 			return
 		}
 		if t.Equal(prev) {

@@ -263,6 +263,41 @@ func TestClockRollback(t *testing.T) {
 	}
 }
 
+// TestClockStepBackWhileWaiting: the clock steps back by seconds while
+// Next waits for the next millisecond (4096 ids in this one): Next must
+// refuse at once (clock moved backwards), not spin until the clock is past
+// that millisecond again.
+func TestClockStepBackWhileWaiting(t *testing.T) {
+	clk := clock.NewFake(t0)
+	g := mustNew(t, Config{WorkerID: 3, Clock: clk})
+	for i := 0; i <= MaxSeq; i++ {
+		mustNext(t, g)
+	}
+	// From the next reading on the clock is 5s back, and then runs 1us per
+	// reading (a free-running clock: waitPast spins on it).
+	readings := 0
+	stepped := false
+	clk.OnNow = func(now time.Time) time.Time {
+		readings++
+		if !stepped {
+			stepped = true
+			return now
+		}
+		if readings == 3 {
+			return now.Add(-5 * time.Second)
+		}
+		return now.Add(time.Microsecond)
+	}
+	id, err := g.Next()
+	clk.OnNow = nil
+	if !errors.Is(err, sequencer.ErrClockMovedBackwards) {
+		t.Fatalf("Next = %d, %v; want ErrClockMovedBackwards", id, err)
+	}
+	if readings > 100 {
+		t.Fatalf("Next read the clock %d times: it spun while the clock was behind", readings)
+	}
+}
+
 func TestAfterMsFloor(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
