@@ -1,7 +1,8 @@
 /*
  * The ownership protocol of a sequencer cluster, for spin (docs/TESTING.md,
  * "The model"). Checked exhaustively by model/check.sh, with its mutants
- * (model/mutants/*.pml: each #defines one MUT_* and #includes this file).
+ * (model/mutants/*.pml: each #defines its MUT_* switches and #includes
+ * this file).
  *
  * What is modelled, and after which code:
  *   - membership (membership/membership.go, persist/postgres/cluster.go):
@@ -35,11 +36,14 @@
  *               even when an earlier attempt of the same key is still out
  *               with an unknown outcome (see docs/TESTING.md: it fails).
  *   RETENTION   retention (a_trim) on; the CI run sets it.
- *   NOCRASH     leave out a_crash (kill -9 and restart); the CI run sets it.
+ *   NOCRASH     leave out a_crash (kill -9 and restart); the mutants'
+ *               bounds set it (model/check.sh).
  *   FULL        also: an Acquire whose answer is lost, a step-down whose
  *               release fails.
- *   N, C, M, MAXINC, MAXGEN, MAXRESEND  the bounds (see below).
- *   MUT_*       one mutant each (model/mutants/).
+ *   NOSYM       no node symmetry reduction (canon, below).
+ *   LASTG       keep one_writer's ghost (set by HEAD_FENCE).
+ *   N, C, M, MAXINC, MAXREINC, MAXGEN, MAXRESEND  the bounds (see below).
+ *   MUT_*       the mutants' changes (model/mutants/).
  *
  * Why HEAD_FENCE is safe (the argument the checker confirms): epochs grow
  * with every Acquire of a partition, and head_epoch of a conversation only
@@ -68,7 +72,8 @@
  *   stored_once     a resend key is stored at most once (idempotent);
  *   one_writer      per conversation, the lease generations of successful
  *                   commits never go down: a stale owner never commits
- *                   after a newer owner wrote;
+ *                   after a newer owner wrote (asserted with LASTG, i.e.
+ *                   in the Citus variant; fenced implies it otherwise);
  *   fenced          (PostgreSQL variant) every successful commit carries
  *                   the current lease generation of its partition;
  *   live_holder     a commit is refused for a stale fence only when the
