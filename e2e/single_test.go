@@ -373,8 +373,14 @@ func sendOutcome(err error) (string, history.Outcome) {
 		}
 		return code, history.OutcomeOfCode(code, true)
 	}
-	code := connect.CodeOf(err).String()
-	return code, history.OutcomeOfCode(code, connect.IsWireError(err))
+	code := connect.CodeOf(err)
+	if code == connect.CodeInternal {
+		// As above: "internal" is also what connect reports for a response
+		// cut off mid-body (a node killed while answering: "incomplete
+		// envelope"), which tells nothing.
+		return code.String(), history.Unknown
+	}
+	return code.String(), history.OutcomeOfCode(code.String(), connect.IsWireError(err))
 }
 
 // retryableCode is what a client may resend on (with the same client_msg_id).
