@@ -140,15 +140,17 @@ func find(results []Result, engine, scenario string) (Result, bool) {
 	return Result{}, false
 }
 
+// status is a target's verdict.
+func status(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
+
 // checkTargets checks the issue's targets (2 cores, PostgreSQL local) against
 // what was measured.
 func checkTargets(results []Result) []TargetCheck {
-	status := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "not met"
-	}
 	var out []TargetCheck
 	a, okA := find(results, "a", "many")
 	b, okB := find(results, "b", "many")
@@ -193,12 +195,6 @@ func checkTargets(results []Result) []TargetCheck {
 // (issue 20) and the group commit on MySQL against the seed's Redis INCR +
 // INSERT on MySQL (issue 22), each from engines of the same run.
 func storeTargets(results []Result) []TargetCheck {
-	status := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "not met"
-	}
 	var out []TargetCheck
 	ratio := func(target, sc, num, den string, min float64, pct bool) {
 		t := TargetCheck{Target: target, Status: "not measured"}
@@ -233,12 +229,6 @@ func storeTargets(results []Result) []TargetCheck {
 // networkTargets are issue 8's targets: the network API and the embedded
 // store against the engine in process.
 func networkTargets(results []Result) []TargetCheck {
-	status := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "not met"
-	}
 	var out []TargetCheck
 	for _, sc := range []string{"many", "hot"} {
 		t := TargetCheck{Target: sc + ": (e-batch) >= 80% of (a)", Status: "not measured"}
