@@ -246,34 +246,54 @@ var Model = porcupine.Model{
 }
 
 // operations turns a history into porcupine's form. An unknown outcome has
-// no return: it stays open to the end, except that once another attempt of
-// the same key was acked the key's place is fixed, and the open attempt can
-// change nothing after that ack returned.
+// no return: it stays open to the end.
+//
+// The attempts of one key whose outcome is unknown are merged: only the
+// first attempt to reach the store appends the key and every other one
+// finds it there and changes nothing, so one operation from the earliest
+// call stands for all of them. When an attempt of the key was acked, the
+// merged attempts fold into the ack that returned first (its call moved
+// back to the earliest unknown attempt's): the key was appended between
+// that call and that return, at the acked seq. Without this, a client that
+// resent one key ten times while a node was unavailable gave porcupine
+// 2^10 orders of no-op attempts to try per key, and a few such keys at once
+// in one conversation made the search run out of time (TestClusterChurn,
+// 36 unknown attempts in one conversation).
 //
 // In a conversation with a Final read, an unknown send whose key no ack and
 // no read ever shows is left out: the final read shows the whole log, so it
 // never landed before it, and after it nothing sees it. (Kept, it would be
 // tried at every step of the search.)
 func operations(ops []Op) []porcupine.Operation {
-	acked := map[string]time.Duration{} // conv+key -> earliest return of an ack
-	seen := map[string]bool{}           // conv+key shown by an ack or a read
-	final := map[string]bool{}          // conversations with a Final read
+	firstAck := map[string]int{}     // conv+key -> the ack that returned first
+	firstUnknown := map[string]int{} // conv+key -> its unknown attempt called first
+	merged := map[string]int{}       // conv+key -> unknown attempts
+	seen := map[string]bool{}        // conv+key shown by an ack or a read
+	final := map[string]bool{}       // conversations with a Final read
 	var last time.Duration
-	for _, o := range ops {
+	for i, o := range ops {
 		if o.Return > last {
 			last = o.Return
 		}
-		if o.Kind == Send && o.Outcome == OK {
-			k := o.Conv + "\x00" + o.Key
-			seen[k] = true
-			if r, ok := acked[k]; !ok || o.Return < r {
-				acked[k] = o.Return
-			}
+		if o.Call > last {
+			last = o.Call
 		}
-		if o.Kind == Pull && o.Outcome == OK {
+		k := o.Conv + "\x00" + o.Key
+		switch {
+		case o.Kind == Send && o.Outcome == OK:
+			seen[k] = true
+			if j, ok := firstAck[k]; !ok || o.Return < ops[j].Return {
+				firstAck[k] = i
+			}
+		case o.Kind == Send && o.Outcome == Unknown:
+			merged[k]++
+			if j, ok := firstUnknown[k]; !ok || o.Call < ops[j].Call {
+				firstUnknown[k] = i
+			}
+		case o.Kind == Pull && o.Outcome == OK:
 			final[o.Conv] = final[o.Conv] || o.Final
-			for _, k := range o.Keys {
-				seen[o.Conv+"\x00"+k] = true
+			for _, key := range o.Keys {
+				seen[o.Conv+"\x00"+key] = true
 			}
 		}
 	}
@@ -281,17 +301,25 @@ func operations(ops []Op) []porcupine.Operation {
 	out := make([]porcupine.Operation, 0, len(ops))
 	for i := range ops {
 		o := &ops[i]
-		ret := int64(o.Return)
-		if o.Outcome == Unknown && o.Kind == Send && final[o.Conv] && !seen[o.Conv+"\x00"+o.Key] {
-			continue
-		}
-		if o.Outcome == Unknown && o.Kind == Send {
+		call, ret, meta := int64(o.Call), int64(o.Return), o.String()
+		k := o.Conv + "\x00" + o.Key
+		if o.Kind == Send && o.Outcome == Unknown {
+			_, acked := firstAck[k]
+			if acked || firstUnknown[k] != i || (final[o.Conv] && !seen[k]) {
+				continue // folded into the first ack, or into the first unknown attempt, or never landed
+			}
 			ret = never
-			if r, ok := acked[o.Conv+"\x00"+o.Key]; ok {
-				ret = max(int64(r), int64(o.Call))
+			if n := merged[k]; n > 1 {
+				meta += fmt.Sprintf(" (stands for the key's %d attempts of unknown outcome)", n)
 			}
 		}
-		out = append(out, porcupine.Operation{ClientId: o.Client, Input: o, Call: int64(o.Call), Return: ret, Metadata: o.String()})
+		if o.Kind == Send && o.Outcome == OK && firstAck[k] == i {
+			if j, ok := firstUnknown[k]; ok && ops[j].Call < o.Call {
+				call = int64(ops[j].Call)
+				meta += fmt.Sprintf(" (called at %v by the first of the key's %d attempts of unknown outcome)", ops[j].Call, merged[k])
+			}
+		}
+		out = append(out, porcupine.Operation{ClientId: o.Client, Input: o, Call: call, Return: ret, Metadata: meta})
 	}
 	return out
 }

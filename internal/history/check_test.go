@@ -1,6 +1,7 @@
 package history
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,6 +81,12 @@ func TestLegalHistories(t *testing.T) {
 		"pull past the head": new(b).ack(0, "a", 0, 10, 1).pull(1, 11, 12, 6),
 		// A head read while a send is in flight may see it.
 		"head sees a send in flight": new(b).ack(0, "a", 0, 100, 1).head(1, 10, 20, 1),
+		// The first of several lost attempts stored the key: a read shows it
+		// before the resend that is acked was even called.
+		"stored by an earlier lost attempt": new(b).lost(0, "a", 0, 10).lost(0, "a", 11, 20).pull(1, 21, 22, 0, "a").
+			ack(0, "a", 30, 40, 1).head(1, 41, 42, 1),
+		// Lost attempts of a key that is never acked, one of them stored.
+		"lost attempts, one stored": new(b).lost(0, "a", 0, 10).lost(0, "a", 11, 20).ack(1, "b", 21, 30, 2).pull(2, 31, 32, 0, "a", "b").final(),
 	}
 	for name, h := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -113,6 +120,13 @@ func TestIllegalHistoriesAreCaught(t *testing.T) {
 		"head behind an ack":          {new(b).ack(0, "a", 0, 10, 1).head(1, 11, 12, 0), "head 0 read after seq 1"},
 		"key stored twice":            {new(b).lost(0, "a", 0, 10).ack(1, "b", 20, 30, 2).pull(2, 40, 41, 0, "a", "b", "a"), "stored at seq 1 and 3"},
 		"acked but read elsewhere":    {new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).pull(2, 30, 31, 0, "b", "a"), "b acked at seq 2 but read at seq 1"},
+		// Merging a key's attempts must not move its append before the
+		// first of them: a read that shows the key before any attempt of it
+		// was called is still caught.
+		"read before every attempt": {new(b).pull(1, 0, 5, 0, "a").lost(0, "a", 10, 20).lost(0, "a", 21, 30).ack(0, "a", 31, 40, 1), "no linearization"},
+		// Lost attempts then an ack: the seq is still the acked one.
+		"lost attempts, read at another seq": {new(b).lost(0, "a", 0, 10).lost(0, "a", 11, 20).ack(1, "b", 21, 30, 1).ack(0, "a", 31, 40, 2).
+			pull(2, 41, 42, 0, "a", "b"), "a acked at seq 2 but read at seq 1"},
 	}
 	dir := t.TempDir()
 	for name, c := range cases {
@@ -136,6 +150,39 @@ func TestIllegalHistoriesAreCaught(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A resend storm, the shape of a failover under load: while the
+// conversation's owner is unavailable, each of 40 clients resends its
+// message every few milliseconds (12 attempts of unknown outcome each,
+// overlapping every other client's); then the new owner acks them one
+// after the other, and readers see the head grow. The attempts of a key are
+// merged into one operation; checked one by one, the 480 open attempts made
+// the search run out of time (as in the e2e TestClusterChurn, 36 in one
+// conversation).
+func TestResendStormIsChecked(t *testing.T) {
+	h := new(b)
+	const clients, attempts = 40, 12
+	var keys []string
+	for c := 0; c < clients; c++ {
+		key := fmt.Sprintf("k%d", c)
+		keys = append(keys, key)
+		for a := 0; a < attempts; a++ {
+			h.lost(c, key, c+a*8, c+a*8+6)
+		}
+	}
+	for c, key := range keys {
+		at := 200 + 3*c
+		h.ack(c, key, at, at+2, uint64(c+1))
+		h.head(clients, at+2, at+3, uint64(c+1))
+	}
+	h.pull(clients, 400, 401, 0, keys...).final()
+	start := time.Now()
+	res, err := Check(h.ops, 30*time.Second, "", "")
+	if err != nil || !res.OK() {
+		t.Fatalf("%v %v", res, err)
+	}
+	t.Logf("%d operations checked in %v", len(h.ops), time.Since(start))
 }
 
 // Conversations are checked apart: a bad one is named, the good one is not.
