@@ -41,16 +41,33 @@ func TestCitusClusterChurn(t *testing.T) { clusterChurn(t, citustest.NewDatabase
 // sequencer_commit_seconds{result="stale_fence"}), and the ledger and the
 // checked history show none of its commits overwrote or lost an acked
 // message.
+//
+// Whether the SIGSTOP lands while a formed commit waits for the commit
+// worker is up to the scheduler: on a loaded machine the zombie may have
+// nothing queued (its commit on the wire finished on the worker before the
+// takeover). So the whole case, on a fresh database, runs up to three
+// times until the head row's epoch refused something; every run checks the
+// ledger and the history all the same.
 func TestCitusClusterZombie(t *testing.T) {
-	db := citustest.NewDatabase(t)
-	z := clusterZombie(t, db.DSN(), []string{postgres.TestNoLeaseCheckEnv + "=1", "SEQUENCER_COMMIT_WORKERS=1"})
-	if !strings.Contains(z.Output(), postgres.TestNoLeaseCheckEnv+" is set") {
-		t.Fatalf("the zombie did not run with its lease check off:\n%s", lastLines(z.Output(), 30))
-	}
-	refused := metricValue(t, z.Addr, `sequencer_commit_seconds_count{result="stale_fence"}`)
-	t.Logf("the zombie's commits refused by the head row's epoch: %v", refused)
-	if refused < 1 {
-		t.Fatalf("no commit of the zombie reached a worker after the takeover: the head row's epoch was not exercised")
+	const runs = 3
+	for run := 1; ; run++ {
+		var refused float64
+		t.Run(fmt.Sprintf("run%d", run), func(t *testing.T) {
+			db := citustest.NewDatabase(t)
+			z := clusterZombie(t, db.DSN(), []string{postgres.TestNoLeaseCheckEnv + "=1", "SEQUENCER_COMMIT_WORKERS=1"})
+			if !strings.Contains(z.Output(), postgres.TestNoLeaseCheckEnv+" is set") {
+				t.Fatalf("the zombie did not run with its lease check off:\n%s", lastLines(z.Output(), 30))
+			}
+			refused = metricValue(t, z.Addr, `sequencer_commit_seconds_count{result="stale_fence"}`)
+			t.Logf("the zombie's commits refused by the head row's epoch: %v", refused)
+		})
+		if t.Failed() || refused >= 1 {
+			return
+		}
+		if run == runs {
+			t.Fatalf("in %d runs, no commit of the zombie reached a worker after the takeover: the head row's epoch was not exercised", runs)
+		}
+		t.Logf("run %d: the freeze caught no queued commit of the zombie; again", run)
 	}
 }
 
