@@ -36,6 +36,13 @@ func AfterFunc(c Clock, d time.Duration, f func()) Timer {
 	return time.AfterFunc(d, f)
 }
 
+// After returns a Timer on c and a channel closed when it fires: the
+// channel form of AfterFunc, for a select.
+func After(c Clock, d time.Duration) (Timer, <-chan struct{}) {
+	fired := make(chan struct{})
+	return AfterFunc(c, d, func() { close(fired) }), fired
+}
+
 // Or returns c, or the real clock when c is nil.
 func Or(c Clock) Clock {
 	if c == nil {

@@ -39,6 +39,30 @@ func TestFakeAfterFunc(t *testing.T) {
 
 // A step moves what a reading says (wall) but not the time between two
 // readings (monotonic), as on a host whose clock NTP stepped.
+func TestFakeAfter(t *testing.T) {
+	f := NewFake(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	_, fired := After(f, time.Second)
+	stop, stopped := After(f, time.Second)
+	stop.Stop()
+	f.Advance(999 * time.Millisecond)
+	select {
+	case <-fired:
+		t.Fatal("After fired before its time on the fake clock")
+	case <-time.After(20 * time.Millisecond):
+	}
+	f.Advance(time.Millisecond)
+	select {
+	case <-fired:
+	case <-time.After(5 * time.Second):
+		t.Fatal("After did not fire once the fake clock reached its time")
+	}
+	select {
+	case <-stopped:
+		t.Fatal("a stopped After fired")
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
 func TestSteppedKeepsMonotonic(t *testing.T) {
 	if !layoutKnown {
 		t.Fatal("time.Time's layout is not the one shiftWall knows: a step would move the monotonic reading too")

@@ -2,11 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -59,4 +62,45 @@ func TestRenewalWithANewViewReconcilesAtOnce(t *testing.T) {
 	if len(n.wakeRecon) != 1 {
 		t.Fatal("a renewal that brought a new member did not wake the reconciliation")
 	}
+}
+
+// TestLoopsRunOnTheClock: the heartbeat and the reconciliation loop wait on
+// the node's clock, not on real time: on a fake clock that stands still
+// neither runs again, and moving it by one heartbeat runs both (a renewal,
+// and another try of the acquisition the store refused).
+func TestLoopsRunOnTheClock(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Now())
+	mem := membership.NewMem(clk)
+	var beats, acquires atomic.Int64
+	mem.Fail = func(op string) error {
+		switch op {
+		case "Heartbeat":
+			beats.Add(1)
+		case "Acquire":
+			acquires.Add(1)
+			return errors.New("test: acquire refused")
+		}
+		return nil
+	}
+	const hb = 20 * time.Millisecond // real-time timers would fire many times below
+	n, err := New(Config{NodeID: "a", Store: mem, Transport: NewMemNetwork().Transport("mem://a"), Clock: clk, Logger: simLogger(),
+		Ring: ring.Config{Partitions: 7}, Heartbeat: hb, MemberTTL: 10 * hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(ctx, nopLocal{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = n.Leave(context.Background()) }()
+	testwait.For(t, 5*time.Second, time.Millisecond, "the first reconciliation", func() bool { return acquires.Load() > 0 })
+	time.Sleep(10 * hb) // let the start's own wakes run out
+	b0, a0 := beats.Load(), acquires.Load()
+	time.Sleep(10 * hb)
+	if b, a := beats.Load(), acquires.Load(); b != b0 || a != a0 {
+		t.Fatalf("with the clock standing still: %d heartbeats and %d acquisitions in %v of real time (want 0 and 0)", b-b0, a-a0, 10*hb)
+	}
+	clk.Advance(hb)
+	testwait.For(t, 5*time.Second, time.Millisecond, "a heartbeat after the clock moved one heartbeat", func() bool { return beats.Load() > b0 })
+	testwait.For(t, 5*time.Second, time.Millisecond, "a reconciliation after the clock moved one heartbeat", func() bool { return acquires.Load() > a0 })
 }

@@ -573,7 +573,7 @@ func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst f
 			return o
 		}
 		if next == dst {
-			t, fired := f.after(backoff)
+			t, fired := clock.After(f.clk, backoff)
 			select {
 			case <-fired:
 			case <-changed:
@@ -593,12 +593,6 @@ func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst f
 		f.enqueue(dst.addr, []*fwdItem{it})
 		o = f.await(ctx, dst.owner, it)
 	}
-}
-
-// after returns a timer on the clock and a channel closed when it fires.
-func (f *forwarder) after(d time.Duration) (clock.Timer, <-chan struct{}) {
-	fired := make(chan struct{})
-	return clock.AfterFunc(f.clk, d, func() { close(fired) }), fired
 }
 
 // await waits for it's outcome; it gives up (no answer) when ctx ends or the

@@ -344,12 +344,12 @@ func (n *Node) startLoops() {
 			if n.clk.Now().UnixNano() < n.suspectUntil.Load() {
 				d = min(d, suspectPoll)
 			}
-			t := time.NewTimer(d)
+			t, fired := clock.After(n.clk, d)
 			select {
 			case <-bctx.Done():
 				t.Stop()
 				return
-			case <-t.C:
+			case <-fired:
 			case <-n.wakeBeat:
 				t.Stop()
 			}
@@ -358,15 +358,16 @@ func (n *Node) startLoops() {
 	}()
 	go func() {
 		defer close(n.reconDone)
-		t := time.NewTicker(n.cfg.Heartbeat)
-		defer t.Stop()
 		for {
 			n.reconcile(rctx)
+			t, fired := clock.After(n.clk, n.cfg.Heartbeat)
 			select {
 			case <-rctx.Done():
+				t.Stop()
 				return
-			case <-t.C:
+			case <-fired:
 			case <-n.wakeRecon:
+				t.Stop()
 			}
 		}
 	}()
@@ -735,10 +736,12 @@ func (n *Node) Leave(ctx context.Context) error {
 			break
 		}
 		if read(n, (*ownership.Core).Held) > 0 {
+			t, fired := clock.After(n.clk, n.cfg.Heartbeat)
 			select {
 			case <-ctx.Done():
-			case <-time.After(n.cfg.Heartbeat):
+			case <-fired:
 			}
+			t.Stop()
 		}
 	}
 	if err := n.store.Remove(ctx, self.NodeID, self.Incarnation); err != nil {

@@ -83,6 +83,11 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		defer cancel()
 	}
 	p := ring.PartitionOf(req.ConvID, n.partitions)
+	// The handoff wait and the retry backoff (waitChange) are this request's
+	// own time, like its deadline (ctx), which runs on real time: they use
+	// time.Timer, not the node's clock. The node's loops (heartbeat,
+	// reconciliation, Leave's wait) run on the clock; the simulation's sends
+	// run while its fake clock stands still.
 	wait := time.NewTimer(n.cfg.HandoffWait)
 	defer wait.Stop()
 	backoff := 20 * time.Millisecond
