@@ -65,6 +65,11 @@ type nemesisCluster struct {
 	// onError, when set before startLoad, sees every error a load client
 	// got.
 	onError func(err error)
+	// rawNode is the node of a raw client's latest attempt, by
+	// client_msg_id (the SDK picks its own); faults the schedule's faults,
+	// on the history's clock: both for the report of the slowest sends.
+	rawNode sync.Map
+	faults  []faultSpan
 }
 
 // proxiedDSN is dsn with its host and port replaced by addr.
@@ -171,6 +176,7 @@ func (c *nemesisCluster) startLoad() {
 			first := started[cid] == 1
 			firstMu.Unlock()
 			p := c.nodes[rand.Intn(len(c.nodes))]
+			c.rawNode.Store(cid, p.name)
 			resp, err := send(ctx, p.jsonClient(), conv, from, cid, body)
 			if err != nil {
 				return 0, 0, err
@@ -396,6 +402,7 @@ func (c *nemesisCluster) timeline(from, to time.Duration) []int {
 // t1 to t2, then healed: every node ready and agreeing after that long.
 type faultSpan struct {
 	name       string
+	node       int           // the victim, from 1 (the schedule's report)
 	t0, t1, t2 time.Duration // history times
 	healed     time.Duration
 }
@@ -527,14 +534,16 @@ func TestNemesisSchedule(t *testing.T) {
 		hold := time.Duration(1000+rng.Intn(5000)) * time.Millisecond
 		gap := time.Duration(500+rng.Intn(2500)) * time.Millisecond
 		t.Logf("fault %d: %s on n%d for %v", i, f.name, v+1, hold)
+		span := faultSpan{name: f.name, node: v + 1, t1: c.led.hist.Now()}
 		f.apply(c, v)
 		injected[f.name]++
 		time.Sleep(hold)
+		span.t2 = c.led.hist.Now()
 		c.heal()
 		c.healProcesses()
-		if d := c.waitHealed(fmt.Sprintf("after fault %d (%s on n%d)", i, f.name, v+1)); d > slowestHeal {
-			slowestHeal = d
-		}
+		span.healed = c.waitHealed(fmt.Sprintf("after fault %d (%s on n%d)", i, f.name, v+1))
+		slowestHeal = max(slowestHeal, span.healed)
+		c.faults = append(c.faults, span)
 		time.Sleep(gap)
 	}
 	c.finish()
@@ -545,11 +554,42 @@ func TestNemesisSchedule(t *testing.T) {
 		total += n
 	}
 	sort.Strings(names)
-	counts := history.Count(c.led.hist.Ops())
+	ops := c.led.hist.Ops()
+	c.logSlowest(ops, 3)
+	counts := history.Count(ops)
 	t.Logf("soak summary: seed %d, %v, %d faults {%s}, slowest heal %v; %v; acked messages %d; raw first-send duplicates %d",
 		seed, length, total, strings.Join(names, " "), slowestHeal.Round(10*time.Millisecond), counts, c.led.count(), c.internalDups.Load())
 	if fail := t.Failed(); !fail {
 		t.Logf("0 invariant violations")
+	}
+}
+
+// logSlowest logs the n slowest acked send attempts: who sent (SDK or raw
+// JSON, and then the node asked), when (history clock) and the faults that
+// overlapped the attempt, so that a soak's "slowest acked attempt" comes with
+// what it waited through.
+func (c *nemesisCluster) logSlowest(ops []history.Op, n int) {
+	var acked []history.Op
+	for _, o := range ops {
+		if o.Kind == history.Send && o.Outcome == history.OK {
+			acked = append(acked, o)
+		}
+	}
+	sort.Slice(acked, func(i, j int) bool { return acked[i].Return-acked[i].Call > acked[j].Return-acked[j].Call })
+	for i, o := range acked[:min(n, len(acked))] {
+		who := fmt.Sprintf("SDK client %d", o.Client)
+		if o.Client%4 == 3 {
+			node, _ := c.rawNode.Load(o.Key[strings.IndexByte(o.Key, '/')+1:])
+			who = fmt.Sprintf("raw JSON client %d via %v", o.Client, node)
+		}
+		var during []string
+		for _, f := range c.faults {
+			if end := f.t2 + f.healed; f.t1 < o.Return && end > o.Call {
+				during = append(during, fmt.Sprintf("%s on n%d %.1f-%.1fs healed %.1fs", f.name, f.node, f.t1.Seconds(), f.t2.Seconds(), end.Seconds()))
+			}
+		}
+		c.t.Logf("slowest acked attempt %d: %v, %s, conv %s key %s seq %d, %.1f-%.1fs; faults overlapping (start to healed): %s",
+			i+1, (o.Return - o.Call).Round(time.Millisecond), who, o.Conv, o.Key, o.Seq, o.Call.Seconds(), o.Return.Seconds(), strings.Join(during, "; "))
 	}
 }
 
