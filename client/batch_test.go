@@ -379,14 +379,18 @@ func TestBatchQueueBoundBlocks(t *testing.T) {
 // CLIENTS.md C09 and C21: a request never carries more than 1,000 items,
 // whatever queued; with batching disabled every message is its own Send.
 func TestBatchCapAndBatchingDisabled(t *testing.T) {
-	ctx := ctxT(t)
+	// What is checked is the requests' shape, not their speed: 2,500
+	// messages get two minutes (a loaded machine under -race has taken more
+	// than the SDK's default 30 s).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	node := startNode(t, t.TempDir(), "127.0.0.1:0")
 	var mu sync.Mutex
 	var sizes []int
 	tr := &countingTransport{base: h2cTransport(), n: map[string]int{}}
 	t.Cleanup(tr.base.(*http.Transport).CloseIdleConnections)
 	c := newClient(t, client.Config{Addrs: []string{node.Addr()}, HTTPClient: &http.Client{Transport: sizeRecorder{tr, &mu, &sizes}},
-		Protocol: client.ProtocolConnect})
+		Protocol: client.ProtocolConnect, Retry: client.RetryPolicy{Deadline: 2 * time.Minute}})
 	reqs := make([]client.SendRequest, 2500)
 	for i := range reqs {
 		reqs[i] = client.SendRequest{ConvID: fmt.Sprintf("g:cap%d", i%50), FromUID: 1, ClientMsgID: fmt.Sprint("cap", i)}
