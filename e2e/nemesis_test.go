@@ -151,6 +151,10 @@ func startNemesisCluster(t *testing.T, n int, steppedClocks bool) *nemesisCluste
 	return c
 }
 
+// rawClient tells the load's raw JSON clients (one in four) from its SDK
+// clients.
+func rawClient(i int) bool { return i%4 == 3 }
+
 // startLoad runs 48 clients: three in four use the SDK with its defaults,
 // the others send raw JSON to a random node. Every client resends (same key)
 // until acked: "a retrying client gets every send acked".
@@ -164,7 +168,7 @@ func (c *nemesisCluster) startLoad() {
 			return p.name, p.jsonClient()
 		},
 		sendFn: func(ctx context.Context, i int, conv string, from uint64, cid string, body []byte) (uint64, uint64, error) {
-			if i%4 != 3 {
+			if !rawClient(i) {
 				res, err := c.sdk.Send(ctx, client.SendRequest{ConvID: conv, FromUID: from, ClientMsgID: cid, Body: body})
 				if err != nil {
 					return 0, 0, err
@@ -372,11 +376,11 @@ func (c *nemesisCluster) measure(from, to time.Duration) window {
 		}
 		if o.Return >= from && o.Return < to {
 			w.acks++
-			if o.Client%4 != 3 {
+			if !rawClient(o.Client) {
 				w.sdkAcks++
 			}
 		}
-		if o.Client%4 != 3 && o.Return >= from && o.Call < to {
+		if !rawClient(o.Client) && o.Return >= from && o.Call < to {
 			if d := o.Return - o.Call; d > w.slowest {
 				w.slowest = d
 			}
@@ -391,7 +395,7 @@ func (c *nemesisCluster) measure(from, to time.Duration) window {
 func (c *nemesisCluster) timeline(from, to time.Duration) []int {
 	out := make([]int, (to-from+500*time.Millisecond-1)/(500*time.Millisecond))
 	for _, o := range c.led.hist.Ops() {
-		if o.Kind == history.Send && o.Outcome == history.OK && o.Client%4 != 3 && o.Return >= from && o.Return < to {
+		if o.Kind == history.Send && o.Outcome == history.OK && !rawClient(o.Client) && o.Return >= from && o.Return < to {
 			out[(o.Return-from)/(500*time.Millisecond)]++
 		}
 	}
@@ -578,7 +582,7 @@ func (c *nemesisCluster) logSlowest(ops []history.Op, n int) {
 	sort.Slice(acked, func(i, j int) bool { return acked[i].Return-acked[i].Call > acked[j].Return-acked[j].Call })
 	for i, o := range acked[:min(n, len(acked))] {
 		who := fmt.Sprintf("SDK client %d", o.Client)
-		if o.Client%4 == 3 {
+		if rawClient(o.Client) {
 			node, _ := c.rawNode.Load(o.Key[strings.IndexByte(o.Key, '/')+1:])
 			who = fmt.Sprintf("raw JSON client %d via %v", o.Client, node)
 		}
