@@ -304,6 +304,10 @@ func (t *ConnectTransport) Forward(ctx context.Context, addr string, req *cluste
 			}
 			return nil, &RefusedError{Msg: msg}
 		}
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return nil, fmt.Errorf("forward to %s: %w (%w)", addr, ErrNotSent, err)
+		}
 		return nil, fmt.Errorf("forward to %s: %w", addr, err)
 	}
 	return res.Msg, nil

@@ -13,12 +13,14 @@ import (
 )
 
 // HandleForward implements Handler: a batch forwarded by another node. The
-// sender must be a live member at its current incarnation (else the batch
-// is refused, nothing stored); every item is validated with the API's rules
+// batch must name its sender (else it is refused, nothing stored; see
+// checkSender); every item is validated with the API's rules
 // (sequencer.NewSendRequest, the node's MaxBody), then handled like the
-// items of a local SendBatch, never forwarded again.
+// items of a local SendBatch: a live member's never forwarded again, a
+// non-member's at most once more.
 func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
-	if err := n.checkSender(ctx, b); err != nil {
+	member, err := n.checkSender(b)
+	if err != nil {
 		n.met.received("refused", len(b.Items))
 		return nil, err
 	}
@@ -39,11 +41,21 @@ func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*c
 		reqs = append(reqs, req)
 		idx = append(idx, i)
 	}
-	n.met.received("accepted", len(reqs))
+	if member {
+		n.met.received("accepted", len(reqs))
+	} else {
+		n.met.received("accepted_from_non_member", len(reqs))
+	}
 	n.met.received("invalid", len(b.Items)-len(reqs))
 	if len(reqs) > 0 {
 		vout := make([]sequencer.SendOutcome, len(reqs))
-		n.sendMany(ctx, reqs, vout, true)
+		// A live member's items are handled here or failed, never
+		// forwarded again. A non-member routes by a view this node has
+		// moved past (it is cut from the store, presumed dead): its items
+		// are routed as this node's own clients' sends, so one more hop
+		// at most takes them to the owner (that hop comes from a live
+		// member, never forwarded again).
+		n.sendMany(ctx, reqs, vout, member)
 		for k, i := range idx {
 			out[i] = vout[k]
 		}
@@ -51,32 +63,26 @@ func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*c
 	return encodeReplies(n.cfg.NodeID, out), nil
 }
 
-// checkSender refuses a batch whose sender is not a live member at the
-// incarnation it names. When the sender's view is newer than ours, the
-// membership is read once more before refusing (rate-limited).
-func (n *Node) checkSender(ctx context.Context, b *clusterv1.ForwardBatch) error {
-	live := func() (bool, uint64) {
-		n.mu.RLock()
-		defer n.mu.RUnlock()
-		return n.core.Live(b.FromNode, b.FromIncarnation)
+// checkSender refuses a batch that names no sender (node id and
+// incarnation), and reports whether the sender is a live member of this
+// node's view. A sender that is not is served all the same: its items go
+// through this node's own routing like its own clients' sends (see
+// HandleForward), so nothing it asks is written without the owner's fence. That is how a node cut from
+// the store but not from its peers (presumed dead by them) serves its
+// clients: it forwards their sends to its partitions' next owners
+// (ownership.Destination.Successor). Peers are authenticated by the
+// transport (mutual TLS), not by the membership table. A sender whose view
+// is newer than ours makes the heartbeat read the table now.
+func (n *Node) checkSender(b *clusterv1.ForwardBatch) (member bool, err error) {
+	if b.FromNode == "" || b.FromIncarnation == "" {
+		return false, &RefusedError{Msg: fmt.Sprintf("a forwarded batch must name its sender's node id and incarnation (node %s)", n.cfg.NodeID)}
 	}
-	ok, version := live()
-	if ok {
-		return nil
+	live, version := read(n, func(c *ownership.Core) bool { ok, _ := c.Live(b.FromNode, b.FromIncarnation); return ok }),
+		read(n, func(c *ownership.Core) uint64 { return c.View().Version })
+	if b.MembershipVersion > version {
+		n.poke(n.wakeBeat)
 	}
-	if b.MembershipVersion > version && n.viewReads.Allow() {
-		rctx, cancel := n.opCtx(ctx)
-		v, err := n.store.View(rctx)
-		cancel()
-		if err == nil {
-			n.observe(v)
-			if ok, version = live(); ok {
-				return nil
-			}
-		}
-	}
-	return &RefusedError{Msg: fmt.Sprintf("node %q at incarnation %q is not a live member in membership view %d of node %s",
-		b.FromNode, b.FromIncarnation, version, n.cfg.NodeID)}
+	return live, nil
 }
 
 // SendBatch implements the API's Sender for a batch: every item is routed
@@ -151,10 +157,16 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		for k, i := range local {
 			lreqs[k] = reqs[i]
 		}
-		n.local.SendBatch(ctx, lreqs, lout)
+		wctx, stop := n.writerCtx(ctx)
+		n.local.SendBatch(wctx, lreqs, lout)
+		cut := writerCut(ctx, wctx)
+		stop()
 		for k, i := range local {
 			out[i] = lout[k]
-			if lout[k].Err != nil && ownershipErr(lout[k].Err) {
+			switch {
+			case lout[k].Err != nil && cut:
+				retry[i] = retryUnknown // gave up in the writer: this node was cut off (writerCtx)
+			case lout[k].Err != nil && ownershipErr(lout[k].Err):
 				retry[i] = retryNotStored
 			}
 		}

@@ -34,9 +34,10 @@ type fwdItem struct {
 type fwdKind int
 
 const (
-	fwdAnswered fwdKind = iota // the owner's answer: res or err
-	fwdRetry                   // not stored (an ownership error at the owner, the batch refused): the caller may route again
-	fwdNoAnswer                // outcome unknown, and not sent again: ctx ended, the link stalled, or handed back (see forwarder.resend)
+	fwdAnswered    fwdKind = iota // the owner's answer: res or err
+	fwdRetry                      // not stored (an ownership error at the owner, the batch refused): the caller may route again
+	fwdNoAnswer                   // outcome unknown, and not sent again: ctx ended, the link stalled, or handed back (see forwarder.resend)
+	fwdUnreachable                // not sent: the link to the owner stalled moments ago and no probe has answered since (see forwarder.down)
 )
 
 type fwdOutcome struct {
@@ -127,9 +128,13 @@ var defaultForwardPolicy = forwardPolicy{eager: 2, minBatch: 128, stall: 20 * ti
 type forwarder struct {
 	forwarderDeps
 
-	mu     sync.Mutex            // guards peers, probes and policy
+	mu     sync.Mutex            // guards peers, probes, down and policy
 	peers  map[string]*peerQueue // items waiting, by owner address
 	probes map[string]*probeCall // probes in flight, by peer address
+	// down: peers whose link stalled (a probe went unanswered), by
+	// address, with when; a send to one is answered at once, not sent,
+	// until a probe (every downProbe) answers again (see markDown).
+	down   map[string]time.Time
 	policy forwardPolicy
 	ctx    context.Context // batches in flight; canceled by close
 	cancel context.CancelFunc
@@ -189,7 +194,8 @@ func newForwarder(d forwarderDeps) *forwarder {
 	if d.probeTimeout <= 0 {
 		d.probeTimeout = ForwardProbeTimeout
 	}
-	f := &forwarder{forwarderDeps: d, peers: map[string]*peerQueue{}, probes: map[string]*probeCall{}, policy: defaultForwardPolicy}
+	f := &forwarder{forwarderDeps: d, peers: map[string]*peerQueue{}, probes: map[string]*probeCall{}, down: map[string]time.Time{},
+		policy: defaultForwardPolicy}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	return f
 }
@@ -357,16 +363,23 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		result := "transport_error"
 		switch {
 		case errors.As(err, &re):
-			// Nothing stored: this node is not a live member in the
-			// receiver's view (it is presumed dead, or the receiver lags).
+			// Nothing stored: the receiver refused the batch.
 			o = fwdOutcome{kind: fwdRetry, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner, re.Error())}
 			result = "refused"
+		case errors.Is(err, ErrNotSent):
+			// Nothing stored: no connection to the owner could be opened
+			// (it crashed, or this node is cut off); route again.
+			o = fwdOutcome{kind: fwdRetry, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+				fmt.Sprintf("forward to %s: %v", addr, err))}
+			result = "not_sent"
+			f.suspect()
 		case errors.Is(context.Cause(ctx), errLinkStalled):
 			o = fwdOutcome{kind: fwdNoAnswer, stalled: true, err: sequencer.Wrap(sequencer.CodeDeadlineExceeded,
 				fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled),
 				fmt.Sprintf("forward to %s: outcome unknown", addr))}
 			result = "stalled"
 			f.suspect()
+			f.markDown(addr, batch[0].req.ConvID)
 		default:
 			f.suspect()
 		}
@@ -401,6 +414,70 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		it.done <- o
 	}
 	return nil
+}
+
+// downProbe is how often the link of a peer that is down (markDown) is
+// probed until it answers.
+const downProbe = 200 * time.Millisecond
+
+// markDown records that the link to the peer at addr stalled: until a probe
+// answers again (probed every downProbe, each bounded by probeTimeout, in
+// one goroutine per peer), sends to it are answered at once (unreachable)
+// instead of each waiting ForwardProbeAfter+ForwardProbeTimeout for the same
+// verdict. conv is a conversation routed to it: probing stops when the route
+// no longer names that address (the owner left the view).
+func (f *forwarder) markDown(addr, conv string) {
+	if f.probe == nil {
+		return
+	}
+	f.mu.Lock()
+	_, already := f.down[addr]
+	if !already {
+		f.down[addr] = f.clk.Now()
+	}
+	f.mu.Unlock()
+	if already {
+		return
+	}
+	f.met.peerDown(1)
+	go func() {
+		defer func() {
+			f.mu.Lock()
+			delete(f.down, addr)
+			f.mu.Unlock()
+			f.met.peerDown(-1)
+		}()
+		for {
+			t, fired := clock.After(f.clk, downProbe)
+			select {
+			case <-f.ctx.Done():
+				t.Stop()
+				return
+			case <-fired:
+			}
+			if f.probeLink(addr) {
+				return
+			}
+			if r, _ := f.route(conv); !r.remote || r.addr != addr {
+				return
+			}
+		}
+	}()
+}
+
+// unreachable answers a send to dst at once when its link is down
+// (markDown): not sent, so nothing was stored by this attempt.
+func (f *forwarder) unreachable(dst fwdRoute) (fwdOutcome, bool) {
+	f.mu.Lock()
+	since, down := f.down[dst.addr]
+	f.mu.Unlock()
+	if !down {
+		return fwdOutcome{}, false
+	}
+	f.met.forward("unreachable")
+	return fwdOutcome{kind: fwdUnreachable, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+		fmt.Sprintf("node %s does not answer over the cluster link (no answer to a probe for %v); not sent",
+			dst.owner, f.clk.Now().Sub(since).Round(time.Millisecond)))}, true
 }
 
 // errLinkStalled ends a batch whose link to the peer made no progress (its
@@ -508,6 +585,9 @@ func (f *forwarder) probeLink(addr string) bool {
 // send forwards req to dst's owner and returns the outcome, after sending
 // it again as long as attempts get no answer (see resend).
 func (f *forwarder) send(ctx context.Context, req sequencer.SendRequest, dst fwdRoute) fwdOutcome {
+	if o, down := f.unreachable(dst); down {
+		return o
+	}
 	it := newFwdItem(ctx, req)
 	f.enqueue(dst.addr, []*fwdItem{it})
 	return f.resend(ctx, req, dst, f.await(ctx, dst.owner, it))
@@ -519,12 +599,18 @@ func (f *forwarder) send(ctx context.Context, req sequencer.SendRequest, dst fwd
 // item order (conversations in parallel); after one ends without an answer,
 // the later ones of its conversation are left as they are.
 func (f *forwarder) sendUnit(ctx context.Context, reqs []sequencer.SendRequest, dst fwdRoute) []fwdOutcome {
+	out := make([]fwdOutcome, len(reqs))
+	if o, down := f.unreachable(dst); down {
+		for k := range out {
+			out[k] = o
+		}
+		return out
+	}
 	items := make([]*fwdItem, len(reqs))
 	for k := range reqs {
 		items[k] = newFwdItem(ctx, reqs[k])
 	}
 	f.enqueue(dst.addr, items)
-	out := make([]fwdOutcome, len(reqs))
 	var again []int
 	for k, it := range items {
 		if out[k] = f.await(ctx, dst.owner, it); out[k].kind == fwdNoAnswer {
@@ -589,6 +675,14 @@ func (f *forwarder) resend(ctx context.Context, req sequencer.SendRequest, dst f
 			}
 		}
 		dst = next
+		if _, down := f.unreachable(dst); down {
+			// Not sent again to a peer that does not answer: the outcome
+			// of the attempts so far is unknown (deadline_exceeded), so the
+			// client re-routes.
+			return fwdOutcome{kind: fwdNoAnswer, stalled: true, resent: true, err: sequencer.Wrap(sequencer.CodeDeadlineExceeded,
+				fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled),
+				fmt.Sprintf("forward to node %s: outcome unknown", dst.owner))}
+		}
 		it := newFwdItem(ctx, req)
 		f.enqueue(dst.addr, []*fwdItem{it})
 		o = f.await(ctx, dst.owner, it)

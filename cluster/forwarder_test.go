@@ -11,6 +11,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 )
 
@@ -369,8 +370,9 @@ func TestForwarderResendsWithoutAnswer(t *testing.T) {
 // within probeTimeout ends the batch with no answer, stalled, as a
 // deadline_exceeded that wraps context.DeadlineExceeded (never an error
 // that says "not stored"), and the caller gets it at once while the route
-// still names that owner. When the route names another owner, the item is
-// sent there instead.
+// still names that owner. The link is then down: sends to that owner are
+// answered at once (unreachable, not sent) until a probe answers. When the
+// route names another owner, the item is sent there instead.
 func TestForwarderStalledLink(t *testing.T) {
 	b := newFwdBench(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -409,6 +411,20 @@ func TestForwarderStalledLink(t *testing.T) {
 		t.Fatal("the stalled batch's context is still live")
 	}
 	b.none(b.calls, "a resend into the stalled link")
+
+	// The link is down now: a send to that owner is answered at once
+	// (unreachable: not sent, so nothing stored), until a probe (every
+	// downProbe) answers again.
+	if o := b.outcome(b.send(ctx, "down"), "down"); o.kind != fwdUnreachable || sequencer.ErrorCode(o.err) != sequencer.CodeUnavailable {
+		t.Fatalf("a send to an owner whose link is down: %+v (code %v), want unreachable, unavailable", o, sequencer.ErrorCode(o.err))
+	}
+	b.none(b.calls, "a send into a link that is down")
+	b.clk.Advance(downProbe)
+	b.next(b.probes, "the down link's probe").answer <- fwdAnswer{}
+	testwait.For(t, 10*time.Second, time.Millisecond, "the link up again after its probe answered", func() bool {
+		_, down := b.f.unreachable(b.dst)
+		return !down
+	})
 
 	// Stalled, but the route names another owner by now: sent there.
 	done = b.send(ctx, "moved")

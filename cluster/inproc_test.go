@@ -22,6 +22,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/idgen"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/persist/postgres"
@@ -498,11 +499,22 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 		t.Fatalf("%s moved to %s during the test", conv, loc.NodeID)
 	}
 
-	hole.hole.Store(false)
-	res, err = a.cn.Send(ctx, req) // the client's resend
-	if err != nil {
-		t.Fatalf("resend after the link healed: %v", err)
+	// The link is down for a now: a send to b is answered at once, not
+	// sent (unavailable), until a's probe of the link answers again.
+	unsent := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "while-down", MsgType: 1}
+	if _, err := a.cn.Send(ctx, unsent); sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+		t.Fatalf("send while the link is down: %v (code %v), want unavailable at once", err, sequencer.ErrorCode(err))
 	}
+	hole.hole.Store(false)
+	// The client's resend, until the link is up again (probed every
+	// downProbe).
+	testwait.For(t, 30*time.Second, 10*time.Millisecond, "the resend acked after the link healed", func() bool {
+		res, err = a.cn.Send(ctx, req)
+		if err != nil && sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("resend after the link healed: %v", err)
+		}
+		return err == nil
+	})
 	acks[req.ClientMsgID] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
 	pc.checkStored(acks)
 }
@@ -569,9 +581,11 @@ func TestInProcessOwnerCrashesMidForward(t *testing.T) {
 
 // TestInProcessForgedForwards plays an attacker on the cluster port of a
 // node with mutual TLS: without a client certificate, with one of another
-// CA, with a valid certificate but as a node that is not a live member (or
-// at a stale incarnation), and with invalid items. Each is refused and
-// nothing is stored; a valid item next to the invalid ones is stored.
+// CA, with a valid certificate but a batch that names no sender, and with
+// invalid items. Each is refused and nothing is stored; a valid item next to
+// the invalid ones is stored. A batch from a sender that is not a live
+// member is routed by the receiver as its own clients' sends (one more hop
+// at most).
 func TestInProcessForgedForwards(t *testing.T) {
 	pc := newProcCluster(t)
 	ca := newTestCA(t, "cluster")
@@ -617,25 +631,42 @@ func TestInProcessForgedForwards(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}
-	// (c): a valid certificate, but not a live member at its incarnation.
+	// (c): a valid certificate, but a batch that names no sender: refused.
 	mallory := NewPeerTLS(good, ca.pool)
 	for name, bt := range map[string]*clusterv1.ForwardBatch{
-		"unknown node":           {FromNode: "mallory", FromIncarnation: "mallory/1", Items: []*clusterv1.ForwardItem{item(conv)}},
-		"member, no incarnation": {FromNode: "b", Items: []*clusterv1.ForwardItem{item(conv)}},
-		"member, old incarnation": {FromNode: "b", FromIncarnation: "b/0123456789abcdef", MembershipVersion: 1 << 40,
-			Items: []*clusterv1.ForwardItem{item(conv)}},
+		"no node id":     {FromIncarnation: "mallory/1", Items: []*clusterv1.ForwardItem{item(conv)}},
+		"no incarnation": {FromNode: "b", Items: []*clusterv1.ForwardItem{item(conv)}},
 	} {
 		_, err := forge(mallory, bt)
 		var re *RefusedError
 		if !errors.As(err, &re) {
 			t.Fatalf("%s: %v (want refused)", name, err)
 		}
-		if !strings.Contains(err.Error(), "not a live member") {
-			t.Fatalf("%s: %v", name, err)
-		}
 	}
 	if n := pc.countRows(); n != 0 {
 		t.Fatalf("%d rows stored by refused forwards", n)
+	}
+	// A sender that is not a live member (a node cut from the store
+	// forwarding to its partitions' next owners) is served by the
+	// receiver's own routing: stored only where the receiver holds the
+	// partition, never forwarded again.
+	theirs := convsOwnedBy(t, a, "b", "g", 1)[0]
+	reply0, err := forge(mallory, &clusterv1.ForwardBatch{FromNode: "mallory", FromIncarnation: "mallory/1",
+		Items: []*clusterv1.ForwardItem{item(conv), item(theirs)}})
+	reply := reply0
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := reply.Results[0].GetResult(); r == nil || r.Seq != 1 {
+		t.Fatalf("a's conversation from a non-member: %v", reply.Results[0])
+	}
+	// b's conversation: a routes a non-member's item as its own client's
+	// send, one more hop, to b.
+	if r := reply.Results[1].GetResult(); r == nil || r.Seq != 1 {
+		t.Fatalf("b's conversation from a non-member, through a: %v (want stored by b)", reply.Results[1])
+	}
+	if n := pc.countRows(); n != 2 {
+		t.Fatalf("%d rows stored, want the two items", n)
 	}
 	// (d): a member's identity, invalid items (each refused alone) next to
 	// a valid one.
@@ -650,7 +681,7 @@ func TestInProcessForgedForwards(t *testing.T) {
 	}
 	bt := member()
 	bt.Items = append(bad, item(conv))
-	reply, err := forge(mallory, bt)
+	reply, err = forge(mallory, bt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,13 +695,14 @@ func TestInProcessForgedForwards(t *testing.T) {
 		}
 	}
 	ok := reply.Results[len(bad)].GetResult()
-	if ok == nil || ok.Seq != 1 {
-		t.Fatalf("valid item: %v", reply.Results[len(bad)])
+	if ok == nil || ok.Seq != 1 || !ok.Duplicate {
+		t.Fatalf("valid item (stored before, by the non-member's batch): %v", reply.Results[len(bad)])
 	}
-	if n := pc.countRows(); n != 1 {
-		t.Fatalf("%d rows stored, want only the valid item", n)
+	if n := pc.countRows(); n != 2 {
+		t.Fatalf("%d rows stored, want only the valid item (and the non-member's two)", n)
 	}
-	pc.checkStored(map[string]acked{"forged-" + conv: {conv: conv, msgID: ok.MsgId, seq: ok.Seq}})
+	pc.checkStored(map[string]acked{"forged-" + conv: {conv: conv, msgID: ok.MsgId, seq: ok.Seq},
+		"forged-" + theirs: {conv: theirs, msgID: reply0.Results[1].GetResult().MsgId, seq: 1}})
 
 	// The nodes themselves talk over mutual TLS: a send through b for a's
 	// conversation is forwarded and stored.

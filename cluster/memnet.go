@@ -66,10 +66,10 @@ func (t *memTransport) Start(h Handler) (string, error) {
 func (t *memTransport) Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
 	h, ok := t.net.lookup(addr)
 	if !ok {
-		return nil, fmt.Errorf("memnet: %s unreachable", addr)
+		return nil, fmt.Errorf("memnet: %s unreachable: %w", addr, ErrNotSent)
 	}
 	if _, ok := t.net.lookup(t.addr); !ok {
-		return nil, fmt.Errorf("memnet: %s is cut off", t.addr)
+		return nil, fmt.Errorf("memnet: %s is cut off: %w", t.addr, ErrNotSent)
 	}
 	return h.HandleForward(ctx, req)
 }

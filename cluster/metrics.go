@@ -21,6 +21,7 @@ type clusterMetrics struct {
 	batches   prometheus.Histogram   // sequencer_cluster_forward_batch_items
 	recvd     *prometheus.CounterVec // sequencer_cluster_forwarded_received_total{result}
 	wakesDrop prometheus.Counter     // sequencer_cluster_wakes_dropped_total
+	peersDown prometheus.Gauge       // sequencer_cluster_peers_unreachable
 }
 
 func newClusterMetrics(set *metrics.Set) *clusterMetrics {
@@ -44,17 +45,20 @@ func newClusterMetrics(set *metrics.Set) *clusterMetrics {
 			Name: "sequencer_cluster_step_downs_total", Help: "Times this node dropped all partitions (presumed dead or fenced) and rejoined.",
 		}),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sequencer_cluster_forwards_total", Help: "Sends forwarded to their owner, by result (ok, a code, transport_error).",
+			Name: "sequencer_cluster_forwards_total", Help: "Sends forwarded to their owner, by result (ok, a code, transport_error, stalled, refused, owner_gone; not_sent: no connection could be opened; unreachable: not sent, the owner's link is down).",
 		}, []string{"result"}),
 		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sequencer_cluster_forward_batch_items", Help: "Items per forwarded batch sent by this node.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 6),
 		}),
 		recvd: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sequencer_cluster_forwarded_received_total", Help: "Forwarded items received from other nodes, by result (accepted, invalid, refused: the sender is not a live member).",
+			Name: "sequencer_cluster_forwarded_received_total", Help: "Forwarded items received from other nodes, by result (accepted; accepted_from_non_member: the sender is not a live member of this node's view, e.g. cut from the store and forwarding to its partitions' next owners; invalid; refused: the batch names no sender).",
 		}, []string{"result"}),
 		wakesDrop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sequencer_cluster_wakes_dropped_total", Help: "Wake-ups from other nodes dropped by the per-sender rate limit.",
+		}),
+		peersDown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sequencer_cluster_peers_unreachable", Help: "Peers whose cluster link stalled and has not answered a probe since: sends to them are answered at once (forwards result unreachable).",
 		}),
 	}
 	m.batches = register(set.Registry, m.batches)
@@ -66,6 +70,7 @@ func newClusterMetrics(set *metrics.Set) *clusterMetrics {
 	m.handoffs = register(set.Registry, m.handoffs)
 	m.stepDowns = register(set.Registry, m.stepDowns)
 	m.forwards = register(set.Registry, m.forwards)
+	m.peersDown = register(set.Registry, m.peersDown)
 	return m
 }
 
@@ -130,6 +135,12 @@ func (m *clusterMetrics) forwardBatch(items int) {
 func (m *clusterMetrics) received(result string, n int) {
 	if m != nil && n > 0 {
 		m.recvd.WithLabelValues(result).Add(float64(n))
+	}
+}
+
+func (m *clusterMetrics) peerDown(delta int) {
+	if m != nil {
+		m.peersDown.Add(float64(delta))
 	}
 }
 

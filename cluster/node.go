@@ -82,8 +82,7 @@ type Node struct {
 	changed chan struct{}
 	seen    uint64
 
-	fwd       *forwarder    // queues and batches the sends owned by other nodes
-	viewReads *rate.Limiter // membership re-reads asked by forwarded batches
+	fwd       *forwarder // queues and batches the sends owned by other nodes
 	wakeMu    sync.Mutex
 	wakes     map[string]*rate.Limiter // wake-ups accepted, by sender
 	drainOnce sync.Once
@@ -94,6 +93,11 @@ type Node struct {
 	// row's expiry (if it crashed) is seen at once.
 	suspectUntil atomic.Int64
 	viewLogged   atomic.Uint64 // the newest view version logged
+
+	// cut is canceled while this node can write nothing (NodeWritable
+	// fails; watchCut): the sends in its local writer then give up their
+	// attempt there and go on by the route (writerCtx).
+	cut atomic.Pointer[cutSignal]
 
 	supersededOnce sync.Once
 	supersededCh   chan struct{} // closed when another live process took this node id (Superseded)
@@ -148,7 +152,6 @@ func New(cfg Config) (*Node, error) {
 		changed:      make(chan struct{}),
 		wakeBeat:     make(chan struct{}, 1),
 		wakeRecon:    make(chan struct{}, 1),
-		viewReads:    rate.NewLimiter(rate.Limit(10), 10),
 		wakes:        map[string]*rate.Limiter{},
 		drain:        make(chan struct{}),
 		supersededCh: make(chan struct{}),
@@ -175,7 +178,79 @@ func New(cfg Config) (*Node, error) {
 	if p, ok := tr.(Prober); ok {
 		n.fwd.probe = p.Probe
 	}
+	n.cut.Store(newCutSignal())
 	return n, nil
+}
+
+// cutSignal is one stretch of time in which this node could write: its
+// context is canceled when the node can write nothing any more.
+type cutSignal struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newCutSignal() *cutSignal {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &cutSignal{ctx: ctx, cancel: cancel}
+}
+
+// writerCtx is ctx for an attempt in the local writer, also canceled when
+// this node can write nothing any more (its membership lease ran out
+// unrenewed, it is in trouble or stepping down): a send waiting there for a
+// store this node cannot reach gives up its attempt (outcome unknown) and
+// goes on by the route, to the partition's next owner once it took over
+// (whose resend check finds the message if that attempt stored it). Call it
+// when Dispatch said local (the node can write now).
+func (n *Node) writerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	c := n.cut.Load()
+	if c.ctx.Err() != nil {
+		// Writable again before watchCut saw it.
+		fresh := newCutSignal()
+		if n.cut.CompareAndSwap(c, fresh) {
+			c = fresh
+		} else {
+			fresh.cancel()
+			c = n.cut.Load()
+		}
+	}
+	return mergeCancel(ctx, c.ctx)
+}
+
+// writerCut reports whether an attempt in the local writer ended because this
+// node could write nothing any more (writerCtx), not because of its caller.
+func writerCut(ctx, wctx context.Context) bool { return ctx.Err() == nil && wctx.Err() != nil }
+
+// watchCut cancels the current cutSignal when this node can write nothing
+// (NodeWritable fails: checked at every change of the core and when the
+// membership lease would run out unrenewed) and starts a new one when it can
+// again.
+func (n *Node) watchCut(ctx context.Context) {
+	for {
+		now := n.clk.Now()
+		n.mu.RLock()
+		err := n.core.NodeWritable(now)
+		until := n.core.RenewedAt().Add(n.cfg.MemberTTL)
+		changed := n.changed
+		n.mu.RUnlock()
+		wait := time.Hour
+		if c := n.cut.Load(); err != nil {
+			c.cancel()
+		} else {
+			if c.ctx.Err() != nil {
+				n.cut.CompareAndSwap(c, newCutSignal())
+			}
+			wait = until.Sub(now) + time.Millisecond
+		}
+		t, fired := clock.After(n.clk, wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-changed:
+		case <-fired:
+		}
+		t.Stop()
+	}
 }
 
 // fwdRoute is the forwarder's route function: where convID's sends go now
@@ -356,6 +431,7 @@ func (n *Node) startLoops() {
 			n.beat(bctx)
 		}
 	}()
+	go n.watchCut(bctx)
 	go func() {
 		defer close(n.reconDone)
 		for {

@@ -123,7 +123,17 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		case ownership.WayWait:
 			err = dst.Err
 		case ownership.WayLocal:
-			res, lerr := n.local.Send(ctx, req)
+			wctx, stop := n.writerCtx(ctx)
+			res, lerr := n.local.Send(wctx, req)
+			cut := writerCut(ctx, wctx)
+			stop()
+			if lerr != nil && cut {
+				// This node can write nothing any more (cut from the store):
+				// its attempt has an unknown outcome; the route goes on, to
+				// the partition's next owner once it took over.
+				unknownBefore = true
+				continue
+			}
 			if lerr == nil || !ownershipErr(lerr) && !(unknownBefore && sequencer.ErrorCode(lerr).Retryable()) {
 				return ownResend(res, unknownBefore), lerr
 			}
@@ -145,7 +155,23 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 				// attempt may have stored it, so this is no final answer.
 				err = o.err
 				retryAfter = backoff
+			case fwdUnreachable:
+				// The owner's link is down (a probe went unanswered): not
+				// sent. Say so at once and let the client go elsewhere;
+				// after an attempt without an answer, the outcome is
+				// unknown (deadline_exceeded), never "not stored".
+				if unknownBefore {
+					return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeDeadlineExceeded,
+						fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled), o.err.Error()+"; an earlier attempt's outcome is unknown")
+				}
+				return sequencer.SendResult{}, o.err
 			case fwdRetry:
+				if dst.Successor && !unknownBefore {
+					// This node cannot write, and the next owner has not
+					// taken the partition over yet (or could not be
+					// reached): nothing was stored; say so at once.
+					return sequencer.SendResult{}, o.err
+				}
 				err = o.err
 				retryAfter = backoff // the owner's view may be ahead or behind ours
 			case fwdNoAnswer:

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 )
@@ -14,9 +15,10 @@ const ProtocolVersion = 2
 // Handler is what a node serves to the other nodes.
 type Handler interface {
 	// HandleForward handles a batch of sends forwarded by another node
-	// (locally, or a failure per item: never forwarded again). It answers
-	// one result per item, or an error refusing the whole batch (the caller
-	// is not a live member): then nothing was stored.
+	// (locally, or a failure per item; a live member's items are never
+	// forwarded again). It answers one result per item, or an error
+	// refusing the whole batch (it names no sender): then nothing was
+	// stored.
 	HandleForward(ctx context.Context, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error)
 	// HandleWake asks the node to read the membership table now. peer names
 	// the connection it came from (for rate limiting).
@@ -30,8 +32,10 @@ type Transport interface {
 	Start(h Handler) (addr string, err error)
 	// Forward sends req to the node at addr and waits for its reply, at most
 	// until ctx ends. An error means no per-item answer arrived: either the
-	// receiver refused the whole batch (a *RefusedError: nothing stored) or
-	// the outcome is unknown (the items may or may not have been handled).
+	// receiver refused the whole batch (a *RefusedError: nothing stored),
+	// the request never left this node (an error wrapping ErrNotSent: the
+	// connection could not be opened; nothing stored), or the outcome is
+	// unknown (the items may or may not have been handled).
 	Forward(ctx context.Context, addr string, req *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error)
 	// Wake sends w to the node at addr without waiting (best effort).
 	Wake(addr string, w *clusterv1.WakeRequest)
@@ -48,9 +52,12 @@ type Prober interface {
 	Probe(ctx context.Context, addr string) error
 }
 
+// ErrNotSent marks a Forward error that proves the request never reached
+// the peer (no connection could be opened to it): nothing was stored.
+var ErrNotSent = errors.New("not sent: no connection to the peer")
+
 // RefusedError is a receiver's refusal of a whole forwarded batch before it
-// looked at any item (the sender is not a live member at its incarnation):
-// nothing was stored. It crosses the wire as connect's permission_denied.
+// looked at any item (the batch names no sender): nothing was stored. It crosses the wire as connect's permission_denied.
 type RefusedError struct{ Msg string }
 
 func (e *RefusedError) Error() string { return "forward refused: " + e.Msg }

@@ -23,6 +23,7 @@ package ownership
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -92,6 +93,9 @@ type Core struct {
 	self    membership.Member // NodeID, Incarnation, addresses
 	view    membership.View
 	ring    *ring.Ring
+	// next is the ring of the view without this node: who takes this
+	// node's partitions once it is presumed dead (see Dispatch).
+	next    *ring.Ring
 	parts   []Part
 	renewed time.Time // local clock: when the last successful renewal (or join) was sent
 	beatErr error     // the last failed renewal, nil after a success
@@ -114,7 +118,7 @@ func New(cfg Config, self membership.Member) (*Core, error) {
 	}
 	self.NodeID = cfg.NodeID
 	self.Partitions = empty.Partitions()
-	return &Core{cfg: cfg, partitions: empty.Partitions(), self: self, ring: empty,
+	return &Core{cfg: cfg, partitions: empty.Partitions(), self: self, ring: empty, next: empty,
 		parts: make([]Part, empty.Partitions())}, nil
 }
 
@@ -259,7 +263,12 @@ func (c *Core) adopt(v membership.View, sent time.Time) {
 		if err != nil {
 			return // keep the previous ring; the next view may do
 		}
-		c.ring = r
+		others := slices.DeleteFunc(v.RingNodes(), func(m ring.Node) bool { return m.NodeID == c.cfg.NodeID })
+		next, err := ring.New(others, c.cfg.Ring)
+		if err != nil {
+			return
+		}
+		c.ring, c.next = r, next
 		c.changed()
 	}
 	c.view = v

@@ -32,6 +32,13 @@ type Destination struct {
 	Owner     membership.Member
 	Partition uint32
 	Version   uint64 // the membership view's version
+	// Successor: the ring names this node, but it can write nothing now
+	// (NodeWritable fails: its lease is not renewed, it is in trouble or
+	// stepping down), so the send is forwarded to the partition's next
+	// owner, the ring's owner without this node: the node that takes the
+	// partition once this one is presumed dead. Until it has, it answers
+	// not-owner (retryable, nothing stored); Err is this node's reason.
+	Successor bool
 }
 
 // Dispatch answers where a send for partition p goes at now by the current
@@ -66,8 +73,33 @@ func (c *Core) Dispatch(p uint32, now time.Time) Destination {
 	d.Way = WayLocal
 	if _, err := c.Writable(p, now); err != nil {
 		d.Way, d.Err = WayWait, err
+		if m, ok := c.successor(p, now); ok {
+			d.Way, d.Owner, d.Successor = WayForward, m, true
+		}
 	}
 	return d
+}
+
+// successor is the owner of p by the ring without this node, when this
+// node can write nothing now (NodeWritable fails) and the view names
+// another node: where a send of a partition of this node goes while it is
+// cut from the store (Dispatch).
+func (c *Core) successor(p uint32, now time.Time) (membership.Member, bool) {
+	if c.NodeWritable(now) == nil {
+		return membership.Member{}, false
+	}
+	next, ok := c.next.Owner(p)
+	if !ok {
+		return membership.Member{}, false
+	}
+	m, _ := c.view.Member(next.NodeID)
+	if m.NodeID == "" {
+		m.NodeID = next.NodeID
+	}
+	if m.ClusterAddr == "" {
+		m.ClusterAddr = next.Address
+	}
+	return m, true
 }
 
 // Location is where a conversation's partition lives by this node's view.
@@ -96,12 +128,23 @@ func (c *Core) Locate(p uint32, now time.Time) (Location, error) {
 	}
 	loc := Location{NodeID: owner.NodeID, ClusterAddr: owner.Address, Partition: p, MembershipVersion: c.view.Version}
 	m, _ := c.view.Member(owner.NodeID)
-	loc.APIAddr = m.APIAddr
 	if owner.NodeID == c.self.NodeID {
-		if f, err := c.Writable(p, now); err == nil {
-			loc.Epoch = f.Epoch
+		f, err := c.Writable(p, now)
+		if err == nil {
+			loc.APIAddr, loc.Epoch = m.APIAddr, f.Epoch
+			return loc, nil
 		}
-	} else if l, ok := c.view.Lease(p); ok && l.Owner != "" && l.Owner == m.Incarnation {
+		next, ok := c.successor(p, now)
+		if !ok {
+			loc.APIAddr = m.APIAddr
+			return loc, nil
+		}
+		// Where Dispatch sends it: the next owner (see Successor).
+		m = next
+		loc.NodeID, loc.ClusterAddr = m.NodeID, m.ClusterAddr
+	}
+	loc.APIAddr = m.APIAddr
+	if l, ok := c.view.Lease(p); ok && l.Owner != "" && l.Owner == m.Incarnation {
 		loc.Epoch = l.Epoch
 	}
 	return loc, nil

@@ -141,6 +141,9 @@ func (h *harness) do(line string) string {
 		case WayLocal:
 			return "local"
 		case WayForward:
+			if d.Successor {
+				return fmt.Sprintf("forward to the next owner %s at %s (view %d), this node cannot write: %v", d.Owner.NodeID, d.Owner.ClusterAddr, d.Version, d.Err)
+			}
 			return fmt.Sprintf("forward to %s at %s (view %d)", d.Owner.NodeID, d.Owner.ClusterAddr, d.Version)
 		}
 		return fmt.Sprintf("%s: %v (retryable: %v)", d.Way, d.Err, sequencer.ErrorCode(d.Err) == sequencer.CodeUnavailable &&

@@ -16,7 +16,8 @@ import (
 // owner x whether its view lists it) and checks that Route, Locate and
 // Serving say what the one predicate, Writable, says: a send goes local
 // exactly when the ring names this node and Writable gives a fence, waits
-// with Writable's own reason otherwise, Locate reports this node's epoch only
+// with Writable's own reason otherwise (or, when the node can write nothing
+// at all, goes to the ring's next owner), Locate reports this node's epoch only
 // when Writable does, and a serving node can write every partition it holds
 // and is not handing off.
 func TestQueriesFollowWritable(t *testing.T) {
@@ -45,6 +46,10 @@ func TestQueriesFollowWritable(t *testing.T) {
 	if !foundOurs || !foundTheirs {
 		t.Fatal("the ring gives no partition to one of the nodes")
 	}
+	next, err := ring.New([]ring.Node{{NodeID: "b", Address: "b:1"}}, cfg.Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
 	parts := []Part{{}, {Held: true, Epoch: 7}, {Held: true, HandingOff: true, Epoch: 7}}
 	renewals := []time.Duration{0, ttl / 2, ttl + time.Millisecond}
 	checked := 0
@@ -59,7 +64,7 @@ func TestQueriesFollowWritable(t *testing.T) {
 								t.Fatal(err)
 							}
 							c.self = membership.Member{NodeID: "a", Incarnation: "a/1", ClusterAddr: "a:1"}
-							c.phase, c.trouble, c.renewed, c.ring = phase, trouble, now.Add(-age), r
+							c.phase, c.trouble, c.renewed, c.ring, c.next = phase, trouble, now.Add(-age), r, next
 							c.view = membership.View{Version: 3, Members: members}
 							if !inView {
 								c.view.Members = members[1:]
@@ -88,6 +93,7 @@ func checkQueries(t interface {
 	owner, _ := c.ring.Owner(p)
 	self := owner.NodeID == c.self.NodeID
 	refused := c.phase == PhaseNew || c.phase == PhaseLeft || c.phase == PhaseSuperseded
+	next, nextOK := c.next.Owner(p) // the ring without this node
 
 	// Writable itself: a fence of this incarnation at the held epoch, or a
 	// retryable reason.
@@ -119,10 +125,20 @@ func checkQueries(t interface {
 		if d.Way != WayLocal {
 			t.Errorf("%s: Writable gives a fence but Route says %s (%v)", name, d.Way, d.Err)
 		}
+	case c.NodeWritable(now) != nil && nextOK:
+		// Cut from the store (or in trouble): the ring's next owner,
+		// which takes the partition once this node is presumed dead.
+		if d.Way != WayForward || !d.Successor || d.Owner.NodeID != next.NodeID || d.Err == nil || d.Err.Error() != werr.Error() {
+			t.Errorf("%s: Route %s to %q (successor %v, %v), want forward to the next owner %s with Writable's reason %v",
+				name, d.Way, d.Owner.NodeID, d.Successor, d.Err, next.NodeID, werr)
+		}
 	default:
 		if d.Way != WayWait || d.Err == nil || d.Err.Error() != werr.Error() {
 			t.Errorf("%s: Route %s (%v), want wait with Writable's reason %v", name, d.Way, d.Err, werr)
 		}
+	}
+	if d.Way == WayForward && d.Owner.NodeID == c.self.NodeID {
+		t.Errorf("%s: Route forwards to this node itself", name)
 	}
 
 	loc, lerr := c.Locate(p, now)
@@ -135,8 +151,10 @@ func checkQueries(t interface {
 		t.Errorf("%s: Locate: %v", name, lerr)
 	case self && werr == nil && loc.Epoch != fence.Epoch:
 		t.Errorf("%s: Locate epoch %d, Writable's fence %d", name, loc.Epoch, fence.Epoch)
-	case self && werr != nil && loc.Epoch != 0:
+	case self && werr != nil && loc.NodeID == c.self.NodeID && loc.Epoch != 0:
 		t.Errorf("%s: Locate reports epoch %d of a partition this node may not write", name, loc.Epoch)
+	case !refused && d.Way != WayRefuse && d.Owner.NodeID != "" && loc.NodeID != d.Owner.NodeID:
+		t.Errorf("%s: Locate names %s, Route goes to %s", name, loc.NodeID, d.Owner.NodeID)
 	}
 
 	serr := c.Serving(now)
