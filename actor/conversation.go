@@ -207,7 +207,9 @@ func (a *convActor) execute(ctx pa.Context) {
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {
 			if attempt > 0 {
-				time.Sleep(resolveBackoff(attempt))
+				t, wait := n.cfg.Clock.NewTimer(resolveBackoff(attempt))
+				<-wait
+				t.Stop()
 			}
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
