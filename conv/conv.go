@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/persist"
 )
 
 // Config configures one conversation's core. DefaultConfig holds every
@@ -87,7 +86,7 @@ type Ready struct {
 	// time; answer Formed before any other input (nothing else is asked
 	// meanwhile).
 	Form    int
-	Commit  *persist.ConvBatch    // commit this batch, answer Committed
+	Commit  *sequencer.ConvBatch  // commit this batch, answer Committed
 	Resolve *Resolve              // re-read after an unknown outcome, answer Resolved
 	Lookup  []sequencer.ClientKey // FindByClientKey each key, answer LookedUp
 	Replies []Reply
@@ -116,7 +115,7 @@ type Formation struct {
 	// FenceErr: the node may not write this conversation now (not owner,
 	// moving): every queued send fails with it (nothing was written).
 	FenceErr error
-	Fence    persist.Fence // the fence the commit carries (zero: unfenced)
+	Fence    sequencer.Fence // the fence the commit carries (zero: unfenced)
 	// IDs holds up to Form msg_ids; IDErr says why there are fewer (clock
 	// moved back, worker lease lost): the sends left without an id fail.
 	IDs   []uint64
@@ -164,10 +163,10 @@ type Core struct {
 	attempt   int    // failed re-reads of the batch being resolved
 
 	op        op
-	queue     []*entry           // not yet assigned a seq, in arrival order
-	batch     []*entry           // the batch in flight (op commit/resolve/lookup)
-	inflight  *persist.ConvBatch // its rows
-	commitErr error              // the unknown-outcome error being resolved
+	queue     []*entry             // not yet assigned a seq, in arrival order
+	batch     []*entry             // the batch in flight (op commit/resolve/lookup)
+	inflight  *sequencer.ConvBatch // its rows
+	commitErr error                // the unknown-outcome error being resolved
 
 	// pending holds the queued and in-flight entries by key; nil while
 	// empty, so an idle core keeps no map.
@@ -301,7 +300,7 @@ func (c *Core) HeadLoaded(head uint64, err error) {
 	c.advance()
 }
 
-// Committed answers Ready.Commit with the store's error (see persist.Store).
+// Committed answers Ready.Commit with the store's error (see persist.Committer).
 func (c *Core) Committed(err error) {
 	if c.op != opCommit {
 		return
@@ -314,14 +313,14 @@ func (c *Core) Committed(err error) {
 	case errors.Is(err, sequencer.ErrUnknownOutcome):
 		c.resolve(err)
 	case isConflict(err):
-		ce, _ := persist.AsConflict(err)
+		ce, _ := sequencer.AsConflict(err)
 		c.onConflict(ce)
 	case errors.Is(err, sequencer.ErrHeadMismatch), errors.Is(err, sequencer.ErrStaleEpoch):
 		// Nothing was written, but another writer may have moved the head:
 		// re-read it before the next batch.
 		c.headKnown = false
 		c.failBatch(retryable(err, "commit"))
-	case persist.OutcomeOf(err) == persist.NotLanded:
+	case sequencer.OutcomeOf(err) == sequencer.OutcomeNotLanded:
 		// Nothing was written (store unavailable before COMMIT, or the data
 		// refused): the head stays at the last committed seq.
 		c.failBatch(retryable(err, "commit"))
@@ -486,7 +485,7 @@ func (c *Core) Formed(f Formation) {
 		return
 	}
 	c.batch = batch
-	c.inflight = &persist.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
+	c.inflight = &sequencer.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
 	c.op = opCommit
 	c.ready.Commit = c.inflight
 }
@@ -515,7 +514,7 @@ func (c *Core) resolve(err error) {
 // onConflict splits the batch after a *ConflictError: rows whose resend key
 // is taken are looked up, rows whose msg_id collided fail, the rest are
 // retried with fresh seqs. Nothing was written, so the head is unchanged.
-func (c *Core) onConflict(ce *persist.ConflictError) {
+func (c *Core) onConflict(ce *sequencer.ConflictError) {
 	byKey := make(map[sequencer.ClientKey]*entry, len(c.batch))
 	for _, e := range c.batch {
 		byKey[e.req.Key()] = e
@@ -531,19 +530,19 @@ func (c *Core) onConflict(ce *persist.ConflictError) {
 			e = c.entryByMsgID(cf.MsgID)
 		}
 		switch cf.Key {
-		case persist.KeyConvSeq:
+		case sequencer.KeyConvSeq:
 			// Someone else wrote seqs of this conversation: same as a head
 			// mismatch.
 			c.headKnown = false
 			c.failBatch(retryable(ce, "commit"))
 			return
-		case persist.KeyClientMsgID:
+		case sequencer.KeyClientMsgID:
 			if e != nil && !e.lookup && e.waiters != nil {
 				e.lookup = true
 				lookups = append(lookups, e.req.Key())
 				blamed = true
 			}
-		case persist.KeyMsgID:
+		case sequencer.KeyMsgID:
 			if e != nil && e.waiters != nil && !e.lookup {
 				c.fail(e, sequencer.Wrap(sequencer.CodeUnavailable, ce, fmt.Sprintf("msg_id %d collided", cf.MsgID)))
 				blamed = true
@@ -693,7 +692,7 @@ func sameRows(rows, msgs []sequencer.Message) bool {
 }
 
 func isConflict(err error) bool {
-	_, ok := persist.AsConflict(err)
+	_, ok := sequencer.AsConflict(err)
 	return ok
 }
 
