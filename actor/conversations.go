@@ -294,7 +294,7 @@ func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (se
 	if err := n.admit(size); err != nil {
 		return sequencer.SendResult{}, err
 	}
-	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
+	msg := &sendMsg{req: req, reply: make(chan outcome, 1)}
 	ref, err := n.route(req.ConvID)
 	if err != nil {
 		n.release(size)
@@ -305,8 +305,18 @@ func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (se
 	case o := <-msg.reply:
 		return o.res, o.err
 	case <-ctx.Done():
+		// The core drops the send if it has no seq yet (told, not asked:
+		// it holds no context).
+		n.system.Root.Send(ref.pid, &cancelMsg{cause: ctx.Err(), sends: []canceledSend{{msg, req.Key()}}})
 		return sequencer.SendResult{}, callerGaveUp(ctx)
 	}
+}
+
+// canceledSend names a send whose caller gave up: its token in the core and
+// its resend key.
+type canceledSend struct {
+	token any
+	key   sequencer.ClientKey
 }
 
 // StopConversations stops the actors of the conversations match selects,

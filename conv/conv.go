@@ -4,9 +4,10 @@
 // retryable failure) and for the head.
 //
 // It is a pure state machine in the style of etcd raft's RawNode: it performs
-// no I/O, starts no goroutines, reads no clock and calls nothing outside
-// itself. The caller feeds it inputs (Send, HeadLoaded, Formed, Committed,
-// Resolved, LookedUp), then takes a Ready and executes its effects: at most
+// no I/O, starts no goroutines, reads no clock, holds no context and calls
+// nothing outside itself. The caller feeds it inputs (Send, Cancel,
+// HeadLoaded, Formed, Committed, Resolved, LookedUp), then takes a Ready and
+// executes its effects: at most
 // one store operation is outstanding at any time, and its answer comes back
 // as the matching input. What a batch needs from the node (the ownership
 // fence, msg_ids, the time) the core asks for (Ready.Form) and the caller
@@ -136,9 +137,9 @@ const (
 
 // waiter is one caller waiting for an entry's outcome.
 type waiter struct {
-	token  any
-	ctx    context.Context
-	resend bool // attached to an entry another send created
+	token    any
+	canceled error // the caller gave up (Cancel): why
+	resend   bool  // attached to an entry another send created
 }
 
 // entry is one row to write: the first send of a resend key and every
@@ -234,9 +235,8 @@ func (c *Core) Ready() Ready {
 }
 
 // Send queues req (already validated, req.ConvID == the core's). token is
-// handed back in the Reply. A send whose ctx is done before its seq is
-// assigned is dropped (answered with the ctx's error) without consuming a seq.
-func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
+// handed back in the Reply; it must be comparable (Cancel finds it by ==).
+func (c *Core) Send(token any, req sequencer.SendRequest) {
 	if req.ConvID != c.cfg.ConvID {
 		c.reply(token, sequencer.SendResult{}, sequencer.Errorf(sequencer.CodeInternal,
 			"conv %q: send for conversation %q routed here", c.cfg.ConvID, req.ConvID))
@@ -269,10 +269,10 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 		}
 		// A resend of a key still queued or in flight: answered when the
 		// original's row is written (or fails).
-		e.waiters = append(e.waiters, waiter{token: token, ctx: ctx, resend: true})
+		e.waiters = append(e.waiters, waiter{token: token, resend: true})
 		return
 	}
-	e := &entry{req: req, first: [1]waiter{{token: token, ctx: ctx}}}
+	e := &entry{req: req, first: [1]waiter{{token: token}}}
 	e.waiters = e.first[:]
 	if c.pending == nil {
 		c.pending = make(map[sequencer.ClientKey]*entry)
@@ -280,6 +280,27 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 	c.pending[key] = e
 	c.queue = append(c.queue, e)
 	c.advance()
+}
+
+// Cancel says that the caller of the send with token (and resend key key)
+// gave up, for cause (context.Canceled or context.DeadlineExceeded, or an
+// error wrapping one): the caller's shell turns its context's end into this
+// input. A send still queued when the core next starts a store operation
+// is dropped then, answered canceled or deadline_exceeded, without consuming
+// a seq. A send already in a batch gets its outcome (unless the batch is
+// put back in the queue); an answered one is unknown to the core and the
+// call does nothing.
+func (c *Core) Cancel(token any, key sequencer.ClientKey, cause error) {
+	e := c.pending[key]
+	if e == nil {
+		return
+	}
+	for i := range e.waiters {
+		if w := &e.waiters[i]; w.token == token && w.canceled == nil {
+			w.canceled = cause
+			return
+		}
+	}
 }
 
 // HeadLoaded answers Ready.LoadHead.
@@ -597,9 +618,9 @@ func (c *Core) prune() {
 	for _, e := range c.queue {
 		ws := e.waiters[:0]
 		for _, w := range e.waiters {
-			if w.ctx != nil && w.ctx.Err() != nil {
+			if w.canceled != nil {
 				c.held--
-				c.reply(w.token, sequencer.SendResult{}, canceled(w.ctx))
+				c.reply(w.token, sequencer.SendResult{}, canceled(w.canceled))
 				continue
 			}
 			ws = append(ws, w)
@@ -705,13 +726,14 @@ func retryable(err error, what string) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// canceled is the answer to a send dropped because its caller gave up.
-func canceled(ctx context.Context) error {
+// canceled is the answer to a send dropped because its caller gave up
+// (cause, given to Cancel).
+func canceled(cause error) error {
 	code := sequencer.CodeCanceled
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if errors.Is(cause, context.DeadlineExceeded) {
 		code = sequencer.CodeDeadlineExceeded
 	}
-	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
+	return sequencer.Wrap(code, cause, "send dropped before a seq was assigned")
 }
 
 // regress refuses every send from now on: the store's head (head) is below
