@@ -46,14 +46,14 @@ type harness struct {
 	start    time.Time
 	fence    persist.Fence
 	fenceErr error
-	cancels  map[string]func()     // the caller of a send gives up
-	batch    *persist.ConvBatch    // last commit handed out
-	lookup   []sequencer.ClientKey // last lookup handed out
+	cancels  map[string]func(cause error) // the caller of a send gives up
+	batch    *persist.ConvBatch           // last commit handed out
+	lookup   []sequencer.ClientKey        // last lookup handed out
 }
 
 func newHarness(t *testing.T) *harness {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]func(){}}
+	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]func(error){}}
 	h.newCore("c1", 0, 0, 0, 0)
 	return h
 }
@@ -94,17 +94,22 @@ func (h *harness) do(line string) string {
 			body = b
 		}
 		tok, key := pos[0], sequencer.ClientKey{FromUID: uid, ClientMsgID: pos[1]}
-		h.cancels[tok] = func() { c.Cancel(tok, key, context.Canceled) }
+		h.cancels[tok] = func(cause error) { c.Cancel(tok, key, cause) }
 		c.Send(tok, sequencer.SendRequest{ConvID: or(kv["conv"], c.ConvID()), FromUID: uid,
 			ClientMsgID: pos[1], MsgType: 1, Body: []byte(body)})
 		if kv["ctx"] == "done" {
 			// The caller gave up before the core saw the send (its
 			// shell tells the core right after it).
-			h.cancels[tok]()
+			h.cancels[tok](context.Canceled)
 		}
 	case "cancel":
+		// cancel <token>... [cause=deadline]
+		cause := context.Canceled
+		if kv["cause"] == "deadline" {
+			cause = context.DeadlineExceeded
+		}
 		for _, tok := range pos {
-			h.cancels[tok]()
+			h.cancels[tok](cause)
 		}
 		return ""
 	case "head-loaded":
