@@ -21,7 +21,7 @@ type (
 		reply chan outcome // buffered 1: the actor never blocks on a caller
 	}
 	// cancelMsg: the callers of these sends gave up (their context ended,
-	// for cause): the context's end as an input to the core (conv.Cancel).
+	// for cause): the context's end as an input to the core (conv.Core.Cancel).
 	cancelMsg struct {
 		cause error
 		sends []canceledSend
