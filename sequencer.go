@@ -1,6 +1,8 @@
 // Package sequencer holds the domain of the message sequencer: the message, its
-// two numbers (a global msg_id and a per-conversation seq) and the error codes
-// every layer speaks. It imports no storage, transport or actor code; those
+// two numbers (a global msg_id and a per-conversation seq), the error codes
+// every layer speaks, and what a commit carries and what its errors mean
+// (commit.go: Fence, ConvBatch, OutcomeOf), so the pure cores need nothing of
+// persist. It imports no storage, transport or actor code; those
 // live in their own packages (persist, actor, ring, cluster, api) and are wired
 // together only in package server (cmd/sequencer parses flags and runs it).
 package sequencer

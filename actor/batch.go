@@ -45,9 +45,9 @@ func (w *batchWait) answer(idx int, o sequencer.SendOutcome) {
 // sendGroup carries the items of one batch for one conversation, in item
 // order: one mailbox message per conversation, not per item.
 type sendGroup struct {
-	ctx   context.Context
 	reqs  []sequencer.SendRequest
 	items []*batchItem
+	to    *convActor // the actor it was sent to (nil: not routed)
 }
 
 // SendBatch stores every request independently, with the semantics of Send
@@ -74,7 +74,7 @@ func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequ
 		admitted++
 		g := groups[reqs[i].ConvID]
 		if g == nil {
-			g = &sendGroup{ctx: ctx}
+			g = &sendGroup{}
 			groups[reqs[i].ConvID] = g
 			order = append(order, g)
 		}
@@ -94,6 +94,7 @@ func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequ
 			}
 			continue
 		}
+		g.to = ref
 		n.system.Root.Send(ref.pid, g)
 	}
 	select {
@@ -106,6 +107,19 @@ func (n *Conversations) SendBatch(ctx context.Context, reqs []sequencer.SendRequ
 			for i := range out {
 				if !w.answered[i] {
 					out[i].Err = gaveUp
+				}
+			}
+			// Tell each actor which of its sends were given up on (the
+			// cores drop those without a seq yet).
+			for _, g := range order {
+				var sends []canceledSend
+				for j, it := range g.items {
+					if !w.answered[it.idx] {
+						sends = append(sends, canceledSend{it, g.reqs[j].Key()})
+					}
+				}
+				if g.to != nil && len(sends) > 0 {
+					n.system.Root.Send(g.to.pid, &cancelMsg{cause: ctx.Err(), sends: sends})
 				}
 			}
 		}

@@ -17,9 +17,14 @@ import (
 // Messages of a conversation actor.
 type (
 	sendMsg struct {
-		ctx   context.Context
 		req   sequencer.SendRequest
 		reply chan outcome // buffered 1: the actor never blocks on a caller
+	}
+	// cancelMsg: the callers of these sends gave up (their context ended,
+	// for cause): the context's end as an input to the core (conv.Core.Cancel).
+	cancelMsg struct {
+		cause error
+		sends []canceledSend
 	}
 	outcome struct {
 		res sequencer.SendResult
@@ -93,11 +98,15 @@ func (a *convActor) Receive(ctx pa.Context) {
 		return
 	case *sendMsg:
 		a.inTransit.Add(-1)
-		a.core.Send(m.ctx, m, m.req)
+		a.core.Send(m, m.req)
 	case *sendGroup:
 		a.inTransit.Add(-1)
 		for i := range m.reqs {
-			a.core.Send(m.ctx, m.items[i], m.reqs[i])
+			a.core.Send(m.items[i], m.reqs[i])
+		}
+	case *cancelMsg:
+		for _, s := range m.sends {
+			a.core.Cancel(s.token, s.key, m.cause)
 		}
 	case *headLoaded:
 		a.core.HeadLoaded(m.head, m.err)
@@ -207,7 +216,9 @@ func (a *convActor) execute(ctx pa.Context) {
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {
 			if attempt > 0 {
-				time.Sleep(resolveBackoff(attempt))
+				t, wait := n.cfg.Clock.NewTimer(resolveBackoff(attempt))
+				<-wait
+				t.Stop()
 			}
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()

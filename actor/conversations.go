@@ -69,7 +69,7 @@ func (SingleNode) Refused([]persist.Fence)             {}
 type Config struct {
 	Store     persist.ConvStore
 	IDs       IDSource
-	Clock     clock.Clock  // server_at source; default the real clock
+	Clock     clock.Clock  // server_at, passivation and re-read backoff; default the real clock
 	Metrics   *metrics.Set // optional
 	Ownership Ownership    // default SingleNode (unfenced)
 	Logger    *slog.Logger // optional
@@ -197,7 +197,7 @@ func NewConversations(cfg Config) (*Conversations, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Conversations{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), started: time.Now(),
+	n := &Conversations{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), started: cfg.Clock.Now(),
 		floors: newFloors(cfg.MaxFloors), logs: ratelog.New(log, 10*time.Second),
 		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
 	// protoactor logs dead letters and supervision at info; keep warnings.
@@ -236,14 +236,14 @@ func sweepInterval(passivateAfter time.Duration) time.Duration {
 // one outstanding per actor) until Close.
 func (n *Conversations) sweep() {
 	defer close(n.sweepDone)
-	t := time.NewTicker(n.sweepEvery)
+	t, tick := n.cfg.Clock.NewTicker(n.sweepEvery)
 	defer t.Stop()
 	idle := int64(n.cfg.PassivateAfter)
 	for {
 		select {
 		case <-n.sweepStop:
 			return
-		case <-t.C:
+		case <-tick:
 		}
 		now := n.now()
 		for i := range n.shards {
@@ -279,8 +279,9 @@ func (n *Conversations) formation(convID string, count int) conv.Formation {
 	return f
 }
 
-// now returns the node's monotonic clock for activity stamps.
-func (n *Conversations) now() int64 { return int64(time.Since(n.started)) }
+// now returns the node's clock for activity stamps (monotonic on the real
+// clock).
+func (n *Conversations) now() int64 { return int64(n.cfg.Clock.Since(n.started)) }
 
 // Send stores req (already validated) and answers after the durable commit,
 // or with a coded error: resource_exhausted when the node or the
@@ -293,7 +294,7 @@ func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (se
 	if err := n.admit(size); err != nil {
 		return sequencer.SendResult{}, err
 	}
-	msg := &sendMsg{ctx: ctx, req: req, reply: make(chan outcome, 1)}
+	msg := &sendMsg{req: req, reply: make(chan outcome, 1)}
 	ref, err := n.route(req.ConvID)
 	if err != nil {
 		n.release(size)
@@ -304,8 +305,18 @@ func (n *Conversations) Send(ctx context.Context, req sequencer.SendRequest) (se
 	case o := <-msg.reply:
 		return o.res, o.err
 	case <-ctx.Done():
+		// The core drops the send if it has no seq yet (told, not asked:
+		// it holds no context).
+		n.system.Root.Send(ref.pid, &cancelMsg{cause: ctx.Err(), sends: []canceledSend{{msg, req.Key()}}})
 		return sequencer.SendResult{}, callerGaveUp(ctx)
 	}
+}
+
+// canceledSend names a send whose caller gave up: its token in the core and
+// its resend key.
+type canceledSend struct {
+	token any
+	key   sequencer.ClientKey
 }
 
 // StopConversations stops the actors of the conversations match selects,

@@ -357,6 +357,44 @@ func TestCallerDeadline(t *testing.T) {
 	waitFor(t, "pending drained", func() bool { return n.pending.Load() == 0 })
 }
 
+// A caller that gives up while its send is queued behind a commit: the
+// shell tells the core (its context's end is an input, not something the
+// core asks), so the send is dropped without a seq and never stored.
+func TestGivenUpSendsConsumeNoSeq(t *testing.T) {
+	st := newGateStore()
+	n := newNode(t, Config{Store: st})
+	first := sendAsync(n, context.Background(), req("g:q", "k1"))
+	waitFor(t, "commit in flight", func() bool { return st.waiting.Load() == 1 })
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := n.Send(canceled, req("g:q", "k2")); sequencer.ErrorCode(err) != sequencer.CodeCanceled {
+		t.Fatalf("send with a canceled context: %v", err)
+	}
+	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	out := make([]sequencer.SendOutcome, 2)
+	n.SendBatch(past, []sequencer.SendRequest{req("g:q", "k3"), req("g:q", "k4")}, out)
+	for i, o := range out {
+		if sequencer.ErrorCode(o.Err) != sequencer.CodeDeadlineExceeded {
+			t.Fatalf("batch item %d with a past deadline: %v", i, o.Err)
+		}
+	}
+	close(st.gate)
+	if a := <-first; a.err != nil || a.res.Seq != 1 {
+		t.Fatalf("first send: %+v", a)
+	}
+	res, err := n.Send(context.Background(), req("g:q", "k5"))
+	if err != nil || res.Seq != 2 {
+		t.Fatalf("send after the given-up ones: %+v %v (want seq 2: they consumed none)", res, err)
+	}
+	for _, k := range []string{"k2", "k3", "k4"} {
+		if _, err := st.FindByClientKey(context.Background(), sequencer.ClientKey{FromUID: 1, ClientMsgID: k}); !errors.Is(err, sequencer.ErrNotFound) {
+			t.Fatalf("given-up send %s: lookup %v, want not found", k, err)
+		}
+	}
+	waitFor(t, "pending drained", func() bool { return n.pending.Load() == 0 })
+}
+
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()
 	var m dto.Metric

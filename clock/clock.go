@@ -1,5 +1,11 @@
-// Package clock is the time source of the sequencer. Code that reads time takes
-// a Clock so tests can move it by hand (Fake) instead of sleeping.
+// Package clock is the time source of the sequencer: the time, sleeps and
+// timers. Code that waits or reads time takes a Clock, so tests move it by
+// hand (Fake) instead of sleeping. The model is tailscale's tstime: the
+// timers are on the interface, so no caller asks which clock it has.
+//
+// It must never be bypassed: actor, commit, conv, ownership, idgen and
+// membership call no time.Now, Since, Sleep, NewTimer, After, AfterFunc or
+// NewTicker of their own (docs/ARCHITECTURE.md has the grep).
 package clock
 
 import (
@@ -7,40 +13,69 @@ import (
 	"time"
 )
 
-// Clock tells the time and sleeps.
+// Clock tells the time, sleeps and makes timers.
 type Clock interface {
 	Now() time.Time
+	// Since is Now().Sub(t).
+	Since(t time.Time) time.Duration
 	Sleep(d time.Duration)
+	// NewTimer is time.NewTimer: the channel receives the time once d has
+	// passed on the clock.
+	NewTimer(d time.Duration) (Timer, <-chan time.Time)
+	// NewTicker is time.NewTicker: the channel receives the time every d
+	// (a tick the reader is not ready for is dropped). d must be > 0.
+	NewTicker(d time.Duration) (Ticker, <-chan time.Time)
+	// AfterFunc is time.AfterFunc: f runs in its own goroutine once d has
+	// passed on the clock.
+	AfterFunc(d time.Duration, f func()) Timer
 }
 
-// Real is the wall clock.
+// Timer is a pending timer of NewTimer or AfterFunc (*time.Timer is one).
+type Timer interface {
+	// Stop prevents the timer from firing; it reports whether it stopped
+	// it (false: it already fired or was stopped).
+	Stop() bool
+	// Reset makes the timer fire d from now (again, if it fired or was
+	// stopped); it reports whether it was pending. After Stop or Reset
+	// the channel of a NewTimer holds no stale time.
+	Reset(d time.Duration) bool
+}
+
+// Ticker is a ticker of NewTicker (*time.Ticker is one).
+type Ticker interface {
+	Stop()
+	// Reset makes the next tick d from now, and every d after it.
+	Reset(d time.Duration)
+}
+
+// Real is the wall clock (time's functions).
 type Real struct{}
 
-func (Real) Now() time.Time        { return time.Now() }
-func (Real) Sleep(d time.Duration) { time.Sleep(d) }
+func (Real) Now() time.Time                  { return time.Now() }
+func (Real) Since(t time.Time) time.Duration { return time.Since(t) }
+func (Real) Sleep(d time.Duration)           { time.Sleep(d) }
 
-// Timer is a pending call of AfterFunc.
-type Timer interface {
-	// Stop prevents the call if it has not run yet; it reports whether it
-	// did.
-	Stop() bool
+func (Real) NewTimer(d time.Duration) (Timer, <-chan time.Time) {
+	t := time.NewTimer(d)
+	return t, t.C
 }
 
-// AfterFunc calls f in its own goroutine once d has passed on c: the fake
-// time for a Fake (fired by Advance, Set and Sleep), real time for every
-// other clock.
-func AfterFunc(c Clock, d time.Duration, f func()) Timer {
-	if fk, ok := c.(*Fake); ok {
-		return fk.afterFunc(d, f)
-	}
-	return time.AfterFunc(d, f)
+func (Real) NewTicker(d time.Duration) (Ticker, <-chan time.Time) {
+	t := time.NewTicker(d)
+	return t, t.C
 }
 
-// After returns a Timer on c and a channel closed when it fires: the
-// channel form of AfterFunc, for a select.
+func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// AfterFunc is c.AfterFunc(d, f).
+func AfterFunc(c Clock, d time.Duration, f func()) Timer { return c.AfterFunc(d, f) }
+
+// After returns a Timer on c and a channel closed when it first fires: the
+// closing form of AfterFunc, for a select.
 func After(c Clock, d time.Duration) (Timer, <-chan struct{}) {
 	fired := make(chan struct{})
-	return AfterFunc(c, d, func() { close(fired) }), fired
+	var once sync.Once
+	return c.AfterFunc(d, func() { once.Do(func() { close(fired) }) }), fired
 }
 
 // Or returns c, or the real clock when c is nil.
@@ -51,100 +86,8 @@ func Or(c Clock) Clock {
 	return c
 }
 
-// Fake is a Clock that moves only when told to. Sleep advances it by d at
-// once (and records the sleep), so code that waits out a short clock
-// rollback runs without real time passing. Safe for concurrent use.
-type Fake struct {
-	mu     sync.Mutex
-	now    time.Time
-	slept  time.Duration
-	timers []*fakeTimer                // pending AfterFunc calls
-	OnNow  func(t time.Time) time.Time // optional: rewrite each reading (e.g. jumps)
-}
-
-// NewFake returns a fake clock at t.
-func NewFake(t time.Time) *Fake { return &Fake{now: t} }
-
-func (f *Fake) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.OnNow != nil {
-		f.now = f.OnNow(f.now)
-	}
-	return f.now
-}
-
-func (f *Fake) Sleep(d time.Duration) {
-	f.mu.Lock()
-	if d > 0 {
-		f.now = f.now.Add(d)
-		f.slept += d
-	}
-	f.fireLocked()
-}
-
-// Advance moves the clock by d (negative d moves it back) and runs the
-// AfterFunc calls that are due.
-func (f *Fake) Advance(d time.Duration) {
-	f.mu.Lock()
-	f.now = f.now.Add(d)
-	f.fireLocked()
-}
-
-// Set puts the clock at t and runs the AfterFunc calls that are due.
-func (f *Fake) Set(t time.Time) {
-	f.mu.Lock()
-	f.now = t
-	f.fireLocked()
-}
-
-type fakeTimer struct {
-	f    *Fake
-	at   time.Time
-	call func()
-}
-
-func (t *fakeTimer) Stop() bool {
-	t.f.mu.Lock()
-	defer t.f.mu.Unlock()
-	for i, p := range t.f.timers {
-		if p == t {
-			t.f.timers = append(t.f.timers[:i], t.f.timers[i+1:]...)
-			return true
-		}
-	}
-	return false
-}
-
-func (f *Fake) afterFunc(d time.Duration, call func()) Timer {
-	f.mu.Lock()
-	t := &fakeTimer{f: f, at: f.now.Add(d), call: call}
-	f.timers = append(f.timers, t)
-	f.fireLocked()
-	return t
-}
-
-// fireLocked starts the due calls and unlocks f.mu.
-func (f *Fake) fireLocked() {
-	var due []*fakeTimer
-	kept := f.timers[:0]
-	for _, t := range f.timers {
-		if t.at.After(f.now) {
-			kept = append(kept, t)
-		} else {
-			due = append(due, t)
-		}
-	}
-	f.timers = kept
-	f.mu.Unlock()
-	for _, t := range due {
-		go t.call()
-	}
-}
-
-// Slept returns the total duration passed to Sleep.
-func (f *Fake) Slept() time.Duration {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.slept
-}
+var (
+	_ Clock = Real{}
+	_ Clock = (*Fake)(nil)
+	_ Clock = (*Stepped)(nil)
+)

@@ -37,18 +37,19 @@ func TestFakeAfterFunc(t *testing.T) {
 	}
 }
 
-// A step moves what a reading says (wall) but not the time between two
-// readings (monotonic), as on a host whose clock NTP stepped.
+// After's channel closes when the fake clock reaches its time; a stopped
+// one is no longer pending, so nothing can fire it. (No real time is waited
+// to see that nothing fires: the fake fires only pending timers.)
 func TestFakeAfter(t *testing.T) {
 	f := NewFake(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 	_, fired := After(f, time.Second)
 	stop, stopped := After(f, time.Second)
-	stop.Stop()
+	if !stop.Stop() || f.Pending() != 1 {
+		t.Fatalf("after one Stop: %d pending, want 1", f.Pending())
+	}
 	f.Advance(999 * time.Millisecond)
-	select {
-	case <-fired:
+	if f.Pending() != 1 {
 		t.Fatal("After fired before its time on the fake clock")
-	case <-time.After(20 * time.Millisecond):
 	}
 	f.Advance(time.Millisecond)
 	select {
@@ -56,13 +57,18 @@ func TestFakeAfter(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("After did not fire once the fake clock reached its time")
 	}
+	if f.Pending() != 0 {
+		t.Fatalf("%d timers pending after the fire", f.Pending())
+	}
 	select {
 	case <-stopped:
 		t.Fatal("a stopped After fired")
-	case <-time.After(20 * time.Millisecond):
+	default:
 	}
 }
 
+// A step moves what a reading says (wall) but not the time between two
+// readings (monotonic), as on a host whose clock NTP stepped.
 func TestSteppedKeepsMonotonic(t *testing.T) {
 	if !layoutKnown {
 		t.Fatal("time.Time's layout is not the one shiftWall knows: a step would move the monotonic reading too")

@@ -49,6 +49,16 @@ func (s *Stepped) Now() time.Time { return shiftWall(time.Now(), time.Duration(s
 // Sleep is time.Sleep: a step does not shorten or lengthen it.
 func (s *Stepped) Sleep(d time.Duration) { time.Sleep(d) }
 
+// Since is the real time since t (monotonic: a step does not move it).
+func (s *Stepped) Since(t time.Time) time.Duration { return s.Now().Sub(t) }
+
+// NewTimer, NewTicker and AfterFunc are time's: a step does not move them.
+func (s *Stepped) NewTimer(d time.Duration) (Timer, <-chan time.Time) { return Real{}.NewTimer(d) }
+func (s *Stepped) NewTicker(d time.Duration) (Ticker, <-chan time.Time) {
+	return Real{}.NewTicker(d)
+}
+func (s *Stepped) AfterFunc(d time.Duration, f func()) Timer { return Real{}.AfterFunc(d, f) }
+
 // Offset is the current offset.
 func (s *Stepped) Offset() time.Duration { return time.Duration(s.off.Load()) }
 

@@ -4,9 +4,10 @@
 // retryable failure) and for the head.
 //
 // It is a pure state machine in the style of etcd raft's RawNode: it performs
-// no I/O, starts no goroutines, reads no clock and calls nothing outside
-// itself. The caller feeds it inputs (Send, HeadLoaded, Formed, Committed,
-// Resolved, LookedUp), then takes a Ready and executes its effects: at most
+// no I/O, starts no goroutines, reads no clock, holds no context and calls
+// nothing outside itself. The caller feeds it inputs (Send, Cancel,
+// HeadLoaded, Formed, Committed, Resolved, LookedUp), then takes a Ready and
+// executes its effects: at most
 // one store operation is outstanding at any time, and its answer comes back
 // as the matching input. What a batch needs from the node (the ownership
 // fence, msg_ids, the time) the core asks for (Ready.Form) and the caller
@@ -27,7 +28,6 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/persist"
 )
 
 // Config configures one conversation's core. DefaultConfig holds every
@@ -87,7 +87,7 @@ type Ready struct {
 	// time; answer Formed before any other input (nothing else is asked
 	// meanwhile).
 	Form    int
-	Commit  *persist.ConvBatch    // commit this batch, answer Committed
+	Commit  *sequencer.ConvBatch  // commit this batch, answer Committed
 	Resolve *Resolve              // re-read after an unknown outcome, answer Resolved
 	Lookup  []sequencer.ClientKey // FindByClientKey each key, answer LookedUp
 	Replies []Reply
@@ -116,7 +116,7 @@ type Formation struct {
 	// FenceErr: the node may not write this conversation now (not owner,
 	// moving): every queued send fails with it (nothing was written).
 	FenceErr error
-	Fence    persist.Fence // the fence the commit carries (zero: unfenced)
+	Fence    sequencer.Fence // the fence the commit carries (zero: unfenced)
 	// IDs holds up to Form msg_ids; IDErr says why there are fewer (clock
 	// moved back, worker lease lost): the sends left without an id fail.
 	IDs   []uint64
@@ -137,9 +137,9 @@ const (
 
 // waiter is one caller waiting for an entry's outcome.
 type waiter struct {
-	token  any
-	ctx    context.Context
-	resend bool // attached to an entry another send created
+	token    any
+	canceled error // the caller gave up (Cancel): why
+	resend   bool  // attached to an entry another send created
 }
 
 // entry is one row to write: the first send of a resend key and every
@@ -164,10 +164,10 @@ type Core struct {
 	attempt   int    // failed re-reads of the batch being resolved
 
 	op        op
-	queue     []*entry           // not yet assigned a seq, in arrival order
-	batch     []*entry           // the batch in flight (op commit/resolve/lookup)
-	inflight  *persist.ConvBatch // its rows
-	commitErr error              // the unknown-outcome error being resolved
+	queue     []*entry             // not yet assigned a seq, in arrival order
+	batch     []*entry             // the batch in flight (op commit/resolve/lookup)
+	inflight  *sequencer.ConvBatch // its rows
+	commitErr error                // the unknown-outcome error being resolved
 
 	// pending holds the queued and in-flight entries by key; nil while
 	// empty, so an idle core keeps no map.
@@ -235,9 +235,8 @@ func (c *Core) Ready() Ready {
 }
 
 // Send queues req (already validated, req.ConvID == the core's). token is
-// handed back in the Reply. A send whose ctx is done before its seq is
-// assigned is dropped (answered with the ctx's error) without consuming a seq.
-func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
+// handed back in the Reply; it must be comparable (Cancel finds it by ==).
+func (c *Core) Send(token any, req sequencer.SendRequest) {
 	if req.ConvID != c.cfg.ConvID {
 		c.reply(token, sequencer.SendResult{}, sequencer.Errorf(sequencer.CodeInternal,
 			"conv %q: send for conversation %q routed here", c.cfg.ConvID, req.ConvID))
@@ -270,10 +269,10 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 		}
 		// A resend of a key still queued or in flight: answered when the
 		// original's row is written (or fails).
-		e.waiters = append(e.waiters, waiter{token: token, ctx: ctx, resend: true})
+		e.waiters = append(e.waiters, waiter{token: token, resend: true})
 		return
 	}
-	e := &entry{req: req, first: [1]waiter{{token: token, ctx: ctx}}}
+	e := &entry{req: req, first: [1]waiter{{token: token}}}
 	e.waiters = e.first[:]
 	if c.pending == nil {
 		c.pending = make(map[sequencer.ClientKey]*entry)
@@ -281,6 +280,27 @@ func (c *Core) Send(ctx context.Context, token any, req sequencer.SendRequest) {
 	c.pending[key] = e
 	c.queue = append(c.queue, e)
 	c.advance()
+}
+
+// Cancel says that the caller of the send with token (and resend key key)
+// gave up, for cause (context.Canceled or context.DeadlineExceeded, or an
+// error wrapping one): the caller's shell turns its context's end into this
+// input. A send still queued when the core next starts a store operation
+// is dropped then, answered canceled or deadline_exceeded, without consuming
+// a seq. A send already in a batch gets its outcome (unless the batch is
+// put back in the queue); an answered one is unknown to the core and the
+// call does nothing.
+func (c *Core) Cancel(token any, key sequencer.ClientKey, cause error) {
+	e := c.pending[key]
+	if e == nil {
+		return
+	}
+	for i := range e.waiters {
+		if w := &e.waiters[i]; w.token == token && w.canceled == nil {
+			w.canceled = cause
+			return
+		}
+	}
 }
 
 // HeadLoaded answers Ready.LoadHead.
@@ -301,7 +321,7 @@ func (c *Core) HeadLoaded(head uint64, err error) {
 	c.advance()
 }
 
-// Committed answers Ready.Commit with the store's error (see persist.Store).
+// Committed answers Ready.Commit with the store's error (see persist.Committer).
 func (c *Core) Committed(err error) {
 	if c.op != opCommit {
 		return
@@ -314,14 +334,14 @@ func (c *Core) Committed(err error) {
 	case errors.Is(err, sequencer.ErrUnknownOutcome):
 		c.resolve(err)
 	case isConflict(err):
-		ce, _ := persist.AsConflict(err)
+		ce, _ := sequencer.AsConflict(err)
 		c.onConflict(ce)
 	case errors.Is(err, sequencer.ErrHeadMismatch), errors.Is(err, sequencer.ErrStaleEpoch):
 		// Nothing was written, but another writer may have moved the head:
 		// re-read it before the next batch.
 		c.headKnown = false
 		c.failBatch(retryable(err, "commit"))
-	case persist.OutcomeOf(err) == persist.NotLanded:
+	case sequencer.OutcomeOf(err) == sequencer.OutcomeNotLanded:
 		// Nothing was written (store unavailable before COMMIT, or the data
 		// refused): the head stays at the last committed seq.
 		c.failBatch(retryable(err, "commit"))
@@ -486,7 +506,7 @@ func (c *Core) Formed(f Formation) {
 		return
 	}
 	c.batch = batch
-	c.inflight = &persist.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
+	c.inflight = &sequencer.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
 	c.op = opCommit
 	c.ready.Commit = c.inflight
 }
@@ -515,7 +535,7 @@ func (c *Core) resolve(err error) {
 // onConflict splits the batch after a *ConflictError: rows whose resend key
 // is taken are looked up, rows whose msg_id collided fail, the rest are
 // retried with fresh seqs. Nothing was written, so the head is unchanged.
-func (c *Core) onConflict(ce *persist.ConflictError) {
+func (c *Core) onConflict(ce *sequencer.ConflictError) {
 	byKey := make(map[sequencer.ClientKey]*entry, len(c.batch))
 	for _, e := range c.batch {
 		byKey[e.req.Key()] = e
@@ -531,19 +551,19 @@ func (c *Core) onConflict(ce *persist.ConflictError) {
 			e = c.entryByMsgID(cf.MsgID)
 		}
 		switch cf.Key {
-		case persist.KeyConvSeq:
+		case sequencer.KeyConvSeq:
 			// Someone else wrote seqs of this conversation: same as a head
 			// mismatch.
 			c.headKnown = false
 			c.failBatch(retryable(ce, "commit"))
 			return
-		case persist.KeyClientMsgID:
+		case sequencer.KeyClientMsgID:
 			if e != nil && !e.lookup && e.waiters != nil {
 				e.lookup = true
 				lookups = append(lookups, e.req.Key())
 				blamed = true
 			}
-		case persist.KeyMsgID:
+		case sequencer.KeyMsgID:
 			if e != nil && e.waiters != nil && !e.lookup {
 				c.fail(e, sequencer.Wrap(sequencer.CodeUnavailable, ce, fmt.Sprintf("msg_id %d collided", cf.MsgID)))
 				blamed = true
@@ -598,9 +618,9 @@ func (c *Core) prune() {
 	for _, e := range c.queue {
 		ws := e.waiters[:0]
 		for _, w := range e.waiters {
-			if w.ctx != nil && w.ctx.Err() != nil {
+			if w.canceled != nil {
 				c.held--
-				c.reply(w.token, sequencer.SendResult{}, canceled(w.ctx))
+				c.reply(w.token, sequencer.SendResult{}, canceled(w.canceled))
 				continue
 			}
 			ws = append(ws, w)
@@ -693,7 +713,7 @@ func sameRows(rows, msgs []sequencer.Message) bool {
 }
 
 func isConflict(err error) bool {
-	_, ok := persist.AsConflict(err)
+	_, ok := sequencer.AsConflict(err)
 	return ok
 }
 
@@ -706,13 +726,14 @@ func retryable(err error, what string) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// canceled is the answer to a send dropped because its caller gave up.
-func canceled(ctx context.Context) error {
+// canceled is the answer to a send dropped because its caller gave up
+// (cause, given to Cancel).
+func canceled(cause error) error {
 	code := sequencer.CodeCanceled
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if errors.Is(cause, context.DeadlineExceeded) {
 		code = sequencer.CodeDeadlineExceeded
 	}
-	return sequencer.Wrap(code, ctx.Err(), "send dropped before a seq was assigned")
+	return sequencer.Wrap(code, cause, "send dropped before a seq was assigned")
 }
 
 // regress refuses every send from now on: the store's head (head) is below

@@ -1,7 +1,6 @@
 package conv_test
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -28,9 +27,8 @@ func Example() {
 	stored := map[uint64]sequencer.Message{} // seq -> row: the "store"
 	var head uint64
 
-	ctx := context.Background()
-	core.Send(ctx, "alice", sequencer.SendRequest{ConvID: "g:1", FromUID: 7, ClientMsgID: "a", MsgType: 1, Body: []byte("hi")})
-	core.Send(ctx, "bob", sequencer.SendRequest{ConvID: "g:1", FromUID: 8, ClientMsgID: "b", MsgType: 1, Body: []byte("yo")})
+	core.Send("alice", sequencer.SendRequest{ConvID: "g:1", FromUID: 7, ClientMsgID: "a", MsgType: 1, Body: []byte("hi")})
+	core.Send("bob", sequencer.SendRequest{ConvID: "g:1", FromUID: 8, ClientMsgID: "b", MsgType: 1, Body: []byte("yo")})
 
 	// The loop: carry out the Ready (at most one store operation), answer it.
 	for {

@@ -105,7 +105,7 @@ func runModel(t *testing.T, seed uint64) {
 		return f
 	}
 	var sends []*sendRec
-	cancels := map[int]context.CancelFunc{}
+	cancels := map[int]func(){} // the caller of send i gives up
 	var keys []sequencer.ClientKey
 	keyConv := map[sequencer.ClientKey]string{} // first conversation a key was sent to
 
@@ -207,11 +207,10 @@ func runModel(t *testing.T, seed uint64) {
 				keys = append(keys, key)
 				keyConv[key] = cv
 			}
-			ctx, cancel := context.WithCancel(context.Background())
 			tok := len(sends)
-			cancels[tok] = cancel
+			cancels[tok] = func() { cores[cv].Cancel(tok, key, context.Canceled) }
 			sends = append(sends, &sendRec{conv: cv, key: key})
-			cores[cv].Send(ctx, tok, sequencer.SendRequest{ConvID: cv, FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("x")})
+			cores[cv].Send(tok, sequencer.SendRequest{ConvID: cv, FromUID: key.FromUID, ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("x")})
 			check(cv, ready(cores[cv], form))
 		case p < 63: // a recent caller gives up
 			if len(sends) > 0 {

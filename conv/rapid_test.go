@@ -61,7 +61,7 @@ type convMachine struct {
 	ext     int
 
 	sends   []*sendRec
-	cancels []context.CancelFunc
+	cancels []func() // the caller of send i gives up
 	keys    []sequencer.ClientKey
 	acked   map[sequencer.ClientKey]sequencer.SendResult // first ack of each key
 }
@@ -159,10 +159,10 @@ func convProperty(t *rapid.T) {
 
 // send sends key's message (the same content each time).
 func (m *convMachine) send(key sequencer.ClientKey) {
-	ctx, cancel := context.WithCancel(context.Background())
-	m.cancels = append(m.cancels, cancel)
+	tok := len(m.sends)
+	m.cancels = append(m.cancels, func() { m.core.Cancel(tok, key, context.Canceled) })
 	m.sends = append(m.sends, &sendRec{conv: rapidConv, key: key})
-	m.core.Send(ctx, len(m.sends)-1, sequencer.SendRequest{ConvID: rapidConv, FromUID: key.FromUID,
+	m.core.Send(tok, sequencer.SendRequest{ConvID: rapidConv, FromUID: key.FromUID,
 		ClientMsgID: key.ClientMsgID, MsgType: 1, Body: []byte("b")})
 	if convMutation == "forget-op" && m.pending != nil && m.pending.Commit != nil && len(m.core.queue) > 0 {
 		// A send queued behind a commit makes the core forget the commit

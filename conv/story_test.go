@@ -46,14 +46,14 @@ type harness struct {
 	start    time.Time
 	fence    persist.Fence
 	fenceErr error
-	cancels  map[string]context.CancelFunc
-	batch    *persist.ConvBatch    // last commit handed out
-	lookup   []sequencer.ClientKey // last lookup handed out
+	cancels  map[string]func(cause error) // the caller of a send gives up
+	batch    *persist.ConvBatch           // last commit handed out
+	lookup   []sequencer.ClientKey        // last lookup handed out
 }
 
 func newHarness(t *testing.T) *harness {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]context.CancelFunc{}}
+	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]func(error){}}
 	h.newCore("c1", 0, 0, 0, 0)
 	return h
 }
@@ -89,20 +89,27 @@ func (h *harness) do(line string) string {
 		if v := kv["uid"]; v != "" {
 			uid = uint64(h.atoi(v))
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		h.cancels[pos[0]] = cancel
-		if kv["ctx"] == "done" {
-			cancel()
-		}
 		body := pos[1]
 		if b, ok := kv["body"]; ok {
 			body = b
 		}
-		c.Send(ctx, pos[0], sequencer.SendRequest{ConvID: or(kv["conv"], c.ConvID()), FromUID: uid,
+		tok, key := pos[0], sequencer.ClientKey{FromUID: uid, ClientMsgID: pos[1]}
+		h.cancels[tok] = func(cause error) { c.Cancel(tok, key, cause) }
+		c.Send(tok, sequencer.SendRequest{ConvID: or(kv["conv"], c.ConvID()), FromUID: uid,
 			ClientMsgID: pos[1], MsgType: 1, Body: []byte(body)})
+		if kv["ctx"] == "done" {
+			// The caller gave up before the core saw the send (its
+			// shell tells the core right after it).
+			h.cancels[tok](context.Canceled)
+		}
 	case "cancel":
+		// cancel <token>... [cause=deadline]
+		cause := context.Canceled
+		if kv["cause"] == "deadline" {
+			cause = context.DeadlineExceeded
+		}
 		for _, tok := range pos {
-			h.cancels[tok]()
+			h.cancels[tok](cause)
 		}
 		return ""
 	case "head-loaded":

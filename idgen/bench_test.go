@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/sequencer-im/sequencer/clock"
 )
 
 // The layout caps one worker at 4096 ids per ms: 4,096,000 ids/s, 244 ns/id.
@@ -73,13 +75,17 @@ func BenchmarkNextLeased(b *testing.B) {
 // 4000 readings, so a generator on it never exhausts a millisecond: the
 // benchmark then shows the cost of an id (clock reading included) without
 // the layout's cap. Single goroutine only.
-type fastClock struct{ n int64 }
+// Its timers are the real clock's.
+type fastClock struct {
+	clock.Real
+	n int64
+}
 
 func (c *fastClock) Now() time.Time {
 	c.n++
 	return time.Now().Add(time.Duration(c.n/4000) * time.Millisecond)
 }
-func (c *fastClock) Sleep(d time.Duration) { time.Sleep(d) }
+func (c *fastClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // BenchmarkNextUncapped: the cost of one id when the layout's 4096/ms cap
 // never binds (how much headroom below 244 ns/id there is).

@@ -102,8 +102,7 @@ type Config struct {
 // concurrent use; Next is lock-free (one compare-and-swap on a packed state
 // word per id).
 type Generator struct {
-	clk      clock.Clock
-	realTime bool // clk is clock.Real: read time.Now directly
+	clk clock.Clock
 
 	// state packs the last issued id's millisecond and sequence together
 	// with the generation of the view it was issued under:
@@ -180,9 +179,7 @@ func New(cfg Config) (*Generator, error) {
 }
 
 func newGenerator(c clock.Clock, m *metrics.Set, gate reserver) *Generator {
-	c = clock.Or(c)
-	_, isReal := c.(clock.Real)
-	g := &Generator{clk: c, realTime: isReal, gate: gate}
+	g := &Generator{clk: clock.Or(c), gate: gate}
 	if m != nil {
 		g.waited = m.ClockRollbacks.WithLabelValues("waited")
 		g.refused = m.ClockRollbacks.WithLabelValues("refused")
@@ -209,12 +206,7 @@ func (g *Generator) LastMs() int64 {
 	return rel + Epoch
 }
 
-func (g *Generator) nowMs() int64 {
-	if g.realTime {
-		return time.Now().UnixMilli()
-	}
-	return g.clk.Now().UnixMilli()
-}
+func (g *Generator) nowMs() int64 { return g.clk.Now().UnixMilli() }
 
 // Next issues the next msg_id. Errors (all retryable, code unavailable unless
 // noted):
@@ -327,17 +319,9 @@ func (g *Generator) rolledBack(behindMs, bound int64, what string) error {
 // clock) it sleeps the remainder instead.
 func (g *Generator) waitPast(ms int64) {
 	prev := g.clk.Now()
-	if g.realTime {
-		prev = time.Now()
-	}
 	for {
 		runtime.Gosched()
-		var t time.Time
-		if g.realTime {
-			t = time.Now()
-		} else {
-			t = g.clk.Now()
-		}
+		t := g.clk.Now()
 		if t.UnixMilli() > ms {
 			return
 		}

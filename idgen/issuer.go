@@ -277,12 +277,12 @@ func (l *Issuer) loop(ctx context.Context, last error) {
 		if last != nil {
 			d = l.cfg.RetryEvery
 		}
-		t := time.NewTimer(d)
+		t, wait := l.clk.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-wait:
 		}
 		l.mu.Lock()
 		closed := l.closed

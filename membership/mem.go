@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
-	"github.com/sequencer-im/sequencer/persist"
 )
 
 // Mem is an in-memory Store with the same rules as the PostgreSQL one, for
@@ -267,9 +267,9 @@ func (s *Mem) RequestDrain(ctx context.Context, nodeID string) (Member, error) {
 // Fenced runs write atomically with a check of every non-zero fence, as a
 // PostgreSQL commit does (SELECT ... FOR SHARE on the lease rows, then the
 // writes, in one transaction): write runs only if every fence still holds,
-// else Fenced returns a *persist.StaleFenceError listing the stale ones.
+// else Fenced returns a *sequencer.StaleFenceError listing the stale ones.
 // While write runs, no Acquire can take a fenced partition.
-func (s *Mem) Fenced(fences []persist.Fence, write func()) error {
+func (s *Mem) Fenced(fences []sequencer.Fence, write func()) error {
 	return s.FencedCommit(fences, false, func() error {
 		if write != nil {
 			write()
@@ -279,14 +279,14 @@ func (s *Mem) Fenced(fences []persist.Fence, write func()) error {
 }
 
 // FencedCommit is the in-commit check of an in-memory store (memstore):
-// every non-zero fence of fences must hold (else *persist.StaleFenceError),
-// and an unfenced commit (unfenced set) is refused with persist.ErrUnfenced
+// every non-zero fence of fences must hold (else *sequencer.StaleFenceError),
+// and an unfenced commit (unfenced set) is refused with sequencer.ErrUnfenced
 // while any partition is held; then write runs, with no Acquire or Release
 // in between, and its error is returned.
-func (s *Mem) FencedCommit(fences []persist.Fence, unfenced bool, write func() error) error {
+func (s *Mem) FencedCommit(fences []sequencer.Fence, unfenced bool, write func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var stale []persist.Fence
+	var stale []sequencer.Fence
 	for _, f := range fences {
 		if f.IsZero() {
 			continue
@@ -296,12 +296,12 @@ func (s *Mem) FencedCommit(fences []persist.Fence, unfenced bool, write func() e
 		}
 	}
 	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
+		return &sequencer.StaleFenceError{Fences: stale}
 	}
 	if unfenced {
 		for _, l := range s.leases {
 			if l.Owner != "" {
-				return persist.ErrUnfenced
+				return sequencer.ErrUnfenced
 			}
 		}
 	}
@@ -310,7 +310,7 @@ func (s *Mem) FencedCommit(fences []persist.Fence, unfenced bool, write func() e
 
 // PutLeaseForTest makes partition f.Partition held by f.Owner at f.Epoch
 // (f.Owner "": released), whatever the members.
-func (s *Mem) PutLeaseForTest(f persist.Fence) {
+func (s *Mem) PutLeaseForTest(f sequencer.Fence) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.leases[f.Partition] = PartitionLease{Partition: f.Partition, Owner: f.Owner, Epoch: f.Epoch}

@@ -9,7 +9,7 @@
 //   - the partition leases: (Partition, Owner incarnation, Epoch). A lease is
 //     taken only when it is free (released), already ours, or its owner is not
 //     a live member incarnation; taking bumps the Epoch, which fences every
-//     commit of the previous owner (persist.Fence).
+//     commit of the previous owner (sequencer.Fence).
 //
 // Store is implemented by persist/postgres (ClusterStore) and, for
 // simulations, by Mem in this package. A Store reads time from its own clock

@@ -15,7 +15,7 @@
 // are in testdata/*.txt.
 //
 // The core never decides that a commit is safe: the store checks the fence of
-// every commit (persist.Fence) against the shared lease table, which is
+// every commit (sequencer.Fence) against the shared lease table, which is
 // where safety lives. The core's answers are what keep a node from trying
 // when it knows it would be refused, and from serving when it cannot know.
 package ownership
@@ -28,7 +28,6 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/membership"
-	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -278,7 +277,7 @@ func (c *Core) adopt(v membership.View, sent time.Time) {
 // this incarnation for a partition still held at that epoch means the
 // partition was taken over (we were presumed dead): the node must step down.
 // It reports whether that is news.
-func (c *Core) Refused(fences []persist.Fence) (trouble bool) {
+func (c *Core) Refused(fences []sequencer.Fence) (trouble bool) {
 	for _, f := range fences {
 		if f.Owner != c.self.Incarnation || int(f.Partition) >= len(c.parts) {
 			continue
@@ -517,19 +516,19 @@ func (c *Core) NodeWritable(now time.Time) error {
 // nothing was written). Route's local way, Serving and Locate's epoch are
 // derived from it. The store checks the fence again inside the commit's
 // transaction: that is the other place, and the one safety rests on.
-func (c *Core) Writable(p uint32, now time.Time) (persist.Fence, error) {
+func (c *Core) Writable(p uint32, now time.Time) (sequencer.Fence, error) {
 	if err := c.NodeWritable(now); err != nil {
-		return persist.Fence{}, err
+		return sequencer.Fence{}, err
 	}
 	switch st := c.parts[p]; {
 	case !st.Held:
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+		return sequencer.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 			fmt.Sprintf("partition %d is not held by node %s", p, c.self.NodeID))
 	case st.HandingOff:
-		return persist.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
+		return sequencer.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrOwnershipMoving,
 			fmt.Sprintf("partition %d is moving away from node %s", p, c.self.NodeID))
 	}
-	return persist.Fence{Partition: p, Owner: c.self.Incarnation, Epoch: c.parts[p].Epoch}, nil
+	return sequencer.Fence{Partition: p, Owner: c.self.Incarnation, Epoch: c.parts[p].Epoch}, nil
 }
 
 // Serving reports whether this node can take sends at now (readiness): it

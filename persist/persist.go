@@ -21,39 +21,17 @@ package persist
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 )
 
-// Fence is the ownership token a commit carries for one partition: the commit
-// lands only if, inside its transaction, the partition is still held by Owner
-// at Epoch. The zero Fence means "unfenced" (single node, no cluster tables).
-type Fence struct {
-	Partition uint32
-	Owner     string
-	Epoch     uint64
-}
-
-// IsZero reports whether f is the unfenced zero value.
-func (f Fence) IsZero() bool { return f.Owner == "" && f.Epoch == 0 && f.Partition == 0 }
-
-// ConvBatch is one conversation's share of a commit: Messages carry seqs
-// PrevHead+1 .. PrevHead+len(Messages), in order. The commit moves the
-// conversation's head from PrevHead to the last seq, and fails with
-// sequencer.ErrHeadMismatch if the stored head is not PrevHead.
-type ConvBatch struct {
-	ConvID   string
-	PrevHead uint64
-	Fence    Fence
-	Messages []sequencer.Message
-}
-
-// LastSeq returns the seq the head moves to.
-func (b *ConvBatch) LastSeq() uint64 { return b.PrevHead + uint64(len(b.Messages)) }
+// Fence and ConvBatch are the root package's (the cores use them without
+// importing persist): what a commit carries.
+type (
+	Fence     = sequencer.Fence
+	ConvBatch = sequencer.ConvBatch
+)
 
 // The roles a store plays, each the size of what one consumer needs. Every
 // store implements all of them (Store) and pins it at compile time
@@ -202,133 +180,37 @@ type WorkerLease struct {
 	HighWaterMs int64
 }
 
-// ConflictKey names the unique key a conflicting row hit.
-type ConflictKey int
-
-const (
-	KeyConvSeq     ConflictKey = iota + 1 // uk_conv_seq (conv_id, seq)
-	KeyClientMsgID                        // uk_from_client (from_uid, client_msg_id)
-	KeyMsgID                              // primary key msg_id
+// The commit errors are the root package's (sequencer.ConflictError and
+// the rest), so the cores read them without importing persist.
+type (
+	ConflictKey       = sequencer.ConflictKey
+	Conflict          = sequencer.Conflict
+	ConflictError     = sequencer.ConflictError
+	HeadMismatchError = sequencer.HeadMismatchError
+	StaleFenceError   = sequencer.StaleFenceError
+	Outcome           = sequencer.Outcome
 )
 
-func (k ConflictKey) String() string {
-	switch k {
-	case KeyConvSeq:
-		return "uk_conv_seq"
-	case KeyClientMsgID:
-		return "uk_from_client"
-	case KeyMsgID:
-		return "msg_id"
-	}
-	return "unknown"
-}
-
-// Conflict is one row of a batch that hit a unique key.
-type Conflict struct {
-	Key         ConflictKey
-	ConvID      string
-	Seq         uint64
-	MsgID       uint64
-	FromUID     uint64
-	ClientMsgID string
-}
-
-// ConflictError reports every row of a Commit that hit a unique key (taken
-// by a stored row or by another row of the same batch). Nothing was written.
-type ConflictError struct {
-	Conflicts []Conflict
-}
-
-func (e *ConflictError) Error() string {
-	var b strings.Builder
-	b.WriteString("unique key conflict:")
-	for i, c := range e.Conflicts {
-		if i == 8 {
-			fmt.Fprintf(&b, " (+%d more)", len(e.Conflicts)-8)
-			break
-		}
-		fmt.Fprintf(&b, " %s(conv=%q seq=%d from=%d client=%q msg_id=%d)", c.Key, c.ConvID, c.Seq, c.FromUID, c.ClientMsgID, c.MsgID)
-	}
-	return b.String()
-}
-
-// HeadMismatchError reports conversations whose stored head was not the
-// batch's PrevHead. Nothing was written. It wraps sequencer.ErrHeadMismatch.
-type HeadMismatchError struct {
-	ConvIDs []string
-}
-
-func (e *HeadMismatchError) Error() string {
-	return fmt.Sprintf("%v: %s", sequencer.ErrHeadMismatch, strings.Join(e.ConvIDs, ","))
-}
-func (e *HeadMismatchError) Unwrap() error { return sequencer.ErrHeadMismatch }
-
-// StaleFenceError reports fences that no longer hold. Nothing was written.
-// It wraps sequencer.ErrStaleEpoch.
-type StaleFenceError struct {
-	Fences []Fence
-}
-
-func (e *StaleFenceError) Error() string {
-	return fmt.Sprintf("%v: %v", sequencer.ErrStaleEpoch, e.Fences)
-}
-func (e *StaleFenceError) Unwrap() error { return sequencer.ErrStaleEpoch }
-
-// ErrUnfenced refuses an unfenced commit (a node running without a cluster)
-// in a store whose partitions a cluster holds: such a node would write
-// conversations that cluster nodes own, outside their fences. Nothing was
-// written. It wraps sequencer.ErrStaleEpoch (retryable, not landed).
-var ErrUnfenced = fmt.Errorf("%w: this database is used by a cluster (partition leases are held); a node without --cluster-listen may not write to it", sequencer.ErrStaleEpoch)
-
-// ErrRejected is a store's refusal of the data of a commit (a value the
-// schema cannot hold: a data or integrity error other than the unique keys
-// ConflictError names). Nothing was written. It names no conversation, so
-// the group-commit writer splits the transaction to find the bad rows, and
-// only their senders get it (invalid_argument: sending it again cannot
-// help).
-var ErrRejected = &sequencer.Error{Code: sequencer.CodeInvalidArgument, Msg: "the store refused this message"}
-
-// Outcome is what a Commit's error means for the rows it carried.
-type Outcome int
-
 const (
-	Landed    Outcome = iota // nil error: every row is durably stored
-	NotLanded                // nothing was written (and nothing will be)
-	Unknown                  // the rows may have landed, or may land later: Settle, then re-read
+	KeyConvSeq     = sequencer.KeyConvSeq
+	KeyClientMsgID = sequencer.KeyClientMsgID
+	KeyMsgID       = sequencer.KeyMsgID
+
+	Landed    = sequencer.OutcomeLanded
+	NotLanded = sequencer.OutcomeNotLanded
+	Unknown   = sequencer.OutcomeUnknown
 )
 
-func (o Outcome) String() string {
-	return [...]string{"landed", "not landed", "unknown"}[o]
-}
+var (
+	ErrUnfenced = sequencer.ErrUnfenced // see sequencer.ErrUnfenced
+	ErrRejected = sequencer.ErrRejected // see sequencer.ErrRejected
+)
 
-// OutcomeOf is the ONE place that says what a Commit's error means (see
-// Store.Commit): refusals (conflict, head mismatch, stale fence, rejected
-// data) and failures before COMMIT was sent (ErrStoreUnavailable) did not
-// land; ErrUnknownOutcome and any error the contract does not name may
-// have.
-func OutcomeOf(err error) Outcome {
-	switch {
-	case err == nil:
-		return Landed
-	case errors.Is(err, sequencer.ErrUnknownOutcome):
-		return Unknown
-	}
-	if _, ok := AsConflict(err); ok {
-		return NotLanded
-	}
-	if errors.Is(err, sequencer.ErrHeadMismatch) || errors.Is(err, sequencer.ErrStaleEpoch) ||
-		errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, ErrRejected) {
-		return NotLanded
-	}
-	return Unknown
-}
+// OutcomeOf is sequencer.OutcomeOf: what a Commit's error means.
+func OutcomeOf(err error) Outcome { return sequencer.OutcomeOf(err) }
 
-// AsConflict returns the *ConflictError in err's chain, if any.
-func AsConflict(err error) (*ConflictError, bool) {
-	var c *ConflictError
-	ok := errors.As(err, &c)
-	return c, ok
-}
+// AsConflict is sequencer.AsConflict.
+func AsConflict(err error) (*ConflictError, bool) { return sequencer.AsConflict(err) }
 
 // ReadState is sequencer.ReadState: one user's read position in one
 // conversation, with the conversation's committed head (Head - ReadSeq is
