@@ -1,8 +1,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,4 +106,35 @@ func TestLoopsRunOnTheClock(t *testing.T) {
 	clk.Advance(hb)
 	testwait.For(t, 5*time.Second, time.Millisecond, "a heartbeat after the clock moved one heartbeat", func() bool { return beats.Load() > b0 })
 	testwait.For(t, 5*time.Second, time.Millisecond, "a reconciliation after the clock moved one heartbeat", func() bool { return acquires.Load() > a0 })
+}
+
+// TestDeparturesNamedInTheLog: a member gone from the next view is named
+// in the survivors' log, as left (it was leaving) or presumed dead (its
+// lease ran out, with how long it was silent: its last renewal was at
+// LeaseUntil - MemberTTL), with the partitions it held.
+func TestDeparturesNamedInTheLog(t *testing.T) {
+	var buf bytes.Buffer
+	n, err := New(Config{NodeID: "a", Store: membership.NewMem(clock.NewFake(time.Now())), Transport: NewMemNetwork().Transport("mem://a"),
+		Logger: slog.New(slog.NewTextHandler(&buf, nil)), MemberTTL: 1500 * time.Millisecond, Heartbeat: 250 * time.Millisecond,
+		Ring: ring.Config{Partitions: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 5, 1, 0, 0, 0, time.UTC)
+	members := []membership.Member{{NodeID: "a", Incarnation: "a/1"}, {NodeID: "b", Incarnation: "b/1", LeaseUntil: now.Add(time.Second)},
+		{NodeID: "c", Incarnation: "c/1", Leaving: true}}
+	leases := []membership.PartitionLease{{Partition: 0, Owner: "b/1", Epoch: 1}, {Partition: 1, Owner: "b/1", Epoch: 1},
+		{Partition: 2, Owner: "c/1", Epoch: 1}}
+	n.viewed(membership.View{Version: 3, Members: members, Leases: leases, Now: now})
+	n.viewed(membership.View{Version: 4, Members: members[:1], Now: now.Add(2 * time.Second)})
+	out := buf.String()
+	for _, want := range []string{`msg="member presumed dead: its lease ran out" node=a member=b incarnation=b/1 silent_for=2.5s partitions_held=2`,
+		`msg="member left" node=a member=c incarnation=c/1 partitions_held=1`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "level=WARN") {
+		t.Errorf("a departure logged as a warning:\n%s", out)
+	}
 }

@@ -67,8 +67,10 @@ type Config struct {
 	// writable (the owner by the ring has not taken the lease yet, or the
 	// partition is moving) before it fails with a retryable error.
 	HandoffWait time.Duration
-	// ForwardTimeout bounds one forwarded Send when the caller's context has
-	// no deadline.
+	// ForwardTimeout bounds how long this node holds one Send or SendBatch
+	// (the caller's deadline when sooner): a send it could not place by
+	// then is answered deadline_exceeded (outcome unknown; the client
+	// resends with the same client_msg_id). docs/API.md states it.
 	ForwardTimeout time.Duration
 	// StopTimeout bounds the wait for a partition's in-flight batches when it
 	// is handed off or the node steps down; the lease is released anyway

@@ -92,11 +92,9 @@ func (n *Node) checkSender(b *clusterv1.ForwardBatch) (member bool, err error) {
 // by one. Items of one conversation keep their order (their seqs follow
 // item order when they succeed).
 func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout)
-		defer cancel()
-	}
+	var cancel context.CancelFunc
+	ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout) // this node's bound, as Send's
+	defer cancel()
 	n.sendMany(ctx, reqs, out, false)
 }
 

@@ -93,6 +93,8 @@ type Node struct {
 	// row's expiry (if it crashed) is seen at once.
 	suspectUntil atomic.Int64
 	viewLogged   atomic.Uint64 // the newest view version logged
+	logMu        sync.Mutex
+	logged       membership.View // the view viewed logged last (who left or died)
 
 	// cut is canceled while this node can write nothing (NodeWritable
 	// fails; watchCut): the sends in its local writer then give up their
@@ -466,6 +468,7 @@ func (n *Node) observe(v membership.View) {
 // line when its version is newer than any logged before.
 func (n *Node) viewed(v membership.View) {
 	n.met.view(v)
+	n.logDepartures(v)
 	for {
 		last := n.viewLogged.Load()
 		if v.Version <= last {
@@ -475,6 +478,44 @@ func (n *Node) viewed(v membership.View) {
 			n.log.Info("membership view", "version", v.Version, "members", len(v.Members))
 			return
 		}
+	}
+}
+
+// logDepartures names, in this node's log, every member of the view logged
+// before that is gone from v: left (it was leaving: a drain or SIGTERM) or
+// presumed dead (its lease ran out), with the partitions it held then.
+func (n *Node) logDepartures(v membership.View) {
+	n.logMu.Lock()
+	defer n.logMu.Unlock()
+	prev := n.logged
+	if v.Version < prev.Version {
+		return
+	}
+	n.logged = v // the newest renewals too: LeaseUntil below is the last one seen
+	if v.Version == prev.Version {
+		return
+	}
+	for _, m := range prev.Members {
+		if m.NodeID == n.cfg.NodeID {
+			continue
+		}
+		if now, ok := v.Member(m.NodeID); ok && now.Incarnation == m.Incarnation {
+			continue
+		}
+		held := 0
+		for _, l := range prev.Leases {
+			if l.Owner == m.Incarnation {
+				held++
+			}
+		}
+		if m.Leaving {
+			n.log.Info("member left", "member", m.NodeID, "incarnation", m.Incarnation, "partitions_held", held, "version", v.Version)
+			continue
+		}
+		// Its last renewal was at LeaseUntil - MemberTTL (store clock).
+		silent := v.Now.Sub(m.LeaseUntil.Add(-n.cfg.MemberTTL)).Round(100 * time.Millisecond)
+		n.log.Info("member presumed dead: its lease ran out", "member", m.NodeID, "incarnation", m.Incarnation,
+			"silent_for", silent, "partitions_held", held, "version", v.Version)
 	}
 }
 

@@ -77,7 +77,10 @@ func ownershipErr(err error) bool {
 // resend, so the answer says duplicate: false (the ids are the stored ones
 // either way; docs/API.md "duplicate").
 func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, unknownBefore bool) (sequencer.SendResult, error) {
-	if _, ok := ctx.Deadline(); !ok && !forwarded {
+	if !forwarded {
+		// This node's own bound (the caller's deadline when sooner): a send
+		// it cannot place is answered by then, deadline_exceeded (outcome
+		// unknown: the client resends with the same key), never held.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ForwardTimeout)
 		defer cancel()

@@ -117,9 +117,27 @@ func (e *edge) reload() error {
 func httpErrorLog(log *slog.Logger, what string) *stdlog.Logger {
 	rl := ratelog.New(log, logEvery)
 	return stdlog.New(writerFunc(func(p []byte) (int, error) {
-		rl.Warn(what, what+" connection error", "err", strings.TrimSpace(string(p)))
+		msg := strings.TrimSpace(string(p))
+		if routineConnError(msg) {
+			log.Debug(what+" connection closed by the client", "err", msg)
+		} else {
+			rl.Warn(what, what+" connection error", "err", msg)
+		}
 		return len(p), nil
 	}), "", 0)
+}
+
+// routineConnError tells what a client's connection does in the normal
+// course (goes away, closes mid-request, resets) from errors worth an
+// operator's look (handshake failures, malformed requests).
+func routineConnError(msg string) bool {
+	for _, s := range []string{"GOAWAY", "EOF", "connection reset by peer", "broken pipe", "use of closed network connection",
+		"client disconnected", "i/o timeout"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 type writerFunc func([]byte) (int, error)

@@ -20,6 +20,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -158,6 +159,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	s.store = st
+	if err := checkNotACluster(octx, cfg, st); err != nil {
+		return nil, err
+	}
 	clk, stopClock := testClock(log) // nil: the real clock
 	s.stopClock = stopClock
 
@@ -264,6 +268,27 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		"worker_id", wid, "cluster_listen", cfg.Cluster.ClusterListen)
 	ok = true
 	return s, nil
+}
+
+// checkNotACluster refuses a node without --cluster-listen on a database
+// whose membership table has live members: it would own every conversation
+// by its own Route and /readyz while every commit it made was fenced by the
+// cluster's partition leases.
+func checkNotACluster(ctx context.Context, cfg Config, st persist.Store) error {
+	table, ok := st.(membership.Provider)
+	if cfg.clustered() || !ok {
+		return nil
+	}
+	v, err := table.Membership().View(ctx)
+	if err != nil || len(v.Members) == 0 {
+		return nil // no cluster here (a store without the table answers an error)
+	}
+	ids := make([]string, 0, len(v.Members))
+	for _, m := range v.Members {
+		ids = append(ids, m.NodeID)
+	}
+	return fmt.Errorf("this database serves a cluster of %d live member(s) (%s): start this node with --cluster-listen (and its own --node-id) to join it, or give it a database of its own",
+		len(v.Members), strings.Join(ids, ", "))
 }
 
 // storePools sizes the PostgreSQL store's pools: reads StoreConns, commits
