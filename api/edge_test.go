@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -239,6 +240,29 @@ func TestTooLargeRequestIsInvalidArgument(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "invalid_argument") {
 		t.Fatalf("chunked too-large JSON: %d %s", resp.StatusCode, body)
+	}
+}
+
+// A POST without Content-Type is answered 415 with a Connect JSON error body
+// that says what to send, and reaches no sender.
+func TestMissingContentTypeIs415WithBody(t *testing.T) {
+	url, sender, _ := edgeServer(t, Edge{})
+	req, _ := http.NewRequest(http.MethodPost, url+sendPath, strings.NewReader(`{"convId":"g:1","fromUid":"1","clientMsgId":"k"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Code, Message string }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("415 body is not JSON: %v", err)
+	}
+	if resp.StatusCode != http.StatusUnsupportedMediaType || body.Code != "invalid_argument" ||
+		!strings.Contains(body.Message, "application/json") || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("no Content-Type: %d %s %+v", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	if n := len(sender.Calls()); n != 0 {
+		t.Fatalf("%d sends reached the sender", n)
 	}
 }
 

@@ -87,6 +87,7 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 		h = &sendJSON{svc: svc, ew: ew, next: h}
 	}
 	h = limitBody(svc, ew, int64(limit), h)
+	h = needContentType(svc, h)
 	if edge.Tokens != nil {
 		h = requireToken(svc, ew, edge.Tokens, h)
 	}
@@ -97,6 +98,23 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
 	return mux
+}
+
+// needContentType answers a POST without a Content-Type HTTP 415 with a
+// Connect error body (code invalid_argument) naming the types the API
+// speaks; the Connect handler alone would answer 415 with an empty body.
+func needContentType(svc *Service, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		svc.refuse(r, connect.CodeInvalidArgument)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Accept-Post", "application/json, application/proto, application/grpc, application/grpc-web")
+		w.WriteHeader(http.StatusUnsupportedMediaType)
+		_, _ = io.WriteString(w, `{"code":"invalid_argument","message":"Content-Type missing: send application/json (Connect JSON), application/proto (Connect binary), application/grpc or application/grpc-web"}`+"\n")
+	})
 }
 
 // NewAdminMux returns a mux serving:
