@@ -135,6 +135,13 @@ func (o *observer) observe(now time.Time, version uint64, members []Member, part
 			delete(o.gone, id)
 		}
 	}
+	// A partition whose holder is gone shows no owner until it is taken:
+	// remember who held it, so the take names them.
+	for p, owner := range owners {
+		if owner == "" && p < len(o.owners) {
+			owners[p] = o.owners[p]
+		}
+	}
 	o.members, o.owners = cur, owners
 }
 

@@ -43,7 +43,8 @@ func TestObserverTellsTheStory(t *testing.T) {
 	}{
 		{1, members("n1", "n2"), parts(12, "n1", "n2"), nil}, // the first view is not news
 		{2, members("n1", "n2", "n3"), parts(12, "n1", "n1", "n2", "n2", "n3", "n3"), []string{"join n3"}},
-		{3, members("n1", "n3"), parts(12, "n1", "n1", "n1", "n2", "n3", "n3"), []string{"death n2", "failover n1 n2 2"}},
+		{3, members("n1", "n3"), parts(12, "n1", "n1", "", "", "n3", "n3"), []string{"death n2"}}, // n2's partitions without an owner
+		{3, members("n1", "n3"), parts(12, "n1", "n1", "n1", "", "n3", "n3"), []string{"failover n1 n2 2"}},
 		{3, members("n1", "n3"), parts(12, "n1", "n1", "n1", "n1", "n3", "n3"), nil}, // merged into the failover: 4
 		{4, members("n1", "n3-"), parts(12, "n1", "n1", "n1", "n1", "n3", "n3"), []string{"drain n3"}},
 		{4, members("n1", "n3-"), parts(12, "n1"), []string{"handoff n1 n3 4"}},
@@ -65,7 +66,7 @@ func TestObserverTellsTheStory(t *testing.T) {
 		}
 		seen = len(o.events)
 	}
-	if f := o.events[2]; f.Kind != EventFailover || f.Partitions != 4 || !strings.Contains(f.Detail, "4 partitions of n2") || f.At != at(15) {
+	if f := o.events[2]; f.Kind != EventFailover || f.Partitions != 4 || !strings.Contains(f.Detail, "4 partitions of n2") || f.At != at(20) {
 		t.Fatalf("failover event %+v: want 4 partitions of n2 at the last sample that took some", f)
 	}
 	for _, e := range o.events {
