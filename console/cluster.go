@@ -20,7 +20,10 @@ type NodeSummary struct {
 	Samples    []Sample          `json:"samples"`
 	Events     []Event           `json:"events"`
 	HotSecs    float64           `json:"hotSecs"`   // seconds the counts cover
-	HotCounts  map[string]uint64 `json:"hotCounts"` // sends received per conversation (its busiest maxHotReport)
+	HotCounts  map[string]uint64 `json:"hotCounts"` // sends received per conversation (its busiest maxHotReport); omitted without the token
+	// HotPartitionCounts is sends received per partition (all of them,
+	// not only the busiest conversations'); empty on a single node.
+	HotPartitionCounts map[uint32]uint64 `json:"hotPartitionCounts"`
 }
 
 // maxHotReport bounds the conversations a node reports for the cluster's
@@ -49,6 +52,14 @@ func (c *Console) summary() *NodeSummary {
 		Samples: append([]Sample{}, c.samples...), Events: append([]Event{}, c.obs.events...),
 		HotSecs: float64(len(c.hot.window)) * c.cfg.SampleEvery.Seconds()}
 	sums := c.hot.sums()
+	s.HotPartitionCounts = map[uint32]uint64{}
+	if c.cfg.PartitionOf != nil {
+		for k, v := range sums {
+			if p, ok := c.cfg.PartitionOf(k); ok {
+				s.HotPartitionCounts[p] += v
+			}
+		}
+	}
 	if len(sums) > maxHotReport {
 		keep := make(map[string]uint64, maxHotReport)
 		all := make([]HotConv, 0, len(sums))
@@ -65,8 +76,17 @@ func (c *Console) summary() *NodeSummary {
 	return s
 }
 
-func (c *Console) node(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, c.summary())
+func (c *Console) node(w http.ResponseWriter, r *http.Request) {
+	s := c.summary()
+	if !c.authorized(r) {
+		s.HotCounts = nil // conversation ids: what the API's token protects
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
+// authorized reports whether r may see conversation ids (Config.Authorize).
+func (c *Console) authorized(r *http.Request) bool {
+	return c.cfg.Authorize == nil || c.cfg.Authorize(r)
 }
 
 // cluster answers every member's summary, gathered from their consoles
@@ -94,7 +114,7 @@ func (c *Console) cluster(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := c.fetchPeer(r.Context(), m.APIAddr)
+			s, err := c.fetchPeer(r.Context(), m.APIAddr, r.Header.Get("Authorization"))
 			if err != nil {
 				nodes[i].Error = err.Error()
 				return
@@ -105,6 +125,7 @@ func (c *Console) cluster(w http.ResponseWriter, r *http.Request) {
 	wg.Wait()
 	var lists [][]Event
 	sums := map[string]uint64{}
+	perPart := map[uint32]uint64{}
 	secs := 0.0
 	for _, n := range nodes {
 		if n.Summary == nil {
@@ -114,24 +135,37 @@ func (c *Console) cluster(w http.ResponseWriter, r *http.Request) {
 		for k, v := range n.Summary.HotCounts {
 			sums[k] += v
 		}
+		for p, v := range n.Summary.HotPartitionCounts {
+			perPart[p] += v
+		}
 		secs = max(secs, n.Summary.HotSecs)
 	}
 	if secs == 0 {
 		secs = 1
 	}
+	hotConvs := topConvs(sums, secs, c.cfg.PartitionOf)
+	if !c.authorized(r) {
+		hotConvs = nil
+	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"node": c.cfg.NodeID, "at": time.Now().UTC(), "nodes": nodes, "events": nonNil(mergeEvents(lists...)),
-		"hotSecs": secs, "hotConversations": topConvs(sums, secs, c.cfg.PartitionOf),
-		"hotPartitions": topPartitions(sums, secs, c.cfg.PartitionOf),
+		"hotSecs": secs, "hotConversations": hotConvs, "hotConversationsNeedToken": !c.authorized(r),
+		"hotPartitions": topPartitions(perPart, secs),
 	})
 }
 
-func (c *Console) fetchPeer(ctx context.Context, addr string) (*NodeSummary, error) {
+// fetchPeer asks the member at addr for its summary, passing on the
+// caller's bearer token (a cluster shares its tokens) for its hot
+// conversations.
+func (c *Console) fetchPeer(ctx context.Context, addr, authorization string) (*NodeSummary, error) {
 	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.PeerScheme+"://"+addr+"/console/api/node", nil)
 	if err != nil {
 		return nil, err
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
 	}
 	resp, err := c.cfg.PeerClient.Do(req)
 	if err != nil {

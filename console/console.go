@@ -399,9 +399,6 @@ type counters struct {
 
 func (c *Console) sampleLoop() {
 	defer close(c.done)
-	if c.cfg.Gatherer == nil {
-		return
-	}
 	t := time.NewTicker(c.cfg.SampleEvery)
 	defer t.Stop()
 	c.sample(time.Now())
@@ -427,6 +424,9 @@ func (c *Console) sample(now time.Time) {
 		c.hot.add(counts)
 	}
 	c.mu.Unlock()
+	if c.cfg.Gatherer == nil {
+		return
+	}
 	cur, err := read(c.cfg.Gatherer, now)
 	if err != nil {
 		c.cfg.Logger.Debug("console: reading metrics", "err", err)

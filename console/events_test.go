@@ -121,7 +121,12 @@ func TestHotConversationsAndPartitions(t *testing.T) {
 	if len(convs) != 3 || convs[0].ConvID != "g:hot" || convs[0].SendsPerSec != 15 || *convs[0].Partition != 7 || convs[1].ConvID != "g:warm" {
 		t.Fatalf("hot conversations %+v", convs)
 	}
-	ps := topPartitions(h.sums(), 2, partOf)
+	perPart := map[uint32]uint64{}
+	for k, v := range h.sums() {
+		p, _ := partOf(k)
+		perPart[p] += v
+	}
+	ps := topPartitions(perPart, 2)
 	if len(ps) != 2 || ps[0].Partition != 7 || ps[1].Partition != 3 || ps[1].SendsPerSec != 1.5 {
 		t.Fatalf("hot partitions %+v", ps)
 	}

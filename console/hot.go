@@ -119,7 +119,7 @@ func (h *hot) sums() map[string]uint64 {
 	return out
 }
 
-// topConvs and topPartitions rank counts over secs seconds.
+// topConvs ranks conversations by their counts over secs seconds.
 func topConvs(sums map[string]uint64, secs float64, partOf func(string) (uint32, bool)) []HotConv {
 	out := make([]HotConv, 0, len(sums))
 	for k, v := range sums {
@@ -138,18 +138,10 @@ func topConvs(sums map[string]uint64, secs float64, partOf func(string) (uint32,
 	return out
 }
 
-func topPartitions(sums map[string]uint64, secs float64, partOf func(string) (uint32, bool)) []HotPartition {
-	if partOf == nil {
-		return []HotPartition{}
-	}
-	per := map[uint32]uint64{}
-	for k, v := range sums {
-		if p, ok := partOf(k); ok {
-			per[p] += v
-		}
-	}
-	out := make([]HotPartition, 0, len(per))
-	for p, v := range per {
+// topPartitions ranks partitions by their counts over secs seconds.
+func topPartitions(counts map[uint32]uint64, secs float64) []HotPartition {
+	out := make([]HotPartition, 0, len(counts))
+	for p, v := range counts {
 		out = append(out, HotPartition{Partition: p, SendsPerSec: float64(v) / secs})
 	}
 	return rank(out, func(a, b HotPartition) bool {

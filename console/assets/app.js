@@ -246,7 +246,11 @@
 
   function renderHot(cl, parts) {
     $("hotsummary").textContent = `sends/s received by the nodes over the last ${Math.round(cl.hotSecs)} s`;
-    $("hot-convs").tBodies[0].replaceChildren(...cl.hotConversations.map((h) => el("tr", { "data-conv": h.convId },
+    if (cl.hotConversationsNeedToken) {
+      $("token").hidden = false;
+      $("hot-convs").tBodies[0].replaceChildren(el("tr", {}, el("td", { colSpan: 3, class: "muted" },
+        "conversation ids need this node's bearer token: enter it in the lookup below")));
+    } else $("hot-convs").tBodies[0].replaceChildren(...(cl.hotConversations || []).map((h) => el("tr", { "data-conv": h.convId },
       el("td", {}, h.convId), el("td", {}, h.partition == null ? "—" : String(h.partition)), el("td", {}, num(h.sendsPerSec)))));
     $("hot-parts").tBodies[0].replaceChildren(...cl.hotPartitions.map((h) => {
       const owner = parts.partitions[h.partition] ? parts.partitions[h.partition].owner : "";
