@@ -243,26 +243,40 @@ func TestTooLargeRequestIsInvalidArgument(t *testing.T) {
 	}
 }
 
-// A POST without Content-Type is answered 415 with a Connect JSON error body
-// that says what to send, and reaches no sender.
-func TestMissingContentTypeIs415WithBody(t *testing.T) {
+// A POST without Content-Type, or with one the API does not speak (curl -d
+// sends application/x-www-form-urlencoded), is answered 415 with a Connect
+// JSON error body that says what to send, and reaches no sender; the types
+// it speaks still work.
+func TestUnsupportedContentTypeIs415WithBody(t *testing.T) {
 	url, sender, _ := edgeServer(t, Edge{})
-	req, _ := http.NewRequest(http.MethodPost, url+sendPath, strings.NewReader(`{"convId":"g:1","fromUid":"1","clientMsgId":"k"}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	post := func(ct string) (*http.Response, struct{ Code, Message string }) {
+		req, _ := http.NewRequest(http.MethodPost, url+sendPath, strings.NewReader(`{"convId":"g:1","fromUid":"1","clientMsgId":"k"}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Code, Message string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp, body
 	}
-	defer resp.Body.Close()
-	var body struct{ Code, Message string }
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatalf("415 body is not JSON: %v", err)
-	}
-	if resp.StatusCode != http.StatusUnsupportedMediaType || body.Code != "invalid_argument" ||
-		!strings.Contains(body.Message, "application/json") || resp.Header.Get("Content-Type") != "application/json" {
-		t.Fatalf("no Content-Type: %d %s %+v", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	for _, ct := range []string{"", "application/x-www-form-urlencoded", "text/plain"} {
+		resp, body := post(ct)
+		if resp.StatusCode != http.StatusUnsupportedMediaType || body.Code != "invalid_argument" ||
+			!strings.Contains(body.Message, "application/json") || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("Content-Type %q: %d %s %+v", ct, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
 	}
 	if n := len(sender.Calls()); n != 0 {
 		t.Fatalf("%d sends reached the sender", n)
+	}
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8"} {
+		if resp, body := post(ct); resp.StatusCode != http.StatusOK {
+			t.Fatalf("Content-Type %q: %d %+v, want 200", ct, resp.StatusCode, body)
+		}
 	}
 }
 
