@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,8 +54,8 @@ func artifactsDir(t *testing.T) string {
 // events (joins), the hot conversations and the partition map split three
 // ways, with every time in UTC. Then it SIGKILLs one node and sees its
 // death, the failover of its partitions with the number moved, and the node
-// shown unreachable, then gone. The charts and the conversation lookup
-// work. Screenshots of the cluster under load
+// shown unreachable, then gone; seconds without sends are a gap in the
+// latency chart. The charts and the conversation lookup work. Screenshots of the cluster under load
 // and after the kill go to $SEQUENCER_TEST_ARTIFACTS.
 func TestConsoleShowsFailover(t *testing.T) {
 	browser(t) // skips before anything starts when browser tests are off
@@ -70,6 +71,7 @@ func TestConsoleShowsFailover(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	var paused atomic.Bool // no sends while set: the charts must show a gap
 	for w, n := range []*proc{n1, n2, n3} {
 		wg.Add(1)
 		go func() {
@@ -80,9 +82,11 @@ func TestConsoleShowsFailover(t *testing.T) {
 				if i%4 == 0 {
 					conv = fmt.Sprintf("console:%d", (i/4)%100)
 				}
-				sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-				_, _ = send(sctx, c, conv, 7, fmt.Sprintf("console-%d-%d", w, i), []byte("hello"))
-				scancel()
+				if !paused.Load() {
+					sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+					_, _ = send(sctx, c, conv, 7, fmt.Sprintf("console-%d-%d", w, i), []byte("hello"))
+					scancel()
+				}
 				select {
 				case <-ctx.Done():
 				case <-time.After(10 * time.Millisecond):
@@ -160,6 +164,16 @@ func TestConsoleShowsFailover(t *testing.T) {
 			`[...document.querySelectorAll('#events tr[data-kind="failover"]')].filter(r => r.cells[4].textContent.includes('of n3')).reduce((a, r) => a + +r.cells[3].textContent, 0) === %s`, n3Held), bound)
 	pg.waitJS("n1 and n2 still plotted", `['n1','n2'].every(n => document.querySelectorAll('#chart-msgs polyline[data-node="' + n + '"]').length > 0)`, 10*time.Second)
 	pg.shot("console-after-kill-9.png")
+
+	// Seconds without sends are a gap in the latency chart, not a line
+	// drawn across them.
+	p99Lines := pg.eval("n1's p99 segments", `String(document.querySelectorAll('#chart-p99 polyline[data-node="n1"]').length)`)
+	paused.Store(true)
+	pg.waitJS("n1 shows no sends", field("n1", "latency")+` === 'no sends'`, 30*time.Second)
+	paused.Store(false)
+	pg.waitJS("the latency line of n1 broken where there were no sends",
+		fmt.Sprintf(`document.querySelectorAll('#chart-p99 polyline[data-node="n1"]').length > %s && %s.includes('ms')`, p99Lines, field("n1", "latency")), 30*time.Second)
+	pg.shot("console-gap-without-sends.png")
 
 	// A node with --auth-token-file: the lookup asks for the token, then works.
 	tokens := filepath.Join(t.TempDir(), "tokens")
