@@ -1,6 +1,7 @@
 // Package client is the Go SDK that a logic layer embeds to talk to a
 // sequencer cluster: Send (stored and acked only after the durable commit,
-// resent safely with one client_msg_id), Pull, GetHead, GetMessage and Route.
+// resent safely with one client_msg_id), SendMany, Pull (PullPage, PullPages),
+// GetHead, GetMessage, Route, MarkRead (Mark) and GetReadState.
 //
 // It owns the client side of routing and retries. It learns the owner of a
 // conversation with Route, caches partition -> owner, and sends straight to
@@ -11,8 +12,8 @@
 // the same client_msg_id, so a retry never stores a message twice and never
 // consumes a second seq.
 //
-// Every error it returns carries the domain code: sequencer.ErrorCode(err)
-// reads it, and the *connect.Error of the last attempt (when a node
+// Every error it returns carries the domain code: ErrorCode(err) (the same
+// as sequencer.ErrorCode) reads it, as a Code this package names too, and the *connect.Error of the last attempt (when a node
 // answered) stays in the chain for errors.As.
 //
 // It must never assign seqs or msg_ids, reorder or drop a message, retry a
