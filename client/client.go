@@ -13,8 +13,9 @@
 // consumes a second seq.
 //
 // Every error it returns carries the domain code: ErrorCode(err) (the same
-// as sequencer.ErrorCode) reads it, as a Code this package names too, and the *connect.Error of the last attempt (when a node
-// answered) stays in the chain for errors.As.
+// as sequencer.ErrorCode) reads it, as a Code this package names too, and
+// the *connect.Error of the last attempt (when a node answered) stays in
+// the chain for errors.As.
 //
 // It must never assign seqs or msg_ids, reorder or drop a message, retry a
 // failure that is not retryable, or record metrics; it logs at Debug only.
