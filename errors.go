@@ -18,6 +18,11 @@ const (
 	CodeResourceExhausted             // retryable: overload, queues full
 	CodeCanceled                      // the caller gave up
 	CodeDeadlineExceeded              // the caller's deadline passed; outcome reported only after resolution
+	// CodeUnauthenticated: the node needs a bearer token and the call had
+	// none or a wrong one (only the API edge and clients see it).
+	CodeUnauthenticated
+	// CodeOK is ErrorCode(nil): no error. No error carries it.
+	CodeOK
 )
 
 func (c Code) String() string {
@@ -36,6 +41,10 @@ func (c Code) String() string {
 		return "canceled"
 	case CodeDeadlineExceeded:
 		return "deadline_exceeded"
+	case CodeUnauthenticated:
+		return "unauthenticated"
+	case CodeOK:
+		return "ok"
 	default:
 		return "internal"
 	}
@@ -95,8 +104,11 @@ var (
 )
 
 // ErrorCode returns the Code of the first *Error in err's chain, CodeInternal
-// for other non-nil errors, and CodeInternal for nil (callers check nil first).
+// for other non-nil errors, and CodeOK ("ok") for nil.
 func ErrorCode(err error) Code {
+	if err == nil {
+		return CodeOK
+	}
 	var e *Error
 	if errors.As(err, &e) {
 		return e.Code

@@ -18,6 +18,10 @@ func (r ReadState) Unread() uint64 {
 	return r.Head - r.ReadSeq
 }
 
+// HeadSeq is Head, under the wire's name (head_seq of MarkRead and
+// GetReadState).
+func (r ReadState) HeadSeq() uint64 { return r.Head }
+
 // MaxReadStateConvs is the most conversations one read-state call may name.
 const MaxReadStateConvs = 1000
 

@@ -90,7 +90,7 @@ func checkText(field, s string, max int) error {
 // ParseCode returns the Code named name (the names of Code.String, which are
 // also the RPC error code names), CodeInternal for any other name.
 func ParseCode(name string) Code {
-	for c := CodeInternal; c <= CodeDeadlineExceeded; c++ {
+	for c := CodeInternal; c <= CodeUnauthenticated; c++ {
 		if c.String() == name {
 			return c
 		}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -582,8 +583,27 @@ func (a *Admin) Backup(ctx context.Context, to string) (BackedUp, error) {
 	if to == "" {
 		return BackedUp{}, errors.New("backup: --to FILE needed")
 	}
-	if err := a.sq.BackupTo(ctx, to); err != nil {
+	if _, err := os.Lstat(to); err == nil {
+		return BackedUp{}, fmt.Errorf("backup: %s already exists", to)
+	}
+	// The copy holds every message body: it is written into a 0700
+	// directory beside to, made 0600 (the store's own files' mode), then
+	// linked to its name (which fails if to appeared meanwhile), so it is
+	// never readable by others, whatever the umask.
+	tmp, err := os.MkdirTemp(filepath.Dir(to), ".sequencer-backup-")
+	if err != nil {
+		return BackedUp{}, fmt.Errorf("backup: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	part := filepath.Join(tmp, "backup.db")
+	if err := a.sq.BackupTo(ctx, part); err != nil {
 		return BackedUp{}, err
+	}
+	if err := os.Chmod(part, 0o600); err != nil {
+		return BackedUp{}, fmt.Errorf("backup: %w", err)
+	}
+	if err := os.Link(part, to); err != nil {
+		return BackedUp{}, fmt.Errorf("backup: %w", err)
 	}
 	fi, err := os.Stat(to)
 	if err != nil {

@@ -340,6 +340,14 @@ func TestStoreCommands(t *testing.T) {
 			if err != nil || b.Bytes == 0 {
 				t.Fatalf("backup: %+v %v", b, err)
 			}
+			// Every message body is in it: only the owner reads it, and
+			// nothing is left beside it.
+			if fi, err := os.Stat(to); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("backup file mode %v (%v), want 0600", fi.Mode().Perm(), err)
+			}
+			if left, _ := filepath.Glob(filepath.Join(filepath.Dir(to), ".sequencer-backup-*")); len(left) != 0 {
+				t.Fatalf("backup left %v behind", left)
+			}
 			if _, err := a.Backup(ctx, to); err == nil {
 				t.Fatal("backup over an existing file did not fail")
 			}

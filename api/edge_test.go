@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -239,6 +240,43 @@ func TestTooLargeRequestIsInvalidArgument(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "invalid_argument") {
 		t.Fatalf("chunked too-large JSON: %d %s", resp.StatusCode, body)
+	}
+}
+
+// A POST without Content-Type, or with one the API does not speak (curl -d
+// sends application/x-www-form-urlencoded), is answered 415 with a Connect
+// JSON error body that says what to send, and reaches no sender; the types
+// it speaks still work.
+func TestUnsupportedContentTypeIs415WithBody(t *testing.T) {
+	url, sender, _ := edgeServer(t, Edge{})
+	post := func(ct string) (*http.Response, struct{ Code, Message string }) {
+		req, _ := http.NewRequest(http.MethodPost, url+sendPath, strings.NewReader(`{"convId":"g:1","fromUid":"1","clientMsgId":"k"}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Code, Message string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp, body
+	}
+	for _, ct := range []string{"", "application/x-www-form-urlencoded", "text/plain"} {
+		resp, body := post(ct)
+		if resp.StatusCode != http.StatusUnsupportedMediaType || body.Code != "invalid_argument" ||
+			!strings.Contains(body.Message, "application/json") || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("Content-Type %q: %d %s %+v", ct, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+	}
+	if n := len(sender.Calls()); n != 0 {
+		t.Fatalf("%d sends reached the sender", n)
+	}
+	for _, ct := range []string{"application/json", "application/json; charset=utf-8"} {
+		if resp, body := post(ct); resp.StatusCode != http.StatusOK {
+			t.Fatalf("Content-Type %q: %d %+v, want 200", ct, resp.StatusCode, body)
+		}
 	}
 }
 

@@ -2,11 +2,13 @@ package api
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,6 +89,7 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 		h = &sendJSON{svc: svc, ew: ew, next: h}
 	}
 	h = limitBody(svc, ew, int64(limit), h)
+	h = needContentType(svc, h)
 	if edge.Tokens != nil {
 		h = requireToken(svc, ew, edge.Tokens, h)
 	}
@@ -97,6 +100,42 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
 	return mux
+}
+
+// needContentType answers a POST whose Content-Type the API does not speak
+// (none, or curl -d's application/x-www-form-urlencoded) HTTP 415 with a
+// Connect error body (code invalid_argument) naming the types it speaks;
+// the Connect handler alone would answer 415 with an empty body.
+func needContentType(svc *Service, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ct := r.Header.Get("Content-Type")
+		if r.Method != http.MethodPost || spokenContentType(ct) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		svc.refuse(r, connect.CodeInvalidArgument)
+		got := "missing"
+		if ct != "" {
+			got = strconv.Quote(ct) + " is not one the API speaks"
+		}
+		msg, _ := json.Marshal(map[string]string{"code": "invalid_argument",
+			"message": "Content-Type " + got + ": send application/json (Connect JSON), application/proto (Connect binary), application/grpc or application/grpc-web"})
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Accept-Post", "application/json, application/proto, application/grpc, application/grpc-web")
+		w.WriteHeader(http.StatusUnsupportedMediaType)
+		_, _ = w.Write(append(msg, '\n'))
+	})
+}
+
+// spokenContentType reports whether ct is a media type of the protocols the
+// Connect handler serves (Connect unary and streaming, gRPC, gRPC-Web).
+func spokenContentType(ct string) bool {
+	mt := strings.ToLower(strings.TrimSpace(strings.SplitN(ct, ";", 2)[0]))
+	switch mt {
+	case "application/json", "application/proto", "application/connect+json", "application/connect+proto":
+		return true
+	}
+	return strings.HasPrefix(mt, "application/grpc")
 }
 
 // NewAdminMux returns a mux serving:

@@ -24,6 +24,7 @@ var codePairs = [...]struct {
 	{sequencer.CodeResourceExhausted, connect.CodeResourceExhausted},
 	{sequencer.CodeCanceled, connect.CodeCanceled},
 	{sequencer.CodeDeadlineExceeded, connect.CodeDeadlineExceeded},
+	{sequencer.CodeUnauthenticated, connect.CodeUnauthenticated},
 }
 
 // ConnectCode maps a domain code to the Connect code the client sees.

@@ -22,6 +22,7 @@ func TestConnectCodeRoundTrip(t *testing.T) {
 		sequencer.CodeResourceExhausted: connect.CodeResourceExhausted,
 		sequencer.CodeCanceled:          connect.CodeCanceled,
 		sequencer.CodeDeadlineExceeded:  connect.CodeDeadlineExceeded,
+		sequencer.CodeUnauthenticated:   connect.CodeUnauthenticated,
 		sequencer.CodeInternal:          connect.CodeInternal,
 		sequencer.Code(99):              connect.CodeInternal,
 	}

@@ -1,6 +1,7 @@
 // Package client is the Go SDK that a logic layer embeds to talk to a
 // sequencer cluster: Send (stored and acked only after the durable commit,
-// resent safely with one client_msg_id), Pull, GetHead, GetMessage and Route.
+// resent safely with one client_msg_id), SendMany, Pull (PullPage, PullPages),
+// GetHead, GetMessage, Route, MarkRead (Mark) and GetReadState.
 //
 // It owns the client side of routing and retries. It learns the owner of a
 // conversation with Route, caches partition -> owner, and sends straight to
@@ -11,9 +12,10 @@
 // the same client_msg_id, so a retry never stores a message twice and never
 // consumes a second seq.
 //
-// Every error it returns carries the domain code: sequencer.ErrorCode(err)
-// reads it, and the *connect.Error of the last attempt (when a node
-// answered) stays in the chain for errors.As.
+// Every error it returns carries the domain code: ErrorCode(err) (the same
+// as sequencer.ErrorCode) reads it, as a Code this package names too, and
+// the *connect.Error of the last attempt (when a node answered) stays in
+// the chain for errors.As.
 //
 // It must never assign seqs or msg_ids, reorder or drop a message, retry a
 // failure that is not retryable, or record metrics; it logs at Debug only.
@@ -23,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"math"
 	"net/http"
@@ -261,19 +264,38 @@ func (c *Client) SendMany(ctx context.Context, reqs []SendRequest) (results []Se
 	return results, errs
 }
 
+// PullRequest names a Pull's arguments.
+type PullRequest struct {
+	ConvID   string
+	AfterSeq uint64 // the messages with seq > AfterSeq
+	Limit    int    // messages per page: 0 means the server's default 100; above 1000 is clamped to 1000
+	// MaxBytes bounds a page's bodies: 0 means the server's 1 MiB, above
+	// 4 MiB is clamped to 4 MiB. A page always holds at least one message
+	// and stops before the one that would pass the bound (HasMore is set).
+	MaxBytes int
+}
+
 // Pull returns the messages of convID with seq > afterSeq, ascending, at
 // most limit (0 means the server's default 100; above 1000 is clamped to
-// 1000). Any node answers it.
+// 1000). Any node answers it. PullPage takes the same arguments by name
+// (and MaxBytes); PullPages iterates over the pages.
 func (c *Client) Pull(ctx context.Context, convID string, afterSeq uint64, limit int) (PullResult, error) {
-	cl := call{op: "pull", convID: convID, subject: fmt.Sprintf("conv_id %q after_seq %d", convID, afterSeq)}
-	if limit < 0 {
-		return PullResult{}, sequencer.Errorf(sequencer.CodeInvalidArgument, "%s %s: limit %d: must be >= 0", cl.op, cl.subject, limit)
+	return c.PullPage(ctx, PullRequest{ConvID: convID, AfterSeq: afterSeq, Limit: limit})
+}
+
+// PullPage returns one page of req.ConvID after req.AfterSeq. Any node
+// answers it.
+func (c *Client) PullPage(ctx context.Context, req PullRequest) (PullResult, error) {
+	cl := call{op: "pull", convID: req.ConvID, subject: fmt.Sprintf("conv_id %q after_seq %d", req.ConvID, req.AfterSeq)}
+	if req.Limit < 0 || req.MaxBytes < 0 {
+		return PullResult{}, sequencer.Errorf(sequencer.CodeInvalidArgument, "%s %s: limit %d, max_bytes %d: must be >= 0", cl.op, cl.subject, req.Limit, req.MaxBytes)
 	}
-	req := &sequencerv1.PullRequest{ConvId: convID, AfterSeq: afterSeq, Limit: uint32(min(limit, math.MaxUint32))}
+	msg := &sequencerv1.PullRequest{ConvId: req.ConvID, AfterSeq: req.AfterSeq,
+		Limit: uint32(min(req.Limit, math.MaxUint32)), MaxBytes: uint32(min(req.MaxBytes, math.MaxUint32))}
 	var out PullResult
 	err := c.retry(ctx, cl, func(ctx context.Context) (*node, error) {
 		target := c.anyNode(nil)
-		resp, err := target.rpc.Pull(ctx, connect.NewRequest(req))
+		resp, err := target.rpc.Pull(ctx, connect.NewRequest(msg))
 		if err != nil {
 			return target, err
 		}
@@ -285,6 +307,27 @@ func (c *Client) Pull(ctx context.Context, convID string, afterSeq uint64, limit
 		return target, nil
 	})
 	return out, err
+}
+
+// PullPages iterates over the pages of req.ConvID from req.AfterSeq on,
+// each as PullPage answers it, until a page has HasMore false (the head
+// when the iteration started, or later) or a call fails; a failure is the
+// last pair yielded. Breaking out of the loop stops it.
+//
+//	for page, err := range c.PullPages(ctx, client.PullRequest{ConvID: "g:42"}) {
+//		if err != nil { ... }
+//		for _, m := range page.Messages { ... }
+//	}
+func (c *Client) PullPages(ctx context.Context, req PullRequest) iter.Seq2[PullResult, error] {
+	return func(yield func(PullResult, error) bool) {
+		for {
+			page, err := c.PullPage(ctx, req)
+			if !yield(page, err) || err != nil || !page.HasMore || len(page.Messages) == 0 {
+				return
+			}
+			req.AfterSeq = page.Messages[len(page.Messages)-1].Seq
+		}
+	}
 }
 
 // GetHead returns the highest committed seq of convID (0 if none). Any node

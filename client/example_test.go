@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/client"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -66,9 +65,9 @@ func Example() {
 
 	// Errors carry the domain code; invalid requests are never retried.
 	_, err = c.Send(ctx, client.SendRequest{ConvID: "g:42", FromUID: 0, Body: []byte("x")})
-	fmt.Println("from_uid 0:", sequencer.ErrorCode(err))
+	fmt.Println("from_uid 0:", client.ErrorCode(err))
 	_, err = c.GetMessage(ctx, 1)
-	fmt.Println("unknown msg_id:", sequencer.ErrorCode(err))
+	fmt.Println("unknown msg_id:", client.ErrorCode(err))
 
 	// Output:
 	// first: 1 false

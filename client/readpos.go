@@ -12,8 +12,21 @@ import (
 
 // ReadState is one user's read position in one conversation with the
 // conversation's head; Unread() is Head - ReadSeq, exact because seqs have
-// no holes.
+// no holes. HeadSeq() is Head under the wire's name (head_seq).
 type ReadState = sequencer.ReadState
+
+// MarkReadRequest names MarkRead's arguments (a uid and a seq are both
+// uint64: by name they cannot be swapped).
+type MarkReadRequest struct {
+	ConvID string
+	UID    uint64 // > 0 and < 2^63
+	Seq    uint64 // the position to raise to; clamped to the head
+}
+
+// Mark is MarkRead with its arguments named.
+func (c *Client) Mark(ctx context.Context, req MarkReadRequest) (ReadState, error) {
+	return c.MarkRead(ctx, req.ConvID, req.UID, req.Seq)
+}
 
 // MarkRead raises uid's read position in convID to seq and returns the
 // stored position, the head and (Unread) the unread count. The position
@@ -39,10 +52,17 @@ func (c *Client) MarkRead(ctx context.Context, convID string, uid, seq uint64) (
 	return st, err
 }
 
-// ReadState returns uid's read state in each of convIDs (1..1,000; more is
-// invalid_argument), in the order given; a conversation never written or
-// never marked has zeros. One call, answered by one query on the server.
+// ReadState is GetReadState.
+//
+// Deprecated: use GetReadState, the RPC's name.
 func (c *Client) ReadState(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error) {
+	return c.GetReadState(ctx, uid, convIDs)
+}
+
+// GetReadState returns uid's read state in each of convIDs (1..1,000; more
+// is invalid_argument), in the order given; a conversation never written or
+// never marked has zeros. One call, answered by one query on the server.
+func (c *Client) GetReadState(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error) {
 	var out []ReadState
 	req := &sequencerv1.GetReadStateRequest{Uid: uid, ConvIds: convIDs}
 	err := c.retry(ctx, call{op: "get read state", subject: fmt.Sprintf("uid %d (%d conversations)", uid, len(convIDs))},

@@ -28,7 +28,7 @@ func TestMarkReadAndReadState(t *testing.T) {
 				}
 				last = r
 			}
-			states, err := c.ReadState(ctx, 1001, []string{conv, other, conv})
+			states, err := c.GetReadState(ctx, 1001, []string{conv, other, conv})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -49,8 +49,8 @@ func TestMarkReadAndReadState(t *testing.T) {
 			if st, err = c.MarkRead(ctx, conv, 1001, 1); err != nil || st.ReadSeq != 3 {
 				t.Fatalf("MarkRead(1) after 3 = %+v, %v: went backwards", st, err)
 			}
-			if st, err = c.MarkRead(ctx, conv, 1002, 50); err != nil || st.ReadSeq != 3 || st.Head != 3 {
-				t.Fatalf("MarkRead(50) = %+v, %v: want clamped to head 3", st, err)
+			if st, err = c.Mark(ctx, client.MarkReadRequest{ConvID: conv, UID: 1002, Seq: 50}); err != nil || st.ReadSeq != 3 || st.HeadSeq() != 3 {
+				t.Fatalf("Mark(uid 1002, seq 50) = %+v, %v: want clamped to head 3", st, err)
 			}
 		})
 	}
@@ -76,17 +76,17 @@ func TestReadPositionInvalidIsNotRetried(t *testing.T) {
 	if n := len(rec.of("MarkRead")); n != 4 {
 		t.Fatalf("4 invalid marks made %d attempts, want 4", n)
 	}
-	if _, err := c.ReadState(ctx, 1, nil); sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
+	if _, err := c.GetReadState(ctx, 1, nil); sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
 		t.Fatalf("ReadState of no conversations: %v, want invalid_argument", err)
 	}
 	many := make([]string, sequencer.MaxReadStateConvs+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("g:%d", i)
 	}
-	if _, err := c.ReadState(ctx, 1, many); sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
+	if _, err := c.GetReadState(ctx, 1, many); sequencer.ErrorCode(err) != sequencer.CodeInvalidArgument {
 		t.Fatalf("ReadState of 1001 conversations: %v, want invalid_argument", err)
 	}
-	states, err := c.ReadState(ctx, 1, many[:sequencer.MaxReadStateConvs])
+	states, err := c.GetReadState(ctx, 1, many[:sequencer.MaxReadStateConvs])
 	if err != nil || len(states) != sequencer.MaxReadStateConvs || states[1].Head != 1 || states[1].ReadSeq != 0 {
 		t.Fatalf("ReadState of 1,000 conversations: %d states, %v", len(states), err)
 	}

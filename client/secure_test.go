@@ -96,8 +96,9 @@ func TestTLSAndToken(t *testing.T) {
 		}
 		_, err = c.Send(ctx, client.SendRequest{ConvID: "g:tls", FromUID: 7})
 		c.Close()
-		if connect.CodeOf(err) != connect.CodeUnauthenticated {
-			t.Fatalf("token %q: %v, want unauthenticated", token, err)
+		if connect.CodeOf(err) != connect.CodeUnauthenticated || client.ErrorCode(err) != client.CodeUnauthenticated ||
+			client.ErrorCode(err).String() != "unauthenticated" {
+			t.Fatalf("token %q: %v (client.ErrorCode %v), want unauthenticated", token, err, client.ErrorCode(err))
 		}
 		if got := sendRequests(t, s, "unauthenticated") - before; got != 1 || r.count() != 0 {
 			t.Fatalf("token %q: %v requests reached the node, %d retries; want 1 and 0", token, got, r.count())

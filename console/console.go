@@ -6,6 +6,13 @@
 //	GET /console/api/members          members with heartbeat age
 //	GET /console/api/partitions       every partition's owner and epoch
 //	GET /console/api/metrics          commits/s, acked messages/s, send latency over the last minutes
+//	GET /console/api/node             this node's part of the cluster page: its samples (rates,
+//	                                  latency, pending sends and bytes with their limits, actors,
+//	                                  forwards, 4xx/5xx, pool), the events it saw, its sends per
+//	                                  conversation over the last minute
+//	GET /console/api/cluster          every member's /console/api/node (fetched from its API
+//	                                  address), the events merged, the hot conversations and
+//	                                  partitions of the whole cluster
 //	GET /console/api/workers          on a distributed store (Citus): its workers, the shards
 //	                                  this node routes to each, and whether this node reaches them
 //	GET /console/api/conversation?conv_id=ID[&limit=N][&uid=UID]
@@ -15,7 +22,9 @@
 //
 // It reads through small interfaces (ClusterView, Reader, a Prometheus
 // Gatherer), so it depends on no other package of the node, and it never
-// writes anything.
+// writes anything. Its memory is all it keeps: samples, events (events.go)
+// and send counts (hot.go) are lost when the node stops; the cluster page
+// gathers the other members' from their consoles.
 package console
 
 import (
@@ -114,6 +123,17 @@ type Config struct {
 	// refuses is answered 401. Members, partitions and metrics are open,
 	// like /metrics on the admin mux.
 	Authorize func(*http.Request) bool
+	// Sends counts the sends this node's API receives (wrap the API's
+	// Sender with it) for the hot conversations; nil: no hot tables.
+	Sends *SendCounter
+	// PartitionOf maps a conversation to its partition (false on a single
+	// node); nil: no hot partitions.
+	PartitionOf func(convID string) (uint32, bool)
+	// PeerClient fetches the other members' summaries for the cluster
+	// page (default: a client with peerTimeout); PeerScheme is "http"
+	// (default) or "https", as the members' API addresses are served.
+	PeerClient *http.Client
+	PeerScheme string
 }
 
 // Console serves the page and its API. Close stops its sampler.
@@ -126,6 +146,8 @@ type Console struct {
 	mu      sync.Mutex
 	samples []Sample
 	prev    *counters
+	obs     observer // events, from successive views
+	hot     hot      // sends per conversation, last hotWindow samples
 }
 
 // New builds the console and starts sampling the metrics.
@@ -139,7 +161,13 @@ func New(cfg Config) *Console {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Console{cfg: cfg, mux: http.NewServeMux(), stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.PeerClient == nil {
+		cfg.PeerClient = &http.Client{Timeout: peerTimeout}
+	}
+	if cfg.PeerScheme == "" {
+		cfg.PeerScheme = "http"
+	}
+	c := &Console{cfg: cfg, mux: http.NewServeMux(), stop: make(chan struct{}), done: make(chan struct{}), obs: observer{self: cfg.NodeID}}
 	static, _ := fs.Sub(assets, "assets")
 	c.mux.Handle("GET /console/", http.StripPrefix("/console/", noStore(http.FileServerFS(static))))
 	c.mux.HandleFunc("GET /console/api/members", c.members)
@@ -147,6 +175,8 @@ func New(cfg Config) *Console {
 	c.mux.HandleFunc("GET /console/api/metrics", c.metrics)
 	c.mux.HandleFunc("GET /console/api/conversation", c.conversation)
 	c.mux.HandleFunc("GET /console/api/workers", c.workers)
+	c.mux.HandleFunc("GET /console/api/node", c.node)
+	c.mux.HandleFunc("GET /console/api/cluster", c.cluster)
 	c.mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
 	})
@@ -316,14 +346,31 @@ func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ans)
 }
 
-// Sample is the node's rates over one sampling interval. Latencies are nil
-// when no send finished in the interval.
+// Sample is the node's rates and gauges over one sampling interval.
+// Latencies are nil when no send finished in the interval (the page draws
+// a gap there, not a line); gauges the node does not have (the pool on the
+// embedded store, forwards on a single node) are nil too.
 type Sample struct {
 	At             time.Time `json:"at"`
-	CommitsPerSec  float64   `json:"commitsPerSec"`  // store transactions committed (result ok)
+	CommitsPerSec  float64   `json:"commitsPerSec"`  // store transactions committed (result ok): one holds many messages
 	MessagesPerSec float64   `json:"messagesPerSec"` // sends acked as new messages (Send and batch items)
 	SendP50Ms      *float64  `json:"sendP50Ms"`      // Send/SendBatch latency, from request received to answer
 	SendP99Ms      *float64  `json:"sendP99Ms"`
+
+	PendingSends      *float64 `json:"pendingSends"` // admitted, not yet answered
+	PendingSendsLimit *float64 `json:"pendingSendsLimit"`
+	PendingBytes      *float64 `json:"pendingBytes"`
+	PendingBytesLimit *float64 `json:"pendingBytesLimit"`
+	CommitQueue       *float64 `json:"commitQueue"` // batches waiting for a commit worker
+	Actors            *float64 `json:"actors"`      // live conversation actors
+	PartitionsHeld    *float64 `json:"partitionsHeld"`
+	ForwardsPerSec    *float64 `json:"forwardsPerSec"` // sends this node forwarded to their owner
+	Req4xxPerSec      float64  `json:"req4xxPerSec"`   // RPCs answered a client error (400, 401, 404, 409, 429, 499)
+	Req5xxPerSec      float64  `json:"req5xxPerSec"`   // RPCs answered a server error (500, 501, 503, 504)
+	Req429PerSec      float64  `json:"req429PerSec"`   // of those, resource_exhausted
+	Req503PerSec      float64  `json:"req503PerSec"`   // and unavailable
+	PoolAcquired      *float64 `json:"poolAcquired"`   // PostgreSQL connections in use, every pool
+	PoolMax           *float64 `json:"poolMax"`
 }
 
 func (c *Console) metrics(w http.ResponseWriter, _ *http.Request) {
@@ -333,21 +380,25 @@ func (c *Console) metrics(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"node": c.cfg.NodeID, "intervalMs": c.cfg.SampleEvery.Milliseconds(), "samples": s})
 }
 
-// counters are the cumulative values read from the registry at one time.
+// counters are the cumulative values and gauges read from the registry at
+// one time.
 type counters struct {
-	at      time.Time
-	commits float64
-	acked   float64
-	bounds  []float64 // send latency histogram upper bounds (seconds)
-	buckets []float64 // cumulative counts per bound
-	count   float64
+	at       time.Time
+	commits  float64
+	acked    float64
+	bounds   []float64 // send latency histogram upper bounds (seconds)
+	buckets  []float64 // cumulative counts per bound
+	count    float64
+	forwards *float64
+	req4xx   float64
+	req5xx   float64
+	req429   float64
+	req503   float64
+	gauges   map[string]*float64 // by metric name (summed over labels)
 }
 
 func (c *Console) sampleLoop() {
 	defer close(c.done)
-	if c.cfg.Gatherer == nil {
-		return
-	}
 	t := time.NewTicker(c.cfg.SampleEvery)
 	defer t.Stop()
 	c.sample(time.Now())
@@ -362,6 +413,20 @@ func (c *Console) sampleLoop() {
 }
 
 func (c *Console) sample(now time.Time) {
+	version, members, parts := c.cfg.Cluster.Version(), c.cfg.Cluster.Members(), c.cfg.Cluster.Partitions()
+	var counts map[string]uint32
+	if c.cfg.Sends != nil {
+		counts = c.cfg.Sends.take()
+	}
+	c.mu.Lock()
+	c.obs.observe(now, version, members, parts)
+	if c.cfg.Sends != nil {
+		c.hot.add(counts)
+	}
+	c.mu.Unlock()
+	if c.cfg.Gatherer == nil {
+		return
+	}
 	cur, err := read(c.cfg.Gatherer, now)
 	if err != nil {
 		c.cfg.Logger.Debug("console: reading metrics", "err", err)
@@ -387,9 +452,9 @@ func read(g prometheus.Gatherer, now time.Time) (*counters, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &counters{at: now}
+	c := &counters{at: now, gauges: map[string]*float64{}}
 	for _, mf := range mfs {
-		switch mf.GetName() {
+		switch name := mf.GetName(); name {
 		case "sequencer_commit_seconds":
 			for _, m := range mf.GetMetric() {
 				if label(m, "result") == "ok" {
@@ -418,6 +483,37 @@ func read(g prometheus.Gatherer, now time.Time) (*counters, error) {
 				}
 				c.count += float64(h.GetSampleCount())
 			}
+		case "sequencer_cluster_forwards_total":
+			var n float64
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+			c.forwards = &n
+		case "sequencer_rpc_requests_total":
+			for _, m := range mf.GetMetric() {
+				v := m.GetCounter().GetValue()
+				switch code := label(m, "code"); code {
+				case "ok", "duplicate":
+				case "unavailable", "internal", "unknown", "deadline_exceeded", "unimplemented", "data_loss":
+					c.req5xx += v
+					if code == "unavailable" {
+						c.req503 += v
+					}
+				default:
+					c.req4xx += v
+					if code == "resource_exhausted" {
+						c.req429 += v
+					}
+				}
+			}
+		case "sequencer_pending_sends", "sequencer_pending_sends_limit", "sequencer_pending_bytes", "sequencer_pending_bytes_limit",
+			"sequencer_commit_queue_batches", "sequencer_conversation_actors", "sequencer_cluster_partitions_held",
+			"sequencer_store_pool_acquired_conns", "sequencer_store_pool_max_conns":
+			var n float64
+			for _, m := range mf.GetMetric() {
+				n += m.GetGauge().GetValue()
+			}
+			c.gauges[name] = &n
 		}
 	}
 	return c, nil
@@ -441,6 +537,18 @@ func rates(a, b *counters) Sample {
 	}
 	s.CommitsPerSec = math.Max(0, b.commits-a.commits) / secs
 	s.MessagesPerSec = math.Max(0, b.acked-a.acked) / secs
+	perSec := func(x, y float64) float64 { return math.Max(0, y-x) / secs }
+	s.Req4xxPerSec, s.Req5xxPerSec = perSec(a.req4xx, b.req4xx), perSec(a.req5xx, b.req5xx)
+	s.Req429PerSec, s.Req503PerSec = perSec(a.req429, b.req429), perSec(a.req503, b.req503)
+	if a.forwards != nil && b.forwards != nil {
+		f := perSec(*a.forwards, *b.forwards)
+		s.ForwardsPerSec = &f
+	}
+	g := b.gauges
+	s.PendingSends, s.PendingSendsLimit = g["sequencer_pending_sends"], g["sequencer_pending_sends_limit"]
+	s.PendingBytes, s.PendingBytesLimit = g["sequencer_pending_bytes"], g["sequencer_pending_bytes_limit"]
+	s.CommitQueue, s.Actors, s.PartitionsHeld = g["sequencer_commit_queue_batches"], g["sequencer_conversation_actors"], g["sequencer_cluster_partitions_held"]
+	s.PoolAcquired, s.PoolMax = g["sequencer_store_pool_acquired_conns"], g["sequencer_store_pool_max_conns"]
 	n := b.count - a.count
 	if n <= 0 || len(b.bounds) == 0 {
 		return s

@@ -11,6 +11,7 @@ import (
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/ring"
 )
 
 // clusterView shows a cluster node's view in the console.
@@ -69,7 +70,17 @@ func (s *Server) startConsole() *console.Console {
 	if s.cluster != nil {
 		view = clusterView{s.cluster}
 	}
-	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log}
+	cfg := console.Config{NodeID: s.cfg.NodeID, Cluster: view, Reader: s.store, Gatherer: s.metrics.Registry, Logger: s.log,
+		Sends: s.sends}
+	if s.cluster != nil {
+		// Hot partitions: the partition count is fixed for the cluster's life.
+		n := len(view.Partitions())
+		cfg.PartitionOf = func(conv string) (uint32, bool) { return ring.PartitionOf(conv, n), n > 0 }
+	}
+	if s.cfg.TLSCert != "" {
+		// The other members' consoles are on their API ports, with TLS.
+		cfg.PeerScheme = "https"
+	}
 	if rp, ok := s.store.(persist.ReadPositions); ok {
 		cfg.Positions = rp
 	}

@@ -58,6 +58,7 @@ type Server struct {
 	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
 	console   *console.Console
+	sends     *console.SendCounter // the API's sends per conversation, for the console
 	http      *http.Server
 	listener  net.Listener
 	admin     *http.Server // nil without AdminListen
@@ -222,7 +223,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.registerGauges()
 
 	scfg := cfg.apiConfig()
-	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = sender, st, router, s.metrics, log
+	s.sends = console.NewSendCounter()
+	scfg.Sender, scfg.Reader, scfg.Router, scfg.Metrics, scfg.Logger = s.sends.Wrap(sender), st, router, s.metrics, log
 	// Read positions are served from this node's store for any
 	// conversation, never forwarded: they need no single writer (api.ReadPositions).
 	scfg.Positions = st

@@ -31,7 +31,7 @@ Commands:
   migrate status          applied vs available schema migrations
   trim --before TIME | --older-than 90d
                           one retention pass: delete older messages, heads kept
-  backup --to FILE        copy the embedded store online (VACUUM INTO); PostgreSQL: pg_dump
+  backup --to FILE        copy the embedded store online (VACUUM INTO) into a new 0600 file; PostgreSQL: pg_dump
 
 Flags of every command (--store and --partitions also from the environment, as for serve):
   --store       [SEQUENCER_STORE]       the store, as for serve (postgres://..., mysql://... or a path / sqlite:PATH)

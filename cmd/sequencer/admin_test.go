@@ -99,3 +99,17 @@ func TestAdminDispatch(t *testing.T) {
 		t.Fatalf("admin --help: exit %d\n%s", code, out.String())
 	}
 }
+
+// sequencer's usage names every command `sequencer admin --help` lists.
+func TestUsageListsEveryAdminCommand(t *testing.T) {
+	cmds := strings.SplitN(strings.SplitN(adminUsage, "Commands:\n", 2)[1], "\n\n", 2)[0]
+	for _, line := range strings.Split(cmds, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(line, "  ") || strings.HasPrefix(line, "   ") {
+			continue // a continuation line
+		}
+		if !strings.Contains(usage, " "+f[0]+",") && !strings.Contains(usage, " "+f[0]+" ") {
+			t.Errorf("sequencer's usage does not name `admin %s`", f[0])
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +172,21 @@ func TestClusterPortNeedsTLS(t *testing.T) {
 	if code := run([]string{"serve", "--store", "postgres://127.0.0.1:1/x", "--cluster-listen", "127.0.0.1:0", "--cluster-tls-cert", "c.pem"}, &out, &errb, env(nil)); code != 2 ||
 		!strings.Contains(errb.String(), "go together") {
 		t.Fatalf("cluster TLS cert without key and CA: exit %d %q", code, errb.String())
+	}
+}
+
+// `make run` builds only what it runs: bin/sequencer, not the benchmark
+// tool (a newcomer's first `make run` compiled both).
+func TestMakeRunBuildsOnlySequencer(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make on PATH")
+	}
+	out, err := exec.Command("make", "-n", "-C", "../..", "run").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n run: %v\n%s", err, out)
+	}
+	if s := string(out); !strings.Contains(s, "-o bin/sequencer ./cmd/sequencer") || strings.Contains(s, "sequencer-bench") ||
+		strings.Count(s, "go build") != 1 {
+		t.Fatalf("make -n run:\n%s\nwant one go build, of bin/sequencer only", s)
 	}
 }

@@ -2,7 +2,7 @@
 // generated API (src/gen) and connect-node's HTTP/2 transports.
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { randomUUID } from "node:crypto";
 import type { SecureClientSessionOptions } from "node:http2";
@@ -847,7 +847,7 @@ export class SequencerClient {
       }
       prev = { err, f };
       const giveUp = (why: string) => {
-        const detail = err instanceof Error ? err.message : String(err);
+        const detail = errorDetail(err, call.subject);
         const count = n > 1 ? ` (${n} attempts${why ? ", " + why : ""})` : "";
         this.debug("call failed", { op: call.op, convId: call.convId, attempts: n, code: f.code });
         return fail(f.code, `${call.op} ${call.subject}${count}: ${f.code}: ${detail}`, err, n);
@@ -876,6 +876,19 @@ export class SequencerClient {
 }
 
 /** A shared Route request failed; cause is its error. */
+// errorDetail is the last attempt's error as the end of a SequencerError's
+// message: a ConnectError's own message without the "[code] " that
+// ConnectError.message adds (the code is already in the message), and
+// without the subject when the server's message starts with it, so no part
+// is said twice ("get message msg_id 1: not_found: not found").
+export function errorDetail(err: unknown, subject: string): string {
+  let detail = err instanceof ConnectError ? err.rawMessage : err instanceof Error ? err.message : String(err);
+  if (subject && detail.startsWith(subject + ": ")) {
+    detail = detail.slice(subject.length + 2);
+  }
+  return detail;
+}
+
 class RouteFailed extends Error {
   constructor(readonly asked: Node, override readonly cause: unknown) {
     super("route failed", { cause });

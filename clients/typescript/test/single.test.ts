@@ -3,7 +3,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
-import { SequencerClient, SequencerError, MAX_BATCH_ITEMS, MAX_READ_STATE_CONVS, type SendInput, type SendResult } from "../src/index.js";
+import { SequencerClient, SequencerError, jsonReplacer, toJSON, MAX_BATCH_ITEMS, MAX_READ_STATE_CONVS, type SendInput, type SendResult } from "../src/index.js";
 import { startSingle, type NodeProc } from "./harness.js";
 
 let node: NodeProc;
@@ -154,6 +154,11 @@ describe("single node", () => {
       assert.equal(rec.count("SendBatch"), 2);
       await assert.rejects(c.getMessage("123456789012345678"), { code: "not_found", attempts: 1 });
       assert.equal(rec.count("GetMessage"), 1);
+      // The message says the code once and the subject once.
+      await assert.rejects(c.getMessage(1n), (e: SequencerError) => {
+        assert.equal(e.message, "get message msg_id 1: not_found: not found");
+        return true;
+      });
     } finally {
       c.close();
     }
@@ -178,6 +183,14 @@ describe("single node", () => {
       const one = await c.getMessage(rest.messages[1].msgId);
       assert.equal(one.seq, 5n);
       assert.equal(one.convId, "ts:c07");
+      // Results print as JSON: ids as decimal strings (past 2^53 exact), bodies base64.
+      assert.throws(() => JSON.stringify(one), /BigInt/);
+      const printed = JSON.parse(toJSON(page)) as { headSeq: string; messages: { fromUid: string; seq: string; body: string }[] };
+      assert.equal(printed.headSeq, "5");
+      assert.equal(printed.messages[0].fromUid, "9007199254740993");
+      assert.equal(printed.messages[0].seq, "2");
+      assert.equal(Buffer.from(printed.messages[0].body, "base64").toString(), "m1");
+      assert.equal(JSON.parse(JSON.stringify(one, jsonReplacer)).msgId, one.msgId.toString());
     } finally {
       c.close();
     }

@@ -136,7 +136,7 @@ func (r *readPosClient) Send(ctx context.Context, req sequencer.SendRequest) (se
 	for j := range ids {
 		ids[j] = convID(pfx, (k+j)%convs)
 	}
-	states, err := r.c.ReadState(ctx, req.FromUID, ids)
+	states, err := r.c.GetReadState(ctx, req.FromUID, ids)
 	if err != nil {
 		return sequencer.SendResult{}, err
 	}
