@@ -10,7 +10,7 @@ LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X 
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
 TESTFLAGS ?= -race -count=1 -timeout 15m
 
-.PHONY: help build run test test-short test-ts test-console lint proto proto-check model bench bench-micro clean image image-test deploy-check grpc-tools soak
+.PHONY: availability help build run test test-short test-ts test-console lint proto proto-check model bench bench-micro clean image image-test deploy-check grpc-tools soak
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,10 @@ bench: build ## short benchmark run of every engine and scenario, report in benc
 
 bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
+
+AVAIL_HOLD ?= 5s
+availability: ## issue 30's availability runs: each network fault on n1 of 3 for AVAIL_HOLD (5s; 30s), raw JSON and SDK clients (docs/TESTING.md "Availability")
+	SEQUENCER_AVAILABILITY=1 AVAIL_HOLD=$(AVAIL_HOLD) $(GO) test -count=1 -v -timeout 60m -run '^TestAvailability$$' ./e2e/
 
 SOAK_MINUTES ?= 10
 SOAK_SEED ?=
