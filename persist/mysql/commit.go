@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -260,21 +261,6 @@ func scanAll(rows *sql.Rows, scan func() error) error {
 	return rows.Err()
 }
 
-// checkFences returns the *StaleFenceError of the fences whose lease row
-// (as read, locked) is not held by their owner at their epoch.
-func checkFences(p *plan, leases map[uint32]persist.Fence) error {
-	var stale []persist.Fence
-	for _, f := range p.fences {
-		if l, ok := leases[f.Partition]; !ok || l.Owner != f.Owner || l.Epoch != f.Epoch {
-			stale = append(stale, f)
-		}
-	}
-	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	return nil
-}
-
 // diagnose names why a check failed (the transaction is rolled back;
 // this reads): a stale fence, a cluster that holds partitions while the
 // commit is unfenced, or the conversations whose stored head is not their
@@ -302,18 +288,19 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		}); err != nil {
 			return unavailable("commit: read fences", errors.Join(cause, err))
 		}
-		if err := checkFences(p, leases); err != nil {
+		if err := membership.CheckFences(p.fences, false, membership.InLeases(leases), nil); err != nil {
 			return err
 		}
 	}
-	if p.unfenced {
+	held := func() (bool, error) {
 		var held bool
 		if err := s.read.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')").Scan(&held); err != nil {
-			return unavailable("commit: read leases", errors.Join(cause, err))
+			return false, unavailable("commit: read leases", errors.Join(cause, err))
 		}
-		if held {
-			return persist.ErrUnfenced
-		}
+		return held, nil
+	}
+	if err := membership.CheckFences(nil, p.unfenced, nil, held); err != nil {
+		return err
 	}
 	var q strings.Builder
 	q.WriteString("SELECT conv_id, head FROM conv_head WHERE conv_id IN (")
