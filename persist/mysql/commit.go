@@ -322,16 +322,10 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 	}); err != nil {
 		return unavailable("commit: read heads", errors.Join(cause, err))
 	}
-	var bad []string
-	for i := range p.batches {
-		if b := &p.batches[i]; heads[b.ConvID] != b.PrevHead {
-			bad = append(bad, b.ConvID)
-		}
+	if err := persist.CheckHeads(p.batches, func(c string) uint64 { return heads[c] }); err != nil {
+		return err
 	}
-	if len(bad) == 0 {
-		return unavailable("commit: a check failed, and the fences and heads read after it are as expected", cause)
-	}
-	return &persist.HeadMismatchError{ConvIDs: bad}
+	return unavailable("commit: a check failed, and the fences and heads read after it are as expected", cause)
 }
 
 // readRows runs a query on the read pool and calls scan for every row.

@@ -624,7 +624,7 @@ func (s *Store) casRefusal(ctx context.Context, conn *pgxpool.Conn, batches []pe
 	}); err != nil {
 		return err
 	}
-	return &persist.HeadMismatchError{ConvIDs: convs}
+	return persist.HeadsMismatched(convs)
 }
 
 // sentNothing reports whether err is a failure that happened before anything
@@ -659,7 +659,7 @@ func headMismatch(pg *pgconn.PgError) error {
 	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
 		return unavailable("commit: unreadable head-mismatch report", pg)
 	}
-	return &persist.HeadMismatchError{ConvIDs: convs}
+	return persist.HeadsMismatched(convs)
 }
 
 // staleEpochs builds the *StaleFenceError of a seq_cas_heads refusal (Citus):

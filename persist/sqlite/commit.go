@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -380,15 +379,8 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 			return classify("commit: head check", err)
 		}
 	}
-	var mismatched []string
-	for i := range batches {
-		if uint64(heads[batches[i].ConvID]) != batches[i].PrevHead {
-			mismatched = append(mismatched, batches[i].ConvID)
-		}
-	}
-	if len(mismatched) > 0 {
-		sort.Strings(mismatched)
-		return &persist.HeadMismatchError{ConvIDs: mismatched}
+	if err := persist.CheckHeads(batches, func(c string) uint64 { return uint64(heads[c]) }); err != nil {
+		return err
 	}
 	moved := make([]any, 0, 2*headChunk)
 	flushHeads := func() error {
