@@ -268,6 +268,7 @@ func scanAll(rows *sql.Rows, scan func() error) error {
 // wrong inside the transaction is still wrong now; if nothing is, the
 // commit failed without a cause that lasted, and nothing was written.
 func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
+	leases := map[uint32]persist.Fence{}
 	if len(p.fences) > 0 {
 		var q strings.Builder
 		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN (")
@@ -277,7 +278,6 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		for i, f := range p.fences {
 			args[i] = f.Partition
 		}
-		leases := map[uint32]persist.Fence{}
 		if err := s.readRows(ctx, q.String(), args, func(rows *sql.Rows) error {
 			var f persist.Fence
 			if err := rows.Scan(&f.Partition, &f.Owner, &f.Epoch); err != nil {
@@ -288,9 +288,6 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		}); err != nil {
 			return unavailable("commit: read fences", errors.Join(cause, err))
 		}
-		if err := membership.CheckFences(p.fences, false, membership.InLeases(leases), nil); err != nil {
-			return err
-		}
 	}
 	held := func() (bool, error) {
 		var held bool
@@ -299,7 +296,7 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		}
 		return held, nil
 	}
-	if err := membership.CheckFences(nil, p.unfenced, nil, held); err != nil {
+	if err := membership.CheckFences(p.fences, p.unfenced, membership.InLeases(leases), held); err != nil {
 		return err
 	}
 	var q strings.Builder
