@@ -21,10 +21,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
-	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
-	"github.com/sequencer-im/sequencer/persist/postgres"
-	"github.com/sequencer-im/sequencer/persist/sqlite"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -42,10 +39,7 @@ type Options struct {
 type Admin struct {
 	spec    open.Spec
 	store   persist.Store
-	pg      *postgres.Store // nil on the embedded store
-	sq      *sqlite.Store   // nil on PostgreSQL and MySQL
-	my      *mysql.Store    // nil unless MySQL
-	members membership.Store
+	members membership.Store // nil on the embedded store
 	ring    ring.Config
 }
 
@@ -68,18 +62,13 @@ func Open(ctx context.Context, spec string, opts Options) (*Admin, error) {
 	}
 	// Admin works next to a running node: it does not take the embedded
 	// store's exclusive lock (only a serving node does).
-	st, err := open.Store(ctx, spec, open.Options{NoMigrate: true, SQLite: sqlite.Options{Shared: true}})
+	st, err := open.Store(ctx, spec, open.Options{NoMigrate: true, Embedded: open.Embedded{Shared: true}})
 	if err != nil {
 		return nil, err
 	}
 	a := &Admin{spec: sp, store: st, ring: cfg}
-	switch s := st.(type) {
-	case *postgres.Store:
-		a.pg, a.members = s, s.Cluster()
-	case *sqlite.Store:
-		a.sq = s
-	case *mysql.Store:
-		a.my, a.members = s, s.Cluster()
+	if p, ok := st.(membership.Provider); ok {
+		a.members = p.Membership()
 	}
 	return a, nil
 }
@@ -493,22 +482,14 @@ type MigrationStatus struct {
 // MigrateStatus reads schema_version and lists applied vs available
 // migrations. It applies nothing (`sequencer migrate` does).
 func (a *Admin) MigrateStatus(ctx context.Context) (MigrationStatus, error) {
-	var avail []persist.Migration
+	m, ok := a.store.(persist.Migrator)
+	if !ok {
+		return MigrationStatus{}, fmt.Errorf("migrate status: the %s store has no schema versions", a.spec.Kind)
+	}
+	avail, err := m.AvailableMigrations()
 	var applied []persist.AppliedMigration
-	var err error
-	switch {
-	case a.pg != nil:
-		if avail, err = postgres.Migrations(); err == nil {
-			applied, err = a.pg.AppliedMigrations(ctx)
-		}
-	case a.my != nil:
-		if avail, err = mysql.Migrations(); err == nil {
-			applied, err = a.my.AppliedMigrations(ctx)
-		}
-	default:
-		if avail, err = sqlite.Migrations(); err == nil {
-			applied, err = a.sq.AppliedMigrations(ctx)
-		}
+	if err == nil {
+		applied, err = m.AppliedMigrations(ctx)
 	}
 	if err != nil {
 		return MigrationStatus{}, err
@@ -574,10 +555,11 @@ type BackedUp struct {
 // INTO). On PostgreSQL it refuses: use pg_dump or a base backup
 // (docs/OPERATIONS.md).
 func (a *Admin) Backup(ctx context.Context, to string) (BackedUp, error) {
-	if a.my != nil {
+	if a.spec.Kind == open.KindMySQL {
 		return BackedUp{}, errors.New("backup: MySQL is backed up with mysqldump --single-transaction or mariabackup (docs/MYSQL.md)")
 	}
-	if a.sq == nil {
+	b, ok := a.store.(persist.Backuper)
+	if !ok {
 		return BackedUp{}, errors.New("backup: PostgreSQL is backed up with pg_dump or pg_basebackup + WAL archiving (docs/OPERATIONS.md)")
 	}
 	if to == "" {
@@ -596,7 +578,7 @@ func (a *Admin) Backup(ctx context.Context, to string) (BackedUp, error) {
 	}
 	defer os.RemoveAll(tmp)
 	part := filepath.Join(tmp, "backup.db")
-	if err := a.sq.BackupTo(ctx, part); err != nil {
+	if err := b.BackupTo(ctx, part); err != nil {
 		return BackedUp{}, err
 	}
 	if err := os.Chmod(part, 0o600); err != nil {

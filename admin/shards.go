@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // ErrNotDistributed: `admin shards` on a store that is not on Citus.
@@ -55,7 +57,7 @@ func (a *Admin) Shards(ctx context.Context) (Shards, error) {
 	if dist, _, _ := a.distributed(); !dist {
 		return Shards{}, ErrNotDistributed
 	}
-	shards, workers, err := a.pg.CitusShards(ctx)
+	shards, workers, err := a.store.(persist.Sharded).CitusShards(ctx)
 	if err != nil {
 		return Shards{}, err
 	}
@@ -80,13 +82,14 @@ func (a *Admin) Shards(ctx context.Context) (Shards, error) {
 // distributed reports whether the store is a Citus store, and its workers
 // holding shards (host:port) as the store loaded them.
 func (a *Admin) distributed() (bool, []string, error) {
-	if a.pg == nil {
+	sh, ok := a.store.(persist.Sharded)
+	if !ok {
 		return false, nil, nil
 	}
-	if dist, _, _ := a.pg.Distributed(); !dist {
+	if dist, _, _ := sh.Distributed(); !dist {
 		return false, nil, nil
 	}
-	return true, a.pg.CitusWorkerAddrs(), nil
+	return true, sh.CitusWorkerAddrs(), nil
 }
 
 func ptr[T any](v T) *T { return &v }

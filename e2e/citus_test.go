@@ -16,6 +16,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/persist/citustest"
+	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -33,7 +34,7 @@ import (
 func TestCitusClusterChurn(t *testing.T) { clusterChurn(t, citustest.NewDatabase(t).DSN(), 200) }
 
 // TestCitusClusterZombie is TestClusterZombie on Citus with the frozen
-// node's lease-cache check off (postgres.TestNoLeaseCheckEnv) and one commit
+// node's lease-cache check off (open.TestNoLeaseCheckEnv) and one commit
 // worker (so group commits queue up behind it, and the freeze catches some
 // that passed the node's own lease check but were not sent yet): when it
 // resumes past its lease, it sends them with its old epoch and only the
@@ -54,8 +55,8 @@ func TestCitusClusterZombie(t *testing.T) {
 		var refused float64
 		t.Run(fmt.Sprintf("run%d", run), func(t *testing.T) {
 			db := citustest.NewDatabase(t)
-			z := clusterZombie(t, db.DSN(), []string{postgres.TestNoLeaseCheckEnv + "=1", "SEQUENCER_COMMIT_WORKERS=1"})
-			if !strings.Contains(z.Output(), postgres.TestNoLeaseCheckEnv+" is set") {
+			z := clusterZombie(t, db.DSN(), []string{open.TestNoLeaseCheckEnv + "=1", "SEQUENCER_COMMIT_WORKERS=1"})
+			if !strings.Contains(z.Output(), open.TestNoLeaseCheckEnv+" is set") {
 				t.Fatalf("the zombie did not run with its lease check off:\n%s", lastLines(z.Output(), 30))
 			}
 			refused = metricValue(t, z.Addr, `sequencer_commit_seconds_count{result="stale_fence"}`)

@@ -286,24 +286,23 @@ func (s *Mem) Fenced(fences []sequencer.Fence, write func()) error {
 func (s *Mem) FencedCommit(fences []sequencer.Fence, unfenced bool, write func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var stale []sequencer.Fence
-	for _, f := range fences {
+	holds := func(f sequencer.Fence) (bool, error) {
 		if f.IsZero() {
-			continue
+			return true, nil
 		}
-		if l, ok := s.leases[f.Partition]; !ok || l.Owner != f.Owner || l.Epoch != f.Epoch {
-			stale = append(stale, f)
-		}
+		l, ok := s.leases[f.Partition]
+		return LeaseHolds(f, sequencer.Fence{Partition: l.Partition, Owner: l.Owner, Epoch: l.Epoch}, ok), nil
 	}
-	if len(stale) > 0 {
-		return &sequencer.StaleFenceError{Fences: stale}
-	}
-	if unfenced {
+	held := func() (bool, error) {
 		for _, l := range s.leases {
 			if l.Owner != "" {
-				return sequencer.ErrUnfenced
+				return true, nil
 			}
 		}
+		return false, nil
+	}
+	if err := CheckFences(fences, unfenced, holds, held); err != nil {
+		return err
 	}
 	return write()
 }

@@ -11,8 +11,10 @@
 //     a live member incarnation; taking bumps the Epoch, which fences every
 //     commit of the previous owner (sequencer.Fence).
 //
-// Store is implemented by persist/postgres (ClusterStore) and, for
-// simulations, by Mem in this package. A Store reads time from its own clock
+// Store is implemented once over SQL by membership/sqltable (the shared
+// stores give it their SQL: persist/postgres and persist/mysql ClusterStore)
+// and, for simulations, by Mem in this package. CheckFences (fence.go) is
+// the one store-side fence decision every store's commit calls. A Store reads time from its own clock
 // (the database's), never from its callers, so nodes with skewed clocks agree
 // on who expired. A Store never decides which node should own a partition
 // (that is package ring's job) and never talks to nodes.

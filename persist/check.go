@@ -122,3 +122,29 @@ func SortConflicts(cs []Conflict) {
 		return cmp.Or(strings.Compare(a.ConvID, b.ConvID), cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Key, b.Key))
 	})
 }
+
+// CheckHeads is the head compare-and-set outcome, written once: every
+// batch's PrevHead must be its conversation's stored head (head, as read
+// inside the commit's transaction; 0 for a conversation without one). It
+// returns nil, or the *HeadMismatchError of the conversations that differ.
+func CheckHeads(batches []ConvBatch, head func(convID string) uint64) error {
+	var bad []string
+	for i := range batches {
+		if head(batches[i].ConvID) != batches[i].PrevHead {
+			bad = append(bad, batches[i].ConvID)
+		}
+	}
+	return HeadsMismatched(bad)
+}
+
+// HeadsMismatched is the refusal of a commit whose compare-and-set failed
+// for convIDs (a store's SQL named them): a *HeadMismatchError listing them
+// sorted, or nil when there are none.
+func HeadsMismatched(convIDs []string) error {
+	if len(convIDs) == 0 {
+		return nil
+	}
+	convIDs = slices.Clone(convIDs)
+	slices.Sort(convIDs)
+	return &HeadMismatchError{ConvIDs: convIDs}
+}

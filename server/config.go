@@ -20,7 +20,6 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/persist/open"
-	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -128,12 +127,12 @@ const minRetention = time.Hour
 // own DefaultConfig; NodeID stays empty (WithDefaults generates one: the
 // hostname plus a random suffix).
 func DefaultConfig() Config {
-	pg := postgres.DefaultOptions()
+	pools := open.DefaultOptions().Pools
 	return Config{
 		Listen:            "127.0.0.1:7070",
 		Store:             "./data",
-		StoreConns:        int(pg.MaxConns),
-		StoreControlConns: int(pg.ControlConns),
+		StoreConns:        pools.Read,
+		StoreControlConns: pools.Control,
 		DrainTimeout:      30 * time.Second,
 		RetentionEvery:    time.Hour,
 		API:               api.DefaultConfig(),

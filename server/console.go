@@ -10,7 +10,6 @@ import (
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/persist"
-	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -50,7 +49,7 @@ func (v singleView) Members() []console.Member {
 func (v singleView) Partitions() []console.Partition { return nil }
 
 // citusWorkers shows a Citus store's workers in the console.
-type citusWorkers struct{ s *postgres.Store }
+type citusWorkers struct{ s persist.Sharded }
 
 func (w citusWorkers) Workers(ctx context.Context) ([]console.Worker, error) {
 	ws, err := w.s.CitusWorkers(ctx)
@@ -84,9 +83,9 @@ func (s *Server) startConsole() *console.Console {
 	if rp, ok := s.store.(persist.ReadPositions); ok {
 		cfg.Positions = rp
 	}
-	if pg, ok := s.store.(*postgres.Store); ok {
-		if dist, _, _ := pg.Distributed(); dist {
-			cfg.Workers = citusWorkers{pg}
+	if sh, ok := s.store.(persist.Sharded); ok {
+		if dist, _, _ := sh.Distributed(); dist {
+			cfg.Workers = citusWorkers{sh}
 		}
 	}
 	if tokens := s.edge.tokens; tokens != nil {

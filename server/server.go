@@ -35,10 +35,7 @@ import (
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
-	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
-	"github.com/sequencer-im/sequencer/persist/postgres"
-	"github.com/sequencer-im/sequencer/persist/sqlite"
 )
 
 var (
@@ -151,11 +148,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pools := storePools(cfg)
-	pools.Logger = s.log // Citus: "distributed: N workers, M shards"
-	st, err := open.Store(octx, cfg.Store, open.Options{SQLite: sqlite.Options{LockHolder: cfg.NodeID},
-		Postgres: pools, MySQL: mysql.Options{MaxConns: int(pools.MaxConns), CommitConns: int(pools.CommitConns),
-			ControlConns: int(pools.ControlConns), MaxBody: cfg.API.MaxBody}})
+	sopts := cfg.storeOptions(s.log)
+	sopts.Citus.NoLeaseCheck = testNoLeaseCheck(log)
+	st, err := open.Store(octx, cfg.Store, sopts)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -293,26 +288,22 @@ func checkNotACluster(ctx context.Context, cfg Config, st persist.Store) error {
 		len(v.Members), strings.Join(ids, ", "))
 }
 
-// storePools sizes the PostgreSQL store's pools: reads StoreConns, commits
-// StoreCommitConns (0: one per commit worker), control StoreControlConns.
-func storePools(cfg Config) postgres.Options {
+// storeOptions are the store settings of a node: pools of StoreConns
+// reads, StoreCommitConns commits (0: one per commit worker) and
+// StoreControlConns control connections; the embedded store's lock names
+// the node; bodies up to the API's MaxBody; log gets the store's notices
+// (Citus: "distributed: N workers, M shards").
+func (cfg Config) storeOptions(log *slog.Logger) open.Options {
 	commits := cfg.StoreCommitConns
 	if commits <= 0 {
 		commits = cfg.Actors.Commit.Workers
 	}
-	return postgres.Options{MaxConns: int32(cfg.StoreConns), CommitConns: int32(commits), ControlConns: int32(cfg.StoreControlConns)}
-}
-
-// poolReporter is the capability of a store with connection pools
-// (PostgreSQL) to report them for the sequencer_store_pool_* gauges.
-type poolReporter interface {
-	StorePool(name string) metrics.PoolStat
-}
-
-// retryReporter is the capability of a store that redoes transactions
-// after a deadlock or lock wait timeout (MySQL) to count them.
-type retryReporter interface {
-	Retries() uint64
+	return open.Options{
+		Pools:    open.Pools{Read: cfg.StoreConns, Commit: commits, Control: cfg.StoreControlConns},
+		MaxBody:  cfg.API.MaxBody,
+		Logger:   log,
+		Embedded: open.Embedded{LockHolder: cfg.NodeID},
+	}
 }
 
 // registerGauges registers the gauges read on every scrape: pending sends
@@ -324,12 +315,12 @@ func (s *Server) registerGauges() {
 		return l.Pending, l.MaxPending, l.PendingBytes, l.MaxPendingBytes
 	})
 	s.metrics.CommitQueue(func() int { return s.node.Stats().CommitQueue })
-	if pools, ok := s.store.(poolReporter); ok {
-		for _, name := range postgres.PoolNames {
-			s.metrics.StorePool(name, func() metrics.PoolStat { return pools.StorePool(name) })
+	if pools, ok := s.store.(persist.PoolReporter); ok {
+		for _, name := range pools.StorePools() {
+			s.metrics.StorePool(name, func() metrics.PoolStat { return metrics.PoolStat(pools.StorePool(name)) })
 		}
 	}
-	if r, ok := s.store.(retryReporter); ok {
+	if r, ok := s.store.(persist.RetryCounter); ok {
 		s.metrics.StoreRetries(r.Retries)
 	}
 	if c := s.cluster; c != nil {

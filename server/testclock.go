@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist/open"
 )
 
 // testClock is the node's clock when the test-only environment variable
@@ -30,4 +31,15 @@ func testClock(log *slog.Logger) (clock.Clock, func()) {
 		log.Warn("test clock stepped", "from", from, "to", to, "step", to-from)
 	})
 	return s, stop
+}
+
+// testNoLeaseCheck reads open.TestNoLeaseCheckEnv: set (tests only), the
+// node's Citus store skips its lease-cache check before a commit (the e2e
+// zombie test on Citus). Unset (production), false.
+func testNoLeaseCheck(log *slog.Logger) bool {
+	if os.Getenv(open.TestNoLeaseCheckEnv) == "" {
+		return false
+	}
+	log.Warn(open.TestNoLeaseCheckEnv + " is set: Citus commits skip the lease check (tests only); never set this in production")
+	return true
 }

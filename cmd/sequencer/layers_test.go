@@ -20,9 +20,11 @@ var layers = [][]string{
 	// 1: interfaces and pure building blocks.
 	{"persist", "ring", "metrics", "persist/pgtest", "persist/citustest", "proto/cluster/v1/clusterv1connect", "proto/sequencer/v1/sequencerv1connect"},
 	// 2: the membership rules, the single-writer core, ids, the embedded store, the MySQL test kit (over pgtest's helpers).
-	{"membership", "conv", "idgen", "persist/sqlite", "persist/storetest", "persist/mysqltest"},
-	// 3: the ownership core, group commit, the stores that implement membership (PostgreSQL, MySQL, memstore), test kits.
-	{"ownership", "commit", "persist/postgres", "persist/mysql", "persist/memstore", "membership/membershiptest"},
+	{"membership", "conv", "idgen", "persist/storetest", "persist/mysqltest"},
+	// 2b: membership.Store over any SQL dialect (the transitions, written once).
+	{"membership/sqltable"},
+	// 3: the ownership core, group commit, the stores (each decides fences with membership.CheckFences), test kits.
+	{"ownership", "commit", "persist/postgres", "persist/mysql", "persist/sqlite", "persist/memstore", "membership/membershiptest"},
 	// 3b: the fault-injecting wrapper (over any store, memstore by default).
 	{"persist/faulty"},
 	// 4: the conversations of a node, the cluster shell, the API edge, the SDK, store selection.

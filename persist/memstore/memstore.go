@@ -161,15 +161,8 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 // write checks the heads and the unique keys and stores every row, or none
 // (s.mu and the lease table held).
 func (s *Store) write(batches []persist.ConvBatch) error {
-	var mismatched []string
-	for i := range batches {
-		if s.head(batches[i].ConvID) != batches[i].PrevHead {
-			mismatched = append(mismatched, batches[i].ConvID)
-		}
-	}
-	if len(mismatched) > 0 {
-		slices.Sort(mismatched)
-		return &persist.HeadMismatchError{ConvIDs: mismatched}
+	if err := persist.CheckHeads(batches, s.head); err != nil {
+		return err
 	}
 	if err := s.checkStoredKeys(batches); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -260,21 +261,6 @@ func scanAll(rows *sql.Rows, scan func() error) error {
 	return rows.Err()
 }
 
-// checkFences returns the *StaleFenceError of the fences whose lease row
-// (as read, locked) is not held by their owner at their epoch.
-func checkFences(p *plan, leases map[uint32]persist.Fence) error {
-	var stale []persist.Fence
-	for _, f := range p.fences {
-		if l, ok := leases[f.Partition]; !ok || l.Owner != f.Owner || l.Epoch != f.Epoch {
-			stale = append(stale, f)
-		}
-	}
-	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	return nil
-}
-
 // diagnose names why a check failed (the transaction is rolled back;
 // this reads): a stale fence, a cluster that holds partitions while the
 // commit is unfenced, or the conversations whose stored head is not their
@@ -282,6 +268,7 @@ func checkFences(p *plan, leases map[uint32]persist.Fence) error {
 // wrong inside the transaction is still wrong now; if nothing is, the
 // commit failed without a cause that lasted, and nothing was written.
 func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
+	leases := map[uint32]persist.Fence{}
 	if len(p.fences) > 0 {
 		var q strings.Builder
 		q.WriteString("SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN (")
@@ -291,7 +278,6 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		for i, f := range p.fences {
 			args[i] = f.Partition
 		}
-		leases := map[uint32]persist.Fence{}
 		if err := s.readRows(ctx, q.String(), args, func(rows *sql.Rows) error {
 			var f persist.Fence
 			if err := rows.Scan(&f.Partition, &f.Owner, &f.Epoch); err != nil {
@@ -302,18 +288,16 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 		}); err != nil {
 			return unavailable("commit: read fences", errors.Join(cause, err))
 		}
-		if err := checkFences(p, leases); err != nil {
-			return err
-		}
 	}
-	if p.unfenced {
+	held := func() (bool, error) {
 		var held bool
 		if err := s.read.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')").Scan(&held); err != nil {
-			return unavailable("commit: read leases", errors.Join(cause, err))
+			return false, unavailable("commit: read leases", errors.Join(cause, err))
 		}
-		if held {
-			return persist.ErrUnfenced
-		}
+		return held, nil
+	}
+	if err := membership.CheckFences(p.fences, p.unfenced, membership.InLeases(leases), held); err != nil {
+		return err
 	}
 	var q strings.Builder
 	q.WriteString("SELECT conv_id, head FROM conv_head WHERE conv_id IN (")
@@ -335,16 +319,10 @@ func (s *Store) diagnose(ctx context.Context, p *plan, cause error) error {
 	}); err != nil {
 		return unavailable("commit: read heads", errors.Join(cause, err))
 	}
-	var bad []string
-	for i := range p.batches {
-		if b := &p.batches[i]; heads[b.ConvID] != b.PrevHead {
-			bad = append(bad, b.ConvID)
-		}
+	if err := persist.CheckHeads(p.batches, func(c string) uint64 { return heads[c] }); err != nil {
+		return err
 	}
-	if len(bad) == 0 {
-		return unavailable("commit: a check failed, and the fences and heads read after it are as expected", cause)
-	}
-	return &persist.HeadMismatchError{ConvIDs: bad}
+	return unavailable("commit: a check failed, and the fences and heads read after it are as expected", cause)
 }
 
 // readRows runs a query on the read pool and calls scan for every row.

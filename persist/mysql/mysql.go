@@ -42,7 +42,6 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
 )
@@ -229,9 +228,12 @@ func (s *Store) DB() *sql.DB { return s.read }
 // The server exposes it as sequencer_store_commit_retries_total.
 func (s *Store) Retries() uint64 { return s.retries.Load() }
 
+// StorePools names the store's connection pools (persist.PoolReporter).
+func (s *Store) StorePools() []string { return []string{"read", "commit", "control"} }
+
 // StorePool reports one pool's connections ("read", "commit" or
 // "control") for the sequencer_store_pool_* gauges.
-func (s *Store) StorePool(name string) metrics.PoolStat {
+func (s *Store) StorePool(name string) persist.PoolStat {
 	var db *sql.DB
 	switch name {
 	case "read":
@@ -241,10 +243,10 @@ func (s *Store) StorePool(name string) metrics.PoolStat {
 	case "control":
 		db = s.control
 	default:
-		return metrics.PoolStat{}
+		return persist.PoolStat{}
 	}
 	st := db.Stats()
-	return metrics.PoolStat{Acquired: int32(st.InUse), Idle: int32(st.Idle), Total: int32(st.OpenConnections), Max: int32(st.MaxOpenConnections)}
+	return persist.PoolStat{Acquired: int32(st.InUse), Idle: int32(st.Idle), Total: int32(st.OpenConnections), Max: int32(st.MaxOpenConnections)}
 }
 
 // Ping checks the database answers (on the read pool).
@@ -318,3 +320,11 @@ func connLost(err error) bool {
 func notFound(format string, args ...any) error {
 	return fmt.Errorf("mysql: %s: %w", fmt.Sprintf(format, args...), sequencer.ErrNotFound)
 }
+
+// The abilities a MySQL store has beyond persist.Store.
+var (
+	_ persist.Store        = (*Store)(nil)
+	_ persist.Migrator     = (*Store)(nil)
+	_ persist.PoolReporter = (*Store)(nil)
+	_ persist.RetryCounter = (*Store)(nil)
+)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
@@ -62,15 +63,8 @@ func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, l
 		return nil, unavailable("read range", err)
 	}
 	defer rows.Close()
-	var out []sequencer.Message
-	for rows.Next() {
-		m, err := scanMessage(rows)
-		if err != nil {
-			return nil, unavailable("read range", err)
-		}
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	if err != nil {
 		return nil, unavailable("read range", err)
 	}
 	return out, nil
@@ -96,38 +90,25 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	type conv struct {
-		id   string
-		head uint64
-	}
-	var convs []conv
-	for rows.Next() {
-		var c conv
-		if err := rows.Scan(&c.id, &c.head); err != nil {
-			rows.Close()
-			return "", 0, unavailable("trim before", err)
-		}
-		convs = append(convs, c)
-	}
+	convs, err := persist.Collect(rows, persist.ScanConvHead)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	deleted := 0
-	for _, c := range convs {
+	next, deleted, err := persist.TrimStep(convs, limit, func(c persist.ConvHead) (int, error) {
 		res, err := s.read.ExecContext(ctx, `DELETE FROM im_message WHERE conv_id = ? AND seq < COALESCE(
 			(SELECT k FROM (SELECT MIN(seq) AS k FROM im_message WHERE conv_id = ? AND server_at >= ?) AS keep), ?)`,
-			c.id, c.id, before.UTC(), c.head+1)
+			c.ConvID, c.ConvID, before.UTC(), c.Head+1)
 		if err != nil {
-			return "", deleted, unavailable("trim before", err)
+			return 0, err
 		}
 		n, _ := res.RowsAffected()
-		deleted += int(n)
+		return int(n), nil
+	})
+	if err != nil {
+		return "", deleted, unavailable("trim before", err)
 	}
-	if len(convs) < limit {
-		return "", deleted, nil
-	}
-	return convs[len(convs)-1].id, deleted, nil
+	return next, deleted, nil
 }
 
 type scanner interface{ Scan(dest ...any) error }

@@ -32,6 +32,7 @@ package open
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,17 +84,81 @@ func (s Spec) String() string {
 	return "sqlite " + s.Path
 }
 
-// Options configures Store. The zero value migrates on open with each
-// store's defaults.
+// Options are the store settings, one nested struct whatever the store:
+// the caller (server, admin, the bench) never names a driver's own options.
+// A zero field means that store's default; the zero value migrates on open
+// with every default.
 type Options struct {
 	// NoMigrate skips applying schema migrations on open.
 	NoMigrate bool
-	// Postgres configures a PostgreSQL store.
-	Postgres postgres.Options
-	// SQLite configures an embedded store.
-	SQLite sqlite.Options
-	// MySQL configures a MySQL / MariaDB store.
-	MySQL mysql.Options
+	// Pools sizes a server store's connection pools (PostgreSQL, Citus,
+	// MySQL).
+	Pools Pools
+	// MaxBody is the largest message body the store must hold (MySQL sizes
+	// im_message.body from it). 0: 65,536.
+	MaxBody int
+	// Logger receives a store's rare notices (Citus: "distributed: N
+	// workers, M shards"). Optional.
+	Logger *slog.Logger
+	// Embedded configures the embedded store.
+	Embedded Embedded
+	// Citus configures a distributed store.
+	Citus Citus
+}
+
+// Citus configures a distributed store.
+type Citus struct {
+	// NoLeaseCheck skips the lease-cache check before a commit, so that a
+	// stale owner's commits reach the workers and only the head row's epoch
+	// fences them: tests only (TestNoLeaseCheckEnv).
+	NoLeaseCheck bool
+}
+
+// TestNoLeaseCheckEnv, for tests only: when set (to anything) in a node's
+// environment, the node opens its store with Citus.NoLeaseCheck (the e2e
+// zombie test on Citus freezes such a node past its lease). package server
+// reads it; never set it in production.
+const TestNoLeaseCheckEnv = "SEQUENCER_TEST_CITUS_NO_LEASE_CHECK"
+
+// Pools sizes the read, commit and control connection pools of a server
+// store (--store-conns, --store-commit-conns, --store-control-conns).
+type Pools struct {
+	// Read serves Pull, lookups, head loads and retention.
+	Read int
+	// Commit is used by Commit only: give it as many connections as commits
+	// run in parallel (the group-commit workers).
+	Commit int
+	// Control serves membership, the worker-id lease and Settle.
+	Control int
+}
+
+// Embedded configures the embedded store.
+type Embedded struct {
+	// LockHolder names this process in the store's lock file (the node id).
+	LockHolder string
+	// Shared opens without taking the exclusive lock (operator tools next
+	// to a running node).
+	Shared bool
+}
+
+// DefaultOptions returns the defaults a node starts from: PostgreSQL's pool
+// sizes (MySQL's read pool defaults to 16 when Pools.Read is 0).
+func DefaultOptions() Options {
+	pg := postgres.DefaultOptions()
+	return Options{Pools: Pools{Read: int(pg.MaxConns), Commit: int(pg.CommitConns), Control: int(pg.ControlConns)}}
+}
+
+func (o Options) postgres() postgres.Options {
+	return postgres.Options{MaxConns: int32(o.Pools.Read), CommitConns: int32(o.Pools.Commit),
+		ControlConns: int32(o.Pools.Control), Logger: o.Logger, NoLeaseCheck: o.Citus.NoLeaseCheck}
+}
+
+func (o Options) mysql() mysql.Options {
+	return mysql.Options{MaxConns: o.Pools.Read, CommitConns: o.Pools.Commit, ControlConns: o.Pools.Control, MaxBody: o.MaxBody}
+}
+
+func (o Options) sqlite() sqlite.Options {
+	return sqlite.Options{LockHolder: o.Embedded.LockHolder, Shared: o.Embedded.Shared}
 }
 
 // Parse reads a store spec (see the package comment). Its errors name the
@@ -151,8 +216,11 @@ func isDir(path string) bool {
 }
 
 // Store opens the store spec names and, unless opts.NoMigrate, migrates its
-// schema. The concrete type is *postgres.Store, *mysql.Store or
-// *sqlite.Store.
+// schema. Callers use the store through persist's interfaces only: its
+// optional abilities are persist.Migrator (every store), persist.Backuper
+// (embedded), persist.PoolReporter (PostgreSQL, Citus, MySQL),
+// persist.RetryCounter (MySQL), persist.Sharded (Citus) and
+// membership.Provider (the shared stores).
 func Store(ctx context.Context, spec string, opts Options) (persist.Store, error) {
 	sp, err := Parse(spec)
 	if err != nil {
@@ -162,7 +230,7 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 	case KindPostgres:
 		// A driver error may echo the DSN: every spelling of its password
 		// is scrubbed from the text.
-		s, err := postgres.Open(ctx, sp.DSN, opts.Postgres)
+		s, err := postgres.Open(ctx, sp.DSN, opts.postgres())
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}
@@ -174,7 +242,7 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		}
 		return s, nil
 	case KindMySQL:
-		s, err := mysql.Open(ctx, sp.DSN, opts.MySQL)
+		s, err := mysql.Open(ctx, sp.DSN, opts.mysql())
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}
@@ -186,7 +254,7 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		}
 		return s, nil
 	default:
-		s, err := sqlite.Open(ctx, sp.Path, opts.SQLite)
+		s, err := sqlite.Open(ctx, sp.Path, opts.sqlite())
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", sp, err)
 		}

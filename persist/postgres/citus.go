@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -592,42 +593,17 @@ func (s *Store) checkFences(ctx context.Context, batches []persist.ConvBatch) er
 	if err != nil {
 		return err
 	}
-	check := func(leases map[uint32]persist.Fence, held bool) ([]persist.Fence, bool) {
-		var stale []persist.Fence
-		seen := map[persist.Fence]bool{}
-		unfenced := false
-		for i := range batches {
-			f := batches[i].Fence
-			if f.IsZero() {
-				unfenced = unfenced || held
-				continue
-			}
-			if seen[f] {
-				continue
-			}
-			seen[f] = true
-			if l, ok := leases[f.Partition]; !ok || l != f {
-				stale = append(stale, f)
-			}
-		}
-		return stale, unfenced
+	fences, unfenced := persist.Fences(batches)
+	check := func(leases map[uint32]persist.Fence, held bool) error {
+		return membership.CheckFences(fences, unfenced, membership.InLeases(leases), func() (bool, error) { return held, nil })
 	}
-	stale, unfenced := check(leases, held)
-	if len(stale) == 0 && !unfenced {
+	if check(leases, held) == nil {
 		return nil
 	}
 	if leases, held, err = s.leaseView(ctx, true); err != nil {
 		return err
 	}
-	stale, unfenced = check(leases, held)
-	if unfenced {
-		return persist.ErrUnfenced
-	}
-	if len(stale) > 0 {
-		sort.Slice(stale, func(i, j int) bool { return stale[i].Partition < stale[j].Partition })
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	return nil
+	return check(leases, held)
 }
 
 // citusHash is the hash Citus distributes a VARCHAR/TEXT column by:
@@ -824,8 +800,8 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 	}
 	defer conn.Release()
 	backend := backendOf(conn.Conn().PgConn())
-	if s.beforeCommit != nil {
-		s.beforeCommit(backend.pid)
+	if s.commitBackend != nil {
+		s.commitBackend(backend.pid)
 	}
 	err = s.commitOn(ctx, conn, batches, plan)
 	if errors.Is(err, errShardNotHere) {

@@ -17,46 +17,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // ErrNotDistributed: a Citus view asked of a store on plain PostgreSQL.
 var ErrNotDistributed = errors.New("the store is not distributed (no citus extension in its database): shards are a Citus thing (docs/CITUS.md)")
 
-// CitusShard is one shard group of the distributed tables: conv_head's
-// shard and the co-located shards of im_message and read_position, which
-// hold the same hash range on the same worker.
-type CitusShard struct {
-	// ID is conv_head's shard id (what `admin head` shows); MinHash and
-	// MaxHash bound the hashtext(conv_id) values it holds.
-	ID               int64
-	MinHash, MaxHash int32
-	// Worker is the worker (host:port) holding it.
-	Worker string
-	// Tables are the shard group's relations on the worker (conv_head_ID,
-	// and the co-located ones).
-	Tables []string
-	// Read from the worker (zero when Known is false: it did not answer):
-	// Bytes is the group's size with indexes; Conversations conv_head's
-	// rows; Messages the sum of their heads (messages ever committed;
-	// retention does not lower it).
-	Known         bool
-	Bytes         int64
-	Conversations int64
-	Messages      int64
-}
-
-// CitusWorker is one primary worker of the Citus cluster.
-type CitusWorker struct {
-	Addr   string // host:port, as in pg_dist_node
-	Shards int    // conv_head shards it holds
-	// Reachable: a connection from this process to the worker answered;
-	// Err says why not (empty when reachable).
-	Reachable bool
-	Err       string
-	// Bytes is the size of its shards (CitusShards only; 0 when not
-	// reachable).
-	Bytes int64
-}
+// CitusShard and CitusWorker are persist's (the Sharded ability).
+type (
+	CitusShard  = persist.CitusShard
+	CitusWorker = persist.CitusWorker
+)
 
 // distributedRelations are the tables distributed by conv_id, co-located
 // with conv_head (migrations_citus).

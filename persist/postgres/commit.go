@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -334,8 +336,8 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	}
 	defer conn.Release() // destroys the connection if a transaction is left open
 	backend := backendOf(conn.Conn().PgConn())
-	if s.beforeCommit != nil {
-		s.beforeCommit(backend.pid)
+	if s.commitBackend != nil {
+		s.commitBackend(backend.pid)
 	}
 	err = s.commitOn(ctx, conn, batches, nil)
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
@@ -616,19 +618,13 @@ func (s *Store) casRefusal(ctx context.Context, conn *pgxpool.Conn, batches []pe
 	for _, e := range epochs {
 		stored[e.conv] = e.epoch
 	}
-	seen := map[persist.Fence]bool{}
-	var stale []persist.Fence
-	for i := range batches {
-		f := batches[i].Fence
-		if e, ok := stored[batches[i].ConvID]; ok && f.Epoch > 0 && e > int64(f.Epoch) && !seen[f] {
-			seen[f] = true
-			stale = append(stale, f)
-		}
+	if err := staleByHead(batches, func(b *persist.ConvBatch) bool {
+		e, ok := stored[b.ConvID]
+		return ok && b.Fence.Epoch > 0 && e > int64(b.Fence.Epoch)
+	}); err != nil {
+		return err
 	}
-	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	return &persist.HeadMismatchError{ConvIDs: convs}
+	return persist.HeadsMismatched(convs)
 }
 
 // sentNothing reports whether err is a failure that happened before anything
@@ -653,7 +649,7 @@ func staleFences(fences []persist.Fence, pg *pgconn.PgError) error {
 		}
 		stale = append(stale, fences[i-1])
 	}
-	return &persist.StaleFenceError{Fences: stale}
+	return membership.CheckFences(stale, false, membership.NotIn(stale), nil)
 }
 
 // headMismatch builds the *HeadMismatchError of a headCheckSQL refusal:
@@ -663,7 +659,7 @@ func headMismatch(pg *pgconn.PgError) error {
 	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
 		return unavailable("commit: unreadable head-mismatch report", pg)
 	}
-	return &persist.HeadMismatchError{ConvIDs: convs}
+	return persist.HeadsMismatched(convs)
 }
 
 // staleEpochs builds the *StaleFenceError of a seq_cas_heads refusal (Citus):
@@ -678,15 +674,20 @@ func staleEpochs(batches []persist.ConvBatch, pg *pgconn.PgError) error {
 	for _, c := range convs {
 		named[c] = true
 	}
-	seen := map[persist.Fence]bool{}
+	return staleByHead(batches, func(b *persist.ConvBatch) bool { return named[b.ConvID] })
+}
+
+// staleByHead is the head-row fence (Citus: the head carries its owner's
+// epoch): the distinct fences of the batches whose head row is newer, in
+// batch order, as membership.CheckFences refuses them; nil if none.
+func staleByHead(batches []persist.ConvBatch, newer func(*persist.ConvBatch) bool) error {
 	var stale []persist.Fence
 	for i := range batches {
-		if f := batches[i].Fence; named[batches[i].ConvID] && !seen[f] {
-			seen[f] = true
+		if f := batches[i].Fence; newer(&batches[i]) && !slices.Contains(stale, f) {
 			stale = append(stale, f)
 		}
 	}
-	return &persist.StaleFenceError{Fences: stale}
+	return membership.CheckFences(stale, false, membership.NotIn(stale), nil)
 }
 
 // commitError classifies an error of the COMMIT statement: not sent at all,

@@ -67,6 +67,15 @@ func Migrations() ([]Migration, error) {
 	return ms, nil
 }
 
+// AvailableMigrations are the migrations Migrate applies to this store
+// (CitusMigrations on Citus), in version order (persist.Migrator).
+func (s *Store) AvailableMigrations() ([]Migration, error) {
+	if s.dist != nil {
+		return CitusMigrations()
+	}
+	return Migrations()
+}
+
 // Migrate applies every embedded migration the database lacks. It is safe
 // when several processes migrate at once: each migration runs in a
 // transaction holding a pg_advisory_xact_lock, and re-checks schema_version

@@ -41,7 +41,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -88,6 +87,17 @@ type Options struct {
 	// Logger receives the store's rare notices (distributed mode: the
 	// workers and shards found). Optional.
 	Logger *slog.Logger
+	// CommitBackend, when set, is called with the backend pid of the
+	// connection a commit runs on, after the connection is taken from its
+	// pool and before anything is sent: for fault injection (a test stops
+	// that backend to stall the commit) and tracing. Optional.
+	CommitBackend func(pid uint32)
+	// NoLeaseCheck (distributed mode only) skips the lease-cache check
+	// before a commit (checkFences), so a stale owner's commits reach the
+	// workers and only the head row's epoch fences them: for tests of that
+	// fence. Never set it in production: the check refuses a stale owner
+	// without a round trip to a worker.
+	NoLeaseCheck bool
 }
 
 // DefaultOptions returns the default pool sizes (every other zero field
@@ -150,7 +160,7 @@ type Store struct {
 	dist *dist // distributed mode (citus.go), nil on plain PostgreSQL
 	log  *slog.Logger
 
-	beforeCommit func(pid uint32) // tests: called with the backend pid before each commit is sent
+	commitBackend func(pid uint32) // Options.CommitBackend
 
 	markOnce sync.Once
 	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
@@ -208,6 +218,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			return nil, unavailable("ping", err)
 		}
 	}
+	s.commitBackend = opts.CommitBackend
 	s.log = opts.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -218,9 +229,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, unavailable("detect citus", err)
 	}
 	if citus {
-		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns, noLeaseCheck: noLeaseCheckFromEnv()}
+		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns, noLeaseCheck: opts.NoLeaseCheck}
 		if s.dist.noLeaseCheck {
-			s.log.Warn("citus: " + TestNoLeaseCheckEnv + " is set: commits skip the lease check (tests only)")
+			s.log.Warn("citus: NoLeaseCheck is set: commits skip the lease check (tests only)")
 		}
 		if err := s.startDist(ctx); err != nil {
 			s.Close()
@@ -376,9 +387,12 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // PoolNames are the store's connection pools, as StorePool names them.
 var PoolNames = []string{"read", "commit", "control"}
 
+// StorePools names the store's connection pools (persist.PoolReporter).
+func (s *Store) StorePools() []string { return PoolNames }
+
 // StorePool reports one pool's connections (name: one of PoolNames) for
 // the sequencer_store_pool_* gauges; the zero PoolStat for another name.
-func (s *Store) StorePool(name string) metrics.PoolStat {
+func (s *Store) StorePool(name string) persist.PoolStat {
 	var p *pgxpool.Pool
 	switch name {
 	case "read":
@@ -388,10 +402,10 @@ func (s *Store) StorePool(name string) metrics.PoolStat {
 	case "control":
 		p = s.control
 	default:
-		return metrics.PoolStat{}
+		return persist.PoolStat{}
 	}
 	st := p.Stat()
-	return metrics.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
+	return persist.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
 }
 
 // Ping checks the database answers (on the read pool).
@@ -437,3 +451,10 @@ func classify(op string, err error) error {
 	}
 	return unavailable(op, err)
 }
+
+// The abilities a PostgreSQL (or Citus) store has beyond persist.Store.
+var (
+	_ persist.Migrator     = (*Store)(nil)
+	_ persist.PoolReporter = (*Store)(nil)
+	_ persist.Sharded      = (*Store)(nil)
+)

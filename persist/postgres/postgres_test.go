@@ -49,8 +49,13 @@ func (s *Store) SetHeadForTest(ctx context.Context, convID string, head uint64) 
 
 func openStore(t testing.TB, dsn string) *Store {
 	t.Helper()
+	return openStoreWith(t, dsn, Options{})
+}
+
+func openStoreWith(t testing.TB, dsn string, opts Options) *Store {
+	t.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, dsn, Options{})
+	s, err := Open(ctx, dsn, opts)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -61,8 +66,14 @@ func openStore(t testing.TB, dsn string) *Store {
 // newStore returns a migrated store on a fresh database.
 func newStore(t testing.TB) (*Store, string) {
 	t.Helper()
+	return newStoreWith(t, Options{})
+}
+
+// newStoreWith is newStore with opts.
+func newStoreWith(t testing.TB, opts Options) (*Store, string) {
+	t.Helper()
 	dsn := pgtest.NewDatabase(t)
-	s := openStore(t, dsn)
+	s := openStoreWith(t, dsn, opts)
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
@@ -73,15 +74,8 @@ func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, l
 		return nil, unavailable("read range", err)
 	}
 	defer rows.Close()
-	var out []sequencer.Message
-	for rows.Next() {
-		m, err := scanMessage(rows)
-		if err != nil {
-			return nil, unavailable("read range", err)
-		}
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	if err != nil {
 		return nil, unavailable("read range", err)
 	}
 	return out, nil

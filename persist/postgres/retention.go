@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // trimBeforeSQL is one retention step in one statement: the next $3
@@ -56,34 +58,17 @@ func (s *Store) trimBeforeDist(ctx context.Context, before time.Time, after stri
 	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	type conv struct {
-		id   string
-		head int64
-	}
-	var convs []conv
-	for rows.Next() {
-		var c conv
-		if err := rows.Scan(&c.id, &c.head); err != nil {
-			rows.Close()
-			return "", 0, unavailable("trim before", err)
-		}
-		convs = append(convs, c)
-	}
+	convs, err := persist.Collect(rows, persist.ScanConvHead)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	deleted := 0
-	for _, c := range convs {
-		tag, err := s.pool.Exec(ctx, trimStepDistSQL, c.id, before, c.head)
-		if err != nil {
-			return "", 0, unavailable("trim before", err)
-		}
-		deleted += int(tag.RowsAffected())
+	next, deleted, err := persist.TrimStep(convs, limit, func(c persist.ConvHead) (int, error) {
+		tag, err := s.pool.Exec(ctx, trimStepDistSQL, c.ConvID, before, int64(c.Head))
+		return int(tag.RowsAffected()), err
+	})
+	if err != nil {
+		return "", 0, unavailable("trim before", err)
 	}
-	last := ""
-	if len(convs) == limit {
-		last = convs[len(convs)-1].id
-	}
-	return last, deleted, nil
+	return next, deleted, nil
 }

@@ -32,10 +32,9 @@ func (c *stallIDs) NextID() (uint64, error) { return c.n.Add(1), nil }
 // It signals the PostgreSQL backend process, so it runs as a user allowed to
 // (root, or the postgres user); it fails otherwise.
 func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
-	s, _ := newStore(t)
 	stopped := make(chan int, 1)
 	var armed atomic.Bool
-	s.beforeCommit = func(pid uint32) {
+	s, _ := newStoreWith(t, Options{CommitBackend: func(pid uint32) {
 		if armed.CompareAndSwap(true, false) {
 			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
 				t.Errorf("SIGSTOP backend %d: %v (the test must run as root or postgres)", pid, err)
@@ -43,7 +42,7 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 			}
 			stopped <- int(pid)
 		}
-	}
+	}})
 	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, Commit: commit.Config{Timeout: time.Second, Workers: 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -155,11 +154,10 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 // resumes every call returns. A writer re-reading a is thus never held up
 // by b (on Citus: by a worker that is down).
 func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
-	s, _ := newStore(t)
 	ctx := context.Background()
 	pids := make(chan int, 1)
 	var armed atomic.Bool
-	s.beforeCommit = func(pid uint32) {
+	s, _ := newStoreWith(t, Options{CommitBackend: func(pid uint32) {
 		if armed.CompareAndSwap(true, false) {
 			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
 				t.Errorf("SIGSTOP backend %d: %v (the test must run as root or postgres)", pid, err)
@@ -167,7 +165,7 @@ func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
 			}
 			pids <- int(pid)
 		}
-	}
+	}})
 	// Every commit connection prepares its statements on its first commit:
 	// open and prepare them all now (concurrent commits), so that the
 	// stalled commits below are sent whole.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -329,32 +329,28 @@ func (c *conflictCause) Error() string { return c.err.Error() }
 
 // stage runs the fence checks, the head compare-and-set and the inserts.
 func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch, ins map[int]*sql.Stmt) error {
-	var stale []persist.Fence
 	fences, unfenced := persist.Fences(batches)
-	for _, f := range fences {
+	holds := func(f persist.Fence) (bool, error) {
 		var owner string
 		var epoch int64
 		err := tx.QueryRowContext(ctx, `SELECT owner, epoch FROM partition_lease WHERE partition = ?`, int64(f.Partition)).Scan(&owner, &epoch)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			stale = append(stale, f)
+			return false, nil
 		case err != nil:
-			return classify("commit: fence check", err)
-		case owner != f.Owner || uint64(epoch) != f.Epoch:
-			stale = append(stale, f)
+			return false, classify("commit: fence check", err)
 		}
+		return membership.LeaseHolds(f, persist.Fence{Partition: f.Partition, Owner: owner, Epoch: uint64(epoch)}, true), nil
 	}
-	if len(stale) > 0 {
-		return &persist.StaleFenceError{Fences: stale}
-	}
-	if unfenced {
+	held := func() (bool, error) {
 		var held bool
 		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')`).Scan(&held); err != nil {
-			return classify("commit: cluster check", err)
+			return false, classify("commit: cluster check", err)
 		}
-		if held {
-			return persist.ErrUnfenced
-		}
+		return held, nil
+	}
+	if err := membership.CheckFences(fences, unfenced, holds, held); err != nil {
+		return err
 	}
 	// Heads: read in chunks (one statement per headChunk conversations,
 	// not one per conversation), compare, then move in chunks.
@@ -383,15 +379,8 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 			return classify("commit: head check", err)
 		}
 	}
-	var mismatched []string
-	for i := range batches {
-		if uint64(heads[batches[i].ConvID]) != batches[i].PrevHead {
-			mismatched = append(mismatched, batches[i].ConvID)
-		}
-	}
-	if len(mismatched) > 0 {
-		sort.Strings(mismatched)
-		return &persist.HeadMismatchError{ConvIDs: mismatched}
+	if err := persist.CheckHeads(batches, func(c string) uint64 { return uint64(heads[c]) }); err != nil {
+		return err
 	}
 	moved := make([]any, 0, 2*headChunk)
 	flushHeads := func() error {

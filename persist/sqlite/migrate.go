@@ -21,6 +21,9 @@ var migrationFS embed.FS
 // Migration is one embedded schema change.
 type Migration = persist.Migration
 
+// AvailableMigrations are Migrations (persist.Migrator).
+func (s *Store) AvailableMigrations() ([]Migration, error) { return Migrations() }
+
 // Migrations returns the embedded migrations in version order.
 func Migrations() ([]Migration, error) {
 	ms, err := persist.LoadMigrations(migrationFS, "migrations")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // TrimBefore implements persist.Store (retention): see there. One step is
@@ -31,39 +33,26 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	type conv struct {
-		id   string
-		head int64
-	}
-	var convs []conv
-	for rows.Next() {
-		var c conv
-		if err := rows.Scan(&c.id, &c.head); err != nil {
-			rows.Close()
-			return "", 0, unavailable("trim before", err)
-		}
-		convs = append(convs, c)
-	}
+	convs, err := persist.Collect(rows, persist.ScanConvHead)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return "", 0, unavailable("trim before", err)
 	}
-	deleted := 0
-	for _, c := range convs {
+	next, deleted, err := persist.TrimStep(convs, limit, func(c persist.ConvHead) (int, error) {
 		res, err := tx.ExecContext(ctx, `DELETE FROM im_message WHERE conv_id = ?1 AND seq < COALESCE(
 			(SELECT seq FROM im_message WHERE conv_id = ?1 AND server_at >= ?2 ORDER BY seq LIMIT 1), ?3)`,
-			c.id, cut, c.head+1)
+			c.ConvID, cut, int64(c.Head)+1)
 		if err != nil {
-			return "", 0, unavailable("trim before", err)
+			return 0, err
 		}
 		n, _ := res.RowsAffected()
-		deleted += int(n)
+		return int(n), nil
+	})
+	if err != nil {
+		return "", 0, unavailable("trim before", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return "", 0, unavailable("trim before: commit", err)
 	}
-	if len(convs) < limit {
-		return "", deleted, nil
-	}
-	return convs[len(convs)-1].id, deleted, nil
+	return next, deleted, nil
 }

@@ -265,3 +265,9 @@ func classify(op string, err error) error {
 	}
 	return unavailable(op, err)
 }
+
+// The abilities the embedded store has beyond persist.Store.
+var (
+	_ persist.Migrator = (*Store)(nil)
+	_ persist.Backuper = (*Store)(nil)
+)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
-	"github.com/sequencer-im/sequencer/persist/mysqltest"
+	"github.com/sequencer-im/sequencer/persist/open"
 )
 
 // The MySQL engines: this sequencer on persist/mysql (in process, and
@@ -74,11 +75,12 @@ func init() {
 }
 
 // defaultMySQL is root over the local MariaDB's unix socket (the test
-// harness's default server).
-const defaultMySQL = mysqltest.DefaultURL
+// harness's default server, persist/mysqltest.DefaultURL; the bench binary
+// links no test kit).
+const defaultMySQL = "mysql://root@localhost/mysql?socket=/run/mysqld/mysqld.sock"
 
 // redactMySQL hides a mysql:// URL's password.
-func redactMySQL(raw string) string { return mysqltest.Redact(raw) }
+func redactMySQL(raw string) string { return open.Redact(raw) }
 
 // baselineTables creates the baselines' tables in the database of rawURL:
 // im_message as the MySQL store creates it, by applying the store's own
@@ -146,19 +148,36 @@ type myBench struct {
 // NewDatabase creates seqbench_<run>_<name> and returns its URL.
 func (b *myBench) NewDatabase(ctx context.Context, name string) (string, error) {
 	db := "seqbench_" + b.runID + "_" + name
-	u, err := mysqltest.CreateDatabase(ctx, b.admin, db)
+	u, err := url.Parse(b.admin)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %w", err)
+		return "", fmt.Errorf("mysql: admin URL: %w", err)
 	}
+	if err := b.exec(ctx, "CREATE DATABASE `"+db+"` CHARACTER SET utf8mb4"); err != nil {
+		return "", fmt.Errorf("mysql: create database %s: %w", db, err)
+	}
+	u.Path = "/" + db
 	b.dbs = append(b.dbs, db)
-	return u, nil
+	return u.String(), nil
+}
+
+// exec runs one statement on the admin database.
+func (b *myBench) exec(ctx context.Context, stmt string) error {
+	db, err := openMySQL(b.admin, 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
 }
 
 // Drop drops every database the run created.
 func (b *myBench) Drop(ctx context.Context) error {
 	var errs []error
 	for _, db := range b.dbs {
-		errs = append(errs, mysqltest.DropDatabase(ctx, b.admin, db))
+		if err := b.exec(ctx, "DROP DATABASE IF EXISTS `"+db+"`"); err != nil {
+			errs = append(errs, fmt.Errorf("drop database %s: %w", db, err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
-	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
 )
@@ -49,7 +48,7 @@ type nodeEngine struct {
 }
 
 func openNode(ctx context.Context, env Env) (Engine, error) {
-	store, err := open.Store(ctx, env.DSN, open.Options{MySQL: mysql.Options{CommitConns: env.CommitWorkers}})
+	store, err := open.Store(ctx, env.DSN, open.Options{Pools: open.Pools{Commit: env.CommitWorkers}})
 	if err != nil {
 		return nil, err
 	}
