@@ -128,7 +128,7 @@ func TestDeparturesNamedInTheLog(t *testing.T) {
 	n.viewed(membership.View{Version: 3, Members: members, Leases: leases, Now: now})
 	n.viewed(membership.View{Version: 4, Members: members[:1], Now: now.Add(2 * time.Second)})
 	out := buf.String()
-	for _, want := range []string{`msg="member presumed dead: its lease ran out" node=a member=b incarnation=b/1 silent_for=2.5s partitions_held=2`,
+	for _, want := range []string{`msg="member presumed dead" node=a member=b incarnation=b/1 silent_for=2.5s partitions_held=2`,
 		`msg="member left" node=a member=c incarnation=c/1 partitions_held=1`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s:\n%s", want, out)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -156,6 +157,9 @@ type forwarderDeps struct {
 	member  func(nodeID string) (bool, <-chan struct{})
 	self    func() (nodeID, incarnation string, version uint64)
 	suspect func() // a peer failed at the transport level
+	// refused: the peer at addr refused a connection (no process listens
+	// on its cluster port); nil: not reported.
+	refused func(addr string)
 	met     *clusterMetrics
 	timeout time.Duration // how long an item without a deadline waits (Config.ForwardTimeout)
 	// probeAfter and probeTimeout: a batch without an answer after
@@ -373,6 +377,9 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 				fmt.Sprintf("forward to %s: %v", addr, err))}
 			result = "not_sent"
 			f.suspect()
+			if f.refused != nil && errors.Is(err, syscall.ECONNREFUSED) {
+				f.refused(addr)
+			}
 		case errors.Is(context.Cause(ctx), errLinkStalled):
 			o = fwdOutcome{kind: fwdNoAnswer, stalled: true, err: sequencer.Wrap(sequencer.CodeDeadlineExceeded,
 				fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled),

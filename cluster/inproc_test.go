@@ -53,6 +53,7 @@ type ipOptions struct {
 	// listen and advertise, when set: the cluster listener's address and
 	// the one peers dial (e.g. a proxy in front of it).
 	listen, advertise string
+	memberTTL         time.Duration // 0: 2 s
 }
 
 func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
@@ -78,6 +79,9 @@ func (pc *procCluster) startInProcess(id string, o ipOptions) *ipNode {
 	}
 	if o.listen != "" {
 		cfg.ClusterListen = o.listen
+	}
+	if o.memberTTL > 0 {
+		cfg.MemberTTL = o.memberTTL
 	}
 	n := &ipNode{id: id, store: store, lease: lease}
 	if o.wrap != nil {
@@ -577,6 +581,44 @@ func TestInProcessOwnerCrashesMidForward(t *testing.T) {
 		t.Fatalf("after the crash %s is owned by %s", conv, loc.NodeID)
 	}
 	pc.checkStored(map[string]acked{req.ClientMsgID: {conv: conv, msgID: r.res.MsgID, seq: r.res.Seq}})
+}
+
+// TestInProcessRefusedPeerIsPresumedDead: a node whose cluster port refuses
+// connections (the process is gone, as after kill -9) is presumed dead by
+// the peer whose forward it refused, once probes confirm it: its member row
+// is removed and its partitions taken over long before its lease (60 s
+// here) would run out, so the send is stored by the survivor.
+func TestInProcessRefusedPeerIsPresumedDead(t *testing.T) {
+	pc := newProcCluster(t)
+	a := pc.startInProcess("a", ipOptions{memberTTL: time.Minute})
+	b := pc.startInProcess("b", ipOptions{memberTTL: time.Minute})
+	pc.waitInProcess(a, b)
+	conv := convsOwnedBy(t, a, "b", "refused", 1)[0]
+	b.crashed.Store(true)
+	b.cn.halt() // its listener is closed: connections are refused
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "after-crash", MsgType: 1}
+	var res sequencer.SendResult
+	testwait.For(t, 20*time.Second, 20*time.Millisecond, "the send acked by the survivor", func() bool {
+		var err error
+		res, err = a.cn.Send(ctx, req)
+		if err != nil && sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("send while b is presumed dead: %v", err)
+		}
+		return err == nil
+	})
+	if loc, _ := a.cn.Locate(conv); loc.NodeID != "a" {
+		t.Fatalf("after b's port refused connections %s is owned by %s", conv, loc.NodeID)
+	}
+	v, err := pc.store.Cluster().View(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := v.Member("b"); ok {
+		t.Fatal("b's row is still in the membership")
+	}
+	pc.checkStored(map[string]acked{req.ClientMsgID: {conv: conv, msgID: res.MsgID, seq: res.Seq}})
 }
 
 // TestInProcessForgedForwards plays an attacker on the cluster port of a

@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -96,6 +97,9 @@ type Node struct {
 	logMu        sync.Mutex
 	logged       membership.View // the view viewed logged last (who left or died)
 
+	refusedMu sync.Mutex
+	refusing  map[string]bool // peers' cluster addresses being confirmed dead (peerRefused)
+
 	// cut is canceled while this node can write nothing (NodeWritable
 	// fails; watchCut): the sends in its local writer then give up their
 	// attempt there and go on by the route (writerCtx).
@@ -157,6 +161,7 @@ func New(cfg Config) (*Node, error) {
 		wakes:        map[string]*rate.Limiter{},
 		drain:        make(chan struct{}),
 		supersededCh: make(chan struct{}),
+		refusing:     map[string]bool{},
 	}
 	n.fwd = newForwarder(forwarderDeps{
 		clk:     cfg.Clock,
@@ -174,6 +179,7 @@ func New(cfg Config) (*Node, error) {
 			return n.core.Self().NodeID, n.core.Self().Incarnation, n.core.View().Version
 		},
 		suspect: n.suspect,
+		refused: n.peerRefused,
 		met:     n.met,
 		timeout: cfg.ForwardTimeout,
 	})
@@ -483,7 +489,8 @@ func (n *Node) viewed(v membership.View) {
 
 // logDepartures names, in this node's log, every member of the view logged
 // before that is gone from v: left (it was leaving: a drain or SIGTERM) or
-// presumed dead (its lease ran out), with the partitions it held then.
+// presumed dead (its lease ran out, or its row was removed: peerRefused),
+// with the partitions it held then.
 func (n *Node) logDepartures(v membership.View) {
 	n.logMu.Lock()
 	defer n.logMu.Unlock()
@@ -514,7 +521,7 @@ func (n *Node) logDepartures(v membership.View) {
 		}
 		// Its last renewal was at LeaseUntil - MemberTTL (store clock).
 		silent := v.Now.Sub(m.LeaseUntil.Add(-n.cfg.MemberTTL)).Round(100 * time.Millisecond)
-		n.log.Info("member presumed dead: its lease ran out", "member", m.NodeID, "incarnation", m.Incarnation,
+		n.log.Info("member presumed dead", "member", m.NodeID, "incarnation", m.Incarnation,
 			"silent_for", silent, "partitions_held", held, "version", v.Version)
 	}
 }
@@ -796,6 +803,74 @@ const suspectPoll = 100 * time.Millisecond
 func (n *Node) suspect() {
 	n.suspectUntil.Store(n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat).UnixNano())
 	n.poke(n.wakeBeat)
+}
+
+// How a peer whose cluster port refuses connections is confirmed dead
+// (peerRefused): deadProbes probes deadProbeGap apart, each refused.
+const (
+	deadProbes   = 3
+	deadProbeGap = 100 * time.Millisecond
+)
+
+// peerRefused is told that the peer at addr refused a connection: no
+// process listens on its cluster port, which is what a crashed (kill -9)
+// node looks like, long before its membership lease runs out. Once
+// deadProbes probes deadProbeGap apart are refused too, the peer's member
+// row is removed (as `sequencer admin forget` does), so the survivors take
+// its partitions over at once instead of after MemberTTL. Safety does not
+// rest on this: a node whose row is removed while it lives finds it gone at
+// its next heartbeat and steps down, and its commits are fenced by the
+// takeover's epoch (the model lets any row expire at any moment). Only a
+// refused connection counts: a blackhole, a reset or a slow link does not.
+func (n *Node) peerRefused(addr string) {
+	prober, ok := n.tr.(Prober)
+	if !ok || addr == "" {
+		return
+	}
+	n.refusedMu.Lock()
+	if n.refusing[addr] {
+		n.refusedMu.Unlock()
+		return
+	}
+	n.refusing[addr] = true
+	n.refusedMu.Unlock()
+	go func() {
+		defer func() {
+			n.refusedMu.Lock()
+			delete(n.refusing, addr)
+			n.refusedMu.Unlock()
+		}()
+		for i := range deadProbes {
+			if i > 0 {
+				n.clk.Sleep(deadProbeGap)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), ForwardProbeTimeout)
+			err := prober.Probe(ctx, addr)
+			cancel()
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				return
+			}
+		}
+		var dead membership.Member
+		for _, m := range read(n, func(c *ownership.Core) membership.View { return c.View() }).Members {
+			if m.ClusterAddr == addr && m.NodeID != n.cfg.NodeID {
+				dead = m
+			}
+		}
+		if dead.NodeID == "" {
+			return
+		}
+		ctx, cancel := n.opCtx(context.Background())
+		err := n.store.Remove(ctx, dead.NodeID, dead.Incarnation)
+		cancel()
+		if err != nil {
+			n.log.Debug("removing the row of a member whose cluster port refuses connections failed", "member", dead.NodeID, "err", err)
+			return
+		}
+		n.log.Info("member presumed dead: its cluster port refuses connections; its row is removed", "member", dead.NodeID,
+			"incarnation", dead.Incarnation, "cluster_addr", addr)
+		n.poke(n.wakeBeat)
+	}()
 }
 
 // Superseded is closed when another live process took this node's id: this
