@@ -70,8 +70,9 @@ bench-micro: ## Go micro-benchmarks (msg_id generator)
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./idgen/
 
 AVAIL_HOLD ?= 5s
-availability: ## issue 30's availability runs: each network fault on n1 of 3 for AVAIL_HOLD (5s; 30s), raw JSON and SDK clients (docs/TESTING.md "Availability")
-	SEQUENCER_AVAILABILITY=1 AVAIL_HOLD=$(AVAIL_HOLD) $(GO) test -count=1 -v -timeout 60m -run '^TestAvailability$$' ./e2e/
+AVAIL_FAULTS ?=
+availability: ## issue 30's availability runs: each network fault (or AVAIL_FAULTS) on n1 of 3 for AVAIL_HOLD (5s; 30s), raw JSON and SDK clients (docs/TESTING.md "Availability")
+	SEQUENCER_AVAILABILITY=1 AVAIL_HOLD=$(AVAIL_HOLD) AVAIL_FAULTS=$(AVAIL_FAULTS) $(GO) test -count=1 -v -timeout 60m -run '^TestAvailability$$' ./e2e/
 
 SOAK_MINUTES ?= 10
 SOAK_SEED ?=
