@@ -382,6 +382,14 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 	if err != nil {
 		return nil, s.fail(ctx, methodPull, fmt.Errorf("load head of %q: %w", q.ConvID, err), "conv_id", q.ConvID)
 	}
+	if q.BeforeSeq > 0 {
+		resp, err := s.pullBefore(ctx, q, head)
+		if err != nil {
+			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q before seq %d: %w", q.ConvID, q.BeforeSeq, err), "conv_id", q.ConvID)
+		}
+		s.ok(methodPull)
+		return connect.NewResponse(resp), nil
+	}
 	resp := &sequencerv1.PullResponse{HeadSeq: head}
 	// after_seq at or past the head has nothing to read (this also keeps
 	// after_seq >= 2^63 away from BIGINT stores).
@@ -625,7 +633,7 @@ func (s *Service) ok(method string) {
 func (s *Service) refuse(r *http.Request, code connect.Code) {
 	method := procedureMethod(r.URL.Path)
 	switch method {
-	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState:
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState, methodPullMany, methodSubscribe:
 	default:
 		method = "unknown" // the label set stays bounded whatever the path
 	}

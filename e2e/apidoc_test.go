@@ -534,7 +534,7 @@ func TestAPIDocProtoMatchesTheProto(t *testing.T) {
 		docMsgs[name] = fields
 	}
 	var docRPCs []string
-	for _, m := range regexp.MustCompile(`rpc\s+(\w+)\s*\(\s*(\w+)\s*\)\s*returns\s*\(\s*(\w+)\s*\)`).FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile(`rpc\s+(\w+)\s*\(\s*(\w+)\s*\)\s*returns\s*\(\s*(?:stream\s+)?(\w+)\s*\)`).FindAllStringSubmatch(doc, -1) {
 		docRPCs = append(docRPCs, m[1]+"("+m[2]+") "+m[3])
 	}
 	sort.Strings(docRPCs)
