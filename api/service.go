@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -105,6 +106,9 @@ type Config struct {
 	// Positions handles MarkRead and GetReadState. Optional: nil answers
 	// them with unimplemented.
 	Positions ReadPositions
+	// Feed serves Subscribe (package feed; its backlog is read from
+	// Reader). Optional: nil answers Subscribe with unimplemented.
+	Feed *feed.Hub
 	// MaxBody is the largest Send body in bytes (1 B..64 MiB).
 	MaxBody int
 	// MaxBatchBytes is the largest SendBatch request (its protobuf size;
@@ -129,6 +133,7 @@ type Service struct {
 	router   Router
 	viewer   MembershipViewer // the Router's, if it has one
 	reads    ReadPositions
+	feed     *feed.Hub
 	maxBody  int
 	maxBatch int
 	metrics  *metrics.Set
@@ -207,6 +212,7 @@ func NewService(cfg Config) *Service {
 		reader:   cfg.Reader,
 		router:   cfg.Router,
 		reads:    cfg.Positions,
+		feed:     cfg.Feed,
 		maxBody:  cfg.MaxBody,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,

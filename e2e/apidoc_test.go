@@ -611,6 +611,7 @@ func TestAPIDocFlagsExist(t *testing.T) {
 	otherTools := map[string]bool{
 		"version": true, "help": true, // sequencer's commands, not serve flags
 		"schema": true, "protocol": true, "http2-prior-knowledge": true, // buf curl
+		"no-buffer": true, "data-binary": true, // curl streaming a Subscribe
 	}
 	planned := map[string]bool{}
 	doc := string(raw)

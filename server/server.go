@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/netbuf"
 	"github.com/sequencer-im/sequencer/membership"
@@ -56,6 +57,7 @@ type Server struct {
 	lease     *idgen.Issuer
 	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
+	feed      *feed.Hub     // the change feed's fan-out
 	console   *console.Console
 	http      *http.Server
 	listener  net.Listener
@@ -185,6 +187,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	acfg := cfg.Actors
 	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger, acfg.Clock = st, s.lease, s.metrics, log, clk
+	// The change feed: the conversation actors publish what they
+	// committed into the hub, Subscribe streams from it (package feed).
+	s.feed = feed.NewHub(cfg.Feed, nil)
+	acfg.Feed = s.feed
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.clustered() {
@@ -222,6 +228,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	// Read positions are served from this node's store for any
 	// conversation, never forwarded: they need no single writer (api.ReadPositions).
 	scfg.Positions = st
+	scfg.Feed = s.feed
 	svc := api.NewService(scfg)
 	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
 	apiMux := api.NewAPIMux(svc, apiEdge)
