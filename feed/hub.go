@@ -25,11 +25,13 @@ type Upstream interface {
 type Hub struct {
 	mu       sync.RWMutex
 	convs    map[string]map[*stream]struct{}
-	follows  int // (stream, conversation) pairs
+	taps     map[string]map[*stream]struct{} // peers' Taps (tap.go)
+	follows  int                             // (stream, conversation) pairs
 	maxConvs int
 	streams  int
 	up       Upstream
 	cfg      Config
+	closed   bool
 }
 
 // stream is one subscriber's queue: what the hub handed it since its loop
@@ -41,6 +43,8 @@ type stream struct {
 	max    int
 	behind bool
 	resync []string
+	closed bool          // the hub closed: end with ErrClosed
+	acks   []uint64      // a Tap's acks, in order with its batches
 	wake   chan struct{} // capacity 1: the loop has something to look at
 	cut    func()        // called once when the stream falls behind (may be nil)
 }
@@ -54,13 +58,37 @@ type published struct {
 // local and publishes itself).
 func NewHub(cfg Config, up Upstream) *Hub {
 	cfg.fill()
-	return &Hub{convs: map[string]map[*stream]struct{}{}, maxConvs: cfg.MaxSubscriptions, up: up, cfg: cfg}
+	return &Hub{convs: map[string]map[*stream]struct{}{}, taps: map[string]map[*stream]struct{}{}, maxConvs: cfg.MaxSubscriptions, up: up, cfg: cfg}
 }
 
-// Publish hands a committed batch of one conversation (ascending seqs,
-// durably stored) to every stream that follows it. The slice is shared and
-// must not be changed afterwards.
+// SetUpstream sets the hub's Upstream before any stream attaches (the
+// cluster's, made after the hub).
+func (h *Hub) SetUpstream(up Upstream) {
+	h.mu.Lock()
+	h.up = up
+	h.mu.Unlock()
+}
+
+// Publish hands a batch this node's writer committed in one conversation
+// (ascending seqs, durably stored) to every stream and peer Tap that
+// follows it. The slice is shared and must not be changed afterwards.
 func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	h.mu.RLock()
+	for s := range h.convs[convID] {
+		s.offer(convID, msgs)
+	}
+	for s := range h.taps[convID] {
+		s.offer(convID, msgs)
+	}
+	h.mu.RUnlock()
+}
+
+// Deliver hands a batch another node committed (from the Upstream) to the
+// streams that follow it; never to Taps, so batches never travel on.
+func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
 	if len(msgs) == 0 {
 		return
 	}
@@ -85,6 +113,27 @@ func (h *Hub) Resync(convIDs []string) {
 		}
 	}
 	h.mu.RUnlock()
+}
+
+// ErrClosed ends the streams of a node that stops (retryable: subscribe
+// again, at another node).
+var ErrClosed = sequencer.Errorf(sequencer.CodeUnavailable,
+	"this node is stopping: subscribe again, at another node, from the last seq received of each conversation")
+
+// Close ends every stream with ErrClosed and refuses new ones (the node
+// drains: an HTTP server's Shutdown waits for its streams to end).
+func (h *Hub) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, set := range h.convs {
+		for s := range set {
+			s.mu.Lock()
+			s.closed = true
+			s.mu.Unlock()
+			s.poke()
+		}
+	}
 }
 
 // Following returns the conversations the hub's streams follow (for an
@@ -113,6 +162,10 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 	s := &stream{max: h.cfg.MaxQueue, wake: make(chan struct{}, 1), cut: cut}
 	var fresh []string
 	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
 	if h.follows+len(cursors) > h.maxConvs {
 		h.mu.Unlock()
 		return nil, sequencer.Errorf(sequencer.CodeResourceExhausted,
@@ -129,9 +182,10 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 	}
 	h.follows += len(cursors)
 	h.streams++
+	up := h.up
 	h.mu.Unlock()
-	if h.up != nil && len(fresh) > 0 {
-		h.up.Follow(fresh)
+	if up != nil && len(fresh) > 0 {
+		up.Follow(fresh)
 	}
 	return s, nil
 }
@@ -149,9 +203,10 @@ func (h *Hub) detach(s *stream, cursors []persist.Cursor) {
 	}
 	h.follows -= len(cursors)
 	h.streams--
+	up := h.up
 	h.mu.Unlock()
-	if h.up != nil && len(gone) > 0 {
-		h.up.Unfollow(gone)
+	if up != nil && len(gone) > 0 {
+		up.Unfollow(gone)
 	}
 }
 
@@ -188,17 +243,23 @@ func (s *stream) isBehind() bool {
 	return s.behind
 }
 
-// take moves what the hub queued into t.
-func (s *stream) take(t *Tail) (behind bool) {
+// take moves what the hub queued into t; err ends the stream.
+func (s *stream) take(t *Tail) error {
 	s.mu.Lock()
-	q, rs, behind := s.queue, s.resync, s.behind
+	q, rs, behind, closed := s.queue, s.resync, s.behind, s.closed
 	s.queue, s.queued, s.resync = nil, 0, nil
 	s.mu.Unlock()
+	switch {
+	case behind:
+		return ErrBehind
+	case closed:
+		return ErrClosed
+	}
 	for _, c := range rs {
 		t.Resync(c)
 	}
 	for _, p := range q {
 		t.Live(p.convID, p.msgs)
 	}
-	return behind
+	return nil
 }

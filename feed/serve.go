@@ -119,7 +119,10 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 	timer, fired := clock.After(clk, hb)
 	defer func() { timer.Stop() }()
 	for {
-		if s.take(t) || t.Overflow() {
+		if err := s.take(t); err != nil {
+			return err
+		}
+		if t.Overflow() {
 			return ErrBehind
 		}
 		if reads := t.Reads(maxReadCursors); len(reads) > 0 {

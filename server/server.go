@@ -200,6 +200,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		ccfg := cfg.clusterConfig()
 		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics, ccfg.Clock = table.Membership(), s.Addr(), log, s.metrics, clk
+		ccfg.Feed = s.feed
 		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -219,6 +220,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 		sender, router = s.cluster, s.cluster
+		// Live messages of conversations other nodes commit: one Feed
+		// stream per peer (cluster/feed.go).
+		if up := cluster.NewPeerFeed(s.cluster, s.feed); up != nil {
+			s.feed.SetUpstream(up)
+		}
 	}
 	s.metrics.SetReadiness(s.readiness) // sequencer_ready: what /readyz answers
 	s.registerGauges()
@@ -252,6 +258,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.http = api.NewServer(cfg.Listen, apiMux)
 	s.http.ErrorLog = httpErrorLog(log, "api")
+	s.http.RegisterOnShutdown(s.feed.Close) // Subscribe streams end (unavailable) so the drain can finish
 	if tlsConf != nil {
 		s.http.TLSConfig = tlsConf
 		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
