@@ -254,3 +254,106 @@ func feedClusterKill(t *testing.T, dsn string) {
 	cancel()
 	subsDone.Wait()
 }
+
+// TestFeedSlowConsumer: a subscriber that stops reading while 1,000 large
+// messages are written is cut with resource_exhausted (the writers never
+// wait for it), and resuming from its last seq ends with exactly the stored
+// sequence. On every store.
+func TestFeedSlowConsumer(t *testing.T) {
+	eachStore(t, func(t *testing.T, spec string) {
+		n := startNode(t, "node", "--store", spec, "--subscribe-queue", "64", "--max-batch-bytes", "8388608")
+		nodes := &nodeSet{}
+		nodes.add(n.Addr)
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		// A client whose HTTP/2 windows are small, as a phone on a slow
+		// link: what it does not read stays on the server.
+		hc := h2cClient()
+		hc.Transport.(*http.Transport).HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: 64 << 10, MaxReceiveBufferPerConnection: 64 << 10}
+		c := sequencerv1connect.NewSequencerServiceClient(hc, "http://"+n.Addr)
+		w := n.grpcClient() // the writer's own connection
+		// 60 MB in all: more than the transport's windows and the sockets'
+		// buffers hold, so the server's writes block and its queue fills.
+		const total = 1000
+		body := make([]byte, 60<<10)
+		if _, err := send(ctx, w, "slow", 1, "k0", body); err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: []*sequencerv1.Cursor{{ConvId: "slow"}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Receive() || st.Msg().GetMessage().GetSeq() != 1 {
+			t.Fatalf("first event: %v %v", st.Msg(), st.Err())
+		}
+		// The subscriber reads nothing while the messages are written: none
+		// of the sends waits for it.
+		for i := 1; i <= total; i += 50 {
+			req := &sequencerv1.SendBatchRequest{}
+			for k := i; k < i+50; k++ {
+				req.Items = append(req.Items, &sequencerv1.SendRequest{ConvId: "slow", FromUid: 1, ClientMsgId: fmt.Sprint("k", k), Body: body})
+			}
+			resp, err := w.SendBatch(ctx, connect.NewRequest(req))
+			if err != nil {
+				t.Fatalf("send batch at %d while a subscriber stalls: %v", i, err)
+			}
+			for _, r := range resp.Msg.GetResults() {
+				if r.GetError() != nil {
+					t.Fatalf("send while a subscriber stalls: %v", r.GetError())
+				}
+			}
+		}
+		last := uint64(1)
+		for st.Receive() {
+			if m := st.Msg().GetMessage(); m != nil {
+				if m.GetSeq() != last+1 {
+					t.Fatalf("seq %d after %d", m.GetSeq(), last)
+				}
+				last = m.GetSeq()
+			}
+		}
+		if connect.CodeOf(st.Err()) != connect.CodeResourceExhausted {
+			t.Fatalf("the stalled stream ended with %v after seq %d, want resource_exhausted", st.Err(), last)
+		}
+		st.Close()
+		t.Logf("cut after seq %d of %d", last, total+1)
+		// Resume exactly where it was cut.
+		sub := newFeedSub("resumed", 0, nodes, []string{"slow"}, h2cClient(), connect.WithGRPC())
+		sub.got["slow"] = make([]*sequencerv1.Message, 0, last)
+		for s := uint64(1); s <= last; s++ {
+			sub.got["slow"] = append(sub.got["slow"], &sequencerv1.Message{Seq: s})
+		}
+		done := make(chan struct{})
+		sctx, stop := context.WithCancel(ctx)
+		go func() { defer close(done); sub.run(sctx) }()
+		waitFor(t, 60*time.Second, "the resumed subscriber at the head", func() bool { return sub.last("slow") >= total+1 })
+		stop()
+		<-done
+		if len(sub.bad) > 0 {
+			t.Fatalf("after the resume: %v", sub.bad)
+		}
+		// What the store holds after the cut, read through the node (the
+		// embedded store is the node's alone while it runs).
+		var stored []*sequencerv1.Message
+		for after := last; ; {
+			page, err := w.Pull(ctx, connect.NewRequest(&sequencerv1.PullRequest{ConvId: "slow", AfterSeq: after, Limit: 1000}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored = append(stored, page.Msg.GetMessages()...)
+			if !page.Msg.GetHasMore() {
+				break
+			}
+			after = stored[len(stored)-1].GetSeq()
+		}
+		got := sub.got["slow"][last:]
+		if len(got) != len(stored) {
+			t.Fatalf("resumed with %d messages, the store holds %d after seq %d", len(got), len(stored), last)
+		}
+		for i := range stored {
+			if got[i].GetMsgId() != stored[i].GetMsgId() || got[i].GetSeq() != stored[i].GetSeq() {
+				t.Fatalf("seq %d: msg_id %d, stored %d", stored[i].GetSeq(), got[i].GetMsgId(), stored[i].GetMsgId())
+			}
+		}
+	})
+}
