@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
@@ -357,3 +358,8 @@ func TestFeedSlowConsumer(t *testing.T) {
 		}
 	})
 }
+
+// TestFeedClusterKillCitus is TestFeedClusterKill on Citus (a coordinator
+// and two workers): the backlog is read per conversation on its shard's
+// worker.
+func TestFeedClusterKillCitus(t *testing.T) { feedClusterKill(t, citustest.NewDatabase(t).DSN()) }
