@@ -193,6 +193,9 @@ func (p *PeerFeed) Unfollow(convIDs []string) {
 	}
 }
 
+// feedInterestChunk is the most conversations one FeedInterest names.
+const feedInterestChunk = 10_000
+
 // peerLink is the Feed stream to one member incarnation, reopened until the
 // member leaves the membership.
 type peerLink struct {
@@ -274,15 +277,25 @@ func (l *peerLink) stream(ctx context.Context) {
 	for c := range l.p.follows {
 		all = append(all, c)
 	}
-	l.p.nextAck++
-	first := &clusterv1.FeedInterest{Follow: all, Ack: l.p.nextAck}
-	l.acks[first.Ack] = all
+	// In chunks: a message stays far below the transport's request bound
+	// however many conversations the node follows.
+	var first []*clusterv1.FeedInterest
+	for len(all) > 0 || len(first) == 0 {
+		n := min(len(all), feedInterestChunk)
+		l.p.nextAck++
+		in := &clusterv1.FeedInterest{Follow: all[:n], Ack: l.p.nextAck}
+		l.acks[in.Ack] = in.Follow
+		first = append(first, in)
+		all = all[n:]
+	}
 	l.p.mu.Unlock()
 	go func() {
 		defer cancel()
 		defer st.CloseRequest()
-		if err := st.Send(first); err != nil {
-			return
+		for _, in := range first {
+			if err := st.Send(in); err != nil {
+				return
+			}
 		}
 		for {
 			select {
