@@ -74,6 +74,8 @@ type convActor struct {
 	// commitDone is the actor's commit.Done, made once (not a closure per
 	// batch).
 	commitDone func(err error)
+	// committing is the batch handed to the writer, for the feed.
+	committing []sequencer.Message
 }
 
 // committedOK is the message of every successful commit (immutable).
@@ -118,8 +120,17 @@ func (a *convActor) Receive(ctx pa.Context) {
 		if errors.As(m.err, &sf) {
 			a.node.cfg.Ownership.Refused(sf.Fences)
 		}
+		if m.err == nil && a.node.cfg.Feed != nil {
+			a.node.cfg.Feed.Publish(a.core.ConvID(), a.committing)
+		}
+		a.committing = nil
 		a.core.Committed(m.err)
 	case *resolved:
+		// What the re-read found is stored: the feed may have it (a
+		// subscriber drops seqs it already has).
+		if m.err == nil && a.node.cfg.Feed != nil && len(m.rows) > 0 {
+			a.node.cfg.Feed.Publish(a.core.ConvID(), m.rows)
+		}
 		a.core.Resolved(m.head, m.rows, m.err)
 	case *lookedUp:
 		a.core.LookedUp(m.results)
@@ -211,6 +222,7 @@ func (a *convActor) execute(ctx pa.Context) {
 				root.Send(self, &committed{err: err})
 			}
 		}
+		a.committing = rd.Commit.Messages
 		n.writer.Submit(*rd.Commit, a.commitDone)
 	case rd.Resolve != nil:
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt

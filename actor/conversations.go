@@ -91,10 +91,21 @@ type Config struct {
 	// conversation without one is refused with resource_exhausted while
 	// the node has that many (idle ones passivate).
 	MaxConversations int
+	// Feed, when set, is told of every batch the store acknowledged
+	// (after Committed, or a re-read that found it landed), in seq order
+	// per conversation, from the conversation's actor: the change feed's
+	// live source (feed.Hub). It must not block.
+	Feed Publisher
 	// MaxFloors bounds how many passivated conversations' highest acked seqs
 	// the node remembers to detect a store that went backwards (about 80
 	// bytes each); past it the oldest are forgotten.
 	MaxFloors int
+}
+
+// Publisher takes committed messages of one conversation (ascending seqs,
+// durably stored); the slice is shared and never changed afterwards.
+type Publisher interface {
+	Publish(convID string, msgs []sequencer.Message)
 }
 
 // DefaultConfig returns every default (Store and IDs are still required).

@@ -56,6 +56,7 @@ type fakeReader struct {
 	loads  int
 	ranges []rangeCall
 	gets   int
+	manys  int
 }
 
 func newFakeReader() *fakeReader { return &fakeReader{store: memstore.New()} }
@@ -112,6 +113,27 @@ func (f *fakeReader) ReadRange(ctx context.Context, convID string, afterSeq uint
 		return nil, err
 	}
 	return f.store.ReadRange(ctx, convID, afterSeq, limit)
+}
+
+func (f *fakeReader) ReadBefore(ctx context.Context, convID string, afterSeq, beforeSeq uint64, limit int) ([]sequencer.Message, error) {
+	f.mu.Lock()
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return f.store.ReadBefore(ctx, convID, afterSeq, beforeSeq, limit)
+}
+
+func (f *fakeReader) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+	f.mu.Lock()
+	f.manys++
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return f.store.ReadMany(ctx, cursors, limit, total)
 }
 
 func (f *fakeReader) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {

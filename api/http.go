@@ -85,6 +85,7 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 	}
 	path, h := svc.Handler(connect.WithReadMaxBytes(limit))
 	ew := connect.NewErrorWriter()
+	h = streamControl(h) // Subscribe's deadlines (subscribe.go)
 	if direct {
 		h = &sendJSON{svc: svc, ew: ew, next: h}
 	}

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/persist"
@@ -105,6 +106,9 @@ type Config struct {
 	// Positions handles MarkRead and GetReadState. Optional: nil answers
 	// them with unimplemented.
 	Positions ReadPositions
+	// Feed serves Subscribe (package feed; its backlog is read from
+	// Reader). Optional: nil answers Subscribe with unimplemented.
+	Feed *feed.Hub
 	// MaxBody is the largest Send body in bytes (1 B..64 MiB).
 	MaxBody int
 	// MaxBatchBytes is the largest SendBatch request (its protobuf size;
@@ -129,6 +133,7 @@ type Service struct {
 	router   Router
 	viewer   MembershipViewer // the Router's, if it has one
 	reads    ReadPositions
+	feed     *feed.Hub
 	maxBody  int
 	maxBatch int
 	metrics  *metrics.Set
@@ -207,6 +212,7 @@ func NewService(cfg Config) *Service {
 		reader:   cfg.Reader,
 		router:   cfg.Router,
 		reads:    cfg.Positions,
+		feed:     cfg.Feed,
 		maxBody:  cfg.MaxBody,
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
@@ -381,6 +387,14 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[sequencerv1.Pul
 	head, err := s.reader.LoadHead(ctx, q.ConvID)
 	if err != nil {
 		return nil, s.fail(ctx, methodPull, fmt.Errorf("load head of %q: %w", q.ConvID, err), "conv_id", q.ConvID)
+	}
+	if q.BeforeSeq > 0 {
+		resp, err := s.pullBefore(ctx, q, head)
+		if err != nil {
+			return nil, s.fail(ctx, methodPull, fmt.Errorf("read %q before seq %d: %w", q.ConvID, q.BeforeSeq, err), "conv_id", q.ConvID)
+		}
+		s.ok(methodPull)
+		return connect.NewResponse(resp), nil
 	}
 	resp := &sequencerv1.PullResponse{HeadSeq: head}
 	// after_seq at or past the head has nothing to read (this also keeps
@@ -625,7 +639,7 @@ func (s *Service) ok(method string) {
 func (s *Service) refuse(r *http.Request, code connect.Code) {
 	method := procedureMethod(r.URL.Path)
 	switch method {
-	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState:
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState, methodPullMany, methodSubscribe:
 	default:
 		method = "unknown" // the label set stays bounded whatever the path
 	}

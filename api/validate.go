@@ -12,6 +12,8 @@ type PullQuery struct {
 	AfterSeq uint64
 	Limit    int
 	MaxBytes int // defaulted and clamped: 1 MiB by default, at most 4 MiB
+	// BeforeSeq > 0 asks for the newest page below it (newest first).
+	BeforeSeq uint64
 }
 
 // Page byte limits of Pull.
@@ -48,7 +50,7 @@ func ValidatePull(req *sequencerv1.PullRequest) (PullQuery, error) {
 	if maxBytes == 0 {
 		maxBytes = DefaultPullMaxBytes
 	}
-	return PullQuery{ConvID: req.GetConvId(), AfterSeq: req.GetAfterSeq(), Limit: limit, MaxBytes: maxBytes}, nil
+	return PullQuery{ConvID: req.GetConvId(), AfterSeq: req.GetAfterSeq(), Limit: limit, MaxBytes: maxBytes, BeforeSeq: req.GetBeforeSeq()}, nil
 }
 
 // ValidateConvID checks a conv_id (Send, Pull, GetHead, Route).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/metrics"
@@ -25,6 +26,10 @@ type Config struct {
 	// Store is the shared membership and partition-lease table (for
 	// PostgreSQL: postgres.Store.Cluster()). Required.
 	Store membership.Store
+
+	// Feed is the node's change-feed hub (package feed): the node serves
+	// its peers' Feed streams from it (cluster/feed.go). Optional.
+	Feed *feed.Hub
 
 	// ClusterListen is the node-to-node address the transport listens on
 	// (host:port; port 0 picks a free one). Required unless Transport is set.

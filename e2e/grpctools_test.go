@@ -129,6 +129,7 @@ func TestGRPCurlAndHealthProbePlaintext(t *testing.T) {
 	if m := msgs[0].(map[string]any); m["clientMsgId"] != "grpcurl-1" || m["body"] != "aGk=" || m["seq"] != "1" || m["fromUid"] != "1001" {
 		t.Fatalf("Pull's first message: %v", m)
 	}
+	subscribeWithGRPCurl(t, grpcurl, []string{"-plaintext"}, n.Addr, "g:grpcurl", "grpcurl-2")
 	if head := grpcurlJSON(t, grpcurl, "-plaintext", "-d", `{"convId":"g:grpcurl"}`, n.Addr, "sequencer.v1.SequencerService/GetHead"); head["headSeq"] != "2" {
 		t.Fatalf("GetHead: %v", head)
 	}
@@ -187,6 +188,7 @@ func TestGRPCurlAndHealthProbeTLSWithTokens(t *testing.T) {
 		t.Fatalf("Send over TLS: %v", res)
 	}
 	pull := grpcurlJSON(t, grpcurl, append(append(tlsArgs, auth...), "-d", `{"convId":"g:tls"}`, n.Addr, "sequencer.v1.SequencerService/Pull")...)
+	subscribeWithGRPCurl(t, grpcurl, append(tlsArgs, auth...), n.Addr, "g:tls", "tls-1")
 	if msgs, _ := pull["messages"].([]any); len(msgs) != 1 || pull["headSeq"] != "1" {
 		t.Fatalf("Pull over TLS: %v", pull)
 	}
@@ -486,5 +488,17 @@ func TestAPIDocToolExamples(t *testing.T) {
 		if got != want {
 			t.Fatalf("docs/API.md:%d: %v printed\n%s\ndocumented\n%s", ex.line, ex.args, got, want)
 		}
+	}
+}
+
+// subscribeWithGRPCurl streams a Subscribe of conv from seq 0 with grpcurl
+// for a few seconds (the stream never ends by itself: grpcurl's -max-time
+// ends it) and checks that the events came, the last one with wantKey.
+func subscribeWithGRPCurl(t *testing.T, grpcurl string, args []string, addr, conv, wantKey string) {
+	t.Helper()
+	_, out := runTool(t, grpcurl, append(append([]string{}, args...), "-max-time", "3", "-d",
+		`{"cursors":[{"convId":"`+conv+`"}]}`, addr, "sequencer.v1.SequencerService/Subscribe")...)
+	if !strings.Contains(out, `"message": {`) || !strings.Contains(out, `"seq": "1"`) || !strings.Contains(out, `"clientMsgId": "`+wantKey+`"`) {
+		t.Fatalf("grpcurl Subscribe of %s: no stored messages streamed\n%s", conv, out)
 	}
 }

@@ -106,6 +106,7 @@ type Reader interface {
 	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
 	// GetMessage returns the message with msgID, or sequencer.ErrNotFound.
 	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
+	PageReader // newest-first pages and many conversations at once (pages.go)
 }
 
 // Retention deletes old messages; heads (and read positions) are never

@@ -17,6 +17,7 @@ import (
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/persist/open"
@@ -114,6 +115,10 @@ type Config struct {
 	// TLSKeyFile, TLSCAFile), --cluster-insecure (Insecure), --partitions
 	// (Ring.Partitions), --member-ttl, --heartbeat, --handoff-wait.
 	Cluster cluster.Config
+	// Feed bounds the change feed (Subscribe): --max-subscriptions
+	// (MaxSubscriptions), --subscribe-queue (MaxQueue),
+	// --subscribe-heartbeat (Heartbeat).
+	Feed feed.Config
 	// IDs is the msg_id issuer, a snowflake generator on a worker id leased
 	// from the store: --worker-lease-ttl (TTL); the other intervals follow
 	// TTL (docs/IDGEN.md).
@@ -139,6 +144,7 @@ func DefaultConfig() Config {
 		Actors:            actor.DefaultConfig(),
 		Cluster:           cluster.DefaultConfig(),
 		IDs:               idgen.DefaultIssuerConfig(),
+		Feed:              feed.DefaultConfig(),
 	}
 }
 
@@ -195,6 +201,9 @@ var flagNames = map[string]string{
 	"Cluster.Heartbeat":         "heartbeat",
 	"Cluster.HandoffWait":       "handoff-wait",
 	"IDs.TTL":                   "worker-lease-ttl",
+	"Feed.MaxSubscriptions":     "max-subscriptions",
+	"Feed.MaxQueue":             "subscribe-queue",
+	"Feed.Heartbeat":            "subscribe-heartbeat",
 }
 
 // clusterFlagNames adds what is reported only for a cluster node: its
@@ -262,6 +271,7 @@ func (c Config) Validate() error {
 	ch.Add(conf.Rename(conf.Nest(c.Actors.Validate(), "", "Actors"), "", names))
 	ch.Add(conf.Rename(conf.Nest(c.clusterConfig().Validate(), "", "Cluster"), "", names))
 	ch.Add(conf.Rename(conf.Nest(c.issuerConfig().Validate(), "", "IDs"), "", names))
+	ch.Add(conf.Rename(conf.Nest(c.Feed.Validate(), "", "Feed"), "", names))
 	errs = append(errs, ch.Err())
 	return errors.Join(errs...)
 }

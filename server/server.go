@@ -30,6 +30,7 @@ import (
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/idgen"
 	"github.com/sequencer-im/sequencer/internal/netbuf"
 	"github.com/sequencer-im/sequencer/membership"
@@ -54,6 +55,7 @@ type Server struct {
 	lease     *idgen.Issuer
 	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
+	feed      *feed.Hub     // the change feed's fan-out
 	console   *console.Console
 	sends     *console.SendCounter // the API's sends per conversation, for the console
 	http      *http.Server
@@ -185,6 +187,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 
 	acfg := cfg.Actors
 	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger, acfg.Clock = st, s.lease, s.metrics, log, clk
+	// The change feed: the conversation actors publish what they
+	// committed into the hub, Subscribe streams from it (package feed).
+	s.feed = feed.NewHub(cfg.Feed, nil)
+	acfg.Feed = s.feed
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.clustered() {
@@ -194,6 +200,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		ccfg := cfg.clusterConfig()
 		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics, ccfg.Clock = table.Membership(), s.Addr(), log, s.metrics, clk
+		ccfg.Feed = s.feed
 		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
@@ -213,6 +220,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 		sender, router = s.cluster, s.cluster
+		// Live messages of conversations other nodes commit: one Feed
+		// stream per peer (cluster/feed.go).
+		if up := cluster.NewPeerFeed(s.cluster, s.feed); up != nil {
+			s.feed.SetUpstream(up)
+		}
 	}
 	s.metrics.SetReadiness(s.readiness) // sequencer_ready: what /readyz answers
 	s.registerGauges()
@@ -223,6 +235,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	// Read positions are served from this node's store for any
 	// conversation, never forwarded: they need no single writer (api.ReadPositions).
 	scfg.Positions = st
+	scfg.Feed = s.feed
 	svc := api.NewService(scfg)
 	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
 	apiMux := api.NewAPIMux(svc, apiEdge)
@@ -246,6 +259,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.http = api.NewServer(cfg.Listen, apiMux)
 	s.http.ErrorLog = httpErrorLog(log, "api")
+	s.http.RegisterOnShutdown(s.feed.Close) // Subscribe streams end (unavailable) so the drain can finish
 	if tlsConf != nil {
 		s.http.TLSConfig = tlsConf
 		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()

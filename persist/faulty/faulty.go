@@ -389,6 +389,20 @@ func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, l
 	return s.Store.ReadRange(ctx, convID, afterSeq, limit)
 }
 
+func (s *Store) ReadBefore(ctx context.Context, convID string, afterSeq, beforeSeq uint64, limit int) ([]sequencer.Message, error) {
+	if err := s.read(ctx, OpRange); err != nil {
+		return nil, err
+	}
+	return s.Store.ReadBefore(ctx, convID, afterSeq, beforeSeq, limit)
+}
+
+func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+	if err := s.read(ctx, OpRange); err != nil {
+		return nil, err
+	}
+	return s.Store.ReadMany(ctx, cursors, limit, total)
+}
+
 func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
 	if err := s.read(ctx, OpGet); err != nil {
 		return sequencer.Message{}, err

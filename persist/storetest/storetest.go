@@ -241,6 +241,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"ReadStatesOf1000", testReadStatesMany},
 		{"ReadPositionRetention", testReadPositionsSurviveRetention},
 	}
+	cases = append(cases, pageCases...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newSuite(t, newStore)

@@ -16,6 +16,7 @@ import {
 import { Batcher, itemSize, type BatchLimits, type Pending } from "./batcher.js";
 import { classify, RouteMoved, SequencerError, type ErrorCode, type Failure } from "./errors.js";
 import { RouteCache, type Route } from "./route.js";
+import { pullLatest, pullMany, subscribe, type Cursor, type FeedEvent, type FeedHost, type SubscribeOptions } from "./feed.js";
 
 /** Retry budget of one call (docs/CLIENTS.md, "Retries"). */
 export interface RetryOptions {
@@ -516,6 +517,41 @@ export class SequencerClient {
       return at.target.rpc.pull({ convId, afterSeq: after, limit }, { signal: at.signal });
     });
     return { messages: resp.messages.map(messageFromPb), headSeq: resp.headSeq, hasMore: resp.hasMore };
+  }
+
+  /**
+   * subscribe follows the conversations of cursors (1..10,000): every stored
+   * message above each cursor, in seq order, each once, backlog then live,
+   * resuming by itself across node deaths (feed.ts).
+   */
+  subscribe(cursors: Cursor[], opts: SubscribeOptions = {}): AsyncGenerator<FeedEvent> {
+    return subscribe(this.feedHost(), cursors, opts);
+  }
+
+  /** pullMany catches up on up to 1,000 conversations in one call; pages[i] answers cursors[i]. */
+  pullMany(cursors: Cursor[], limit = 0, maxBytes = 0, opts: CallOptions = {}): Promise<PullResult[]> {
+    return pullMany(this.feedHost(), cursors, limit, maxBytes, opts);
+  }
+
+  /** pullLatest loads the newest limit messages below beforeSeq (0n: from the head), ascending. */
+  pullLatest(convId: string, beforeSeq = 0n, limit = 0, opts: CallOptions = {}): Promise<PullResult> {
+    return pullLatest(this.feedHost(), convId, beforeSeq, limit, opts);
+  }
+
+  private feedHost(): FeedHost {
+    return {
+      pick: (avoid) => this.anyNode(avoid as Node | undefined),
+      markDown: (n) => {
+        (n as Node).downUntil = Date.now() + this.retry.maxBackoffMs;
+      },
+      retried: (op, subject, opts, f) =>
+        this.withRetry({ op, subject }, opts, (at) => {
+          at.target = this.anyNode();
+          return f(at.target.rpc, at.signal);
+        }),
+      backoff: (n) => this.backoff(n),
+      isClosed: () => this.closed,
+    };
   }
 
   /** getHead returns the highest committed seq of convId (0n if none). */

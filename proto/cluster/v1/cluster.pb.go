@@ -12,6 +12,7 @@
 package clusterv1
 
 import (
+	v1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -566,11 +567,180 @@ func (*WakeReply) Descriptor() ([]byte, []int) {
 	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
+// FeedInterest changes what a peer's Feed stream carries.
+type FeedInterest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Follow   []string               `protobuf:"bytes,1,rep,name=follow,proto3" json:"follow,omitempty"`
+	Unfollow []string               `protobuf:"bytes,2,rep,name=unfollow,proto3" json:"unfollow,omitempty"`
+	// Answered in FeedEvents.acked once follow is registered: everything
+	// committed from then on in those conversations comes on the stream.
+	Ack           uint64 `protobuf:"varint,3,opt,name=ack,proto3" json:"ack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FeedInterest) Reset() {
+	*x = FeedInterest{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FeedInterest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FeedInterest) ProtoMessage() {}
+
+func (x *FeedInterest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FeedInterest.ProtoReflect.Descriptor instead.
+func (*FeedInterest) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *FeedInterest) GetFollow() []string {
+	if x != nil {
+		return x.Follow
+	}
+	return nil
+}
+
+func (x *FeedInterest) GetUnfollow() []string {
+	if x != nil {
+		return x.Unfollow
+	}
+	return nil
+}
+
+func (x *FeedInterest) GetAck() uint64 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
+}
+
+// FeedEvents carries committed batches and acks.
+type FeedEvents struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Batches       []*FeedBatch           `protobuf:"bytes,1,rep,name=batches,proto3" json:"batches,omitempty"`
+	Acked         []uint64               `protobuf:"varint,2,rep,packed,name=acked,proto3" json:"acked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FeedEvents) Reset() {
+	*x = FeedEvents{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FeedEvents) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FeedEvents) ProtoMessage() {}
+
+func (x *FeedEvents) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FeedEvents.ProtoReflect.Descriptor instead.
+func (*FeedEvents) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *FeedEvents) GetBatches() []*FeedBatch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
+func (x *FeedEvents) GetAcked() []uint64 {
+	if x != nil {
+		return x.Acked
+	}
+	return nil
+}
+
+// FeedBatch is one committed batch of one conversation, ascending seqs.
+type FeedBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	Messages      []*v1.Message          `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FeedBatch) Reset() {
+	*x = FeedBatch{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FeedBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FeedBatch) ProtoMessage() {}
+
+func (x *FeedBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FeedBatch.ProtoReflect.Descriptor instead.
+func (*FeedBatch) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *FeedBatch) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *FeedBatch) GetMessages() []*v1.Message {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x18cluster/v1/cluster.proto\x12\x14sequencer.cluster.v1\"\xdd\x01\n" +
+	"\x18cluster/v1/cluster.proto\x12\x14sequencer.cluster.v1\x1a\x1csequencer/v1/sequencer.proto\"\xdd\x01\n" +
 	"\fForwardBatch\x12\x1b\n" +
 	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12)\n" +
 	"\x10from_incarnation\x18\x02 \x01(\tR\x0ffromIncarnation\x12-\n" +
@@ -606,10 +776,22 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12-\n" +
 	"\x12membership_version\x18\x02 \x01(\x04R\x11membershipVersion\x12\x1a\n" +
 	"\breleased\x18\x03 \x03(\rR\breleased\"\v\n" +
-	"\tWakeReply2\xb4\x01\n" +
+	"\tWakeReply\"T\n" +
+	"\fFeedInterest\x12\x16\n" +
+	"\x06follow\x18\x01 \x03(\tR\x06follow\x12\x1a\n" +
+	"\bunfollow\x18\x02 \x03(\tR\bunfollow\x12\x10\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"]\n" +
+	"\n" +
+	"FeedEvents\x129\n" +
+	"\abatches\x18\x01 \x03(\v2\x1f.sequencer.cluster.v1.FeedBatchR\abatches\x12\x14\n" +
+	"\x05acked\x18\x02 \x03(\x04R\x05acked\"W\n" +
+	"\tFeedBatch\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x121\n" +
+	"\bmessages\x18\x02 \x03(\v2\x15.sequencer.v1.MessageR\bmessages2\x86\x02\n" +
 	"\x0eClusterService\x12V\n" +
 	"\aForward\x12\".sequencer.cluster.v1.ForwardBatch\x1a'.sequencer.cluster.v1.ForwardBatchReply\x12J\n" +
-	"\x04Wake\x12!.sequencer.cluster.v1.WakeRequest\x1a\x1f.sequencer.cluster.v1.WakeReplyB>Z<github.com/sequencer-im/sequencer/proto/cluster/v1;clusterv1b\x06proto3"
+	"\x04Wake\x12!.sequencer.cluster.v1.WakeRequest\x1a\x1f.sequencer.cluster.v1.WakeReply\x12P\n" +
+	"\x04Feed\x12\".sequencer.cluster.v1.FeedInterest\x1a .sequencer.cluster.v1.FeedEvents(\x010\x01B>Z<github.com/sequencer-im/sequencer/proto/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_cluster_v1_cluster_proto_rawDescOnce sync.Once
@@ -623,7 +805,7 @@ func file_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cluster_v1_cluster_proto_goTypes = []any{
 	(*ForwardBatch)(nil),      // 0: sequencer.cluster.v1.ForwardBatch
 	(*ForwardItem)(nil),       // 1: sequencer.cluster.v1.ForwardItem
@@ -633,21 +815,29 @@ var file_cluster_v1_cluster_proto_goTypes = []any{
 	(*Failure)(nil),           // 5: sequencer.cluster.v1.Failure
 	(*WakeRequest)(nil),       // 6: sequencer.cluster.v1.WakeRequest
 	(*WakeReply)(nil),         // 7: sequencer.cluster.v1.WakeReply
+	(*FeedInterest)(nil),      // 8: sequencer.cluster.v1.FeedInterest
+	(*FeedEvents)(nil),        // 9: sequencer.cluster.v1.FeedEvents
+	(*FeedBatch)(nil),         // 10: sequencer.cluster.v1.FeedBatch
+	(*v1.Message)(nil),        // 11: sequencer.v1.Message
 }
 var file_cluster_v1_cluster_proto_depIdxs = []int32{
-	1, // 0: sequencer.cluster.v1.ForwardBatch.items:type_name -> sequencer.cluster.v1.ForwardItem
-	3, // 1: sequencer.cluster.v1.ForwardBatchReply.results:type_name -> sequencer.cluster.v1.ForwardReply
-	4, // 2: sequencer.cluster.v1.ForwardReply.result:type_name -> sequencer.cluster.v1.SendResult
-	5, // 3: sequencer.cluster.v1.ForwardReply.failure:type_name -> sequencer.cluster.v1.Failure
-	0, // 4: sequencer.cluster.v1.ClusterService.Forward:input_type -> sequencer.cluster.v1.ForwardBatch
-	6, // 5: sequencer.cluster.v1.ClusterService.Wake:input_type -> sequencer.cluster.v1.WakeRequest
-	2, // 6: sequencer.cluster.v1.ClusterService.Forward:output_type -> sequencer.cluster.v1.ForwardBatchReply
-	7, // 7: sequencer.cluster.v1.ClusterService.Wake:output_type -> sequencer.cluster.v1.WakeReply
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: sequencer.cluster.v1.ForwardBatch.items:type_name -> sequencer.cluster.v1.ForwardItem
+	3,  // 1: sequencer.cluster.v1.ForwardBatchReply.results:type_name -> sequencer.cluster.v1.ForwardReply
+	4,  // 2: sequencer.cluster.v1.ForwardReply.result:type_name -> sequencer.cluster.v1.SendResult
+	5,  // 3: sequencer.cluster.v1.ForwardReply.failure:type_name -> sequencer.cluster.v1.Failure
+	10, // 4: sequencer.cluster.v1.FeedEvents.batches:type_name -> sequencer.cluster.v1.FeedBatch
+	11, // 5: sequencer.cluster.v1.FeedBatch.messages:type_name -> sequencer.v1.Message
+	0,  // 6: sequencer.cluster.v1.ClusterService.Forward:input_type -> sequencer.cluster.v1.ForwardBatch
+	6,  // 7: sequencer.cluster.v1.ClusterService.Wake:input_type -> sequencer.cluster.v1.WakeRequest
+	8,  // 8: sequencer.cluster.v1.ClusterService.Feed:input_type -> sequencer.cluster.v1.FeedInterest
+	2,  // 9: sequencer.cluster.v1.ClusterService.Forward:output_type -> sequencer.cluster.v1.ForwardBatchReply
+	7,  // 10: sequencer.cluster.v1.ClusterService.Wake:output_type -> sequencer.cluster.v1.WakeReply
+	9,  // 11: sequencer.cluster.v1.ClusterService.Feed:output_type -> sequencer.cluster.v1.FeedEvents
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_cluster_v1_cluster_proto_init() }
@@ -665,7 +855,7 @@ func file_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -283,7 +283,11 @@ type PullRequest struct {
 	// Page size in bytes: 0 means 1 MiB, above 4 MiB is clamped to 4 MiB. A page
 	// stops before the message that would pass it (at least one message is
 	// always returned) and sets has_more.
-	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// When > 0: the newest `limit` messages with after_seq < seq < before_seq,
+	// still ascending; has_more says older ones in that range were left out.
+	// A before_seq above the head means "from the head".
+	BeforeSeq     uint64 `protobuf:"varint,5,opt,name=before_seq,json=beforeSeq,proto3" json:"before_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +346,13 @@ func (x *PullRequest) GetLimit() uint32 {
 func (x *PullRequest) GetMaxBytes() uint32 {
 	if x != nil {
 		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *PullRequest) GetBeforeSeq() uint64 {
+	if x != nil {
+		return x.BeforeSeq
 	}
 	return 0
 }
@@ -1227,6 +1238,403 @@ func (x *ReadState) GetUnread() uint64 {
 	return 0
 }
 
+// Cursor is one conversation and the highest seq the caller already holds.
+type Cursor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	AfterSeq      uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cursor) Reset() {
+	*x = Cursor{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cursor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cursor) ProtoMessage() {}
+
+func (x *Cursor) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cursor.ProtoReflect.Descriptor instead.
+func (*Cursor) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Cursor) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *Cursor) GetAfterSeq() uint64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+type SubscribeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..10,000 cursors, no conversation twice.
+	Cursors       []*Cursor `protobuf:"bytes,1,rep,name=cursors,proto3" json:"cursors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SubscribeRequest) GetCursors() []*Cursor {
+	if x != nil {
+		return x.Cursors
+	}
+	return nil
+}
+
+type SubscribeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*SubscribeResponse_Message
+	//	*SubscribeResponse_Heartbeat
+	//	*SubscribeResponse_Truncated
+	Event         isSubscribeResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeResponse) Reset() {
+	*x = SubscribeResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeResponse) ProtoMessage() {}
+
+func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
+func (*SubscribeResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SubscribeResponse) GetEvent() isSubscribeResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *SubscribeResponse) GetMessage() *Message {
+	if x != nil {
+		if x, ok := x.Event.(*SubscribeResponse_Message); ok {
+			return x.Message
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeResponse) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Event.(*SubscribeResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeResponse) GetTruncated() *Truncated {
+	if x != nil {
+		if x, ok := x.Event.(*SubscribeResponse_Truncated); ok {
+			return x.Truncated
+		}
+	}
+	return nil
+}
+
+type isSubscribeResponse_Event interface {
+	isSubscribeResponse_Event()
+}
+
+type SubscribeResponse_Message struct {
+	// The next stored message of its conversation.
+	Message *Message `protobuf:"bytes,1,opt,name=message,proto3,oneof"`
+}
+
+type SubscribeResponse_Heartbeat struct {
+	// Nothing was sent for the heartbeat interval (docs/API.md).
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type SubscribeResponse_Truncated struct {
+	// Retention removed seqs the cursor asked for: the messages of conv_id
+	// continue at oldest_seq.
+	Truncated *Truncated `protobuf:"bytes,3,opt,name=truncated,proto3,oneof"`
+}
+
+func (*SubscribeResponse_Message) isSubscribeResponse_Event() {}
+
+func (*SubscribeResponse_Heartbeat) isSubscribeResponse_Event() {}
+
+func (*SubscribeResponse_Truncated) isSubscribeResponse_Event() {}
+
+type Heartbeat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Heartbeat) Reset() {
+	*x = Heartbeat{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Heartbeat) ProtoMessage() {}
+
+func (x *Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
+func (*Heartbeat) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{23}
+}
+
+type Truncated struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	OldestSeq     uint64                 `protobuf:"varint,2,opt,name=oldest_seq,json=oldestSeq,proto3" json:"oldest_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Truncated) Reset() {
+	*x = Truncated{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Truncated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Truncated) ProtoMessage() {}
+
+func (x *Truncated) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Truncated.ProtoReflect.Descriptor instead.
+func (*Truncated) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Truncated) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *Truncated) GetOldestSeq() uint64 {
+	if x != nil {
+		return x.OldestSeq
+	}
+	return 0
+}
+
+type PullManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..1,000 cursors, no conversation twice.
+	Cursors []*Cursor `protobuf:"bytes,1,rep,name=cursors,proto3" json:"cursors,omitempty"`
+	// Per conversation: 0 means 100; above 1000 is clamped to 1000.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The whole answer: 0 means 1 MiB, above 4 MiB is clamped to 4 MiB (at
+	// least one message overall; a page cut by it sets has_more).
+	MaxBytes      uint32 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullManyRequest) Reset() {
+	*x = PullManyRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullManyRequest) ProtoMessage() {}
+
+func (x *PullManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullManyRequest.ProtoReflect.Descriptor instead.
+func (*PullManyRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PullManyRequest) GetCursors() []*Cursor {
+	if x != nil {
+		return x.Cursors
+	}
+	return nil
+}
+
+func (x *PullManyRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *PullManyRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type PullManyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pages[i] answers cursors[i].
+	Pages         []*PullResponse `protobuf:"bytes,1,rep,name=pages,proto3" json:"pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullManyResponse) Reset() {
+	*x = PullManyResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullManyResponse) ProtoMessage() {}
+
+func (x *PullManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullManyResponse.ProtoReflect.Descriptor instead.
+func (*PullManyResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PullManyResponse) GetPages() []*PullResponse {
+	if x != nil {
+		return x.Pages
+	}
+	return nil
+}
+
 var File_sequencer_v1_sequencer_proto protoreflect.FileDescriptor
 
 const file_sequencer_v1_sequencer_proto_rawDesc = "" +
@@ -1251,12 +1659,14 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\bmsg_type\x18\x05 \x01(\x05R\amsgType\x12\x12\n" +
 	"\x04body\x18\x06 \x01(\fR\x04body\x12\"\n" +
 	"\rclient_msg_id\x18\a \x01(\tR\vclientMsgId\x127\n" +
-	"\tserver_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bserverAt\"v\n" +
+	"\tserver_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bserverAt\"\x95\x01\n" +
 	"\vPullRequest\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1b\n" +
-	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"w\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12\x1d\n" +
+	"\n" +
+	"before_seq\x18\x05 \x01(\x04R\tbeforeSeq\"w\n" +
 	"\fPullResponse\x121\n" +
 	"\bmessages\x18\x01 \x03(\v2\x15.sequencer.v1.MessageR\bmessages\x12\x19\n" +
 	"\bhead_seq\x18\x02 \x01(\x04R\aheadSeq\x12\x19\n" +
@@ -1306,7 +1716,28 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
 	"\bread_seq\x18\x02 \x01(\x04R\areadSeq\x12\x19\n" +
 	"\bhead_seq\x18\x03 \x01(\x04R\aheadSeq\x12\x16\n" +
-	"\x06unread\x18\x04 \x01(\x04R\x06unread2\xdb\x04\n" +
+	"\x06unread\x18\x04 \x01(\x04R\x06unread\">\n" +
+	"\x06Cursor\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1b\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"B\n" +
+	"\x10SubscribeRequest\x12.\n" +
+	"\acursors\x18\x01 \x03(\v2\x14.sequencer.v1.CursorR\acursors\"\xc1\x01\n" +
+	"\x11SubscribeResponse\x121\n" +
+	"\amessage\x18\x01 \x01(\v2\x15.sequencer.v1.MessageH\x00R\amessage\x127\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x17.sequencer.v1.HeartbeatH\x00R\theartbeat\x127\n" +
+	"\ttruncated\x18\x03 \x01(\v2\x17.sequencer.v1.TruncatedH\x00R\ttruncatedB\a\n" +
+	"\x05event\"\v\n" +
+	"\tHeartbeat\"C\n" +
+	"\tTruncated\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1d\n" +
+	"\n" +
+	"oldest_seq\x18\x02 \x01(\x04R\toldestSeq\"t\n" +
+	"\x0fPullManyRequest\x12.\n" +
+	"\acursors\x18\x01 \x03(\v2\x14.sequencer.v1.CursorR\acursors\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\rR\bmaxBytes\"D\n" +
+	"\x10PullManyResponse\x120\n" +
+	"\x05pages\x18\x01 \x03(\v2\x1a.sequencer.v1.PullResponseR\x05pages2\xf6\x05\n" +
 	"\x10SequencerService\x12=\n" +
 	"\x04Send\x12\x19.sequencer.v1.SendRequest\x1a\x1a.sequencer.v1.SendResponse\x12=\n" +
 	"\x04Pull\x12\x19.sequencer.v1.PullRequest\x1a\x1a.sequencer.v1.PullResponse\x12F\n" +
@@ -1316,7 +1747,9 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\x05Route\x12\x1a.sequencer.v1.RouteRequest\x1a\x1b.sequencer.v1.RouteResponse\x12L\n" +
 	"\tSendBatch\x12\x1e.sequencer.v1.SendBatchRequest\x1a\x1f.sequencer.v1.SendBatchResponse\x12I\n" +
 	"\bMarkRead\x12\x1d.sequencer.v1.MarkReadRequest\x1a\x1e.sequencer.v1.MarkReadResponse\x12U\n" +
-	"\fGetReadState\x12!.sequencer.v1.GetReadStateRequest\x1a\".sequencer.v1.GetReadStateResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
+	"\fGetReadState\x12!.sequencer.v1.GetReadStateRequest\x1a\".sequencer.v1.GetReadStateResponse\x12N\n" +
+	"\tSubscribe\x12\x1e.sequencer.v1.SubscribeRequest\x1a\x1f.sequencer.v1.SubscribeResponse0\x01\x12I\n" +
+	"\bPullMany\x12\x1d.sequencer.v1.PullManyRequest\x1a\x1e.sequencer.v1.PullManyResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
 
 var (
 	file_sequencer_v1_sequencer_proto_rawDescOnce sync.Once
@@ -1330,7 +1763,7 @@ func file_sequencer_v1_sequencer_proto_rawDescGZIP() []byte {
 	return file_sequencer_v1_sequencer_proto_rawDescData
 }
 
-var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(*SendRequest)(nil),           // 0: sequencer.v1.SendRequest
 	(*SendResponse)(nil),          // 1: sequencer.v1.SendResponse
@@ -1352,11 +1785,18 @@ var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(*GetReadStateRequest)(nil),   // 17: sequencer.v1.GetReadStateRequest
 	(*GetReadStateResponse)(nil),  // 18: sequencer.v1.GetReadStateResponse
 	(*ReadState)(nil),             // 19: sequencer.v1.ReadState
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*Cursor)(nil),                // 20: sequencer.v1.Cursor
+	(*SubscribeRequest)(nil),      // 21: sequencer.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 22: sequencer.v1.SubscribeResponse
+	(*Heartbeat)(nil),             // 23: sequencer.v1.Heartbeat
+	(*Truncated)(nil),             // 24: sequencer.v1.Truncated
+	(*PullManyRequest)(nil),       // 25: sequencer.v1.PullManyRequest
+	(*PullManyResponse)(nil),      // 26: sequencer.v1.PullManyResponse
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
-	20, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
-	20, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
+	27, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
+	27, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
 	2,  // 2: sequencer.v1.PullResponse.messages:type_name -> sequencer.v1.Message
 	2,  // 3: sequencer.v1.GetMessageResponse.message:type_name -> sequencer.v1.Message
 	0,  // 4: sequencer.v1.SendBatchRequest.items:type_name -> sequencer.v1.SendRequest
@@ -1364,27 +1804,37 @@ var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
 	1,  // 6: sequencer.v1.SendResult.ok:type_name -> sequencer.v1.SendResponse
 	14, // 7: sequencer.v1.SendResult.error:type_name -> sequencer.v1.SendError
 	19, // 8: sequencer.v1.GetReadStateResponse.states:type_name -> sequencer.v1.ReadState
-	0,  // 9: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
-	3,  // 10: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
-	5,  // 11: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
-	7,  // 12: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
-	9,  // 13: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
-	11, // 14: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
-	15, // 15: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
-	17, // 16: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
-	1,  // 17: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
-	4,  // 18: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
-	6,  // 19: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
-	8,  // 20: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
-	10, // 21: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
-	12, // 22: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
-	16, // 23: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
-	18, // 24: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
-	17, // [17:25] is the sub-list for method output_type
-	9,  // [9:17] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	20, // 9: sequencer.v1.SubscribeRequest.cursors:type_name -> sequencer.v1.Cursor
+	2,  // 10: sequencer.v1.SubscribeResponse.message:type_name -> sequencer.v1.Message
+	23, // 11: sequencer.v1.SubscribeResponse.heartbeat:type_name -> sequencer.v1.Heartbeat
+	24, // 12: sequencer.v1.SubscribeResponse.truncated:type_name -> sequencer.v1.Truncated
+	20, // 13: sequencer.v1.PullManyRequest.cursors:type_name -> sequencer.v1.Cursor
+	4,  // 14: sequencer.v1.PullManyResponse.pages:type_name -> sequencer.v1.PullResponse
+	0,  // 15: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
+	3,  // 16: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
+	5,  // 17: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
+	7,  // 18: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
+	9,  // 19: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
+	11, // 20: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
+	15, // 21: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
+	17, // 22: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
+	21, // 23: sequencer.v1.SequencerService.Subscribe:input_type -> sequencer.v1.SubscribeRequest
+	25, // 24: sequencer.v1.SequencerService.PullMany:input_type -> sequencer.v1.PullManyRequest
+	1,  // 25: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
+	4,  // 26: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
+	6,  // 27: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
+	8,  // 28: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
+	10, // 29: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
+	12, // 30: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
+	16, // 31: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
+	18, // 32: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
+	22, // 33: sequencer.v1.SequencerService.Subscribe:output_type -> sequencer.v1.SubscribeResponse
+	26, // 34: sequencer.v1.SequencerService.PullMany:output_type -> sequencer.v1.PullManyResponse
+	25, // [25:35] is the sub-list for method output_type
+	15, // [15:25] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_sequencer_v1_sequencer_proto_init() }
@@ -1396,13 +1846,18 @@ func file_sequencer_v1_sequencer_proto_init() {
 		(*SendResult_Ok)(nil),
 		(*SendResult_Error)(nil),
 	}
+	file_sequencer_v1_sequencer_proto_msgTypes[22].OneofWrappers = []any{
+		(*SubscribeResponse_Message)(nil),
+		(*SubscribeResponse_Heartbeat)(nil),
+		(*SubscribeResponse_Truncated)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sequencer_v1_sequencer_proto_rawDesc), len(file_sequencer_v1_sequencer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

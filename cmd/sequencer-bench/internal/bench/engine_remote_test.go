@@ -23,6 +23,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/metrics"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -50,6 +51,12 @@ type noReader struct{}
 func (noReader) LoadHead(context.Context, string) (uint64, error) { return 0, nil }
 func (noReader) ReadRange(context.Context, string, uint64, int) ([]sequencer.Message, error) {
 	return nil, nil
+}
+func (noReader) ReadBefore(context.Context, string, uint64, uint64, int) ([]sequencer.Message, error) {
+	return nil, nil
+}
+func (noReader) ReadMany(_ context.Context, cs []persist.Cursor, _, _ int) ([]persist.Page, error) {
+	return make([]persist.Page, len(cs)), nil
 }
 func (noReader) GetMessage(context.Context, uint64) (sequencer.Message, error) {
 	return sequencer.Message{}, sequencer.ErrNotFound

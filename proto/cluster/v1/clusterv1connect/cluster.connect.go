@@ -42,6 +42,8 @@ const (
 	ClusterServiceForwardProcedure = "/sequencer.cluster.v1.ClusterService/Forward"
 	// ClusterServiceWakeProcedure is the fully-qualified name of the ClusterService's Wake RPC.
 	ClusterServiceWakeProcedure = "/sequencer.cluster.v1.ClusterService/Wake"
+	// ClusterServiceFeedProcedure is the fully-qualified name of the ClusterService's Feed RPC.
+	ClusterServiceFeedProcedure = "/sequencer.cluster.v1.ClusterService/Feed"
 )
 
 // ClusterServiceClient is a client for the sequencer.cluster.v1.ClusterService service.
@@ -54,6 +56,14 @@ type ClusterServiceClient interface {
 	// Wake asks the node to read the membership table now (rate-limited per
 	// peer).
 	Wake(context.Context, *connect.Request[v1.WakeRequest]) (*connect.Response[v1.WakeReply], error)
+	// Feed is the change feed between nodes (package feed): one stream per
+	// pair of nodes. The caller names the conversations its subscribers
+	// follow (and stops following); the node answers each FeedInterest with
+	// its ack once registered, and sends every batch its own conversation
+	// writers commit in a followed conversation, after the commit. A node
+	// that cannot keep up ends the stream (resource_exhausted); the caller
+	// then reads the store for everything it follows and opens it again.
+	Feed(context.Context) *connect.BidiStreamForClient[v1.FeedInterest, v1.FeedEvents]
 }
 
 // NewClusterServiceClient constructs a client for the sequencer.cluster.v1.ClusterService service.
@@ -79,6 +89,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Wake")),
 			connect.WithClientOptions(opts...),
 		),
+		feed: connect.NewClient[v1.FeedInterest, v1.FeedEvents](
+			httpClient,
+			baseURL+ClusterServiceFeedProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Feed")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -86,6 +102,7 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 type clusterServiceClient struct {
 	forward *connect.Client[v1.ForwardBatch, v1.ForwardBatchReply]
 	wake    *connect.Client[v1.WakeRequest, v1.WakeReply]
+	feed    *connect.Client[v1.FeedInterest, v1.FeedEvents]
 }
 
 // Forward calls sequencer.cluster.v1.ClusterService.Forward.
@@ -98,6 +115,11 @@ func (c *clusterServiceClient) Wake(ctx context.Context, req *connect.Request[v1
 	return c.wake.CallUnary(ctx, req)
 }
 
+// Feed calls sequencer.cluster.v1.ClusterService.Feed.
+func (c *clusterServiceClient) Feed(ctx context.Context) *connect.BidiStreamForClient[v1.FeedInterest, v1.FeedEvents] {
+	return c.feed.CallBidiStream(ctx)
+}
+
 // ClusterServiceHandler is an implementation of the sequencer.cluster.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Forward hands a batch of sends to the node that owns their
@@ -108,6 +130,14 @@ type ClusterServiceHandler interface {
 	// Wake asks the node to read the membership table now (rate-limited per
 	// peer).
 	Wake(context.Context, *connect.Request[v1.WakeRequest]) (*connect.Response[v1.WakeReply], error)
+	// Feed is the change feed between nodes (package feed): one stream per
+	// pair of nodes. The caller names the conversations its subscribers
+	// follow (and stops following); the node answers each FeedInterest with
+	// its ack once registered, and sends every batch its own conversation
+	// writers commit in a followed conversation, after the commit. A node
+	// that cannot keep up ends the stream (resource_exhausted); the caller
+	// then reads the store for everything it follows and opens it again.
+	Feed(context.Context, *connect.BidiStream[v1.FeedInterest, v1.FeedEvents]) error
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -129,12 +159,20 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Wake")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceFeedHandler := connect.NewBidiStreamHandler(
+		ClusterServiceFeedProcedure,
+		svc.Feed,
+		connect.WithSchema(clusterServiceMethods.ByName("Feed")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sequencer.cluster.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceForwardProcedure:
 			clusterServiceForwardHandler.ServeHTTP(w, r)
 		case ClusterServiceWakeProcedure:
 			clusterServiceWakeHandler.ServeHTTP(w, r)
+		case ClusterServiceFeedProcedure:
+			clusterServiceFeedHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -150,4 +188,8 @@ func (UnimplementedClusterServiceHandler) Forward(context.Context, *connect.Requ
 
 func (UnimplementedClusterServiceHandler) Wake(context.Context, *connect.Request[v1.WakeRequest]) (*connect.Response[v1.WakeReply], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.cluster.v1.ClusterService.Wake is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Feed(context.Context, *connect.BidiStream[v1.FeedInterest, v1.FeedEvents]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.cluster.v1.ClusterService.Feed is not implemented"))
 }

@@ -57,6 +57,12 @@ const (
 	// SequencerServiceGetReadStateProcedure is the fully-qualified name of the SequencerService's
 	// GetReadState RPC.
 	SequencerServiceGetReadStateProcedure = "/sequencer.v1.SequencerService/GetReadState"
+	// SequencerServiceSubscribeProcedure is the fully-qualified name of the SequencerService's
+	// Subscribe RPC.
+	SequencerServiceSubscribeProcedure = "/sequencer.v1.SequencerService/Subscribe"
+	// SequencerServicePullManyProcedure is the fully-qualified name of the SequencerService's PullMany
+	// RPC.
+	SequencerServicePullManyProcedure = "/sequencer.v1.SequencerService/PullMany"
 )
 
 // SequencerServiceClient is a client for the sequencer.v1.SequencerService service.
@@ -89,6 +95,17 @@ type SequencerServiceClient interface {
 	// once, in the order given (duplicates allowed; a conversation never
 	// written answers zeros), in one round trip to the store.
 	GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error)
+	// Subscribe streams, per conversation, exactly the stored messages with
+	// seq > after_seq, ascending, each once, first the backlog (from the
+	// store) then live, never one that is not durably stored. Any node serves
+	// it. It ends with a retryable code (unavailable, resource_exhausted for a
+	// consumer that fell behind or a node at its subscription bound) or the
+	// client's own end; resuming from the last seq received per conversation
+	// loses and repeats nothing.
+	Subscribe(context.Context, *connect.Request[v1.SubscribeRequest]) (*connect.ServerStreamForClient[v1.SubscribeResponse], error)
+	// PullMany answers up to 1,000 cursors in one call (pages[i] answers
+	// cursors[i]), one store round trip per node.
+	PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error)
 }
 
 // NewSequencerServiceClient constructs a client for the sequencer.v1.SequencerService service. By
@@ -150,6 +167,18 @@ func NewSequencerServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(sequencerServiceMethods.ByName("GetReadState")),
 			connect.WithClientOptions(opts...),
 		),
+		subscribe: connect.NewClient[v1.SubscribeRequest, v1.SubscribeResponse](
+			httpClient,
+			baseURL+SequencerServiceSubscribeProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("Subscribe")),
+			connect.WithClientOptions(opts...),
+		),
+		pullMany: connect.NewClient[v1.PullManyRequest, v1.PullManyResponse](
+			httpClient,
+			baseURL+SequencerServicePullManyProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("PullMany")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -163,6 +192,8 @@ type sequencerServiceClient struct {
 	sendBatch    *connect.Client[v1.SendBatchRequest, v1.SendBatchResponse]
 	markRead     *connect.Client[v1.MarkReadRequest, v1.MarkReadResponse]
 	getReadState *connect.Client[v1.GetReadStateRequest, v1.GetReadStateResponse]
+	subscribe    *connect.Client[v1.SubscribeRequest, v1.SubscribeResponse]
+	pullMany     *connect.Client[v1.PullManyRequest, v1.PullManyResponse]
 }
 
 // Send calls sequencer.v1.SequencerService.Send.
@@ -205,6 +236,16 @@ func (c *sequencerServiceClient) GetReadState(ctx context.Context, req *connect.
 	return c.getReadState.CallUnary(ctx, req)
 }
 
+// Subscribe calls sequencer.v1.SequencerService.Subscribe.
+func (c *sequencerServiceClient) Subscribe(ctx context.Context, req *connect.Request[v1.SubscribeRequest]) (*connect.ServerStreamForClient[v1.SubscribeResponse], error) {
+	return c.subscribe.CallServerStream(ctx, req)
+}
+
+// PullMany calls sequencer.v1.SequencerService.PullMany.
+func (c *sequencerServiceClient) PullMany(ctx context.Context, req *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error) {
+	return c.pullMany.CallUnary(ctx, req)
+}
+
 // SequencerServiceHandler is an implementation of the sequencer.v1.SequencerService service.
 type SequencerServiceHandler interface {
 	// Send stores a message and answers only after the durable commit.
@@ -235,6 +276,17 @@ type SequencerServiceHandler interface {
 	// once, in the order given (duplicates allowed; a conversation never
 	// written answers zeros), in one round trip to the store.
 	GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error)
+	// Subscribe streams, per conversation, exactly the stored messages with
+	// seq > after_seq, ascending, each once, first the backlog (from the
+	// store) then live, never one that is not durably stored. Any node serves
+	// it. It ends with a retryable code (unavailable, resource_exhausted for a
+	// consumer that fell behind or a node at its subscription bound) or the
+	// client's own end; resuming from the last seq received per conversation
+	// loses and repeats nothing.
+	Subscribe(context.Context, *connect.Request[v1.SubscribeRequest], *connect.ServerStream[v1.SubscribeResponse]) error
+	// PullMany answers up to 1,000 cursors in one call (pages[i] answers
+	// cursors[i]), one store round trip per node.
+	PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error)
 }
 
 // NewSequencerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -292,6 +344,18 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 		connect.WithSchema(sequencerServiceMethods.ByName("GetReadState")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sequencerServiceSubscribeHandler := connect.NewServerStreamHandler(
+		SequencerServiceSubscribeProcedure,
+		svc.Subscribe,
+		connect.WithSchema(sequencerServiceMethods.ByName("Subscribe")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sequencerServicePullManyHandler := connect.NewUnaryHandler(
+		SequencerServicePullManyProcedure,
+		svc.PullMany,
+		connect.WithSchema(sequencerServiceMethods.ByName("PullMany")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sequencer.v1.SequencerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SequencerServiceSendProcedure:
@@ -310,6 +374,10 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 			sequencerServiceMarkReadHandler.ServeHTTP(w, r)
 		case SequencerServiceGetReadStateProcedure:
 			sequencerServiceGetReadStateHandler.ServeHTTP(w, r)
+		case SequencerServiceSubscribeProcedure:
+			sequencerServiceSubscribeHandler.ServeHTTP(w, r)
+		case SequencerServicePullManyProcedure:
+			sequencerServicePullManyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -349,4 +417,12 @@ func (UnimplementedSequencerServiceHandler) MarkRead(context.Context, *connect.R
 
 func (UnimplementedSequencerServiceHandler) GetReadState(context.Context, *connect.Request[v1.GetReadStateRequest]) (*connect.Response[v1.GetReadStateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.GetReadState is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) Subscribe(context.Context, *connect.Request[v1.SubscribeRequest], *connect.ServerStream[v1.SubscribeResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.Subscribe is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.PullMany is not implemented"))
 }

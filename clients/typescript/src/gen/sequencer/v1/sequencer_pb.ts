@@ -15,7 +15,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file sequencer/v1/sequencer.proto.
  */
 export const file_sequencer_v1_sequencer: GenFile = /*@__PURE__*/
-  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgirwEKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlMKC1B1bGxSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEg0KBWxpbWl0GAMgASgNEhEKCW1heF9ieXRlcxgEIAEoDSJbCgxQdWxsUmVzcG9uc2USJwoIbWVzc2FnZXMYASADKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZRIQCghoZWFkX3NlcRgCIAEoBBIQCghoYXNfbW9yZRgDIAEoCCIhCg5HZXRIZWFkUmVxdWVzdBIPCgdjb252X2lkGAEgASgJIiMKD0dldEhlYWRSZXNwb25zZRIQCghoZWFkX3NlcRgBIAEoBCIjChFHZXRNZXNzYWdlUmVxdWVzdBIOCgZtc2dfaWQYASABKAQiPAoSR2V0TWVzc2FnZVJlc3BvbnNlEiYKB21lc3NhZ2UYASABKAsyFS5zZXF1ZW5jZXIudjEuTWVzc2FnZSIfCgxSb3V0ZVJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSJvCg1Sb3V0ZVJlc3BvbnNlEg8KB25vZGVfaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIRCglwYXJ0aXRpb24YAyABKA0SDQoFZXBvY2gYBCABKAQSGgoSbWVtYmVyc2hpcF92ZXJzaW9uGAUgASgEIjwKEFNlbmRCYXRjaFJlcXVlc3QSKAoFaXRlbXMYASADKAsyGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QiPgoRU2VuZEJhdGNoUmVzcG9uc2USKQoHcmVzdWx0cxgBIAMoCzIYLnNlcXVlbmNlci52MS5TZW5kUmVzdWx0ImsKClNlbmRSZXN1bHQSKAoCb2sYASABKAsyGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlSAASKAoFZXJyb3IYAiABKAsyFy5zZXF1ZW5jZXIudjEuU2VuZEVycm9ySABCCQoHb3V0Y29tZSIqCglTZW5kRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIjwKD01hcmtSZWFkUmVxdWVzdBIPCgdjb252X2lkGAEgASgJEgsKA3VpZBgCIAEoBBILCgNzZXEYAyABKAQiRgoQTWFya1JlYWRSZXNwb25zZRIQCghyZWFkX3NlcRgBIAEoBBIQCghoZWFkX3NlcRgCIAEoBBIOCgZ1bnJlYWQYAyABKAQiNAoTR2V0UmVhZFN0YXRlUmVxdWVzdBILCgN1aWQYASABKAQSEAoIY29udl9pZHMYAiADKAkiPwoUR2V0UmVhZFN0YXRlUmVzcG9uc2USJwoGc3RhdGVzGAEgAygLMhcuc2VxdWVuY2VyLnYxLlJlYWRTdGF0ZSJQCglSZWFkU3RhdGUSDwoHY29udl9pZBgBIAEoCRIQCghyZWFkX3NlcRgCIAEoBBIQCghoZWFkX3NlcRgDIAEoBBIOCgZ1bnJlYWQYBCABKAQy2wQKEFNlcXVlbmNlclNlcnZpY2USPQoEU2VuZBIZLnNlcXVlbmNlci52MS5TZW5kUmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USPQoEUHVsbBIZLnNlcXVlbmNlci52MS5QdWxsUmVxdWVzdBoaLnNlcXVlbmNlci52MS5QdWxsUmVzcG9uc2USRgoHR2V0SGVhZBIcLnNlcXVlbmNlci52MS5HZXRIZWFkUmVxdWVzdBodLnNlcXVlbmNlci52MS5HZXRIZWFkUmVzcG9uc2USTwoKR2V0TWVzc2FnZRIfLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVxdWVzdBogLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVzcG9uc2USQAoFUm91dGUSGi5zZXF1ZW5jZXIudjEuUm91dGVSZXF1ZXN0Ghsuc2VxdWVuY2VyLnYxLlJvdXRlUmVzcG9uc2USTAoJU2VuZEJhdGNoEh4uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlcXVlc3QaHy5zZXF1ZW5jZXIudjEuU2VuZEJhdGNoUmVzcG9uc2USSQoITWFya1JlYWQSHS5zZXF1ZW5jZXIudjEuTWFya1JlYWRSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVzcG9uc2USVQoMR2V0UmVhZFN0YXRlEiEuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlcXVlc3QaIi5zZXF1ZW5jZXIudjEuR2V0UmVhZFN0YXRlUmVzcG9uc2VCQlpAZ2l0aHViLmNvbS9zZXF1ZW5jZXItaW0vc2VxdWVuY2VyL3Byb3RvL3NlcXVlbmNlci92MTtzZXF1ZW5jZXJ2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgirwEKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImcKC1B1bGxSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEg0KBWxpbWl0GAMgASgNEhEKCW1heF9ieXRlcxgEIAEoDRISCgpiZWZvcmVfc2VxGAUgASgEIlsKDFB1bGxSZXNwb25zZRInCghtZXNzYWdlcxgBIAMoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlEhAKCGhlYWRfc2VxGAIgASgEEhAKCGhhc19tb3JlGAMgASgIIiEKDkdldEhlYWRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkiIwoPR2V0SGVhZFJlc3BvbnNlEhAKCGhlYWRfc2VxGAEgASgEIiMKEUdldE1lc3NhZ2VSZXF1ZXN0Eg4KBm1zZ19pZBgBIAEoBCI8ChJHZXRNZXNzYWdlUmVzcG9uc2USJgoHbWVzc2FnZRgBIAEoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlIh8KDFJvdXRlUmVxdWVzdBIPCgdjb252X2lkGAEgASgJIm8KDVJvdXRlUmVzcG9uc2USDwoHbm9kZV9pZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEhEKCXBhcnRpdGlvbhgDIAEoDRINCgVlcG9jaBgEIAEoBBIaChJtZW1iZXJzaGlwX3ZlcnNpb24YBSABKAQiPAoQU2VuZEJhdGNoUmVxdWVzdBIoCgVpdGVtcxgBIAMoCzIZLnNlcXVlbmNlci52MS5TZW5kUmVxdWVzdCI+ChFTZW5kQmF0Y2hSZXNwb25zZRIpCgdyZXN1bHRzGAEgAygLMhguc2VxdWVuY2VyLnYxLlNlbmRSZXN1bHQiawoKU2VuZFJlc3VsdBIoCgJvaxgBIAEoCzIaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2VIABIoCgVlcnJvchgCIAEoCzIXLnNlcXVlbmNlci52MS5TZW5kRXJyb3JIAEIJCgdvdXRjb21lIioKCVNlbmRFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkiPAoPTWFya1JlYWRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSCwoDdWlkGAIgASgEEgsKA3NlcRgDIAEoBCJGChBNYXJrUmVhZFJlc3BvbnNlEhAKCHJlYWRfc2VxGAEgASgEEhAKCGhlYWRfc2VxGAIgASgEEg4KBnVucmVhZBgDIAEoBCI0ChNHZXRSZWFkU3RhdGVSZXF1ZXN0EgsKA3VpZBgBIAEoBBIQCghjb252X2lkcxgCIAMoCSI/ChRHZXRSZWFkU3RhdGVSZXNwb25zZRInCgZzdGF0ZXMYASADKAsyFy5zZXF1ZW5jZXIudjEuUmVhZFN0YXRlIlAKCVJlYWRTdGF0ZRIPCgdjb252X2lkGAEgASgJEhAKCHJlYWRfc2VxGAIgASgEEhAKCGhlYWRfc2VxGAMgASgEEg4KBnVucmVhZBgEIAEoBCIsCgZDdXJzb3ISDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQiOQoQU3Vic2NyaWJlUmVxdWVzdBIlCgdjdXJzb3JzGAEgAygLMhQuc2VxdWVuY2VyLnYxLkN1cnNvciKiAQoRU3Vic2NyaWJlUmVzcG9uc2USKAoHbWVzc2FnZRgBIAEoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlSAASLAoJaGVhcnRiZWF0GAIgASgLMhcuc2VxdWVuY2VyLnYxLkhlYXJ0YmVhdEgAEiwKCXRydW5jYXRlZBgDIAEoCzIXLnNlcXVlbmNlci52MS5UcnVuY2F0ZWRIAEIHCgVldmVudCILCglIZWFydGJlYXQiMAoJVHJ1bmNhdGVkEg8KB2NvbnZfaWQYASABKAkSEgoKb2xkZXN0X3NlcRgCIAEoBCJaCg9QdWxsTWFueVJlcXVlc3QSJQoHY3Vyc29ycxgBIAMoCzIULnNlcXVlbmNlci52MS5DdXJzb3ISDQoFbGltaXQYAiABKA0SEQoJbWF4X2J5dGVzGAMgASgNIj0KEFB1bGxNYW55UmVzcG9uc2USKQoFcGFnZXMYASADKAsyGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlMvYFChBTZXF1ZW5jZXJTZXJ2aWNlEj0KBFNlbmQSGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEj0KBFB1bGwSGS5zZXF1ZW5jZXIudjEuUHVsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlEkYKB0dldEhlYWQSHC5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlcXVlc3QaHS5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlc3BvbnNlEk8KCkdldE1lc3NhZ2USHy5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlcXVlc3QaIC5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlc3BvbnNlEkAKBVJvdXRlEhouc2VxdWVuY2VyLnYxLlJvdXRlUmVxdWVzdBobLnNlcXVlbmNlci52MS5Sb3V0ZVJlc3BvbnNlEkwKCVNlbmRCYXRjaBIeLnNlcXVlbmNlci52MS5TZW5kQmF0Y2hSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlc3BvbnNlEkkKCE1hcmtSZWFkEh0uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVxdWVzdBoeLnNlcXVlbmNlci52MS5NYXJrUmVhZFJlc3BvbnNlElUKDEdldFJlYWRTdGF0ZRIhLnNlcXVlbmNlci52MS5HZXRSZWFkU3RhdGVSZXF1ZXN0GiIuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlc3BvbnNlEk4KCVN1YnNjcmliZRIeLnNlcXVlbmNlci52MS5TdWJzY3JpYmVSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlN1YnNjcmliZVJlc3BvbnNlMAESSQoIUHVsbE1hbnkSHS5zZXF1ZW5jZXIudjEuUHVsbE1hbnlSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLlB1bGxNYW55UmVzcG9uc2VCQlpAZ2l0aHViLmNvbS9zZXF1ZW5jZXItaW0vc2VxdWVuY2VyL3Byb3RvL3NlcXVlbmNlci92MTtzZXF1ZW5jZXJ2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message sequencer.v1.SendRequest
@@ -176,6 +176,15 @@ export type PullRequest = Message$1<"sequencer.v1.PullRequest"> & {
    * @generated from field: uint32 max_bytes = 4;
    */
   maxBytes: number;
+
+  /**
+   * When > 0: the newest `limit` messages with after_seq < seq < before_seq,
+   * still ascending; has_more says older ones in that range were left out.
+   * A before_seq above the head means "from the head".
+   *
+   * @generated from field: uint64 before_seq = 5;
+   */
+  beforeSeq: bigint;
 };
 
 /**
@@ -580,6 +589,179 @@ export const ReadStateSchema: GenMessage<ReadState> = /*@__PURE__*/
   messageDesc(file_sequencer_v1_sequencer, 19);
 
 /**
+ * Cursor is one conversation and the highest seq the caller already holds.
+ *
+ * @generated from message sequencer.v1.Cursor
+ */
+export type Cursor = Message$1<"sequencer.v1.Cursor"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 after_seq = 2;
+   */
+  afterSeq: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.Cursor.
+ * Use `create(CursorSchema)` to create a new message.
+ */
+export const CursorSchema: GenMessage<Cursor> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 20);
+
+/**
+ * @generated from message sequencer.v1.SubscribeRequest
+ */
+export type SubscribeRequest = Message$1<"sequencer.v1.SubscribeRequest"> & {
+  /**
+   * 1..10,000 cursors, no conversation twice.
+   *
+   * @generated from field: repeated sequencer.v1.Cursor cursors = 1;
+   */
+  cursors: Cursor[];
+};
+
+/**
+ * Describes the message sequencer.v1.SubscribeRequest.
+ * Use `create(SubscribeRequestSchema)` to create a new message.
+ */
+export const SubscribeRequestSchema: GenMessage<SubscribeRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 21);
+
+/**
+ * @generated from message sequencer.v1.SubscribeResponse
+ */
+export type SubscribeResponse = Message$1<"sequencer.v1.SubscribeResponse"> & {
+  /**
+   * @generated from oneof sequencer.v1.SubscribeResponse.event
+   */
+  event: {
+    /**
+     * The next stored message of its conversation.
+     *
+     * @generated from field: sequencer.v1.Message message = 1;
+     */
+    value: Message;
+    case: "message";
+  } | {
+    /**
+     * Nothing was sent for the heartbeat interval (docs/API.md).
+     *
+     * @generated from field: sequencer.v1.Heartbeat heartbeat = 2;
+     */
+    value: Heartbeat;
+    case: "heartbeat";
+  } | {
+    /**
+     * Retention removed seqs the cursor asked for: the messages of conv_id
+     * continue at oldest_seq.
+     *
+     * @generated from field: sequencer.v1.Truncated truncated = 3;
+     */
+    value: Truncated;
+    case: "truncated";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message sequencer.v1.SubscribeResponse.
+ * Use `create(SubscribeResponseSchema)` to create a new message.
+ */
+export const SubscribeResponseSchema: GenMessage<SubscribeResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 22);
+
+/**
+ * @generated from message sequencer.v1.Heartbeat
+ */
+export type Heartbeat = Message$1<"sequencer.v1.Heartbeat"> & {
+};
+
+/**
+ * Describes the message sequencer.v1.Heartbeat.
+ * Use `create(HeartbeatSchema)` to create a new message.
+ */
+export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 23);
+
+/**
+ * @generated from message sequencer.v1.Truncated
+ */
+export type Truncated = Message$1<"sequencer.v1.Truncated"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 oldest_seq = 2;
+   */
+  oldestSeq: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.Truncated.
+ * Use `create(TruncatedSchema)` to create a new message.
+ */
+export const TruncatedSchema: GenMessage<Truncated> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 24);
+
+/**
+ * @generated from message sequencer.v1.PullManyRequest
+ */
+export type PullManyRequest = Message$1<"sequencer.v1.PullManyRequest"> & {
+  /**
+   * 1..1,000 cursors, no conversation twice.
+   *
+   * @generated from field: repeated sequencer.v1.Cursor cursors = 1;
+   */
+  cursors: Cursor[];
+
+  /**
+   * Per conversation: 0 means 100; above 1000 is clamped to 1000.
+   *
+   * @generated from field: uint32 limit = 2;
+   */
+  limit: number;
+
+  /**
+   * The whole answer: 0 means 1 MiB, above 4 MiB is clamped to 4 MiB (at
+   * least one message overall; a page cut by it sets has_more).
+   *
+   * @generated from field: uint32 max_bytes = 3;
+   */
+  maxBytes: number;
+};
+
+/**
+ * Describes the message sequencer.v1.PullManyRequest.
+ * Use `create(PullManyRequestSchema)` to create a new message.
+ */
+export const PullManyRequestSchema: GenMessage<PullManyRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 25);
+
+/**
+ * @generated from message sequencer.v1.PullManyResponse
+ */
+export type PullManyResponse = Message$1<"sequencer.v1.PullManyResponse"> & {
+  /**
+   * pages[i] answers cursors[i].
+   *
+   * @generated from field: repeated sequencer.v1.PullResponse pages = 1;
+   */
+  pages: PullResponse[];
+};
+
+/**
+ * Describes the message sequencer.v1.PullManyResponse.
+ * Use `create(PullManyResponseSchema)` to create a new message.
+ */
+export const PullManyResponseSchema: GenMessage<PullManyResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 26);
+
+/**
  * SequencerService gives every message a global msg_id and a per-conversation,
  * contiguous seq, and answers a Send only after the message is durably stored.
  *
@@ -677,6 +859,33 @@ export const SequencerService: GenService<{
     methodKind: "unary";
     input: typeof GetReadStateRequestSchema;
     output: typeof GetReadStateResponseSchema;
+  },
+  /**
+   * Subscribe streams, per conversation, exactly the stored messages with
+   * seq > after_seq, ascending, each once, first the backlog (from the
+   * store) then live, never one that is not durably stored. Any node serves
+   * it. It ends with a retryable code (unavailable, resource_exhausted for a
+   * consumer that fell behind or a node at its subscription bound) or the
+   * client's own end; resuming from the last seq received per conversation
+   * loses and repeats nothing.
+   *
+   * @generated from rpc sequencer.v1.SequencerService.Subscribe
+   */
+  subscribe: {
+    methodKind: "server_streaming";
+    input: typeof SubscribeRequestSchema;
+    output: typeof SubscribeResponseSchema;
+  },
+  /**
+   * PullMany answers up to 1,000 cursors in one call (pages[i] answers
+   * cursors[i]), one store round trip per node.
+   *
+   * @generated from rpc sequencer.v1.SequencerService.PullMany
+   */
+  pullMany: {
+    methodKind: "unary";
+    input: typeof PullManyRequestSchema;
+    output: typeof PullManyResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sequencer_v1_sequencer, 0);

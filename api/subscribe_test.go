@@ -1,0 +1,263 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer/feed"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
+)
+
+// feedHarness is a harness whose Service has a feed hub; write stores
+// messages and publishes them, as a conversation actor does after the
+// commit.
+func feedHarness(t *testing.T, cfg feed.Config) (*harness, *feed.Hub) {
+	hub := feed.NewHub(cfg, nil)
+	h := newHarness(t, func(c *Config) { c.Feed = hub })
+	return h, hub
+}
+
+func (h *harness) write(hub *feed.Hub, conv string, base uint64, seqs ...uint64) {
+	ms := convMsgs(conv, base, seqs...)
+	h.reader.put(seqs[len(seqs)-1], ms...)
+	hub.Publish(conv, ms)
+}
+
+// recv reads events until pred says stop, or fails at the deadline.
+func recvUntil(t *testing.T, st *connect.ServerStreamForClient[sequencerv1.SubscribeResponse], stop func(got []string) bool) []string {
+	t.Helper()
+	var got []string
+	for !stop(got) {
+		if !st.Receive() {
+			t.Fatalf("stream ended: %v (got %v)", st.Err(), got)
+		}
+		switch e := st.Msg().GetEvent().(type) {
+		case *sequencerv1.SubscribeResponse_Message:
+			got = append(got, e.Message.GetConvId()+":"+itoa(e.Message.GetSeq()))
+		case *sequencerv1.SubscribeResponse_Truncated:
+			got = append(got, "T("+e.Truncated.GetConvId()+","+itoa(e.Truncated.GetOldestSeq())+")")
+		case *sequencerv1.SubscribeResponse_Heartbeat:
+			got = append(got, "♥")
+		}
+	}
+	return got
+}
+
+func itoa(u uint64) string { return uintString(u) }
+
+func uintString(u uint64) string {
+	b, _ := json.Marshal(u)
+	return string(b)
+}
+
+func lenIs(n int) func([]string) bool { return func(g []string) bool { return len(g) >= n } }
+
+// Backlog then live, over each protocol: every stored seq of each
+// conversation once, in order; a trimmed prefix shows as Truncated.
+func TestSubscribeBacklogThenLive(t *testing.T) {
+	for name, opts := range protocols() {
+		t.Run(name, func(t *testing.T) {
+			h, hub := feedHarness(t, feed.Config{})
+			h.write(hub, "a", 0, 1, 2, 3)
+			h.write(hub, "t", 100, 5, 6) // 1..4 trimmed
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c := sequencerv1connectClient(t, h, opts...)
+			st, err := c.Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 1, "t", 0)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			got := recvUntil(t, st, lenIs(5))
+			h.write(hub, "a", 0, 4, 5)
+			got = append(got, recvUntil(t, st, lenIs(2))...)
+			want := "a:2 a:3 T(t,5) t:5 t:6 a:4 a:5"
+			if g := strings.Join(sortedPerConv(got), " "); g != sortedPerConvS(want) {
+				t.Fatalf("got %v, want %s (order within a conversation)", got, want)
+			}
+		})
+	}
+}
+
+// sortedPerConv keeps each conversation's events in their order and lists
+// conversations by name: interleaving across conversations is free.
+func sortedPerConv(evs []string) []string {
+	by := map[string][]string{}
+	var names []string
+	for _, e := range evs {
+		k := e
+		if i := strings.IndexAny(e, ":,"); i >= 0 {
+			k = strings.TrimPrefix(e[:i], "T(")
+		}
+		if _, ok := by[k]; !ok {
+			names = append(names, k)
+		}
+		by[k] = append(by[k], e)
+	}
+	sortStrings(names)
+	var out []string
+	for _, n := range names {
+		out = append(out, by[n]...)
+	}
+	return out
+}
+
+func sortedPerConvS(s string) string { return strings.Join(sortedPerConv(strings.Fields(s)), " ") }
+
+func sortStrings(s []string) {
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+}
+
+func sequencerv1connectClient(t *testing.T, h *harness, opts ...connect.ClientOption) sequencerv1connectSubscriber {
+	return newClientOn(h2cClient(t), h.url, opts...)
+}
+
+// Bad requests are invalid_argument before any event.
+func TestSubscribeInvalid(t *testing.T) {
+	h, _ := feedHarness(t, feed.Config{})
+	many := make([]*sequencerv1.Cursor, MaxSubscribeCursors+1)
+	for i := range many {
+		many[i] = &sequencerv1.Cursor{ConvId: "c" + uintString(uint64(i))}
+	}
+	for _, tt := range []struct {
+		name string
+		cs   []*sequencerv1.Cursor
+		want string
+	}{
+		{"none", nil, "cursors: must hold 1..10000 cursors, got 0"},
+		{"too many", many, "got 10001"},
+		{"bad conv_id", cursors("a", 0, "", 0), "cursors[1]: conv_id"},
+		{"twice", cursors("a", 0, "a", 3), `conversation "a" is already cursors[0]`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := sequencerv1connectClient(t, h).Subscribe(context.Background(), connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: tt.cs}))
+			if err == nil {
+				if st.Receive() {
+					t.Fatalf("an event before the error: %v", st.Msg())
+				}
+				err = st.Err()
+			}
+			var ce *connect.Error
+			if !errors.As(err, &ce) || ce.Code() != connect.CodeInvalidArgument || !strings.Contains(ce.Message(), tt.want) {
+				t.Fatalf("err %v, want invalid_argument %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// A subscriber that stops reading is cut with resource_exhausted, however
+// its transport blocks; the writer never waits.
+func TestSubscribeSlowConsumerCut(t *testing.T) {
+	h, hub := feedHarness(t, feed.Config{MaxQueue: 16})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h.write(hub, "a", 0, 1)
+	recvUntil(t, st, lenIs(1))
+	// 64 KiB bodies fill the transport's windows long before 2,000 are
+	// published: the stream's queue overflows while the client reads
+	// nothing.
+	body := make([]byte, 64<<10)
+	for s := uint64(2); s < 2000; s++ {
+		ms := convMsgs("a", 0, s)
+		ms[0].Body = body
+		hub.Publish("a", ms)
+	}
+	for st.Receive() {
+	}
+	if connect.CodeOf(st.Err()) != connect.CodeResourceExhausted || !strings.Contains(st.Err().Error(), "subscribe again") {
+		t.Fatalf("slow consumer ended with %v, want resource_exhausted saying to resume", st.Err())
+	}
+}
+
+// Connect streaming with JSON, as curl speaks it: enveloped JSON messages
+// with the contract's names, ending with an end-of-stream frame.
+func TestSubscribeConnectJSON(t *testing.T) {
+	h, hub := feedHarness(t, feed.Config{})
+	h.write(hub, "g:1", 0, 1, 2)
+	req := []byte(`{"cursors":[{"convId":"g:1","afterSeq":"1"}]}`)
+	frame := make([]byte, 5+len(req))
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(req)))
+	copy(frame[5:], req)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/sequencer.v1.SequencerService/Subscribe", strings.NewReader(string(frame)))
+	r.Header.Set("Content-Type", "application/connect+json")
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	var head [5]byte
+	if _, err := io.ReadFull(br, head[:]); err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, binary.BigEndian.Uint32(head[1:]))
+	if _, err := io.ReadFull(br, msg); err != nil {
+		t.Fatal(err)
+	}
+	if s := string(msg); !strings.Contains(s, `"message":{`) || !strings.Contains(s, `"convId":"g:1"`) || !strings.Contains(s, `"seq":"2"`) {
+		t.Fatalf("first event %s", s)
+	}
+}
+
+// A quiet stream gets heartbeats.
+func TestSubscribeHeartbeat(t *testing.T) {
+	h, _ := feedHarness(t, feed.Config{Heartbeat: 20 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("quiet", 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := recvUntil(t, st, lenIs(2)); strings.Join(got, " ") != "♥ ♥" {
+		t.Fatalf("got %v, want two heartbeats", got)
+	}
+}
+
+// A node without a feed answers unimplemented (after validation).
+func TestSubscribeWithoutFeed(t *testing.T) {
+	h := newHarness(t)
+	st, err := sequencerv1connectClient(t, h).Subscribe(context.Background(), connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 0)}))
+	if err == nil {
+		st.Receive()
+		err = st.Err()
+	}
+	if connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Fatalf("err %v, want unimplemented", err)
+	}
+}
+
+func newClientOn(hc *http.Client, url string, opts ...connect.ClientOption) sequencerv1connectSubscriber {
+	return sequencerv1connect.NewSequencerServiceClient(hc, url, opts...)
+}
+
+type sequencerv1connectSubscriber interface {
+	Subscribe(context.Context, *connect.Request[sequencerv1.SubscribeRequest]) (*connect.ServerStreamForClient[sequencerv1.SubscribeResponse], error)
+}

@@ -1,0 +1,265 @@
+package feed
+
+import (
+	"sync"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// Upstream brings the hub live messages of conversations whose writer is on
+// another node (the cluster's peer feed; nil on a single node). The hub
+// tells it which conversations its streams follow; it calls Hub.Publish
+// with what arrives and Hub.Resync whenever a conversation's live source
+// changed or broke (so the streams fill from the store).
+type Upstream interface {
+	// Follow: the hub's first stream on each of convIDs started.
+	Follow(convIDs []string)
+	// Unfollow: the hub's last stream on each of convIDs ended.
+	Unfollow(convIDs []string)
+}
+
+// Hub is a node's fan-out: which streams follow which conversations, and
+// their bounded queues. Publish never blocks: a stream whose queue is full
+// is marked behind and ends (resource_exhausted) at its next turn.
+type Hub struct {
+	mu       sync.RWMutex
+	convs    map[string]map[*stream]struct{}
+	taps     map[string]map[*stream]struct{} // peers' Taps (tap.go)
+	follows  int                             // (stream, conversation) pairs
+	maxConvs int
+	streams  int
+	up       Upstream
+	cfg      Config
+	closed   bool
+}
+
+// stream is one subscriber's queue: what the hub handed it since its loop
+// last looked.
+type stream struct {
+	mu     sync.Mutex
+	queue  []published
+	queued int // messages in queue
+	max    int
+	behind bool
+	resync []string
+	closed bool          // the hub closed: end with ErrClosed
+	acks   []uint64      // a Tap's acks, in order with its batches
+	wake   chan struct{} // capacity 1: the loop has something to look at
+	cut    func()        // called once when the stream falls behind (may be nil)
+}
+
+type published struct {
+	convID string
+	msgs   []sequencer.Message
+}
+
+// NewHub returns a hub. up may be nil (a single node: every writer is
+// local and publishes itself).
+func NewHub(cfg Config, up Upstream) *Hub {
+	cfg.fill()
+	return &Hub{convs: map[string]map[*stream]struct{}{}, taps: map[string]map[*stream]struct{}{}, maxConvs: cfg.MaxSubscriptions, up: up, cfg: cfg}
+}
+
+// SetUpstream sets the hub's Upstream before any stream attaches (the
+// cluster's, made after the hub).
+func (h *Hub) SetUpstream(up Upstream) {
+	h.mu.Lock()
+	h.up = up
+	h.mu.Unlock()
+}
+
+// Publish hands a batch this node's writer committed in one conversation
+// (ascending seqs, durably stored) to every stream and peer Tap that
+// follows it. The slice is shared and must not be changed afterwards.
+func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	h.mu.RLock()
+	for s := range h.convs[convID] {
+		s.offer(convID, msgs)
+	}
+	for s := range h.taps[convID] {
+		s.offer(convID, msgs)
+	}
+	h.mu.RUnlock()
+}
+
+// Deliver hands a batch another node committed (from the Upstream) to the
+// streams that follow it; never to Taps, so batches never travel on.
+func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	h.mu.RLock()
+	for s := range h.convs[convID] {
+		s.offer(convID, msgs)
+	}
+	h.mu.RUnlock()
+}
+
+// Resync tells every stream that follows one of convIDs to read the store
+// before going on: the conversation's live source changed (a handoff, a
+// lost upstream), so messages committed meanwhile may never come live.
+func (h *Hub) Resync(convIDs []string) {
+	h.mu.RLock()
+	for _, c := range convIDs {
+		for s := range h.convs[c] {
+			s.mu.Lock()
+			s.resync = append(s.resync, c)
+			s.mu.Unlock()
+			s.poke()
+		}
+	}
+	h.mu.RUnlock()
+}
+
+// ErrClosed ends the streams of a node that stops (retryable: subscribe
+// again, at another node).
+var ErrClosed = sequencer.Errorf(sequencer.CodeUnavailable,
+	"this node is stopping: subscribe again, at another node, from the last seq received of each conversation")
+
+// Close ends every stream with ErrClosed and refuses new ones (the node
+// drains: an HTTP server's Shutdown waits for its streams to end).
+func (h *Hub) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, set := range h.convs {
+		for s := range set {
+			s.mu.Lock()
+			s.closed = true
+			s.mu.Unlock()
+			s.poke()
+		}
+	}
+}
+
+// Following returns the conversations the hub's streams follow (for an
+// Upstream that re-attaches after a change of owners).
+func (h *Hub) Following() []string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]string, 0, len(h.convs))
+	for c := range h.convs {
+		out = append(out, c)
+	}
+	return out
+}
+
+// Stats returns the open streams and the (stream, conversation) pairs they
+// follow.
+func (h *Hub) Stats() (streams, follows int) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.streams, h.follows
+}
+
+// attach registers a stream on cursors (live first: anything published from
+// now on is queued), or refuses it when the node's bound would be passed.
+func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
+	s := &stream{max: h.cfg.MaxQueue, wake: make(chan struct{}, 1), cut: cut}
+	var fresh []string
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if h.follows+len(cursors) > h.maxConvs {
+		h.mu.Unlock()
+		return nil, sequencer.Errorf(sequencer.CodeResourceExhausted,
+			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", h.follows, h.maxConvs)
+	}
+	for _, c := range cursors {
+		set := h.convs[c.ConvID]
+		if set == nil {
+			set = map[*stream]struct{}{}
+			h.convs[c.ConvID] = set
+			fresh = append(fresh, c.ConvID)
+		}
+		set[s] = struct{}{}
+	}
+	h.follows += len(cursors)
+	h.streams++
+	up := h.up
+	h.mu.Unlock()
+	if up != nil && len(fresh) > 0 {
+		up.Follow(fresh)
+	}
+	return s, nil
+}
+
+func (h *Hub) detach(s *stream, cursors []persist.Cursor) {
+	var gone []string
+	h.mu.Lock()
+	for _, c := range cursors {
+		set := h.convs[c.ConvID]
+		delete(set, s)
+		if len(set) == 0 {
+			delete(h.convs, c.ConvID)
+			gone = append(gone, c.ConvID)
+		}
+	}
+	h.follows -= len(cursors)
+	h.streams--
+	up := h.up
+	h.mu.Unlock()
+	if up != nil && len(gone) > 0 {
+		up.Unfollow(gone)
+	}
+}
+
+func (s *stream) offer(convID string, msgs []sequencer.Message) {
+	s.mu.Lock()
+	if s.behind {
+		s.mu.Unlock()
+		return
+	}
+	if s.queued+len(msgs) > s.max {
+		s.behind = true
+		s.queue, s.queued = nil, 0 // the stream ends: free its queue now
+		if s.cut != nil {
+			s.cut() // unblock a send stuck on the subscriber
+		}
+	} else {
+		s.queue = append(s.queue, published{convID, msgs})
+		s.queued += len(msgs)
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *stream) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *stream) isBehind() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.behind
+}
+
+// take moves what the hub queued into t; err ends the stream.
+func (s *stream) take(t *Tail) error {
+	s.mu.Lock()
+	q, rs, behind, closed := s.queue, s.resync, s.behind, s.closed
+	s.queue, s.queued, s.resync = nil, 0, nil
+	s.mu.Unlock()
+	switch {
+	case behind:
+		return ErrBehind
+	case closed:
+		return ErrClosed
+	}
+	for _, c := range rs {
+		t.Resync(c)
+	}
+	for _, p := range q {
+		t.Live(p.convID, p.msgs)
+	}
+	return nil
+}

@@ -1,0 +1,224 @@
+package feed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/memstore"
+)
+
+// node is a store and a hub, with a writer that commits then publishes,
+// as the conversation actors do.
+type node struct {
+	t     *testing.T
+	store *memstore.Store
+	hub   *Hub
+	mu    sync.Mutex
+	heads map[string]uint64
+}
+
+func newNode(t *testing.T, cfg Config) *node {
+	return &node{t: t, store: memstore.New(), hub: NewHub(cfg, nil), heads: map[string]uint64{}}
+}
+
+// write commits n messages to conv and publishes them (publish false: a
+// commit the hub never hears of, as across a handoff).
+func (n *node) write(conv string, count int, publish bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := n.heads[conv]
+	b := persist.ConvBatch{ConvID: conv, PrevHead: prev}
+	for i := 1; i <= count; i++ {
+		s := prev + uint64(i)
+		b.Messages = append(b.Messages, sequencer.Message{ConvID: conv, Seq: s, MsgID: uint64(conv[0])<<40 | s, FromUID: 1, ClientMsgID: fmt.Sprint(conv, s), Body: []byte{}})
+	}
+	if err := n.store.Commit(context.Background(), []persist.ConvBatch{b}); err != nil {
+		n.t.Fatal(err)
+	}
+	n.heads[conv] = prev + uint64(count)
+	if publish {
+		n.hub.Publish(conv, b.Messages)
+	}
+}
+
+// sub is a running Serve whose events land in a channel.
+type sub struct {
+	events chan Event
+	done   chan error
+	cancel context.CancelFunc
+}
+
+func (n *node) subscribe(buf int, cursors ...persist.Cursor) *sub {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sub{events: make(chan Event, buf), done: make(chan error, 1), cancel: cancel}
+	go func() {
+		s.done <- n.hub.Serve(ctx, Subscription{Cursors: cursors, Store: n.store, Cut: cancel, Send: func(e Event) error {
+			select {
+			case s.events <- e:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
+	}()
+	n.t.Cleanup(cancel)
+	return s
+}
+
+// collect reads events until every conversation of want reached its seq.
+func (s *sub) collect(t *testing.T, want map[string]uint64) map[string][]uint64 {
+	t.Helper()
+	got := map[string][]uint64{}
+	deadline := time.After(10 * time.Second)
+	for {
+		done := true
+		for c, w := range want {
+			if l := got[c]; len(l) == 0 && w > 0 || len(l) > 0 && l[len(l)-1] < w {
+				done = false
+			}
+		}
+		if done {
+			return got
+		}
+		select {
+		case e := <-s.events:
+			if e.Kind == KindMessage {
+				got[e.Msg.ConvID] = append(got[e.Msg.ConvID], e.Msg.Seq)
+			}
+		case err := <-s.done:
+			t.Fatalf("stream ended: %v (got %v)", err, got)
+		case <-deadline:
+			t.Fatalf("got %v, want up to %v", got, want)
+		}
+	}
+}
+
+func contiguous(t *testing.T, conv string, seqs []uint64, from, to uint64) {
+	t.Helper()
+	if uint64(len(seqs)) != to-from+1 {
+		t.Fatalf("%s: got %d seqs (%v), want %d..%d", conv, len(seqs), seqs, from, to)
+	}
+	for i, s := range seqs {
+		if s != from+uint64(i) {
+			t.Fatalf("%s: seq %d at %d, want %d (%v)", conv, s, i, from+uint64(i), seqs)
+		}
+	}
+}
+
+// Backlog then live across concurrent writes, commits the hub never heard
+// of filled from the store: each conversation exactly once, in order.
+func TestServeBacklogThenLive(t *testing.T) {
+	n := newNode(t, Config{readPage: 7, readBudget: 10})
+	n.write("a", 25, true)
+	n.write("b", 3, true)
+	s := n.subscribe(1000, persist.Cursor{ConvID: "a", AfterSeq: 5}, persist.Cursor{ConvID: "b"}, persist.Cursor{ConvID: "c"})
+	var wg sync.WaitGroup
+	for _, c := range []string{"a", "b", "c"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				n.write(c, 1+i%3, i%5 != 4) // every fifth commit unpublished
+			}
+		}()
+	}
+	wg.Wait()
+	n.write("a", 1, true) // a last published one makes the holes visible
+	n.write("b", 1, true)
+	n.write("c", 1, true)
+	want := map[string]uint64{"a": n.heads["a"], "b": n.heads["b"], "c": n.heads["c"]}
+	got := s.collect(t, want)
+	contiguous(t, "a", got["a"], 6, want["a"])
+	contiguous(t, "b", got["b"], 1, want["b"])
+	contiguous(t, "c", got["c"], 1, want["c"])
+}
+
+// A subscriber that stops reading is cut with resource_exhausted; the
+// writer never waits; resuming from its last seq loses and repeats nothing.
+func TestServeSlowConsumerCutAndResumes(t *testing.T) {
+	n := newNode(t, Config{MaxQueue: 8})
+	s := n.subscribe(0, persist.Cursor{ConvID: "a"})
+	n.write("a", 1, true)
+	first := <-s.events // then it stops reading
+	for i := 0; i < 20; i++ {
+		n.write("a", 1, true) // never blocks
+	}
+	var err error
+	select {
+	case err = <-s.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow stream was not cut")
+	}
+	if !errors.Is(err, ErrBehind) || sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+		t.Fatalf("cut with %v, want ErrBehind (resource_exhausted)", err)
+	}
+	r := n.subscribe(1000, persist.Cursor{ConvID: "a", AfterSeq: first.Msg.Seq})
+	got := r.collect(t, map[string]uint64{"a": 21})
+	contiguous(t, "a", got["a"], 2, 21)
+	if st, f := n.hub.Stats(); st != 1 || f != 1 {
+		t.Fatalf("hub holds %d streams, %d follows after the cut one ended; want 1, 1", st, f)
+	}
+}
+
+// The node's subscription bound refuses a stream that would pass it.
+func TestServeSubscriptionBound(t *testing.T) {
+	n := newNode(t, Config{MaxSubscriptions: 3})
+	n.subscribe(10, persist.Cursor{ConvID: "a"}, persist.Cursor{ConvID: "b"})
+	n.write("a", 1, true)
+	s := n.subscribe(10, persist.Cursor{ConvID: "a"})
+	s.collect(t, map[string]uint64{"a": 1}) // 3 of 3: served
+	over := n.subscribe(10, persist.Cursor{ConvID: "c"})
+	select {
+	case err := <-over.done:
+		if sequencer.ErrorCode(err) != sequencer.CodeResourceExhausted {
+			t.Fatalf("over the bound: %v, want resource_exhausted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stream over the bound was served")
+	}
+}
+
+// A silent stream gets a heartbeat each interval of the (fake) clock.
+func TestServeHeartbeat(t *testing.T) {
+	fk := clock.NewFake(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	n := newNode(t, Config{Heartbeat: 10 * time.Second, Clock: fk})
+	s := n.subscribe(10, persist.Cursor{ConvID: "a"})
+	n.write("a", 1, true)
+	s.collect(t, map[string]uint64{"a": 1})
+	deadline := time.After(10 * time.Second)
+	for beats := 0; beats < 2; {
+		fk.Advance(5 * time.Second)
+		select {
+		case e := <-s.events:
+			if e.Kind != KindHeartbeat {
+				t.Fatalf("event %v, want a heartbeat", e)
+			}
+			beats++
+		case <-deadline:
+			t.Fatal("no heartbeat")
+		default:
+		}
+	}
+}
+
+// A store that fails ends the stream with its (retryable) code.
+func TestServeStoreDown(t *testing.T) {
+	n := newNode(t, Config{})
+	n.store.Close()
+	s := n.subscribe(10, persist.Cursor{ConvID: "a"})
+	select {
+	case err := <-s.done:
+		if sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("store down: %v, want unavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end")
+	}
+}
