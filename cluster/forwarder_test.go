@@ -390,6 +390,13 @@ func TestForwarderStalledLink(t *testing.T) {
 	if o := b.outcome(done, "slow"); o.kind != fwdAnswered || o.err != nil || o.resent {
 		t.Fatalf("a slow owner's answer: %+v", o)
 	}
+	// The answered probe's call is gone before the next batch is guarded
+	// (a guard that fires while it is still there shares its verdict).
+	testwait.For(t, 10*time.Second, time.Millisecond, "the answered probe finished", func() bool {
+		b.f.mu.Lock()
+		defer b.f.mu.Unlock()
+		return len(b.f.probes) == 0
+	})
 
 	done = b.send(ctx, "stalled")
 	c = b.next(b.calls, "the batch into a dead link")
