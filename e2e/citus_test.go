@@ -15,9 +15,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/sequencer-im/sequencer/admin"
+	"github.com/sequencer-im/sequencer/persist/citus"
 	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/open"
-	"github.com/sequencer-im/sequencer/persist/postgres"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
@@ -86,7 +86,7 @@ func TestCitusWorkerDown(t *testing.T) {
 	citustest.RequireStoppable(t, db)
 	dsn := db.DSN()
 	n := startNode(t, "w1", clusterArgs(t, dsn, "w1", "5s")...)
-	st := openStore(t, dsn).(*postgres.Store)
+	st := openStore(t, dsn).(*citus.Store)
 	down, up := db.Workers[0], db.Workers[1]
 
 	// 30 conversations on each worker, and 5 fresh ones (never written

@@ -27,8 +27,8 @@ var layers = [][]string{
 	{"membership/sqltable"},
 	// 3: the ownership core, group commit, the stores (each decides fences with membership.CheckFences), test kits.
 	{"ownership", "commit", "persist/postgres", "persist/mysql", "persist/sqlite", "persist/memstore", "membership/membershiptest"},
-	// 3b: the fault-injecting wrapper (over any store, memstore by default).
-	{"persist/faulty"},
+	// 3b: the fault-injecting wrapper (over any store, memstore by default); Citus over the PostgreSQL dialect.
+	{"persist/faulty", "persist/citus"},
 	// 4: the conversations of a node, the cluster shell, the API edge, the SDK, store selection.
 	{"actor", "cluster", "api", "client", "console", "persist/open"},
 	// 5: operator commands and the wiring of one node.

@@ -38,6 +38,7 @@ import (
 	"strings"
 
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/citus"
 	"github.com/sequencer-im/sequencer/persist/mysql"
 	"github.com/sequencer-im/sequencer/persist/mysql/mysqlurl"
 	"github.com/sequencer-im/sequencer/persist/postgres"
@@ -239,6 +240,11 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 				s.Close()
 				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
 			}
+		}
+		// A Citus coordinator's database (the citus extension found) is
+		// a Citus store (persist/citus), with its shard views.
+		if cs, ok := citus.Of(s); ok {
+			return cs, nil
 		}
 		return s, nil
 	case KindMySQL:

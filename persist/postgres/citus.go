@@ -1,7 +1,9 @@
 package postgres
 
 // Distributed mode: the DSN names a Citus coordinator's database (one with
-// the citus extension). See docs/CITUS.md.
+// the citus extension). See docs/CITUS.md. The Citus store is persist/citus
+// (a *Store in this mode, with the shard views, read positions and retention
+// of Citus); what is here is the part not yet moved there.
 //
 //   - Schema: migrations_citus/ replaces the files of migrations/ with the
 //     same version: conv_head and im_message (and read_position) are
@@ -103,9 +105,9 @@ type shardRange struct {
 	headTable, msgTable pgx.Identifier
 }
 
-// leaseTTL is how long the lease cache is trusted before a commit re-reads
+// LeaseTTL is how long the lease cache is trusted before a commit re-reads
 // it (a commit whose fences do not match the cache re-reads it at once).
-const leaseTTL = 200 * time.Millisecond
+const LeaseTTL = 200 * time.Millisecond
 
 // detectCitus reports whether the database has the citus extension.
 func detectCitus(ctx context.Context, p *pgxpool.Pool) (bool, error) {
@@ -515,24 +517,24 @@ func (p *directPlan) shardIDs() []int64 {
 //     compare-and-set alone keeps every stored seq gap-free and unique.
 //   - The lease table still decides routing and liveness, and the store
 //     refuses early, without sending anything, a fence its cached copy of
-//     partition_lease (read from the coordinator at most every leaseTTL,
+//     partition_lease (read from the coordinator at most every LeaseTTL,
 //     off the commit, and at once when a fence does not match it) says is
 //     not held: the common stale case costs no worker round trip.
 //   - A node without a cluster (zero fence) on a database a cluster uses:
 //     refused with persist.ErrUnfenced when the cached lease table shows a
-//     held lease (re-read every leaseTTL, so a node started without
+//     held lease (re-read every LeaseTTL, so a node started without
 //     --cluster-listen is refused from its first commit). Within the cache
 //     window, or for a conversation no cluster node wrote, an unfenced
 //     commit that lands is again an ordinary compare-and-set: contiguous,
 //     and the owner's next compare-and-set re-reads.
 
 // leaseView returns the cached partition leases, re-reading them when older
-// than leaseTTL or when force.
+// than LeaseTTL or when force.
 func (s *Store) leaseView(ctx context.Context, force bool) (map[uint32]persist.Fence, bool, error) {
 	d := s.dist
 	d.leaseMu.Lock()
 	defer d.leaseMu.Unlock()
-	if !force && d.leases != nil && time.Since(d.leasesAt) < leaseTTL {
+	if !force && d.leases != nil && time.Since(d.leasesAt) < LeaseTTL {
 		return d.leases, d.leasesHeld, nil
 	}
 	m, held, err := s.readLeases(ctx)
@@ -739,7 +741,7 @@ const placementTTL = 2 * time.Second
 // commit path, until the store closes.
 func (s *Store) refreshDist(ctx context.Context) {
 	defer close(s.dist.stopped)
-	lt := time.NewTicker(leaseTTL / 2)
+	lt := time.NewTicker(LeaseTTL / 2)
 	defer lt.Stop()
 	last := time.Now()
 	for {
@@ -892,4 +894,58 @@ func (s *Store) FindByClientKeyIn(ctx context.Context, convID string, key sequen
 		return sequencer.Message{}, unavailable("find by client key", err)
 	}
 	return m, nil
+}
+
+// errNotDistributed: a Citus view asked of a store on plain PostgreSQL.
+var errNotDistributed = errors.New("postgres: the store is not distributed (no citus extension in its database): shards are a Citus thing (docs/CITUS.md)")
+
+// ShardsByWorker counts conv_head's shards per worker (host:port), as the
+// store last loaded the placements (nil on plain PostgreSQL).
+func (s *Store) ShardsByWorker() map[string]int {
+	if s.dist == nil {
+		return nil
+	}
+	held := map[string]int{}
+	s.dist.mu.RLock()
+	defer s.dist.mu.RUnlock()
+	for _, sh := range s.dist.shards {
+		held[sh.node]++
+	}
+	return held
+}
+
+// OnWorker runs f on a connection to the Citus worker at addr: one of the
+// store's read pool for it when it has one, else a connection of its own
+// (same DSN settings, that host), closed after. Not distributed: an error.
+func (s *Store) OnWorker(ctx context.Context, addr string, f func(*pgx.Conn) error) error {
+	if s.dist == nil {
+		return errNotDistributed
+	}
+	s.dist.mu.RLock()
+	pool := s.dist.readers[addr]
+	s.dist.mu.RUnlock()
+	if pool != nil {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		return f(conn.Conn())
+	}
+	host, port, _ := cutLast(addr, ":")
+	cc := s.dist.base.ConnConfig.Copy()
+	cc.Host = host
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("bad worker address %q", addr)
+	}
+	cc.Port = uint16(p)
+	cc.Fallbacks = nil
+	noCancelRequests(&cc.Config)
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return f(conn)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
-	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 // newCitusStore opens a migrated store on a fresh Citus database.
@@ -38,14 +37,6 @@ func newCitusStore(t testing.TB) (*Store, *citustest.Database) {
 		t.Fatalf("migrate: %v", err)
 	}
 	return s, db
-}
-
-func TestCitusConformance(t *testing.T) {
-	citustest.Require(t)
-	storetest.Run(t, func(t *testing.T) persist.Store {
-		s, _ := newCitusStore(t)
-		return s
-	})
 }
 
 // The Go hash is Citus's: for many conv_ids, the shard the store computes

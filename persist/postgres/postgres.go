@@ -435,6 +435,12 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("postgres: %s: %w (%w)", op, sequencer.ErrStoreUnavailable, err)
 }
 
+// Unavailable is unavailable for the packages over this one (persist/citus).
+func Unavailable(op string, err error) error { return unavailable(op, err) }
+
+// Classify is classify for the packages over this one (persist/citus).
+func Classify(op string, err error) error { return classify(op, err) }
+
 // unknownOutcome wraps err as sequencer.ErrUnknownOutcome.
 func unknownOutcome(op string, err error) error {
 	return fmt.Errorf("postgres: %s: %w (%w)", op, sequencer.ErrUnknownOutcome, err)
@@ -456,5 +462,4 @@ func classify(op string, err error) error {
 var (
 	_ persist.Migrator     = (*Store)(nil)
 	_ persist.PoolReporter = (*Store)(nil)
-	_ persist.Sharded      = (*Store)(nil)
 )

@@ -44,26 +44,6 @@ LEFT JOIN conv_head h ON h.conv_id = q.conv_id
 LEFT JOIN read_position r ON r.conv_id = q.conv_id AND r.uid = $1
 ORDER BY q.ord`
 
-// On Citus (distributed mode) the batched statement above joins a list
-// with distributed tables, which Citus cannot push down; there each mark is
-// one single-shard statement (routed to the worker of its conversation's
-// shard: read_position is co-located with conv_head), and a read state is
-// one co-located join filtered on the distribution column.
-const distMarkReadSQL = `WITH up AS (
-	INSERT INTO read_position (conv_id, uid, read_seq)
-	SELECT h.conv_id, $2, LEAST($3::bigint, h.head) FROM conv_head h
-	WHERE h.conv_id = $1 AND LEAST($3::bigint, h.head) > 0
-	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(read_position.read_seq, EXCLUDED.read_seq)
-	RETURNING read_seq
-)
-SELECT COALESCE((SELECT read_seq FROM up),
-	(SELECT r.read_seq FROM read_position r WHERE r.conv_id = $1 AND r.uid = $2), 0),
-	COALESCE((SELECT h.head FROM conv_head h WHERE h.conv_id = $1), 0)`
-
-const distReadStatesSQL = `SELECT h.conv_id, COALESCE(r.read_seq, 0), h.head
-FROM conv_head h LEFT JOIN read_position r ON r.conv_id = h.conv_id AND r.uid = $1
-WHERE h.conv_id = ANY($2::text[])`
-
 // MarkRead implements persist.ReadPositions. Concurrent calls share one
 // statement (persist.MarkBatcher, at most two batches in flight) on the
 // read pool (the commit pool stays for Commit); the answer comes after the
@@ -72,13 +52,6 @@ WHERE h.conv_id = ANY($2::text[])`
 func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (persist.ReadState, error) {
 	if err := sequencer.CheckMarkRead(convID, uid, seq); err != nil {
 		return persist.ReadState{}, err
-	}
-	if s.dist != nil {
-		var read, head int64
-		if err := s.pool.QueryRow(ctx, distMarkReadSQL, convID, int64(uid), int64(seq)).Scan(&read, &head); err != nil {
-			return persist.ReadState{}, classify("mark read", err)
-		}
-		return persist.ReadState{ConvID: convID, ReadSeq: uint64(read), Head: uint64(head)}, nil
 	}
 	s.markOnce.Do(func() { s.marks = &persist.MarkBatcher{Write: s.writeMarks} })
 	return s.marks.MarkRead(ctx, persist.Mark{ConvID: convID, UID: uid, Seq: seq})
@@ -126,9 +99,6 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	if err := sequencer.CheckReadStates(uid, convIDs); err != nil {
 		return nil, err
 	}
-	if s.dist != nil {
-		return s.distReadStates(ctx, uid, convIDs)
-	}
 	rows, err := s.pool.Query(ctx, readStatesSQL, int64(uid), convIDs)
 	if err != nil {
 		return nil, unavailable("read states", err)
@@ -153,35 +123,6 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	}
 	if n != len(out) {
 		return nil, fmt.Errorf("postgres: read states: %d rows for %d conversations", n, len(out))
-	}
-	return out, nil
-}
-
-// distReadStates is ReadStates on Citus: one co-located join for the
-// distinct conversations, answered in the order asked (duplicates and
-// unknown conversations included).
-func (s *Store) distReadStates(ctx context.Context, uid uint64, convIDs []string) ([]persist.ReadState, error) {
-	rows, err := s.pool.Query(ctx, distReadStatesSQL, int64(uid), convIDs)
-	if err != nil {
-		return nil, unavailable("read states", err)
-	}
-	defer rows.Close()
-	found := make(map[string]persist.ReadState, len(convIDs))
-	for rows.Next() {
-		var conv string
-		var read, head int64
-		if err := rows.Scan(&conv, &read, &head); err != nil {
-			return nil, unavailable("read states", err)
-		}
-		found[conv] = persist.ReadState{ConvID: conv, ReadSeq: uint64(read), Head: uint64(head)}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, unavailable("read states", err)
-	}
-	out := make([]persist.ReadState, len(convIDs))
-	for i, c := range convIDs {
-		out[i] = found[c]
-		out[i].ConvID = c
 	}
 	return out, nil
 }

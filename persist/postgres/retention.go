@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	"github.com/sequencer-im/sequencer/persist"
 )
 
 // trimBeforeSQL is one retention step in one statement: the next $3
@@ -30,9 +28,6 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 	if limit < 1 {
 		return "", 0, errors.New("postgres: trim: limit must be >= 1")
 	}
-	if s.dist != nil {
-		return s.trimBeforeDist(ctx, before, after, limit)
-	}
 	var convs, deleted int64
 	var last string
 	if err := s.pool.QueryRow(ctx, trimBeforeSQL, before, after, limit).Scan(&convs, &last, &deleted); err != nil {
@@ -42,33 +37,4 @@ func (s *Store) TrimBefore(ctx context.Context, before time.Time, after string, 
 		last = ""
 	}
 	return last, int(deleted), nil
-}
-
-// trimStepDistSQL is one conversation's retention step on Citus: a
-// single-shard DELETE (the multi-shard trimBeforeSQL joins a CTE of many
-// shards with im_message, which Citus would not push down).
-const trimStepDistSQL = `DELETE FROM im_message m WHERE m.conv_id = $1 AND m.seq < COALESCE((SELECT x.seq FROM im_message x
-	  WHERE x.conv_id = $1 AND x.server_at >= $2 ORDER BY x.seq LIMIT 1), $3::int8 + 1)`
-
-// trimBeforeDist is TrimBefore on Citus: the next limit conversations of
-// conv_head (a multi-shard read, merged on the coordinator), then one
-// single-shard DELETE each.
-func (s *Store) trimBeforeDist(ctx context.Context, before time.Time, after string, limit int) (string, int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT conv_id, head FROM conv_head WHERE conv_id > $1 ORDER BY conv_id LIMIT $2`, after, limit)
-	if err != nil {
-		return "", 0, unavailable("trim before", err)
-	}
-	convs, err := persist.Collect(rows, persist.ScanConvHead)
-	rows.Close()
-	if err != nil {
-		return "", 0, unavailable("trim before", err)
-	}
-	next, deleted, err := persist.TrimStep(convs, limit, func(c persist.ConvHead) (int, error) {
-		tag, err := s.pool.Exec(ctx, trimStepDistSQL, c.ConvID, before, int64(c.Head))
-		return int(tag.RowsAffected()), err
-	})
-	if err != nil {
-		return "", 0, unavailable("trim before", err)
-	}
-	return next, deleted, nil
 }

@@ -1,4 +1,4 @@
-package postgres
+package citus
 
 // Read-only views of the Citus placements for operators: `sequencer admin
 // shards` (CitusShards: the coordinator's metadata, then each worker's
@@ -8,8 +8,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -19,10 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
-
-// ErrNotDistributed: a Citus view asked of a store on plain PostgreSQL.
-var ErrNotDistributed = errors.New("the store is not distributed (no citus extension in its database): shards are a Citus thing (docs/CITUS.md)")
 
 // CitusShard and CitusWorker are persist's (the Sharded ability).
 type (
@@ -45,10 +41,7 @@ const workerTimeout = 5 * time.Second
 // reported unreachable and its shards unknown; an error means the
 // coordinator did not answer (or the store is not on Citus).
 func (s *Store) CitusShards(ctx context.Context) ([]CitusShard, []CitusWorker, error) {
-	if s.dist == nil {
-		return nil, nil, ErrNotDistributed
-	}
-	rows, err := s.pool.Query(ctx, `SELECT s.logicalrelid::regclass::text, s.shardid,
+	rows, err := s.Pool().Query(ctx, `SELECT s.logicalrelid::regclass::text, s.shardid,
 			s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
 		FROM pg_dist_shard s
 		JOIN pg_dist_placement p ON p.shardid = s.shardid
@@ -56,7 +49,7 @@ func (s *Store) CitusShards(ctx context.Context) ([]CitusShard, []CitusWorker, e
 		WHERE s.logicalrelid::regclass::text = ANY($1)
 		ORDER BY s.shardminvalue::int4, s.logicalrelid::regclass::text`, distributedRelations)
 	if err != nil {
-		return nil, nil, unavailable("citus: read shards", err)
+		return nil, nil, postgres.Unavailable("citus: read shards", err)
 	}
 	type placement struct {
 		rel      string
@@ -71,7 +64,7 @@ func (s *Store) CitusShards(ctx context.Context) ([]CitusShard, []CitusWorker, e
 		return p, err
 	})
 	if err != nil {
-		return nil, nil, unavailable("citus: read shards", err)
+		return nil, nil, postgres.Unavailable("citus: read shards", err)
 	}
 	addrs, err := s.primaryWorkers(ctx)
 	if err != nil {
@@ -111,7 +104,7 @@ func (s *Store) CitusShards(ctx context.Context) ([]CitusShard, []CitusWorker, e
 			w := &workers[i]
 			wctx, cancel := context.WithTimeout(ctx, workerTimeout)
 			defer cancel()
-			err := s.onWorker(wctx, addr, func(c *pgx.Conn) error {
+			err := s.OnWorker(wctx, addr, func(c *pgx.Conn) error {
 				for _, k := range onWorker[addr] {
 					if err := readShard(wctx, c, &shards[k]); err != nil {
 						return err
@@ -160,10 +153,10 @@ func readShard(ctx context.Context, c *pgx.Conn, sh *CitusShard) error {
 // primaryWorkers lists the primary workers of pg_dist_node (host:port),
 // the coordinator excluded (group 0).
 func (s *Store) primaryWorkers(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+	rows, err := s.Pool().Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
 		WHERE noderole = 'primary' AND groupid <> 0 AND isactive ORDER BY nodename, nodeport`)
 	if err != nil {
-		return nil, unavailable("citus: read workers", err)
+		return nil, postgres.Unavailable("citus: read workers", err)
 	}
 	addrs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 		var host string
@@ -172,57 +165,18 @@ func (s *Store) primaryWorkers(ctx context.Context) ([]string, error) {
 		return host + ":" + strconv.Itoa(int(port)), err
 	})
 	if err != nil {
-		return nil, unavailable("citus: read workers", err)
+		return nil, postgres.Unavailable("citus: read workers", err)
 	}
 	return addrs, nil
 }
 
-// onWorker runs f on a connection to the worker at addr: one of the
-// store's read pool for it when it has one, else a connection of its own
-// (same DSN settings, that host), closed after.
-func (s *Store) onWorker(ctx context.Context, addr string, f func(*pgx.Conn) error) error {
-	s.dist.mu.RLock()
-	pool := s.dist.readers[addr]
-	s.dist.mu.RUnlock()
-	if pool != nil {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		defer conn.Release()
-		return f(conn.Conn())
-	}
-	host, port, _ := cutLast(addr, ":")
-	cc := s.dist.base.ConnConfig.Copy()
-	cc.Host = host
-	p, err := strconv.Atoi(port)
-	if err != nil {
-		return fmt.Errorf("bad worker address %q", addr)
-	}
-	cc.Port = uint16(p)
-	cc.Fallbacks = nil
-	noCancelRequests(&cc.Config)
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	return f(conn)
-}
-
 // CitusWorkerAddrs lists the workers (host:port) holding shards, as the
-// store last loaded the placements (nil on plain PostgreSQL).
+// store last loaded the placements.
 func (s *Store) CitusWorkerAddrs() []string {
-	if s.dist == nil {
-		return nil
-	}
-	s.dist.mu.RLock()
-	defer s.dist.mu.RUnlock()
-	var out []string
-	for _, sh := range s.dist.shards {
-		if !slices.Contains(out, sh.node) {
-			out = append(out, sh.node)
-		}
+	held := s.ShardsByWorker()
+	out := make([]string, 0, len(held))
+	for a := range held {
+		out = append(out, a)
 	}
 	sort.Strings(out)
 	return out
@@ -234,15 +188,7 @@ func (s *Store) CitusWorkerAddrs() []string {
 // (a worker just added holds no shard yet); each is pinged from this node,
 // in parallel, within ctx.
 func (s *Store) CitusWorkers(ctx context.Context) ([]CitusWorker, error) {
-	if s.dist == nil {
-		return nil, ErrNotDistributed
-	}
-	held := map[string]int{}
-	s.dist.mu.RLock()
-	for _, sh := range s.dist.shards {
-		held[sh.node]++
-	}
-	s.dist.mu.RUnlock()
+	held := s.ShardsByWorker()
 	addrs := make([]string, 0, len(held))
 	for a := range held {
 		addrs = append(addrs, a)
@@ -262,7 +208,7 @@ func (s *Store) CitusWorkers(ctx context.Context) ([]CitusWorker, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := s.onWorker(ctx, a, func(c *pgx.Conn) error { return c.Ping(ctx) })
+			err := s.OnWorker(ctx, a, func(c *pgx.Conn) error { return c.Ping(ctx) })
 			out[i].Reachable, out[i].Err = err == nil, errString(err)
 		}()
 	}
