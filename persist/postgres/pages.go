@@ -25,15 +25,8 @@ func (s *Store) ReadBefore(ctx context.Context, convID string, afterSeq, beforeS
 		return nil, unavailable("read before", err)
 	}
 	defer rows.Close()
-	var out []sequencer.Message
-	for rows.Next() {
-		m, err := scanMessage(rows)
-		if err != nil {
-			return nil, unavailable("read before", err)
-		}
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	if err != nil {
 		return nil, unavailable("read before", err)
 	}
 	slices.Reverse(out)
