@@ -547,6 +547,9 @@ func TestAPIDocProtoMatchesTheProto(t *testing.T) {
 			}
 			return string(f.Message().FullName())
 		}
+		if f.Kind() == protoreflect.EnumKind {
+			return string(f.Enum().Name())
+		}
 		return f.Kind().String()
 	}
 	msgs := fd.Messages()

@@ -25,6 +25,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type MessageKind int32
+
+const (
+	MessageKind_MESSAGE_KIND_UNSPECIFIED MessageKind = 0
+	MessageKind_MESSAGE_KIND_EDIT        MessageKind = 1
+	MessageKind_MESSAGE_KIND_RECALL      MessageKind = 2
+)
+
+// Enum value maps for MessageKind.
+var (
+	MessageKind_name = map[int32]string{
+		0: "MESSAGE_KIND_UNSPECIFIED",
+		1: "MESSAGE_KIND_EDIT",
+		2: "MESSAGE_KIND_RECALL",
+	}
+	MessageKind_value = map[string]int32{
+		"MESSAGE_KIND_UNSPECIFIED": 0,
+		"MESSAGE_KIND_EDIT":        1,
+		"MESSAGE_KIND_RECALL":      2,
+	}
+)
+
+func (x MessageKind) Enum() *MessageKind {
+	p := new(MessageKind)
+	*p = x
+	return p
+}
+
+func (x MessageKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MessageKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sequencer_v1_sequencer_proto_enumTypes[0].Descriptor()
+}
+
+func (MessageKind) Type() protoreflect.EnumType {
+	return &file_sequencer_v1_sequencer_proto_enumTypes[0]
+}
+
+func (x MessageKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MessageKind.Descriptor instead.
+func (MessageKind) EnumDescriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{0}
+}
+
 type SendRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	ConvId  string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
@@ -175,15 +224,25 @@ func (x *SendResponse) GetDuplicate() bool {
 }
 
 type Message struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MsgId         uint64                 `protobuf:"varint,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
-	ConvId        string                 `protobuf:"bytes,2,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
-	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
-	FromUid       uint64                 `protobuf:"varint,4,opt,name=from_uid,json=fromUid,proto3" json:"from_uid,omitempty"`
-	MsgType       int32                  `protobuf:"varint,5,opt,name=msg_type,json=msgType,proto3" json:"msg_type,omitempty"`
-	Body          []byte                 `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`
-	ClientMsgId   string                 `protobuf:"bytes,7,opt,name=client_msg_id,json=clientMsgId,proto3" json:"client_msg_id,omitempty"`
-	ServerAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=server_at,json=serverAt,proto3" json:"server_at,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	MsgId       uint64                 `protobuf:"varint,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	ConvId      string                 `protobuf:"bytes,2,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	Seq         uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	FromUid     uint64                 `protobuf:"varint,4,opt,name=from_uid,json=fromUid,proto3" json:"from_uid,omitempty"`
+	MsgType     int32                  `protobuf:"varint,5,opt,name=msg_type,json=msgType,proto3" json:"msg_type,omitempty"`
+	Body        []byte                 `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`
+	ClientMsgId string                 `protobuf:"bytes,7,opt,name=client_msg_id,json=clientMsgId,proto3" json:"client_msg_id,omitempty"`
+	ServerAt    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=server_at,json=serverAt,proto3" json:"server_at,omitempty"`
+	// What this message is: an ordinary message, or an edit or recall event
+	// of the message target_msg_id.
+	Kind MessageKind `protobuf:"varint,9,opt,name=kind,proto3,enum=sequencer.v1.MessageKind" json:"kind,omitempty"`
+	// The message an edit or recall event acts on (0 for ordinary messages).
+	TargetMsgId uint64 `protobuf:"varint,10,opt,name=target_msg_id,json=targetMsgId,proto3" json:"target_msg_id,omitempty"`
+	// The message was recalled: its body is gone for good.
+	Recalled bool `protobuf:"varint,11,opt,name=recalled,proto3" json:"recalled,omitempty"`
+	// How often the message was edited, and when last.
+	EditCount     uint32                 `protobuf:"varint,12,opt,name=edit_count,json=editCount,proto3" json:"edit_count,omitempty"`
+	EditedAt      *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=edited_at,json=editedAt,proto3" json:"edited_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -270,6 +329,41 @@ func (x *Message) GetClientMsgId() string {
 func (x *Message) GetServerAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ServerAt
+	}
+	return nil
+}
+
+func (x *Message) GetKind() MessageKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MessageKind_MESSAGE_KIND_UNSPECIFIED
+}
+
+func (x *Message) GetTargetMsgId() uint64 {
+	if x != nil {
+		return x.TargetMsgId
+	}
+	return 0
+}
+
+func (x *Message) GetRecalled() bool {
+	if x != nil {
+		return x.Recalled
+	}
+	return false
+}
+
+func (x *Message) GetEditCount() uint32 {
+	if x != nil {
+		return x.EditCount
+	}
+	return 0
+}
+
+func (x *Message) GetEditedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EditedAt
 	}
 	return nil
 }
@@ -1635,6 +1729,431 @@ func (x *PullManyResponse) GetPages() []*PullResponse {
 	return nil
 }
 
+type EditRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ConvId      string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	FromUid     uint64                 `protobuf:"varint,2,opt,name=from_uid,json=fromUid,proto3" json:"from_uid,omitempty"`
+	ClientMsgId string                 `protobuf:"bytes,3,opt,name=client_msg_id,json=clientMsgId,proto3" json:"client_msg_id,omitempty"`
+	TargetMsgId uint64                 `protobuf:"varint,4,opt,name=target_msg_id,json=targetMsgId,proto3" json:"target_msg_id,omitempty"`
+	Body        []byte                 `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	// The logic layer authorized from_uid to act as a moderator: the sender
+	// check is skipped.
+	AsModerator   bool `protobuf:"varint,6,opt,name=as_moderator,json=asModerator,proto3" json:"as_moderator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EditRequest) Reset() {
+	*x = EditRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EditRequest) ProtoMessage() {}
+
+func (x *EditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EditRequest.ProtoReflect.Descriptor instead.
+func (*EditRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *EditRequest) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *EditRequest) GetFromUid() uint64 {
+	if x != nil {
+		return x.FromUid
+	}
+	return 0
+}
+
+func (x *EditRequest) GetClientMsgId() string {
+	if x != nil {
+		return x.ClientMsgId
+	}
+	return ""
+}
+
+func (x *EditRequest) GetTargetMsgId() uint64 {
+	if x != nil {
+		return x.TargetMsgId
+	}
+	return 0
+}
+
+func (x *EditRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *EditRequest) GetAsModerator() bool {
+	if x != nil {
+		return x.AsModerator
+	}
+	return false
+}
+
+type RecallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	FromUid       uint64                 `protobuf:"varint,2,opt,name=from_uid,json=fromUid,proto3" json:"from_uid,omitempty"`
+	ClientMsgId   string                 `protobuf:"bytes,3,opt,name=client_msg_id,json=clientMsgId,proto3" json:"client_msg_id,omitempty"`
+	TargetMsgId   uint64                 `protobuf:"varint,4,opt,name=target_msg_id,json=targetMsgId,proto3" json:"target_msg_id,omitempty"`
+	AsModerator   bool                   `protobuf:"varint,5,opt,name=as_moderator,json=asModerator,proto3" json:"as_moderator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallRequest) Reset() {
+	*x = RecallRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallRequest) ProtoMessage() {}
+
+func (x *RecallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallRequest.ProtoReflect.Descriptor instead.
+func (*RecallRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RecallRequest) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *RecallRequest) GetFromUid() uint64 {
+	if x != nil {
+		return x.FromUid
+	}
+	return 0
+}
+
+func (x *RecallRequest) GetClientMsgId() string {
+	if x != nil {
+		return x.ClientMsgId
+	}
+	return ""
+}
+
+func (x *RecallRequest) GetTargetMsgId() uint64 {
+	if x != nil {
+		return x.TargetMsgId
+	}
+	return 0
+}
+
+func (x *RecallRequest) GetAsModerator() bool {
+	if x != nil {
+		return x.AsModerator
+	}
+	return false
+}
+
+type GetReadReceiptsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ConvId string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	// 1..100 seqs.
+	Seqs          []uint64 `protobuf:"varint,2,rep,packed,name=seqs,proto3" json:"seqs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReadReceiptsRequest) Reset() {
+	*x = GetReadReceiptsRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReadReceiptsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReadReceiptsRequest) ProtoMessage() {}
+
+func (x *GetReadReceiptsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReadReceiptsRequest.ProtoReflect.Descriptor instead.
+func (*GetReadReceiptsRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetReadReceiptsRequest) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *GetReadReceiptsRequest) GetSeqs() []uint64 {
+	if x != nil {
+		return x.Seqs
+	}
+	return nil
+}
+
+type GetReadReceiptsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// read_by[i]: users with read_seq >= seqs[i].
+	ReadBy        []uint64 `protobuf:"varint,1,rep,packed,name=read_by,json=readBy,proto3" json:"read_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReadReceiptsResponse) Reset() {
+	*x = GetReadReceiptsResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReadReceiptsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReadReceiptsResponse) ProtoMessage() {}
+
+func (x *GetReadReceiptsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReadReceiptsResponse.ProtoReflect.Descriptor instead.
+func (*GetReadReceiptsResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetReadReceiptsResponse) GetReadBy() []uint64 {
+	if x != nil {
+		return x.ReadBy
+	}
+	return nil
+}
+
+type ListReadPositionsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ConvId   string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	AfterUid uint64                 `protobuf:"varint,2,opt,name=after_uid,json=afterUid,proto3" json:"after_uid,omitempty"`
+	// 0 means 100; above 1000 is clamped to 1000.
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReadPositionsRequest) Reset() {
+	*x = ListReadPositionsRequest{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReadPositionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReadPositionsRequest) ProtoMessage() {}
+
+func (x *ListReadPositionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReadPositionsRequest.ProtoReflect.Descriptor instead.
+func (*ListReadPositionsRequest) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListReadPositionsRequest) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *ListReadPositionsRequest) GetAfterUid() uint64 {
+	if x != nil {
+		return x.AfterUid
+	}
+	return 0
+}
+
+func (x *ListReadPositionsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListReadPositionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Positions     []*ReadPosition        `protobuf:"bytes,1,rep,name=positions,proto3" json:"positions,omitempty"`
+	HasMore       bool                   `protobuf:"varint,2,opt,name=has_more,json=hasMore,proto3" json:"has_more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReadPositionsResponse) Reset() {
+	*x = ListReadPositionsResponse{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReadPositionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReadPositionsResponse) ProtoMessage() {}
+
+func (x *ListReadPositionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReadPositionsResponse.ProtoReflect.Descriptor instead.
+func (*ListReadPositionsResponse) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListReadPositionsResponse) GetPositions() []*ReadPosition {
+	if x != nil {
+		return x.Positions
+	}
+	return nil
+}
+
+func (x *ListReadPositionsResponse) GetHasMore() bool {
+	if x != nil {
+		return x.HasMore
+	}
+	return false
+}
+
+type ReadPosition struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           uint64                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	ReadSeq       uint64                 `protobuf:"varint,2,opt,name=read_seq,json=readSeq,proto3" json:"read_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPosition) Reset() {
+	*x = ReadPosition{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPosition) ProtoMessage() {}
+
+func (x *ReadPosition) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPosition.ProtoReflect.Descriptor instead.
+func (*ReadPosition) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ReadPosition) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ReadPosition) GetReadSeq() uint64 {
+	if x != nil {
+		return x.ReadSeq
+	}
+	return 0
+}
+
 var File_sequencer_v1_sequencer_proto protoreflect.FileDescriptor
 
 const file_sequencer_v1_sequencer_proto_rawDesc = "" +
@@ -1650,7 +2169,7 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\x06msg_id\x18\x01 \x01(\x04R\x05msgId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x127\n" +
 	"\tserver_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bserverAt\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xf2\x01\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xb9\x03\n" +
 	"\aMessage\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\x04R\x05msgId\x12\x17\n" +
 	"\aconv_id\x18\x02 \x01(\tR\x06convId\x12\x10\n" +
@@ -1659,7 +2178,14 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\bmsg_type\x18\x05 \x01(\x05R\amsgType\x12\x12\n" +
 	"\x04body\x18\x06 \x01(\fR\x04body\x12\"\n" +
 	"\rclient_msg_id\x18\a \x01(\tR\vclientMsgId\x127\n" +
-	"\tserver_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bserverAt\"\x95\x01\n" +
+	"\tserver_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bserverAt\x12-\n" +
+	"\x04kind\x18\t \x01(\x0e2\x19.sequencer.v1.MessageKindR\x04kind\x12\"\n" +
+	"\rtarget_msg_id\x18\n" +
+	" \x01(\x04R\vtargetMsgId\x12\x1a\n" +
+	"\brecalled\x18\v \x01(\bR\brecalled\x12\x1d\n" +
+	"\n" +
+	"edit_count\x18\f \x01(\rR\teditCount\x127\n" +
+	"\tedited_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\beditedAt\"\x95\x01\n" +
 	"\vPullRequest\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
@@ -1737,7 +2263,39 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1b\n" +
 	"\tmax_bytes\x18\x03 \x01(\rR\bmaxBytes\"D\n" +
 	"\x10PullManyResponse\x120\n" +
-	"\x05pages\x18\x01 \x03(\v2\x1a.sequencer.v1.PullResponseR\x05pages2\xf6\x05\n" +
+	"\x05pages\x18\x01 \x03(\v2\x1a.sequencer.v1.PullResponseR\x05pages\"\xc0\x01\n" +
+	"\vEditRequest\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
+	"\bfrom_uid\x18\x02 \x01(\x04R\afromUid\x12\"\n" +
+	"\rclient_msg_id\x18\x03 \x01(\tR\vclientMsgId\x12\"\n" +
+	"\rtarget_msg_id\x18\x04 \x01(\x04R\vtargetMsgId\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12!\n" +
+	"\fas_moderator\x18\x06 \x01(\bR\vasModerator\"\xae\x01\n" +
+	"\rRecallRequest\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
+	"\bfrom_uid\x18\x02 \x01(\x04R\afromUid\x12\"\n" +
+	"\rclient_msg_id\x18\x03 \x01(\tR\vclientMsgId\x12\"\n" +
+	"\rtarget_msg_id\x18\x04 \x01(\x04R\vtargetMsgId\x12!\n" +
+	"\fas_moderator\x18\x05 \x01(\bR\vasModerator\"E\n" +
+	"\x16GetReadReceiptsRequest\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x12\n" +
+	"\x04seqs\x18\x02 \x03(\x04R\x04seqs\"2\n" +
+	"\x17GetReadReceiptsResponse\x12\x17\n" +
+	"\aread_by\x18\x01 \x03(\x04R\x06readBy\"f\n" +
+	"\x18ListReadPositionsRequest\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1b\n" +
+	"\tafter_uid\x18\x02 \x01(\x04R\bafterUid\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"p\n" +
+	"\x19ListReadPositionsResponse\x128\n" +
+	"\tpositions\x18\x01 \x03(\v2\x1a.sequencer.v1.ReadPositionR\tpositions\x12\x19\n" +
+	"\bhas_more\x18\x02 \x01(\bR\ahasMore\";\n" +
+	"\fReadPosition\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\x04R\x03uid\x12\x19\n" +
+	"\bread_seq\x18\x02 \x01(\x04R\areadSeq*[\n" +
+	"\vMessageKind\x12\x1c\n" +
+	"\x18MESSAGE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11MESSAGE_KIND_EDIT\x10\x01\x12\x17\n" +
+	"\x13MESSAGE_KIND_RECALL\x10\x022\xbe\b\n" +
 	"\x10SequencerService\x12=\n" +
 	"\x04Send\x12\x19.sequencer.v1.SendRequest\x1a\x1a.sequencer.v1.SendResponse\x12=\n" +
 	"\x04Pull\x12\x19.sequencer.v1.PullRequest\x1a\x1a.sequencer.v1.PullResponse\x12F\n" +
@@ -1749,7 +2307,11 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\bMarkRead\x12\x1d.sequencer.v1.MarkReadRequest\x1a\x1e.sequencer.v1.MarkReadResponse\x12U\n" +
 	"\fGetReadState\x12!.sequencer.v1.GetReadStateRequest\x1a\".sequencer.v1.GetReadStateResponse\x12N\n" +
 	"\tSubscribe\x12\x1e.sequencer.v1.SubscribeRequest\x1a\x1f.sequencer.v1.SubscribeResponse0\x01\x12I\n" +
-	"\bPullMany\x12\x1d.sequencer.v1.PullManyRequest\x1a\x1e.sequencer.v1.PullManyResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
+	"\bPullMany\x12\x1d.sequencer.v1.PullManyRequest\x1a\x1e.sequencer.v1.PullManyResponse\x12=\n" +
+	"\x04Edit\x12\x19.sequencer.v1.EditRequest\x1a\x1a.sequencer.v1.SendResponse\x12A\n" +
+	"\x06Recall\x12\x1b.sequencer.v1.RecallRequest\x1a\x1a.sequencer.v1.SendResponse\x12^\n" +
+	"\x0fGetReadReceipts\x12$.sequencer.v1.GetReadReceiptsRequest\x1a%.sequencer.v1.GetReadReceiptsResponse\x12d\n" +
+	"\x11ListReadPositions\x12&.sequencer.v1.ListReadPositionsRequest\x1a'.sequencer.v1.ListReadPositionsResponseBBZ@github.com/sequencer-im/sequencer/proto/sequencer/v1;sequencerv1b\x06proto3"
 
 var (
 	file_sequencer_v1_sequencer_proto_rawDescOnce sync.Once
@@ -1763,78 +2325,98 @@ func file_sequencer_v1_sequencer_proto_rawDescGZIP() []byte {
 	return file_sequencer_v1_sequencer_proto_rawDescData
 }
 
-var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_sequencer_v1_sequencer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_sequencer_v1_sequencer_proto_goTypes = []any{
-	(*SendRequest)(nil),           // 0: sequencer.v1.SendRequest
-	(*SendResponse)(nil),          // 1: sequencer.v1.SendResponse
-	(*Message)(nil),               // 2: sequencer.v1.Message
-	(*PullRequest)(nil),           // 3: sequencer.v1.PullRequest
-	(*PullResponse)(nil),          // 4: sequencer.v1.PullResponse
-	(*GetHeadRequest)(nil),        // 5: sequencer.v1.GetHeadRequest
-	(*GetHeadResponse)(nil),       // 6: sequencer.v1.GetHeadResponse
-	(*GetMessageRequest)(nil),     // 7: sequencer.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),    // 8: sequencer.v1.GetMessageResponse
-	(*RouteRequest)(nil),          // 9: sequencer.v1.RouteRequest
-	(*RouteResponse)(nil),         // 10: sequencer.v1.RouteResponse
-	(*SendBatchRequest)(nil),      // 11: sequencer.v1.SendBatchRequest
-	(*SendBatchResponse)(nil),     // 12: sequencer.v1.SendBatchResponse
-	(*SendResult)(nil),            // 13: sequencer.v1.SendResult
-	(*SendError)(nil),             // 14: sequencer.v1.SendError
-	(*MarkReadRequest)(nil),       // 15: sequencer.v1.MarkReadRequest
-	(*MarkReadResponse)(nil),      // 16: sequencer.v1.MarkReadResponse
-	(*GetReadStateRequest)(nil),   // 17: sequencer.v1.GetReadStateRequest
-	(*GetReadStateResponse)(nil),  // 18: sequencer.v1.GetReadStateResponse
-	(*ReadState)(nil),             // 19: sequencer.v1.ReadState
-	(*Cursor)(nil),                // 20: sequencer.v1.Cursor
-	(*SubscribeRequest)(nil),      // 21: sequencer.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 22: sequencer.v1.SubscribeResponse
-	(*Heartbeat)(nil),             // 23: sequencer.v1.Heartbeat
-	(*Truncated)(nil),             // 24: sequencer.v1.Truncated
-	(*PullManyRequest)(nil),       // 25: sequencer.v1.PullManyRequest
-	(*PullManyResponse)(nil),      // 26: sequencer.v1.PullManyResponse
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(MessageKind)(0),                  // 0: sequencer.v1.MessageKind
+	(*SendRequest)(nil),               // 1: sequencer.v1.SendRequest
+	(*SendResponse)(nil),              // 2: sequencer.v1.SendResponse
+	(*Message)(nil),                   // 3: sequencer.v1.Message
+	(*PullRequest)(nil),               // 4: sequencer.v1.PullRequest
+	(*PullResponse)(nil),              // 5: sequencer.v1.PullResponse
+	(*GetHeadRequest)(nil),            // 6: sequencer.v1.GetHeadRequest
+	(*GetHeadResponse)(nil),           // 7: sequencer.v1.GetHeadResponse
+	(*GetMessageRequest)(nil),         // 8: sequencer.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),        // 9: sequencer.v1.GetMessageResponse
+	(*RouteRequest)(nil),              // 10: sequencer.v1.RouteRequest
+	(*RouteResponse)(nil),             // 11: sequencer.v1.RouteResponse
+	(*SendBatchRequest)(nil),          // 12: sequencer.v1.SendBatchRequest
+	(*SendBatchResponse)(nil),         // 13: sequencer.v1.SendBatchResponse
+	(*SendResult)(nil),                // 14: sequencer.v1.SendResult
+	(*SendError)(nil),                 // 15: sequencer.v1.SendError
+	(*MarkReadRequest)(nil),           // 16: sequencer.v1.MarkReadRequest
+	(*MarkReadResponse)(nil),          // 17: sequencer.v1.MarkReadResponse
+	(*GetReadStateRequest)(nil),       // 18: sequencer.v1.GetReadStateRequest
+	(*GetReadStateResponse)(nil),      // 19: sequencer.v1.GetReadStateResponse
+	(*ReadState)(nil),                 // 20: sequencer.v1.ReadState
+	(*Cursor)(nil),                    // 21: sequencer.v1.Cursor
+	(*SubscribeRequest)(nil),          // 22: sequencer.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),         // 23: sequencer.v1.SubscribeResponse
+	(*Heartbeat)(nil),                 // 24: sequencer.v1.Heartbeat
+	(*Truncated)(nil),                 // 25: sequencer.v1.Truncated
+	(*PullManyRequest)(nil),           // 26: sequencer.v1.PullManyRequest
+	(*PullManyResponse)(nil),          // 27: sequencer.v1.PullManyResponse
+	(*EditRequest)(nil),               // 28: sequencer.v1.EditRequest
+	(*RecallRequest)(nil),             // 29: sequencer.v1.RecallRequest
+	(*GetReadReceiptsRequest)(nil),    // 30: sequencer.v1.GetReadReceiptsRequest
+	(*GetReadReceiptsResponse)(nil),   // 31: sequencer.v1.GetReadReceiptsResponse
+	(*ListReadPositionsRequest)(nil),  // 32: sequencer.v1.ListReadPositionsRequest
+	(*ListReadPositionsResponse)(nil), // 33: sequencer.v1.ListReadPositionsResponse
+	(*ReadPosition)(nil),              // 34: sequencer.v1.ReadPosition
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
 }
 var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
-	27, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
-	27, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
-	2,  // 2: sequencer.v1.PullResponse.messages:type_name -> sequencer.v1.Message
-	2,  // 3: sequencer.v1.GetMessageResponse.message:type_name -> sequencer.v1.Message
-	0,  // 4: sequencer.v1.SendBatchRequest.items:type_name -> sequencer.v1.SendRequest
-	13, // 5: sequencer.v1.SendBatchResponse.results:type_name -> sequencer.v1.SendResult
-	1,  // 6: sequencer.v1.SendResult.ok:type_name -> sequencer.v1.SendResponse
-	14, // 7: sequencer.v1.SendResult.error:type_name -> sequencer.v1.SendError
-	19, // 8: sequencer.v1.GetReadStateResponse.states:type_name -> sequencer.v1.ReadState
-	20, // 9: sequencer.v1.SubscribeRequest.cursors:type_name -> sequencer.v1.Cursor
-	2,  // 10: sequencer.v1.SubscribeResponse.message:type_name -> sequencer.v1.Message
-	23, // 11: sequencer.v1.SubscribeResponse.heartbeat:type_name -> sequencer.v1.Heartbeat
-	24, // 12: sequencer.v1.SubscribeResponse.truncated:type_name -> sequencer.v1.Truncated
-	20, // 13: sequencer.v1.PullManyRequest.cursors:type_name -> sequencer.v1.Cursor
-	4,  // 14: sequencer.v1.PullManyResponse.pages:type_name -> sequencer.v1.PullResponse
-	0,  // 15: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
-	3,  // 16: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
-	5,  // 17: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
-	7,  // 18: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
-	9,  // 19: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
-	11, // 20: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
-	15, // 21: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
-	17, // 22: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
-	21, // 23: sequencer.v1.SequencerService.Subscribe:input_type -> sequencer.v1.SubscribeRequest
-	25, // 24: sequencer.v1.SequencerService.PullMany:input_type -> sequencer.v1.PullManyRequest
-	1,  // 25: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
-	4,  // 26: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
-	6,  // 27: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
-	8,  // 28: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
-	10, // 29: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
-	12, // 30: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
-	16, // 31: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
-	18, // 32: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
-	22, // 33: sequencer.v1.SequencerService.Subscribe:output_type -> sequencer.v1.SubscribeResponse
-	26, // 34: sequencer.v1.SequencerService.PullMany:output_type -> sequencer.v1.PullManyResponse
-	25, // [25:35] is the sub-list for method output_type
-	15, // [15:25] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	35, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
+	35, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
+	0,  // 2: sequencer.v1.Message.kind:type_name -> sequencer.v1.MessageKind
+	35, // 3: sequencer.v1.Message.edited_at:type_name -> google.protobuf.Timestamp
+	3,  // 4: sequencer.v1.PullResponse.messages:type_name -> sequencer.v1.Message
+	3,  // 5: sequencer.v1.GetMessageResponse.message:type_name -> sequencer.v1.Message
+	1,  // 6: sequencer.v1.SendBatchRequest.items:type_name -> sequencer.v1.SendRequest
+	14, // 7: sequencer.v1.SendBatchResponse.results:type_name -> sequencer.v1.SendResult
+	2,  // 8: sequencer.v1.SendResult.ok:type_name -> sequencer.v1.SendResponse
+	15, // 9: sequencer.v1.SendResult.error:type_name -> sequencer.v1.SendError
+	20, // 10: sequencer.v1.GetReadStateResponse.states:type_name -> sequencer.v1.ReadState
+	21, // 11: sequencer.v1.SubscribeRequest.cursors:type_name -> sequencer.v1.Cursor
+	3,  // 12: sequencer.v1.SubscribeResponse.message:type_name -> sequencer.v1.Message
+	24, // 13: sequencer.v1.SubscribeResponse.heartbeat:type_name -> sequencer.v1.Heartbeat
+	25, // 14: sequencer.v1.SubscribeResponse.truncated:type_name -> sequencer.v1.Truncated
+	21, // 15: sequencer.v1.PullManyRequest.cursors:type_name -> sequencer.v1.Cursor
+	5,  // 16: sequencer.v1.PullManyResponse.pages:type_name -> sequencer.v1.PullResponse
+	34, // 17: sequencer.v1.ListReadPositionsResponse.positions:type_name -> sequencer.v1.ReadPosition
+	1,  // 18: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
+	4,  // 19: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
+	6,  // 20: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
+	8,  // 21: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
+	10, // 22: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
+	12, // 23: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
+	16, // 24: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
+	18, // 25: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
+	22, // 26: sequencer.v1.SequencerService.Subscribe:input_type -> sequencer.v1.SubscribeRequest
+	26, // 27: sequencer.v1.SequencerService.PullMany:input_type -> sequencer.v1.PullManyRequest
+	28, // 28: sequencer.v1.SequencerService.Edit:input_type -> sequencer.v1.EditRequest
+	29, // 29: sequencer.v1.SequencerService.Recall:input_type -> sequencer.v1.RecallRequest
+	30, // 30: sequencer.v1.SequencerService.GetReadReceipts:input_type -> sequencer.v1.GetReadReceiptsRequest
+	32, // 31: sequencer.v1.SequencerService.ListReadPositions:input_type -> sequencer.v1.ListReadPositionsRequest
+	2,  // 32: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
+	5,  // 33: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
+	7,  // 34: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
+	9,  // 35: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
+	11, // 36: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
+	13, // 37: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
+	17, // 38: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
+	19, // 39: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
+	23, // 40: sequencer.v1.SequencerService.Subscribe:output_type -> sequencer.v1.SubscribeResponse
+	27, // 41: sequencer.v1.SequencerService.PullMany:output_type -> sequencer.v1.PullManyResponse
+	2,  // 42: sequencer.v1.SequencerService.Edit:output_type -> sequencer.v1.SendResponse
+	2,  // 43: sequencer.v1.SequencerService.Recall:output_type -> sequencer.v1.SendResponse
+	31, // 44: sequencer.v1.SequencerService.GetReadReceipts:output_type -> sequencer.v1.GetReadReceiptsResponse
+	33, // 45: sequencer.v1.SequencerService.ListReadPositions:output_type -> sequencer.v1.ListReadPositionsResponse
+	32, // [32:46] is the sub-list for method output_type
+	18, // [18:32] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_sequencer_v1_sequencer_proto_init() }
@@ -1856,13 +2438,14 @@ func file_sequencer_v1_sequencer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sequencer_v1_sequencer_proto_rawDesc), len(file_sequencer_v1_sequencer_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   27,
+			NumEnums:      1,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_sequencer_v1_sequencer_proto_goTypes,
 		DependencyIndexes: file_sequencer_v1_sequencer_proto_depIdxs,
+		EnumInfos:         file_sequencer_v1_sequencer_proto_enumTypes,
 		MessageInfos:      file_sequencer_v1_sequencer_proto_msgTypes,
 	}.Build()
 	File_sequencer_v1_sequencer_proto = out.File

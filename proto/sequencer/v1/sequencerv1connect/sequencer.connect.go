@@ -63,6 +63,16 @@ const (
 	// SequencerServicePullManyProcedure is the fully-qualified name of the SequencerService's PullMany
 	// RPC.
 	SequencerServicePullManyProcedure = "/sequencer.v1.SequencerService/PullMany"
+	// SequencerServiceEditProcedure is the fully-qualified name of the SequencerService's Edit RPC.
+	SequencerServiceEditProcedure = "/sequencer.v1.SequencerService/Edit"
+	// SequencerServiceRecallProcedure is the fully-qualified name of the SequencerService's Recall RPC.
+	SequencerServiceRecallProcedure = "/sequencer.v1.SequencerService/Recall"
+	// SequencerServiceGetReadReceiptsProcedure is the fully-qualified name of the SequencerService's
+	// GetReadReceipts RPC.
+	SequencerServiceGetReadReceiptsProcedure = "/sequencer.v1.SequencerService/GetReadReceipts"
+	// SequencerServiceListReadPositionsProcedure is the fully-qualified name of the SequencerService's
+	// ListReadPositions RPC.
+	SequencerServiceListReadPositionsProcedure = "/sequencer.v1.SequencerService/ListReadPositions"
 )
 
 // SequencerServiceClient is a client for the sequencer.v1.SequencerService service.
@@ -106,6 +116,25 @@ type SequencerServiceClient interface {
 	// PullMany answers up to 1,000 cursors in one call (pages[i] answers
 	// cursors[i]), one store round trip per node.
 	PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error)
+	// Edit appends an edit event (the next seq, kind MESSAGE_KIND_EDIT,
+	// target_msg_id set, the new body) and, in the same transaction, gives the
+	// target the new body, edit_count + 1 and edited_at. Idempotent by
+	// (from_uid, client_msg_id) like Send. Errors consume no seq: not_found
+	// (target not a stored message of conv_id), permission_denied (not the
+	// target's sender and not as_moderator), failed_precondition (target
+	// recalled, or outside --edit-window), invalid_argument (body as Send).
+	Edit(context.Context, *connect.Request[v1.EditRequest]) (*connect.Response[v1.SendResponse], error)
+	// Recall appends a recall event (the next seq, kind MESSAGE_KIND_RECALL,
+	// target_msg_id set, no body) and, in the same transaction, marks the
+	// target recalled and removes its body for good. Same rules as Edit
+	// (--recall-window).
+	Recall(context.Context, *connect.Request[v1.RecallRequest]) (*connect.Response[v1.SendResponse], error)
+	// GetReadReceipts answers, for each of 1..100 seqs, how many users have a
+	// stored read position >= it in the conversation (the sender included).
+	GetReadReceipts(context.Context, *connect.Request[v1.GetReadReceiptsRequest]) (*connect.Response[v1.GetReadReceiptsResponse], error)
+	// ListReadPositions lists a conversation's read positions by uid,
+	// ascending, after after_uid.
+	ListReadPositions(context.Context, *connect.Request[v1.ListReadPositionsRequest]) (*connect.Response[v1.ListReadPositionsResponse], error)
 }
 
 // NewSequencerServiceClient constructs a client for the sequencer.v1.SequencerService service. By
@@ -179,21 +208,49 @@ func NewSequencerServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(sequencerServiceMethods.ByName("PullMany")),
 			connect.WithClientOptions(opts...),
 		),
+		edit: connect.NewClient[v1.EditRequest, v1.SendResponse](
+			httpClient,
+			baseURL+SequencerServiceEditProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("Edit")),
+			connect.WithClientOptions(opts...),
+		),
+		recall: connect.NewClient[v1.RecallRequest, v1.SendResponse](
+			httpClient,
+			baseURL+SequencerServiceRecallProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("Recall")),
+			connect.WithClientOptions(opts...),
+		),
+		getReadReceipts: connect.NewClient[v1.GetReadReceiptsRequest, v1.GetReadReceiptsResponse](
+			httpClient,
+			baseURL+SequencerServiceGetReadReceiptsProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("GetReadReceipts")),
+			connect.WithClientOptions(opts...),
+		),
+		listReadPositions: connect.NewClient[v1.ListReadPositionsRequest, v1.ListReadPositionsResponse](
+			httpClient,
+			baseURL+SequencerServiceListReadPositionsProcedure,
+			connect.WithSchema(sequencerServiceMethods.ByName("ListReadPositions")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sequencerServiceClient implements SequencerServiceClient.
 type sequencerServiceClient struct {
-	send         *connect.Client[v1.SendRequest, v1.SendResponse]
-	pull         *connect.Client[v1.PullRequest, v1.PullResponse]
-	getHead      *connect.Client[v1.GetHeadRequest, v1.GetHeadResponse]
-	getMessage   *connect.Client[v1.GetMessageRequest, v1.GetMessageResponse]
-	route        *connect.Client[v1.RouteRequest, v1.RouteResponse]
-	sendBatch    *connect.Client[v1.SendBatchRequest, v1.SendBatchResponse]
-	markRead     *connect.Client[v1.MarkReadRequest, v1.MarkReadResponse]
-	getReadState *connect.Client[v1.GetReadStateRequest, v1.GetReadStateResponse]
-	subscribe    *connect.Client[v1.SubscribeRequest, v1.SubscribeResponse]
-	pullMany     *connect.Client[v1.PullManyRequest, v1.PullManyResponse]
+	send              *connect.Client[v1.SendRequest, v1.SendResponse]
+	pull              *connect.Client[v1.PullRequest, v1.PullResponse]
+	getHead           *connect.Client[v1.GetHeadRequest, v1.GetHeadResponse]
+	getMessage        *connect.Client[v1.GetMessageRequest, v1.GetMessageResponse]
+	route             *connect.Client[v1.RouteRequest, v1.RouteResponse]
+	sendBatch         *connect.Client[v1.SendBatchRequest, v1.SendBatchResponse]
+	markRead          *connect.Client[v1.MarkReadRequest, v1.MarkReadResponse]
+	getReadState      *connect.Client[v1.GetReadStateRequest, v1.GetReadStateResponse]
+	subscribe         *connect.Client[v1.SubscribeRequest, v1.SubscribeResponse]
+	pullMany          *connect.Client[v1.PullManyRequest, v1.PullManyResponse]
+	edit              *connect.Client[v1.EditRequest, v1.SendResponse]
+	recall            *connect.Client[v1.RecallRequest, v1.SendResponse]
+	getReadReceipts   *connect.Client[v1.GetReadReceiptsRequest, v1.GetReadReceiptsResponse]
+	listReadPositions *connect.Client[v1.ListReadPositionsRequest, v1.ListReadPositionsResponse]
 }
 
 // Send calls sequencer.v1.SequencerService.Send.
@@ -246,6 +303,26 @@ func (c *sequencerServiceClient) PullMany(ctx context.Context, req *connect.Requ
 	return c.pullMany.CallUnary(ctx, req)
 }
 
+// Edit calls sequencer.v1.SequencerService.Edit.
+func (c *sequencerServiceClient) Edit(ctx context.Context, req *connect.Request[v1.EditRequest]) (*connect.Response[v1.SendResponse], error) {
+	return c.edit.CallUnary(ctx, req)
+}
+
+// Recall calls sequencer.v1.SequencerService.Recall.
+func (c *sequencerServiceClient) Recall(ctx context.Context, req *connect.Request[v1.RecallRequest]) (*connect.Response[v1.SendResponse], error) {
+	return c.recall.CallUnary(ctx, req)
+}
+
+// GetReadReceipts calls sequencer.v1.SequencerService.GetReadReceipts.
+func (c *sequencerServiceClient) GetReadReceipts(ctx context.Context, req *connect.Request[v1.GetReadReceiptsRequest]) (*connect.Response[v1.GetReadReceiptsResponse], error) {
+	return c.getReadReceipts.CallUnary(ctx, req)
+}
+
+// ListReadPositions calls sequencer.v1.SequencerService.ListReadPositions.
+func (c *sequencerServiceClient) ListReadPositions(ctx context.Context, req *connect.Request[v1.ListReadPositionsRequest]) (*connect.Response[v1.ListReadPositionsResponse], error) {
+	return c.listReadPositions.CallUnary(ctx, req)
+}
+
 // SequencerServiceHandler is an implementation of the sequencer.v1.SequencerService service.
 type SequencerServiceHandler interface {
 	// Send stores a message and answers only after the durable commit.
@@ -287,6 +364,25 @@ type SequencerServiceHandler interface {
 	// PullMany answers up to 1,000 cursors in one call (pages[i] answers
 	// cursors[i]), one store round trip per node.
 	PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error)
+	// Edit appends an edit event (the next seq, kind MESSAGE_KIND_EDIT,
+	// target_msg_id set, the new body) and, in the same transaction, gives the
+	// target the new body, edit_count + 1 and edited_at. Idempotent by
+	// (from_uid, client_msg_id) like Send. Errors consume no seq: not_found
+	// (target not a stored message of conv_id), permission_denied (not the
+	// target's sender and not as_moderator), failed_precondition (target
+	// recalled, or outside --edit-window), invalid_argument (body as Send).
+	Edit(context.Context, *connect.Request[v1.EditRequest]) (*connect.Response[v1.SendResponse], error)
+	// Recall appends a recall event (the next seq, kind MESSAGE_KIND_RECALL,
+	// target_msg_id set, no body) and, in the same transaction, marks the
+	// target recalled and removes its body for good. Same rules as Edit
+	// (--recall-window).
+	Recall(context.Context, *connect.Request[v1.RecallRequest]) (*connect.Response[v1.SendResponse], error)
+	// GetReadReceipts answers, for each of 1..100 seqs, how many users have a
+	// stored read position >= it in the conversation (the sender included).
+	GetReadReceipts(context.Context, *connect.Request[v1.GetReadReceiptsRequest]) (*connect.Response[v1.GetReadReceiptsResponse], error)
+	// ListReadPositions lists a conversation's read positions by uid,
+	// ascending, after after_uid.
+	ListReadPositions(context.Context, *connect.Request[v1.ListReadPositionsRequest]) (*connect.Response[v1.ListReadPositionsResponse], error)
 }
 
 // NewSequencerServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -356,6 +452,30 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 		connect.WithSchema(sequencerServiceMethods.ByName("PullMany")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sequencerServiceEditHandler := connect.NewUnaryHandler(
+		SequencerServiceEditProcedure,
+		svc.Edit,
+		connect.WithSchema(sequencerServiceMethods.ByName("Edit")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sequencerServiceRecallHandler := connect.NewUnaryHandler(
+		SequencerServiceRecallProcedure,
+		svc.Recall,
+		connect.WithSchema(sequencerServiceMethods.ByName("Recall")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sequencerServiceGetReadReceiptsHandler := connect.NewUnaryHandler(
+		SequencerServiceGetReadReceiptsProcedure,
+		svc.GetReadReceipts,
+		connect.WithSchema(sequencerServiceMethods.ByName("GetReadReceipts")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sequencerServiceListReadPositionsHandler := connect.NewUnaryHandler(
+		SequencerServiceListReadPositionsProcedure,
+		svc.ListReadPositions,
+		connect.WithSchema(sequencerServiceMethods.ByName("ListReadPositions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sequencer.v1.SequencerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SequencerServiceSendProcedure:
@@ -378,6 +498,14 @@ func NewSequencerServiceHandler(svc SequencerServiceHandler, opts ...connect.Han
 			sequencerServiceSubscribeHandler.ServeHTTP(w, r)
 		case SequencerServicePullManyProcedure:
 			sequencerServicePullManyHandler.ServeHTTP(w, r)
+		case SequencerServiceEditProcedure:
+			sequencerServiceEditHandler.ServeHTTP(w, r)
+		case SequencerServiceRecallProcedure:
+			sequencerServiceRecallHandler.ServeHTTP(w, r)
+		case SequencerServiceGetReadReceiptsProcedure:
+			sequencerServiceGetReadReceiptsHandler.ServeHTTP(w, r)
+		case SequencerServiceListReadPositionsProcedure:
+			sequencerServiceListReadPositionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -425,4 +553,20 @@ func (UnimplementedSequencerServiceHandler) Subscribe(context.Context, *connect.
 
 func (UnimplementedSequencerServiceHandler) PullMany(context.Context, *connect.Request[v1.PullManyRequest]) (*connect.Response[v1.PullManyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.PullMany is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) Edit(context.Context, *connect.Request[v1.EditRequest]) (*connect.Response[v1.SendResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.Edit is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) Recall(context.Context, *connect.Request[v1.RecallRequest]) (*connect.Response[v1.SendResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.Recall is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) GetReadReceipts(context.Context, *connect.Request[v1.GetReadReceiptsRequest]) (*connect.Response[v1.GetReadReceiptsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.GetReadReceipts is not implemented"))
+}
+
+func (UnimplementedSequencerServiceHandler) ListReadPositions(context.Context, *connect.Request[v1.ListReadPositionsRequest]) (*connect.Response[v1.ListReadPositionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sequencer.v1.SequencerService.ListReadPositions is not implemented"))
 }

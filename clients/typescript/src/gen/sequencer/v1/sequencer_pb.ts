@@ -5,8 +5,8 @@
 // @generated from file sequencer/v1/sequencer.proto (package sequencer.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message as Message$1 } from "@bufbuild/protobuf";
@@ -15,7 +15,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file sequencer/v1/sequencer.proto.
  */
 export const file_sequencer_v1_sequencer: GenFile = /*@__PURE__*/
-  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgirwEKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImcKC1B1bGxSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEg0KBWxpbWl0GAMgASgNEhEKCW1heF9ieXRlcxgEIAEoDRISCgpiZWZvcmVfc2VxGAUgASgEIlsKDFB1bGxSZXNwb25zZRInCghtZXNzYWdlcxgBIAMoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlEhAKCGhlYWRfc2VxGAIgASgEEhAKCGhhc19tb3JlGAMgASgIIiEKDkdldEhlYWRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkiIwoPR2V0SGVhZFJlc3BvbnNlEhAKCGhlYWRfc2VxGAEgASgEIiMKEUdldE1lc3NhZ2VSZXF1ZXN0Eg4KBm1zZ19pZBgBIAEoBCI8ChJHZXRNZXNzYWdlUmVzcG9uc2USJgoHbWVzc2FnZRgBIAEoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlIh8KDFJvdXRlUmVxdWVzdBIPCgdjb252X2lkGAEgASgJIm8KDVJvdXRlUmVzcG9uc2USDwoHbm9kZV9pZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEhEKCXBhcnRpdGlvbhgDIAEoDRINCgVlcG9jaBgEIAEoBBIaChJtZW1iZXJzaGlwX3ZlcnNpb24YBSABKAQiPAoQU2VuZEJhdGNoUmVxdWVzdBIoCgVpdGVtcxgBIAMoCzIZLnNlcXVlbmNlci52MS5TZW5kUmVxdWVzdCI+ChFTZW5kQmF0Y2hSZXNwb25zZRIpCgdyZXN1bHRzGAEgAygLMhguc2VxdWVuY2VyLnYxLlNlbmRSZXN1bHQiawoKU2VuZFJlc3VsdBIoCgJvaxgBIAEoCzIaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2VIABIoCgVlcnJvchgCIAEoCzIXLnNlcXVlbmNlci52MS5TZW5kRXJyb3JIAEIJCgdvdXRjb21lIioKCVNlbmRFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkiPAoPTWFya1JlYWRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSCwoDdWlkGAIgASgEEgsKA3NlcRgDIAEoBCJGChBNYXJrUmVhZFJlc3BvbnNlEhAKCHJlYWRfc2VxGAEgASgEEhAKCGhlYWRfc2VxGAIgASgEEg4KBnVucmVhZBgDIAEoBCI0ChNHZXRSZWFkU3RhdGVSZXF1ZXN0EgsKA3VpZBgBIAEoBBIQCghjb252X2lkcxgCIAMoCSI/ChRHZXRSZWFkU3RhdGVSZXNwb25zZRInCgZzdGF0ZXMYASADKAsyFy5zZXF1ZW5jZXIudjEuUmVhZFN0YXRlIlAKCVJlYWRTdGF0ZRIPCgdjb252X2lkGAEgASgJEhAKCHJlYWRfc2VxGAIgASgEEhAKCGhlYWRfc2VxGAMgASgEEg4KBnVucmVhZBgEIAEoBCIsCgZDdXJzb3ISDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQiOQoQU3Vic2NyaWJlUmVxdWVzdBIlCgdjdXJzb3JzGAEgAygLMhQuc2VxdWVuY2VyLnYxLkN1cnNvciKiAQoRU3Vic2NyaWJlUmVzcG9uc2USKAoHbWVzc2FnZRgBIAEoCzIVLnNlcXVlbmNlci52MS5NZXNzYWdlSAASLAoJaGVhcnRiZWF0GAIgASgLMhcuc2VxdWVuY2VyLnYxLkhlYXJ0YmVhdEgAEiwKCXRydW5jYXRlZBgDIAEoCzIXLnNlcXVlbmNlci52MS5UcnVuY2F0ZWRIAEIHCgVldmVudCILCglIZWFydGJlYXQiMAoJVHJ1bmNhdGVkEg8KB2NvbnZfaWQYASABKAkSEgoKb2xkZXN0X3NlcRgCIAEoBCJaCg9QdWxsTWFueVJlcXVlc3QSJQoHY3Vyc29ycxgBIAMoCzIULnNlcXVlbmNlci52MS5DdXJzb3ISDQoFbGltaXQYAiABKA0SEQoJbWF4X2J5dGVzGAMgASgNIj0KEFB1bGxNYW55UmVzcG9uc2USKQoFcGFnZXMYASADKAsyGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlMvYFChBTZXF1ZW5jZXJTZXJ2aWNlEj0KBFNlbmQSGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEj0KBFB1bGwSGS5zZXF1ZW5jZXIudjEuUHVsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlEkYKB0dldEhlYWQSHC5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlcXVlc3QaHS5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlc3BvbnNlEk8KCkdldE1lc3NhZ2USHy5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlcXVlc3QaIC5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlc3BvbnNlEkAKBVJvdXRlEhouc2VxdWVuY2VyLnYxLlJvdXRlUmVxdWVzdBobLnNlcXVlbmNlci52MS5Sb3V0ZVJlc3BvbnNlEkwKCVNlbmRCYXRjaBIeLnNlcXVlbmNlci52MS5TZW5kQmF0Y2hSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlc3BvbnNlEkkKCE1hcmtSZWFkEh0uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVxdWVzdBoeLnNlcXVlbmNlci52MS5NYXJrUmVhZFJlc3BvbnNlElUKDEdldFJlYWRTdGF0ZRIhLnNlcXVlbmNlci52MS5HZXRSZWFkU3RhdGVSZXF1ZXN0GiIuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlc3BvbnNlEk4KCVN1YnNjcmliZRIeLnNlcXVlbmNlci52MS5TdWJzY3JpYmVSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlN1YnNjcmliZVJlc3BvbnNlMAESSQoIUHVsbE1hbnkSHS5zZXF1ZW5jZXIudjEuUHVsbE1hbnlSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLlB1bGxNYW55UmVzcG9uc2VCQlpAZ2l0aHViLmNvbS9zZXF1ZW5jZXItaW0vc2VxdWVuY2VyL3Byb3RvL3NlcXVlbmNlci92MTtzZXF1ZW5jZXJ2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgixAIKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKBGtpbmQYCSABKA4yGS5zZXF1ZW5jZXIudjEuTWVzc2FnZUtpbmQSFQoNdGFyZ2V0X21zZ19pZBgKIAEoBBIQCghyZWNhbGxlZBgLIAEoCBISCgplZGl0X2NvdW50GAwgASgNEi0KCWVkaXRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiZwoLUHVsbFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDQoFbGltaXQYAyABKA0SEQoJbWF4X2J5dGVzGAQgASgNEhIKCmJlZm9yZV9zZXEYBSABKAQiWwoMUHVsbFJlc3BvbnNlEicKCG1lc3NhZ2VzGAEgAygLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2USEAoIaGVhZF9zZXEYAiABKAQSEAoIaGFzX21vcmUYAyABKAgiIQoOR2V0SGVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSIjCg9HZXRIZWFkUmVzcG9uc2USEAoIaGVhZF9zZXEYASABKAQiIwoRR2V0TWVzc2FnZVJlcXVlc3QSDgoGbXNnX2lkGAEgASgEIjwKEkdldE1lc3NhZ2VSZXNwb25zZRImCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2UiHwoMUm91dGVSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkibwoNUm91dGVSZXNwb25zZRIPCgdub2RlX2lkGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSEQoJcGFydGl0aW9uGAMgASgNEg0KBWVwb2NoGAQgASgEEhoKEm1lbWJlcnNoaXBfdmVyc2lvbhgFIAEoBCI8ChBTZW5kQmF0Y2hSZXF1ZXN0EigKBWl0ZW1zGAEgAygLMhkuc2VxdWVuY2VyLnYxLlNlbmRSZXF1ZXN0Ij4KEVNlbmRCYXRjaFJlc3BvbnNlEikKB3Jlc3VsdHMYASADKAsyGC5zZXF1ZW5jZXIudjEuU2VuZFJlc3VsdCJrCgpTZW5kUmVzdWx0EigKAm9rGAEgASgLMhouc2VxdWVuY2VyLnYxLlNlbmRSZXNwb25zZUgAEigKBWVycm9yGAIgASgLMhcuc2VxdWVuY2VyLnYxLlNlbmRFcnJvckgAQgkKB291dGNvbWUiKgoJU2VuZEVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSI8Cg9NYXJrUmVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRILCgN1aWQYAiABKAQSCwoDc2VxGAMgASgEIkYKEE1hcmtSZWFkUmVzcG9uc2USEAoIcmVhZF9zZXEYASABKAQSEAoIaGVhZF9zZXEYAiABKAQSDgoGdW5yZWFkGAMgASgEIjQKE0dldFJlYWRTdGF0ZVJlcXVlc3QSCwoDdWlkGAEgASgEEhAKCGNvbnZfaWRzGAIgAygJIj8KFEdldFJlYWRTdGF0ZVJlc3BvbnNlEicKBnN0YXRlcxgBIAMoCzIXLnNlcXVlbmNlci52MS5SZWFkU3RhdGUiUAoJUmVhZFN0YXRlEg8KB2NvbnZfaWQYASABKAkSEAoIcmVhZF9zZXEYAiABKAQSEAoIaGVhZF9zZXEYAyABKAQSDgoGdW5yZWFkGAQgASgEIiwKBkN1cnNvchIPCgdjb252X2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBCI5ChBTdWJzY3JpYmVSZXF1ZXN0EiUKB2N1cnNvcnMYASADKAsyFC5zZXF1ZW5jZXIudjEuQ3Vyc29yIqIBChFTdWJzY3JpYmVSZXNwb25zZRIoCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2VIABIsCgloZWFydGJlYXQYAiABKAsyFy5zZXF1ZW5jZXIudjEuSGVhcnRiZWF0SAASLAoJdHJ1bmNhdGVkGAMgASgLMhcuc2VxdWVuY2VyLnYxLlRydW5jYXRlZEgAQgcKBWV2ZW50IgsKCUhlYXJ0YmVhdCIwCglUcnVuY2F0ZWQSDwoHY29udl9pZBgBIAEoCRISCgpvbGRlc3Rfc2VxGAIgASgEIloKD1B1bGxNYW55UmVxdWVzdBIlCgdjdXJzb3JzGAEgAygLMhQuc2VxdWVuY2VyLnYxLkN1cnNvchINCgVsaW1pdBgCIAEoDRIRCgltYXhfYnl0ZXMYAyABKA0iPQoQUHVsbE1hbnlSZXNwb25zZRIpCgVwYWdlcxgBIAMoCzIaLnNlcXVlbmNlci52MS5QdWxsUmVzcG9uc2UiggEKC0VkaXRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEAoIZnJvbV91aWQYAiABKAQSFQoNY2xpZW50X21zZ19pZBgDIAEoCRIVCg10YXJnZXRfbXNnX2lkGAQgASgEEgwKBGJvZHkYBSABKAwSFAoMYXNfbW9kZXJhdG9yGAYgASgIInYKDVJlY2FsbFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhUKDXRhcmdldF9tc2dfaWQYBCABKAQSFAoMYXNfbW9kZXJhdG9yGAUgASgIIjcKFkdldFJlYWRSZWNlaXB0c1JlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIMCgRzZXFzGAIgAygEIioKF0dldFJlYWRSZWNlaXB0c1Jlc3BvbnNlEg8KB3JlYWRfYnkYASADKAQiTQoYTGlzdFJlYWRQb3NpdGlvbnNSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfdWlkGAIgASgEEg0KBWxpbWl0GAMgASgNIlwKGUxpc3RSZWFkUG9zaXRpb25zUmVzcG9uc2USLQoJcG9zaXRpb25zGAEgAygLMhouc2VxdWVuY2VyLnYxLlJlYWRQb3NpdGlvbhIQCghoYXNfbW9yZRgCIAEoCCItCgxSZWFkUG9zaXRpb24SCwoDdWlkGAEgASgEEhAKCHJlYWRfc2VxGAIgASgEKlsKC01lc3NhZ2VLaW5kEhwKGE1FU1NBR0VfS0lORF9VTlNQRUNJRklFRBAAEhUKEU1FU1NBR0VfS0lORF9FRElUEAESFwoTTUVTU0FHRV9LSU5EX1JFQ0FMTBACMr4IChBTZXF1ZW5jZXJTZXJ2aWNlEj0KBFNlbmQSGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEj0KBFB1bGwSGS5zZXF1ZW5jZXIudjEuUHVsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlEkYKB0dldEhlYWQSHC5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlcXVlc3QaHS5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlc3BvbnNlEk8KCkdldE1lc3NhZ2USHy5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlcXVlc3QaIC5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlc3BvbnNlEkAKBVJvdXRlEhouc2VxdWVuY2VyLnYxLlJvdXRlUmVxdWVzdBobLnNlcXVlbmNlci52MS5Sb3V0ZVJlc3BvbnNlEkwKCVNlbmRCYXRjaBIeLnNlcXVlbmNlci52MS5TZW5kQmF0Y2hSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlc3BvbnNlEkkKCE1hcmtSZWFkEh0uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVxdWVzdBoeLnNlcXVlbmNlci52MS5NYXJrUmVhZFJlc3BvbnNlElUKDEdldFJlYWRTdGF0ZRIhLnNlcXVlbmNlci52MS5HZXRSZWFkU3RhdGVSZXF1ZXN0GiIuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlc3BvbnNlEk4KCVN1YnNjcmliZRIeLnNlcXVlbmNlci52MS5TdWJzY3JpYmVSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlN1YnNjcmliZVJlc3BvbnNlMAESSQoIUHVsbE1hbnkSHS5zZXF1ZW5jZXIudjEuUHVsbE1hbnlSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLlB1bGxNYW55UmVzcG9uc2USPQoERWRpdBIZLnNlcXVlbmNlci52MS5FZGl0UmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USQQoGUmVjYWxsEhsuc2VxdWVuY2VyLnYxLlJlY2FsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEl4KD0dldFJlYWRSZWNlaXB0cxIkLnNlcXVlbmNlci52MS5HZXRSZWFkUmVjZWlwdHNSZXF1ZXN0GiUuc2VxdWVuY2VyLnYxLkdldFJlYWRSZWNlaXB0c1Jlc3BvbnNlEmQKEUxpc3RSZWFkUG9zaXRpb25zEiYuc2VxdWVuY2VyLnYxLkxpc3RSZWFkUG9zaXRpb25zUmVxdWVzdBonLnNlcXVlbmNlci52MS5MaXN0UmVhZFBvc2l0aW9uc1Jlc3BvbnNlQkJaQGdpdGh1Yi5jb20vc2VxdWVuY2VyLWltL3NlcXVlbmNlci9wcm90by9zZXF1ZW5jZXIvdjE7c2VxdWVuY2VydjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message sequencer.v1.SendRequest
@@ -138,6 +138,40 @@ export type Message = Message$1<"sequencer.v1.Message"> & {
    * @generated from field: google.protobuf.Timestamp server_at = 8;
    */
   serverAt?: Timestamp | undefined;
+
+  /**
+   * What this message is: an ordinary message, or an edit or recall event
+   * of the message target_msg_id.
+   *
+   * @generated from field: sequencer.v1.MessageKind kind = 9;
+   */
+  kind: MessageKind;
+
+  /**
+   * The message an edit or recall event acts on (0 for ordinary messages).
+   *
+   * @generated from field: uint64 target_msg_id = 10;
+   */
+  targetMsgId: bigint;
+
+  /**
+   * The message was recalled: its body is gone for good.
+   *
+   * @generated from field: bool recalled = 11;
+   */
+  recalled: boolean;
+
+  /**
+   * How often the message was edited, and when last.
+   *
+   * @generated from field: uint32 edit_count = 12;
+   */
+  editCount: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp edited_at = 13;
+   */
+  editedAt?: Timestamp | undefined;
 };
 
 /**
@@ -762,6 +796,230 @@ export const PullManyResponseSchema: GenMessage<PullManyResponse> = /*@__PURE__*
   messageDesc(file_sequencer_v1_sequencer, 26);
 
 /**
+ * @generated from message sequencer.v1.EditRequest
+ */
+export type EditRequest = Message$1<"sequencer.v1.EditRequest"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 from_uid = 2;
+   */
+  fromUid: bigint;
+
+  /**
+   * @generated from field: string client_msg_id = 3;
+   */
+  clientMsgId: string;
+
+  /**
+   * @generated from field: uint64 target_msg_id = 4;
+   */
+  targetMsgId: bigint;
+
+  /**
+   * @generated from field: bytes body = 5;
+   */
+  body: Uint8Array;
+
+  /**
+   * The logic layer authorized from_uid to act as a moderator: the sender
+   * check is skipped.
+   *
+   * @generated from field: bool as_moderator = 6;
+   */
+  asModerator: boolean;
+};
+
+/**
+ * Describes the message sequencer.v1.EditRequest.
+ * Use `create(EditRequestSchema)` to create a new message.
+ */
+export const EditRequestSchema: GenMessage<EditRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 27);
+
+/**
+ * @generated from message sequencer.v1.RecallRequest
+ */
+export type RecallRequest = Message$1<"sequencer.v1.RecallRequest"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 from_uid = 2;
+   */
+  fromUid: bigint;
+
+  /**
+   * @generated from field: string client_msg_id = 3;
+   */
+  clientMsgId: string;
+
+  /**
+   * @generated from field: uint64 target_msg_id = 4;
+   */
+  targetMsgId: bigint;
+
+  /**
+   * @generated from field: bool as_moderator = 5;
+   */
+  asModerator: boolean;
+};
+
+/**
+ * Describes the message sequencer.v1.RecallRequest.
+ * Use `create(RecallRequestSchema)` to create a new message.
+ */
+export const RecallRequestSchema: GenMessage<RecallRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 28);
+
+/**
+ * @generated from message sequencer.v1.GetReadReceiptsRequest
+ */
+export type GetReadReceiptsRequest = Message$1<"sequencer.v1.GetReadReceiptsRequest"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * 1..100 seqs.
+   *
+   * @generated from field: repeated uint64 seqs = 2;
+   */
+  seqs: bigint[];
+};
+
+/**
+ * Describes the message sequencer.v1.GetReadReceiptsRequest.
+ * Use `create(GetReadReceiptsRequestSchema)` to create a new message.
+ */
+export const GetReadReceiptsRequestSchema: GenMessage<GetReadReceiptsRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 29);
+
+/**
+ * @generated from message sequencer.v1.GetReadReceiptsResponse
+ */
+export type GetReadReceiptsResponse = Message$1<"sequencer.v1.GetReadReceiptsResponse"> & {
+  /**
+   * read_by[i]: users with read_seq >= seqs[i].
+   *
+   * @generated from field: repeated uint64 read_by = 1;
+   */
+  readBy: bigint[];
+};
+
+/**
+ * Describes the message sequencer.v1.GetReadReceiptsResponse.
+ * Use `create(GetReadReceiptsResponseSchema)` to create a new message.
+ */
+export const GetReadReceiptsResponseSchema: GenMessage<GetReadReceiptsResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 30);
+
+/**
+ * @generated from message sequencer.v1.ListReadPositionsRequest
+ */
+export type ListReadPositionsRequest = Message$1<"sequencer.v1.ListReadPositionsRequest"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 after_uid = 2;
+   */
+  afterUid: bigint;
+
+  /**
+   * 0 means 100; above 1000 is clamped to 1000.
+   *
+   * @generated from field: uint32 limit = 3;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message sequencer.v1.ListReadPositionsRequest.
+ * Use `create(ListReadPositionsRequestSchema)` to create a new message.
+ */
+export const ListReadPositionsRequestSchema: GenMessage<ListReadPositionsRequest> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 31);
+
+/**
+ * @generated from message sequencer.v1.ListReadPositionsResponse
+ */
+export type ListReadPositionsResponse = Message$1<"sequencer.v1.ListReadPositionsResponse"> & {
+  /**
+   * @generated from field: repeated sequencer.v1.ReadPosition positions = 1;
+   */
+  positions: ReadPosition[];
+
+  /**
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message sequencer.v1.ListReadPositionsResponse.
+ * Use `create(ListReadPositionsResponseSchema)` to create a new message.
+ */
+export const ListReadPositionsResponseSchema: GenMessage<ListReadPositionsResponse> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 32);
+
+/**
+ * @generated from message sequencer.v1.ReadPosition
+ */
+export type ReadPosition = Message$1<"sequencer.v1.ReadPosition"> & {
+  /**
+   * @generated from field: uint64 uid = 1;
+   */
+  uid: bigint;
+
+  /**
+   * @generated from field: uint64 read_seq = 2;
+   */
+  readSeq: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.ReadPosition.
+ * Use `create(ReadPositionSchema)` to create a new message.
+ */
+export const ReadPositionSchema: GenMessage<ReadPosition> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 33);
+
+/**
+ * @generated from enum sequencer.v1.MessageKind
+ */
+export enum MessageKind {
+  /**
+   * @generated from enum value: MESSAGE_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: MESSAGE_KIND_EDIT = 1;
+   */
+  EDIT = 1,
+
+  /**
+   * @generated from enum value: MESSAGE_KIND_RECALL = 2;
+   */
+  RECALL = 2,
+}
+
+/**
+ * Describes the enum sequencer.v1.MessageKind.
+ */
+export const MessageKindSchema: GenEnum<MessageKind> = /*@__PURE__*/
+  enumDesc(file_sequencer_v1_sequencer, 0);
+
+/**
  * SequencerService gives every message a global msg_id and a per-conversation,
  * contiguous seq, and answers a Send only after the message is durably stored.
  *
@@ -886,6 +1144,57 @@ export const SequencerService: GenService<{
     methodKind: "unary";
     input: typeof PullManyRequestSchema;
     output: typeof PullManyResponseSchema;
+  },
+  /**
+   * Edit appends an edit event (the next seq, kind MESSAGE_KIND_EDIT,
+   * target_msg_id set, the new body) and, in the same transaction, gives the
+   * target the new body, edit_count + 1 and edited_at. Idempotent by
+   * (from_uid, client_msg_id) like Send. Errors consume no seq: not_found
+   * (target not a stored message of conv_id), permission_denied (not the
+   * target's sender and not as_moderator), failed_precondition (target
+   * recalled, or outside --edit-window), invalid_argument (body as Send).
+   *
+   * @generated from rpc sequencer.v1.SequencerService.Edit
+   */
+  edit: {
+    methodKind: "unary";
+    input: typeof EditRequestSchema;
+    output: typeof SendResponseSchema;
+  },
+  /**
+   * Recall appends a recall event (the next seq, kind MESSAGE_KIND_RECALL,
+   * target_msg_id set, no body) and, in the same transaction, marks the
+   * target recalled and removes its body for good. Same rules as Edit
+   * (--recall-window).
+   *
+   * @generated from rpc sequencer.v1.SequencerService.Recall
+   */
+  recall: {
+    methodKind: "unary";
+    input: typeof RecallRequestSchema;
+    output: typeof SendResponseSchema;
+  },
+  /**
+   * GetReadReceipts answers, for each of 1..100 seqs, how many users have a
+   * stored read position >= it in the conversation (the sender included).
+   *
+   * @generated from rpc sequencer.v1.SequencerService.GetReadReceipts
+   */
+  getReadReceipts: {
+    methodKind: "unary";
+    input: typeof GetReadReceiptsRequestSchema;
+    output: typeof GetReadReceiptsResponseSchema;
+  },
+  /**
+   * ListReadPositions lists a conversation's read positions by uid,
+   * ascending, after after_uid.
+   *
+   * @generated from rpc sequencer.v1.SequencerService.ListReadPositions
+   */
+  listReadPositions: {
+    methodKind: "unary";
+    input: typeof ListReadPositionsRequestSchema;
+    output: typeof ListReadPositionsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sequencer_v1_sequencer, 0);
