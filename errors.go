@@ -115,3 +115,19 @@ func ErrorCode(err error) Code {
 	}
 	return CodeInternal
 }
+
+// OwnerElsewhere wraps a send's error when this node could not reach the
+// conversation's owner over the cluster link (its link is down, or it made
+// no progress), while a client may: Addr is the owner's client API
+// address. The API edge tells the client where to go (the
+// Sequencer-Owner header, and for plain Connect clients an HTTP 307 to
+// the owner: docs/API.md "Redirects"). The wrapped error's code is the
+// answer's code; resending there with the same client_msg_id is exact.
+type OwnerElsewhere struct {
+	NodeID string
+	Addr   string
+	Err    error
+}
+
+func (e *OwnerElsewhere) Error() string { return e.Err.Error() }
+func (e *OwnerElsewhere) Unwrap() error { return e.Err }

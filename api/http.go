@@ -63,6 +63,10 @@ type Edge struct {
 	// invalid_argument (never a retryable code). Default (<= 0): the
 	// service's ReadMaxBytes.
 	MaxRequestBytes int
+	// RedirectToOwner answers a unary Connect Send that could not reach
+	// the conversation's owner over the cluster link with HTTP 307 to the
+	// owner's API address (redirect.go).
+	RedirectToOwner bool
 }
 
 // NewAPIMux returns a mux serving svc's RPCs behind edge's guards, in this
@@ -88,6 +92,9 @@ func newAPIMux(svc *Service, edge Edge, direct bool) *http.ServeMux {
 	h = streamControl(h) // Subscribe's deadlines (subscribe.go)
 	if direct {
 		h = &sendJSON{svc: svc, ew: ew, next: h}
+	}
+	if edge.RedirectToOwner {
+		h = redirectToOwner(h)
 	}
 	h = limitBody(svc, ew, int64(limit), h)
 	h = needContentType(svc, h)

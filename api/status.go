@@ -105,7 +105,13 @@ func ToConnectError(ctx context.Context, err error) *connect.Error {
 		// by a sequencer edge.
 		return connect.NewError(ConnectCode(code), errors.New(ce.Message()))
 	}
-	return connect.NewError(ConnectCode(code), errors.New(clientMessage(code, err)))
+	ce = connect.NewError(ConnectCode(code), errors.New(clientMessage(code, err)))
+	var oe *sequencer.OwnerElsewhere
+	if errors.As(err, &oe) {
+		ce.Meta().Set(HeaderOwner, oe.NodeID)
+		ce.Meta().Set(HeaderOwnerAddr, oe.Addr)
+	}
+	return ce
 }
 
 func clientMessage(code sequencer.Code, err error) string {

@@ -499,6 +499,12 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 	if sequencer.ErrorCode(err) != sequencer.CodeDeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("send into a blackholed link: %v (code %v), want deadline_exceeded (outcome unknown)", err, sequencer.ErrorCode(err))
 	}
+	// The answer names the owner's client address: the cut may be between
+	// the nodes only (the API edge redirects plain clients there).
+	var oe *sequencer.OwnerElsewhere
+	if !errors.As(err, &oe) || oe.NodeID != "b" || oe.Addr != "api-b" {
+		t.Fatalf("send into a blackholed link: %v does not name the owner b at api-b", err)
+	}
 	if loc, _ := a.cn.Locate(conv); loc.NodeID != "b" {
 		t.Fatalf("%s moved to %s during the test", conv, loc.NodeID)
 	}
@@ -506,8 +512,8 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 	// The link is down for a now: a send to b is answered at once, not
 	// sent (unavailable), until a's probe of the link answers again.
 	unsent := sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "while-down", MsgType: 1}
-	if _, err := a.cn.Send(ctx, unsent); sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
-		t.Fatalf("send while the link is down: %v (code %v), want unavailable at once", err, sequencer.ErrorCode(err))
+	if _, err := a.cn.Send(ctx, unsent); sequencer.ErrorCode(err) != sequencer.CodeUnavailable || !errors.As(err, &oe) || oe.Addr != "api-b" {
+		t.Fatalf("send while the link is down: %v (code %v), want unavailable at once, naming the owner's address", err, sequencer.ErrorCode(err))
 	}
 	hole.hole.Store(false)
 	// The client's resend, until the link is up again (probed every

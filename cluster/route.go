@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -164,10 +165,10 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 				// after an attempt without an answer, the outcome is
 				// unknown (deadline_exceeded), never "not stored".
 				if unknownBefore {
-					return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeDeadlineExceeded,
-						fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled), o.err.Error()+"; an earlier attempt's outcome is unknown")
+					return sequencer.SendResult{}, elsewhere(dst.Owner, sequencer.Wrap(sequencer.CodeDeadlineExceeded,
+						fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled), o.err.Error()+"; an earlier attempt's outcome is unknown"))
 				}
-				return sequencer.SendResult{}, o.err
+				return sequencer.SendResult{}, elsewhere(dst.Owner, o.err)
 			case fwdRetry:
 				if dst.Successor && !unknownBefore {
 					// This node cannot write, and the next owner has not
@@ -183,7 +184,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 					// The link to the owner makes no progress: outcome
 					// unknown (deadline_exceeded, never an error that says
 					// "not stored"); the client re-routes and resends.
-					return sequencer.SendResult{}, o.err
+					return sequencer.SendResult{}, elsewhere(dst.Owner, o.err)
 				case ctx.Err() != nil:
 					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", dst.Owner.NodeID, ctx.Err(), o.err)
 				}
@@ -215,6 +216,16 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 }
 
 var errHandoffWait = errors.New("handoff wait over")
+
+// elsewhere marks err (a forward that did not reach owner) with the
+// owner's client address, so the API edge can send the client there: the
+// cut may be between the nodes only.
+func elsewhere(owner membership.Member, err error) error {
+	if owner.APIAddr == "" {
+		return err
+	}
+	return &sequencer.OwnerElsewhere{NodeID: owner.NodeID, Addr: owner.APIAddr, Err: err}
+}
 
 // ownResend clears Duplicate on the answer to a resend this node made on its
 // own (an earlier attempt of the same call got no answer): the client sent

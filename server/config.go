@@ -79,6 +79,11 @@ type Config struct {
 	// CORSOrigins are the browser origins allowed to call the API
 	// (comma-separated on the command line). Default none.
 	CORSOrigins []string
+	// RedirectToOwner answers a plain Connect Send that this node could not
+	// place, because the conversation's owner is out of its reach over the
+	// cluster link, with HTTP 307 to the owner (api.Edge.RedirectToOwner,
+	// docs/API.md "Redirects"). Default true.
+	RedirectToOwner bool
 
 	// Retention, when > 0, makes the node delete messages whose server_at
 	// is older than now-Retention (persist.TrimAll; heads are kept), once
@@ -139,6 +144,7 @@ func DefaultConfig() Config {
 		StoreConns:        pools.Read,
 		StoreControlConns: pools.Control,
 		DrainTimeout:      30 * time.Second,
+		RedirectToOwner:   true,
 		RetentionEvery:    time.Hour,
 		API:               api.DefaultConfig(),
 		Actors:            actor.DefaultConfig(),

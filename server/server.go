@@ -237,7 +237,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	scfg.Positions = st
 	scfg.Feed = s.feed
 	svc := api.NewService(scfg)
-	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins}
+	apiEdge := api.Edge{Tokens: s.edge.tokens, CORSOrigins: cfg.CORSOrigins, RedirectToOwner: cfg.RedirectToOwner}
 	apiMux := api.NewAPIMux(svc, apiEdge)
 	s.health = api.NewHealth(s.readiness)
 	api.MountGRPCTools(apiMux, svc, s.health, apiEdge)

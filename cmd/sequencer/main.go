@@ -141,6 +141,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.StringVar(&c.AuthTokenFile, "auth-token-file", d.AuthTokenFile, "bearer tokens, one per line (# comments): every API RPC then needs Authorization: Bearer <token>; re-read on SIGHUP")
 	fs.StringVar(&c.AdminListen, "admin-listen", d.AdminListen, "address for /healthz, /readyz, /metrics and the web console /console/ (they then leave --listen)")
 	c.CORSOrigins = d.CORSOrigins
+	fs.BoolVar(&c.RedirectToOwner, "redirect-to-owner", d.RedirectToOwner, "answer a plain Connect Send (JSON or binary POST) that this node cannot forward, because the owner is out of its reach over the cluster link, with HTTP 307 to the owner's API address (--redirect-to-owner=false: the 503/504 error only)")
 	fs.Var(listFlag{&c.CORSOrigins}, "cors-origins", "comma-separated browser origins allowed to call the API (CORS), e.g. https://app.example.com")
 }
 
