@@ -1,6 +1,7 @@
 package sequencer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -131,3 +132,18 @@ type OwnerElsewhere struct {
 
 func (e *OwnerElsewhere) Error() string { return e.Err.Error() }
 func (e *OwnerElsewhere) Unwrap() error { return e.Err }
+
+type followsRedirectsKey struct{}
+
+// WithRedirects marks ctx as the call of a client that follows an HTTP
+// redirect to the owner (the API edge sets it): routing may answer such a
+// send with OwnerElsewhere at once instead of forwarding it over a slow link.
+func WithRedirects(ctx context.Context) context.Context {
+	return context.WithValue(ctx, followsRedirectsKey{}, true)
+}
+
+// FollowsRedirects reports whether ctx was marked by WithRedirects.
+func FollowsRedirects(ctx context.Context) bool {
+	v, _ := ctx.Value(followsRedirectsKey{}).(bool)
+	return v
+}

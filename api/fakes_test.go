@@ -15,12 +15,16 @@ import (
 type fakeSender struct {
 	mu    sync.Mutex
 	calls []sequencer.SendRequest
-	fn    func(req sequencer.SendRequest) (sequencer.SendResult, error)
+	// follows[i]: calls[i] came from a client that follows redirects
+	// (sequencer.FollowsRedirects).
+	follows []bool
+	fn      func(req sequencer.SendRequest) (sequencer.SendResult, error)
 }
 
-func (f *fakeSender) Send(_ context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+func (f *fakeSender) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, req)
+	f.follows = append(f.follows, sequencer.FollowsRedirects(ctx))
 	fn := f.fn
 	f.mu.Unlock()
 	if fn == nil {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
@@ -34,7 +35,11 @@ const redirectedParam = "sequencer-redirected"
 //
 // Not redirected: gRPC and gRPC-Web (they do not follow HTTP redirects),
 // browsers (a request with an Origin header: a cross-origin redirect of a
-// CORS request is not followed), a request that was redirected once, and
+// CORS request is not followed), connect-go clients (v1.21.1 follows a 307
+// but may replay an empty body: its unary payload is rewound while the first
+// connection still holds it, "ContentLength=66 with Body length 0", a
+// transport error where the 503 was an answer), a request that was
+// redirected once, and
 // a request with an Authorization header when the owner is on another host
 // (HTTP clients drop the header on such a redirect, which would turn a
 // retryable answer into unauthenticated).
@@ -44,13 +49,14 @@ func redirectToOwner(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(&redirectWriter{ResponseWriter: w, r: r}, r)
+		next.ServeHTTP(&redirectWriter{ResponseWriter: w, r: r}, r.WithContext(sequencer.WithRedirects(r.Context())))
 	})
 }
 
 func redirectable(r *http.Request) bool {
 	if r.Method != http.MethodPost || r.URL.Path != sequencerv1connect.SequencerServiceSendProcedure ||
-		r.Header.Get("Origin") != "" || r.URL.Query().Has(redirectedParam) {
+		r.Header.Get("Origin") != "" || r.URL.Query().Has(redirectedParam) ||
+		strings.HasPrefix(r.Header.Get("User-Agent"), "connect-go/") {
 		return false
 	}
 	ct := strings.ToLower(strings.TrimSpace(strings.SplitN(r.Header.Get("Content-Type"), ";", 2)[0]))

@@ -77,6 +77,13 @@ type Config struct {
 	// then is answered deadline_exceeded (outcome unknown; the client
 	// resends with the same client_msg_id). docs/API.md states it.
 	ForwardTimeout time.Duration
+	// SlowLink: when the link's share of a forward's round trip to a peer
+	// averages above it, a client send that follows redirects
+	// (sequencer.FollowsRedirects) is not forwarded there but answered at
+	// once with the owner's address (sequencer.OwnerElsewhere): the client
+	// reaches the owner faster itself. 0: never (links are used however
+	// slow). Not a flag; --redirect-to-owner=false turns every redirect off.
+	SlowLink time.Duration
 	// StopTimeout bounds the wait for a partition's in-flight batches when it
 	// is handed off or the node steps down; the lease is released anyway
 	// after it (late commits are fenced).
@@ -113,6 +120,7 @@ func DefaultConfig() Config {
 		Heartbeat:      250 * time.Millisecond,
 		HandoffWait:    2 * time.Second,
 		ForwardTimeout: 10 * time.Second,
+		SlowLink:       100 * time.Millisecond,
 		StopTimeout:    10 * time.Second,
 	}
 }

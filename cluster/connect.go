@@ -394,7 +394,11 @@ type clusterService struct {
 }
 
 func (s *clusterService) Forward(ctx context.Context, req *connect.Request[clusterv1.ForwardBatch]) (*connect.Response[clusterv1.ForwardBatchReply], error) {
+	start := time.Now() // a measurement's own timing (served_us), not the clock
 	reply, err := s.h.HandleForward(ctx, req.Msg)
+	if reply != nil {
+		reply.ServedUs = uint64(time.Since(start) / time.Microsecond) // the measurement's own timing
+	}
 	if err != nil {
 		var re *RefusedError
 		if errors.As(err, &re) {

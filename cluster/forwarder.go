@@ -136,6 +136,7 @@ type forwarder struct {
 	// address, with when; a send to one is answered at once, not sent,
 	// until a probe (every downProbe) answers again (see markDown).
 	down   map[string]time.Time
+	links  linkTimes // the links' share of the forwards' round trips (slowlink.go)
 	policy forwardPolicy
 	ctx    context.Context // batches in flight; canceled by close
 	cancel context.CancelFunc
@@ -167,6 +168,8 @@ type forwarderDeps struct {
 	// probeTimeout ends the batches in flight to that peer (stalled).
 	// Zero: ForwardProbeAfter and ForwardProbeTimeout.
 	probeAfter, probeTimeout time.Duration
+	// slowLink: Config.SlowLink (0: no link is slow).
+	slowLink time.Duration
 }
 
 // The stall guard of a forward (forwarder): a batch not answered within
@@ -202,6 +205,12 @@ func newForwarder(d forwarderDeps) *forwarder {
 		policy: defaultForwardPolicy}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	return f
+}
+
+// linkSlow reports whether the link to the peer at addr is slow by the
+// recent forwards (Config.SlowLink), and its average link time.
+func (f *forwarder) linkSlow(addr string) (time.Duration, bool) {
+	return f.links.slow(addr, f.clk.Now(), f.slowLink)
 }
 
 // close fails the batches in flight (their items get no answer).
@@ -353,9 +362,14 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 	if f.probe != nil {
 		stopWatch = f.watch(addr, func() { cancel(errLinkStalled) })
 	}
+	sent := f.clk.Now()
 	reply, err := f.forward(ctx, addr, msg)
 	if stopWatch != nil {
 		stopWatch()
+	}
+	if err == nil {
+		now := f.clk.Now()
+		f.links.note(addr, now.Sub(sent)-time.Duration(reply.GetServedUs())*time.Microsecond, now, f.slowLink)
 	}
 	if err == nil && len(reply.GetResults()) != len(batch) {
 		err = fmt.Errorf("node at %s answered %d results for %d items", addr, len(reply.GetResults()), len(batch))

@@ -420,6 +420,7 @@ type holeProxy struct {
 	ln     net.Listener
 	target string
 	hole   atomic.Bool
+	delay  atomic.Int64 // a time.Duration each chunk waits before it passes (a slow link)
 }
 
 func newHoleProxy(t *testing.T, target string) *holeProxy {
@@ -459,6 +460,9 @@ func (p *holeProxy) pipe(from, to net.Conn) {
 		if p.hole.Load() {
 			continue
 		}
+		if d := time.Duration(p.delay.Load()); d > 0 {
+			time.Sleep(d)
+		}
 		if _, err := to.Write(buf[:k]); err != nil {
 			from.Close()
 			return
@@ -473,13 +477,7 @@ func (p *holeProxy) pipe(from, to net.Conn) {
 // off, so that the client re-routes; once the link passes again, the resend
 // with the same key is acked and the message is stored once.
 func TestInProcessForwardIntoBlackhole(t *testing.T) {
-	pc := newProcCluster(t)
-	a := pc.startInProcess("a", ipOptions{})
-	listen := freeLoopback(t)
-	hole := newHoleProxy(t, listen)
-	b := pc.startInProcess("b", ipOptions{listen: listen, advertise: hole.ln.Addr().String()})
-	pc.waitInProcess(a, b)
-	conv := convsOwnedBy(t, a, "b", "hole", 1)[0]
+	pc, a, hole, conv := proxiedOwner(t, "hole")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	acks := map[string]acked{}
@@ -527,6 +525,75 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 	})
 	acks[req.ClientMsgID] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
 	pc.checkStored(acks)
+}
+
+// TestInProcessSlowLinkRedirects: the link from a to the owner b is slow
+// (150 ms each way). A send from a client that follows redirects
+// (sequencer.WithRedirects, set by the API edge) is answered at once with
+// b's address once a forward measured the link, not sent; one from a client
+// that does not is still forwarded. After the link heals, the next send
+// after linkFresh measures it again and forwards resume.
+func TestInProcessSlowLinkRedirects(t *testing.T) {
+	pc, a, slow, conv := proxiedOwner(t, "slow")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	redirects := sequencer.WithRedirects(ctx)
+	acks := map[string]acked{}
+	send := func(ctx context.Context, key string) error {
+		res, err := a.cn.Send(ctx, sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: key, MsgType: 1})
+		if err == nil {
+			acks[key] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
+		}
+		return err
+	}
+	if err := send(redirects, "fast"); err != nil {
+		t.Fatalf("send over a fast link: %v", err)
+	}
+
+	slow.delay.Store(int64(150 * time.Millisecond))
+	if err := send(ctx, "measures"); err != nil {
+		t.Fatalf("send over a slow link (no redirects): %v", err)
+	}
+	err := send(redirects, "redirected")
+	var oe *sequencer.OwnerElsewhere
+	if sequencer.ErrorCode(err) != sequencer.CodeUnavailable || !errors.As(err, &oe) || oe.NodeID != "b" || oe.Addr != "api-b" {
+		t.Fatalf("a redirectable send over a slow link: %v, want unavailable naming b at api-b", err)
+	}
+	if err := send(ctx, "forwarded"); err != nil {
+		t.Fatalf("a send that cannot be redirected over the slow link: %v, want it forwarded", err)
+	}
+
+	slow.delay.Store(0)
+	// The verdict ages out (linkFresh): the next send measures the link.
+	testwait.For(t, 10*time.Second, 50*time.Millisecond, "forwards resume after the link healed", func() bool {
+		err := send(redirects, "healed")
+		if err != nil && !errors.As(err, &oe) {
+			t.Fatalf("send after the link healed: %v", err)
+		}
+		return err == nil
+	})
+	if err := send(redirects, "after"); err != nil {
+		t.Fatalf("send after the link measured fast again: %v", err)
+	}
+	// The redirected attempt stored nothing: its key is new to the owner.
+	res, err := a.cn.Send(ctx, sequencer.SendRequest{ConvID: conv, FromUID: 7, ClientMsgID: "redirected", MsgType: 1})
+	if err != nil || res.Duplicate {
+		t.Fatalf("the redirected send's key: %+v %v, want a fresh store", res, err)
+	}
+	acks["redirected"] = acked{conv: conv, msgID: res.MsgID, seq: res.Seq}
+	pc.checkStored(acks)
+}
+
+// proxiedOwner starts nodes a and b, b's cluster link behind a holeProxy,
+// and returns a conversation (named with prefix) that b owns.
+func proxiedOwner(t *testing.T, prefix string) (*procCluster, *ipNode, *holeProxy, string) {
+	pc := newProcCluster(t)
+	a := pc.startInProcess("a", ipOptions{})
+	listen := freeLoopback(t)
+	proxy := newHoleProxy(t, listen)
+	b := pc.startInProcess("b", ipOptions{listen: listen, advertise: proxy.ln.Addr().String()})
+	pc.waitInProcess(a, b)
+	return pc, a, proxy, convsOwnedBy(t, a, "b", prefix, 1)[0]
 }
 
 // freeLoopback returns a free 127.0.0.1 port's address.

@@ -178,10 +178,11 @@ func New(cfg Config) (*Node, error) {
 			defer n.mu.RUnlock()
 			return n.core.Self().NodeID, n.core.Self().Incarnation, n.core.View().Version
 		},
-		suspect: n.suspect,
-		refused: n.peerRefused,
-		met:     n.met,
-		timeout: cfg.ForwardTimeout,
+		suspect:  n.suspect,
+		refused:  n.peerRefused,
+		met:      n.met,
+		timeout:  cfg.ForwardTimeout,
+		slowLink: cfg.SlowLink,
 	})
 	if p, ok := tr.(Prober); ok {
 		n.fwd.probe = p.Probe

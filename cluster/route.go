@@ -123,7 +123,7 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		retryAfter := time.Duration(0) // 0: wait for a local change
 		switch dst.Way {
 		case ownership.WayRefuse:
-			return sequencer.SendResult{}, dst.Err
+			return sequencer.SendResult{}, unknownIf(unknownBefore, dst.Err)
 		case ownership.WayWait:
 			err = dst.Err
 		case ownership.WayLocal:
@@ -145,8 +145,16 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 			retryAfter = backoff
 		case ownership.WayForward:
 			if forwarded {
-				return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))
+				// Not forwarded again. After this node's own attempt got no
+				// answer (its writer was cut), the answer must say so: the
+				// sender takes a retryable error as "not stored".
+				return sequencer.SendResult{}, unknownIf(unknownBefore, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID)))
+			}
+			if rtt, slow := n.fwd.linkSlow(dst.Owner.ClusterAddr); slow && !unknownBefore && sequencer.FollowsRedirects(ctx) && dst.Owner.APIAddr != "" {
+				// The client reaches the owner faster itself: not sent.
+				return sequencer.SendResult{}, elsewhere(dst.Owner, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+					fmt.Sprintf("the cluster link to node %s is slow (%v per forward); not sent", dst.Owner.NodeID, rtt.Round(time.Millisecond))))
 			}
 			o := n.fwd.send(ctx, req, fwdRoute{remote: true, addr: dst.Owner.ClusterAddr, owner: dst.Owner.NodeID})
 			unknownBefore = unknownBefore || o.resent
@@ -216,6 +224,20 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 }
 
 var errHandoffWait = errors.New("handoff wait over")
+
+// unknownIf answers err, or, when an earlier attempt of this send got no
+// answer (it may have stored it), deadline_exceeded (outcome unknown): a
+// retryable error says "not stored", which would be a guess. Found by the
+// availability run (db-answers-lost on n1, a raw client's send forwarded
+// to n1): n1's writer was cut mid-commit, the commit had landed, and n1
+// answered the forward "unavailable" (its ring named another owner by then).
+func unknownIf(unknownBefore bool, err error) error {
+	if !unknownBefore || !sequencer.ErrorCode(err).Retryable() {
+		return err
+	}
+	return sequencer.Wrap(sequencer.CodeDeadlineExceeded, context.DeadlineExceeded,
+		err.Error()+"; an earlier attempt's outcome is unknown")
+}
 
 // elsewhere marks err (a forward that did not reach owner) with the
 // owner's client address, so the API edge can send the client there: the

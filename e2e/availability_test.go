@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,9 +18,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sequencer-im/sequencer/client"
 	"github.com/sequencer-im/sequencer/internal/history"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
 // The availability runs of issue 30: one kind of client at a time (raw JSON
@@ -94,7 +101,7 @@ func (l *availLoad) sendUntilAcked(rng *rand.Rand, i int, conv string, from uint
 		if l.raw {
 			p := l.c.nodes[rng.Intn(len(l.c.nodes))]
 			node = p.name
-			resp, serr := send(ctx, p.jsonClient(), conv, from, cid, []byte(cid))
+			resp, serr := rawSend(ctx, p.Addr, conv, from, cid, []byte(cid))
 			if err = serr; serr == nil {
 				msgID, seq, dup = resp.MsgId, resp.Seq, resp.Duplicate
 			}
@@ -167,8 +174,12 @@ type availRow struct {
 }
 
 func (r availRow) String() string {
-	return fmt.Sprintf("| %s | %s | %v | %.0f | %.0f | %.0f%% | %.0f | %v | %v | %s |", r.fault, r.clients, r.hold, r.before, r.during,
-		100*r.during/max(r.before, 1), r.after2s, r.slowest.Round(time.Millisecond), r.fullRateAfter, r.waits)
+	full := fmt.Sprint(r.fullRateAfter)
+	if r.fullRateAfter < 0 {
+		full = "not by the end of the run"
+	}
+	return fmt.Sprintf("| %s | %s | %v | %.0f | %.0f | %.0f%% | %.0f | %v | %s | %s |", r.fault, r.clients, r.hold, r.before, r.during,
+		100*r.during/max(r.before, 1), r.after2s, r.slowest.Round(time.Millisecond), full, r.waits)
 }
 
 // measureFault computes the row of one fault from the history and the
@@ -314,7 +325,7 @@ func TestAvailability(t *testing.T) {
 			s.hd = c.waitHealed("after " + f.name)
 			spans = append(spans, s)
 		}
-		time.Sleep(3 * time.Second) // the stretch after the last heal that the last row measures
+		time.Sleep(5 * time.Second) // the stretch after the last heal that the last row measures
 		l.finish(t)
 		for _, s := range spans {
 			rows = append(rows, l.measureFault(s.f.name, hold, s.t0, s.t1, s.t2, s.hd))
@@ -331,4 +342,51 @@ func TestAvailability(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err == nil {
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("availability-%v.md", hold)), []byte(b.String()), 0o644)
 	}
+}
+
+// rawHTTP is the raw clients' HTTP client: net/http's defaults (it follows
+// redirects, as curl -L, fetch and requests do), with room for every
+// client's connection to every node.
+var rawHTTP = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * availClients}}
+
+// rawSend is a raw JSON client's Send: a POST of the Connect JSON form with
+// a plain HTTP client, as a logic layer in any language sends it. A Connect
+// error body is the server's answer (a wire error, like connect-go's); no
+// answer (a transport error, a body that is neither) leaves the outcome
+// unknown.
+func rawSend(ctx context.Context, addr, conv string, from uint64, cid string, body []byte) (*sequencerv1.SendResponse, error) {
+	in, err := protojson.Marshal(&sequencerv1.SendRequest{ConvId: conv, FromUid: from, ClientMsgId: cid, Body: body})
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/sequencer.v1.SequencerService/Send", bytes.NewReader(in))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := rawHTTP.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, err)
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		var res sequencerv1.SendResponse
+		if err := protojson.Unmarshal(out, &res); err != nil {
+			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("answer %q: %w", out, err))
+		}
+		return &res, nil
+	}
+	var e struct{ Code, Message string }
+	var code connect.Code
+	if json.Unmarshal(out, &e) != nil || code.UnmarshalText([]byte(e.Code)) != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("HTTP %d: %q", resp.StatusCode, out))
+	}
+	return nil, connect.NewWireError(code, errors.New(e.Message))
 }

@@ -194,7 +194,10 @@ type ForwardBatchReply struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Results []*ForwardReply        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// The node that answered.
-	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// How long the answering node spent on the batch, in microseconds: the
+	// rest of the round trip is the link's (the forwarder's slow-link check).
+	ServedUs      uint64 `protobuf:"varint,3,opt,name=served_us,json=servedUs,proto3" json:"served_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -241,6 +244,13 @@ func (x *ForwardBatchReply) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *ForwardBatchReply) GetServedUs() uint64 {
+	if x != nil {
+		return x.ServedUs
+	}
+	return 0
 }
 
 // ForwardReply answers one item: the stored message's ids or why not.
@@ -753,10 +763,11 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\bfrom_uid\x18\x02 \x01(\x04R\afromUid\x12\"\n" +
 	"\rclient_msg_id\x18\x03 \x01(\tR\vclientMsgId\x12\x19\n" +
 	"\bmsg_type\x18\x04 \x01(\x05R\amsgType\x12\x12\n" +
-	"\x04body\x18\x05 \x01(\fR\x04body\"j\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\"\x87\x01\n" +
 	"\x11ForwardBatchReply\x12<\n" +
 	"\aresults\x18\x01 \x03(\v2\".sequencer.cluster.v1.ForwardReplyR\aresults\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"\xa9\x01\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tserved_us\x18\x03 \x01(\x04R\bservedUs\"\xa9\x01\n" +
 	"\fForwardReply\x12:\n" +
 	"\x06result\x18\x01 \x01(\v2 .sequencer.cluster.v1.SendResultH\x00R\x06result\x129\n" +
 	"\afailure\x18\x02 \x01(\v2\x1d.sequencer.cluster.v1.FailureH\x00R\afailure\x12\x17\n" +
