@@ -31,7 +31,7 @@ import (
 // conversations (feed.Hub.Resync) before its subscribers go on.
 
 // HandleFeed serves a peer's Feed stream from the node's hub (Config.Feed).
-func (n *Node) handleFeed(ctx context.Context, st *connect.BidiStream[clusterv1.FeedInterest, clusterv1.FeedEvents]) error {
+func (n *peerServer) handleFeed(ctx context.Context, st *connect.BidiStream[clusterv1.FeedInterest, clusterv1.FeedEvents]) error {
 	hub := n.cfg.Feed
 	if hub == nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("this node has no change feed"))

@@ -137,7 +137,7 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 		}
 		if ok {
 			for _, n := range nodes { // every node's view has caught up
-				caught := read(n.cn, (*ownership.Core).View).Version == v.Version
+				caught := read(n.cn.member, (*ownership.Core).View).Version == v.Version
 				if n.cn.Serving() != nil || !caught {
 					ok, why = false, n.id+" not caught up"
 				}
@@ -155,11 +155,11 @@ func (pc *procCluster) waitInProcess(nodes ...*ipNode) {
 
 // addr is the node's cluster address.
 func (n *ipNode) addr() string {
-	return read(n.cn, (*ownership.Core).Self).ClusterAddr
+	return read(n.cn.member, (*ownership.Core).Self).ClusterAddr
 }
 
 func (n *ipNode) incarnation() string {
-	return read(n.cn, (*ownership.Core).Self).Incarnation
+	return read(n.cn.member, (*ownership.Core).Self).Incarnation
 }
 
 // convsOwnedBy returns k conversation ids that node owner owns by via's view.
@@ -761,7 +761,7 @@ func TestInProcessWakeRateLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &Node{core: core, wakes: map[string]*rate.Limiter{}, wakeBeat: make(chan struct{}, 1)}
+	n := &peerServer{router: &router{member: &member{core: core, wakeBeat: make(chan struct{}, 1)}}, wakes: map[string]*rate.Limiter{}}
 	accepted := 0
 	for range 1000 {
 		n.HandleWake("10.0.0.9", &clusterv1.WakeRequest{FromNode: "flood"})
@@ -935,11 +935,11 @@ func backendsCPU(dsn string) time.Duration {
 }
 
 // held counts the partitions n holds.
-func (n *Node) held() int { return read(n, (*ownership.Core).Held) }
+func (n *member) held() int { return read(n, (*ownership.Core).Held) }
 
 // halt stops n as a crash would: no handoff, no removal of its row (it
 // expires), the transport closed.
-func (n *Node) halt() {
+func (n *member) halt() {
 	n.update((*ownership.Core).Left)
 	if n.stopRecon != nil {
 		n.stopRecon()
@@ -953,10 +953,10 @@ func (n *Node) halt() {
 }
 
 // self is n's member record (its current incarnation).
-func (n *Node) self() membership.Member { return read(n, (*ownership.Core).Self) }
+func (n *member) self() membership.Member { return read(n, (*ownership.Core).Self) }
 
 // parts is a copy of what n knows of every partition.
-func (n *Node) parts() []ownership.Part {
+func (n *member) parts() []ownership.Part {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	ps := make([]ownership.Part, n.partitions)
