@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -18,11 +19,17 @@ import (
 type router struct {
 	*member
 	fwd *forwarder // queues and batches the sends owned by other nodes
+	// wall is the requests' own time (the handoff wait and the retry
+	// backoff), real time like their deadlines (ctx), not the node's clock:
+	// the node's loops (heartbeat, reconciliation, Leave's wait) run on the
+	// clock, and the simulation's sends run while its fake clock stands
+	// still.
+	wall clock.Clock
 }
 
 // newRouter builds the router of m, with its forwarder.
 func newRouter(m *member) *router {
-	r := &router{member: m}
+	r := &router{member: m, wall: clock.Real{}}
 	r.fwd = newForwarder(forwarderDeps{
 		clk:     m.cfg.Clock,
 		forward: m.tr.Forward,
@@ -253,11 +260,8 @@ func (n *router) send(ctx context.Context, req sequencer.SendRequest, forwarded,
 	}
 	p := ring.PartitionOf(req.ConvID, n.partitions)
 	// The handoff wait and the retry backoff (waitChange) are this request's
-	// own time, like its deadline (ctx), which runs on real time: they use
-	// time.Timer, not the node's clock. The node's loops (heartbeat,
-	// reconciliation, Leave's wait) run on the clock; the simulation's sends
-	// run while its fake clock stands still.
-	wait := time.NewTimer(n.cfg.HandoffWait)
+	// own time (n.wall), like its deadline (ctx).
+	wait, waitC := n.wall.NewTimer(n.cfg.HandoffWait)
 	defer wait.Stop()
 	backoff := 20 * time.Millisecond
 	for {
@@ -290,7 +294,7 @@ func (n *router) send(ctx context.Context, req sequencer.SendRequest, forwarded,
 		if v.backoff {
 			retryAfter = backoff
 		}
-		waitOver := wait.C
+		waitOver := waitC
 		if unknownBefore {
 			// An earlier attempt may have stored it: an error now would
 			// say "not stored, ever". Only an answer or ctx ends this.
@@ -326,9 +330,9 @@ func ownResend(res sequencer.SendResult, resentByNode bool) sequencer.SendResult
 func (n *router) waitChange(ctx context.Context, changed <-chan struct{}, waitOver <-chan time.Time, retryAfter time.Duration) error {
 	var retry <-chan time.Time
 	if retryAfter > 0 {
-		t := time.NewTimer(retryAfter)
+		t, c := n.wall.NewTimer(retryAfter)
 		defer t.Stop()
-		retry = t.C
+		retry = c
 	}
 	select {
 	case <-changed:
