@@ -344,6 +344,24 @@ func (t *ConnectTransport) Probe(ctx context.Context, addr string) error {
 	return resp.Body.Close()
 }
 
+// newConnectTransport is a node's default transport by its config: connect-go
+// on ClusterListen, with mutual TLS when the certificate files are set.
+func newConnectTransport(cfg Config) (*ConnectTransport, error) {
+	var peerTLS *PeerTLS
+	if cfg.TLSCertFile != "" {
+		var err error
+		if peerTLS, err = LoadPeerTLS(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSCAFile); err != nil {
+			return nil, err
+		}
+	}
+	maxReq := DefaultMaxRequestBytes
+	if m := cfg.MaxBody + 1<<20; m > maxReq {
+		maxReq = m
+	}
+	return NewConnectTransport(ConnectConfig{Listen: cfg.ClusterListen, TLS: peerTLS, Insecure: cfg.Insecure,
+		MaxRequestBytes: maxReq, Logger: cfg.Logger, TracerProvider: cfg.TracerProvider})
+}
+
 // mergeCancel returns ctx, also canceled when other is.
 func mergeCancel(ctx, other context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -394,11 +412,7 @@ type clusterService struct {
 }
 
 func (s *clusterService) Forward(ctx context.Context, req *connect.Request[clusterv1.ForwardBatch]) (*connect.Response[clusterv1.ForwardBatchReply], error) {
-	start := time.Now() // a measurement's own timing (served_us), not the clock
 	reply, err := s.h.HandleForward(ctx, req.Msg)
-	if reply != nil {
-		reply.ServedUs = uint64(time.Since(start) / time.Microsecond) // the measurement's own timing
-	}
 	if err != nil {
 		var re *RefusedError
 		if errors.As(err, &re) {

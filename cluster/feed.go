@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/feed"
 	clusterv1 "github.com/sequencer-im/sequencer/proto/cluster/v1"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
@@ -31,7 +32,7 @@ import (
 // conversations (feed.Hub.Resync) before its subscribers go on.
 
 // HandleFeed serves a peer's Feed stream from the node's hub (Config.Feed).
-func (n *Node) handleFeed(ctx context.Context, st *connect.BidiStream[clusterv1.FeedInterest, clusterv1.FeedEvents]) error {
+func (n *peerServer) handleFeed(ctx context.Context, st *connect.BidiStream[clusterv1.FeedInterest, clusterv1.FeedEvents]) error {
 	hub := n.cfg.Feed
 	if hub == nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("this node has no change feed"))
@@ -135,7 +136,7 @@ const feedWatchEvery = 100 * time.Millisecond
 // watch opens a link to every new member and closes the links of members
 // gone, until the transport closes.
 func (p *PeerFeed) watch() {
-	t := time.NewTicker(feedWatchEvery)
+	t, tick := p.n.clk.NewTicker(feedWatchEvery)
 	defer t.Stop()
 	for {
 		snap := p.n.Snapshot()
@@ -162,7 +163,7 @@ func (p *PeerFeed) watch() {
 		}
 		p.mu.Unlock()
 		select {
-		case <-t.C:
+		case <-tick:
 		case <-p.ct.ctx.Done():
 			return
 		}
@@ -230,7 +231,7 @@ func (l *peerLink) send(in *clusterv1.FeedInterest) {
 func (l *peerLink) run(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		opened := time.Now()
+		opened := l.p.n.clk.Now()
 		l.stream(ctx)
 		l.p.mu.Lock()
 		all := make([]string, 0, len(l.p.follows))
@@ -239,12 +240,14 @@ func (l *peerLink) run(ctx context.Context) {
 		}
 		l.p.mu.Unlock()
 		l.p.hub.Resync(all)
-		if time.Since(opened) > 5*time.Second {
+		if l.p.n.clk.Since(opened) > 5*time.Second {
 			backoff = 50 * time.Millisecond
 		}
+		t, fired := clock.After(l.p.n.clk, backoff)
 		select {
-		case <-time.After(backoff):
+		case <-fired:
 		case <-ctx.Done():
+			t.Stop()
 			return
 		}
 		backoff = min(2*backoff, time.Second)

@@ -18,7 +18,8 @@ import (
 // (sequencer.NewSendRequest, the node's MaxBody), then handled like the
 // items of a local SendBatch: a live member's never forwarded again, a
 // non-member's at most once more.
-func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+func (n *peerServer) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+	start := n.clk.Now() // the reply's served_us: the sender's slow-link check subtracts it
 	member, err := n.checkSender(b)
 	if err != nil {
 		n.met.received("refused", len(b.Items))
@@ -60,7 +61,9 @@ func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*c
 			out[i] = vout[k]
 		}
 	}
-	return encodeReplies(n.cfg.NodeID, out), nil
+	reply := encodeReplies(n.cfg.NodeID, out)
+	reply.ServedUs = uint64(max(n.clk.Now().Sub(start), 0) / time.Microsecond)
+	return reply, nil
 }
 
 // checkSender refuses a batch that names no sender (node id and
@@ -73,12 +76,12 @@ func (n *Node) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*c
 // (ownership.Destination.Successor). Peers are authenticated by the
 // transport (mutual TLS), not by the membership table. A sender whose view
 // is newer than ours makes the heartbeat read the table now.
-func (n *Node) checkSender(b *clusterv1.ForwardBatch) (member bool, err error) {
+func (n *peerServer) checkSender(b *clusterv1.ForwardBatch) (member bool, err error) {
 	if b.FromNode == "" || b.FromIncarnation == "" {
 		return false, &RefusedError{Msg: fmt.Sprintf("a forwarded batch must name its sender's node id and incarnation (node %s)", n.cfg.NodeID)}
 	}
-	live, version := read(n, func(c *ownership.Core) bool { ok, _ := c.Live(b.FromNode, b.FromIncarnation); return ok }),
-		read(n, func(c *ownership.Core) uint64 { return c.View().Version })
+	live, version := read(n.member, func(c *ownership.Core) bool { ok, _ := c.Live(b.FromNode, b.FromIncarnation); return ok }),
+		read(n.member, func(c *ownership.Core) uint64 { return c.View().Version })
 	if b.MembershipVersion > version {
 		n.poke(n.wakeBeat)
 	}
@@ -100,21 +103,21 @@ func (n *Node) SendBatch(ctx context.Context, reqs []sequencer.SendRequest, out 
 
 // sendMany answers every item of reqs in out. forwarded: the items came
 // from another node (handled here or failed, never forwarded again).
-func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, forwarded bool) {
+func (n *router) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, forwarded bool) {
 	var local []int
 	remote := map[string][]int{} // owner's cluster address -> item indexes
-	owners := map[string]string{}
 	var slow []int
+	dsts := make([]ownership.Destination, len(reqs))
 	now := n.clk.Now()
 	n.mu.RLock()
 	for i := range reqs {
 		dst := n.core.Dispatch(ring.PartitionOf(reqs[i].ConvID, n.partitions), now)
+		dsts[i] = dst
 		switch {
 		case dst.Way == ownership.WayLocal:
 			local = append(local, i)
 		case dst.Way == ownership.WayForward && !forwarded:
 			remote[dst.Owner.ClusterAddr] = append(remote[dst.Owner.ClusterAddr], i)
-			owners[dst.Owner.ClusterAddr] = dst.Owner.NodeID
 		default:
 			slow = append(slow, i) // answered by send: waits, refusals, forwarded items not ours
 		}
@@ -133,19 +136,10 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 			for k, i := range idx {
 				ureqs[k] = reqs[i]
 			}
-			for k, o := range n.fwd.sendUnit(ctx, ureqs, fwdRoute{remote: true, addr: addr, owner: owners[addr]}) {
+			dst := dsts[idx[0]]
+			for k, o := range n.fwd.sendUnit(ctx, ureqs, fwdRoute{remote: true, addr: addr, owner: dst.Owner.NodeID}) {
 				i := idx[k]
-				out[i] = sequencer.SendOutcome{Result: o.res, Err: o.err}
-				switch {
-				case o.kind == fwdAnswered && o.err != nil && o.resent && sequencer.ErrorCode(o.err).Retryable():
-					retry[i] = retryUnknown // an attempt without an answer may have stored it
-				case o.kind == fwdRetry && o.resent:
-					retry[i] = retryUnknown
-				case o.kind == fwdRetry:
-					retry[i] = retryNotStored
-				case o.kind == fwdNoAnswer && !o.stalled:
-					retry[i] = retryUnknown // ctx ended (sendSlow says so), or handed back to the local path
-				}
+				out[i], retry[i] = n.settle(ctx, dsts[i], fwdAttempt(&o), forwarded)
 			}
 		}()
 	}
@@ -160,13 +154,7 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		cut := writerCut(ctx, wctx)
 		stop()
 		for k, i := range local {
-			out[i] = lout[k]
-			switch {
-			case lout[k].Err != nil && cut:
-				retry[i] = retryUnknown // gave up in the writer: this node was cut off (writerCtx)
-			case lout[k].Err != nil && ownershipErr(lout[k].Err):
-				retry[i] = retryNotStored
-			}
+			out[i], retry[i] = n.settle(ctx, dsts[i], localAttempt(lout[k].Result, lout[k].Err, cut), forwarded)
 		}
 	}
 	fwd.Wait()
@@ -174,6 +162,19 @@ func (n *Node) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out [
 		retry[i] = retryNotStored
 	}
 	n.sendSlow(ctx, reqs, out, retry, forwarded)
+}
+
+// settle is an item's outcome (the router's one reading, outcome) as the
+// batch keeps it: answered, or to send again one by one (sendSlow).
+func (n *router) settle(ctx context.Context, dst ownership.Destination, a attempt, forwarded bool) (sequencer.SendOutcome, retryKind) {
+	v := n.outcome(ctx, dst, a, false, forwarded)
+	switch {
+	case v.then == thenAnswer:
+		return sequencer.SendOutcome{Result: v.res, Err: v.err}, retryNone
+	case v.unknown:
+		return sequencer.SendOutcome{Err: v.err}, retryUnknown // an attempt without an answer may have stored it
+	}
+	return sequencer.SendOutcome{Err: v.err}, retryNotStored
 }
 
 type retryKind uint8
@@ -192,7 +193,7 @@ const (
 // retryable error, the later items of that conversation are answered the
 // same without being tried. Once ctx ended, items not answered get ctx's
 // error (not an answer: the outcome is unknown).
-func (n *Node) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, retry []retryKind, forwarded bool) {
+func (n *router) sendSlow(ctx context.Context, reqs []sequencer.SendRequest, out []sequencer.SendOutcome, retry []retryKind, forwarded bool) {
 	var todo []int
 	for i := range reqs {
 		if retry[i] != retryNone {

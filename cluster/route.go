@@ -7,10 +7,47 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ownership"
 	"github.com/sequencer-im/sequencer/ring"
 )
+
+// router is the routing job of a node: it sends each request where the
+// ownership core's Dispatch says (the local writer, or the owner through the
+// forwarder), and reads every attempt's result into the client's outcome in
+// one place (outcome).
+type router struct {
+	*member
+	fwd *forwarder // queues and batches the sends owned by other nodes
+	// wall is the requests' own time (the handoff wait and the retry
+	// backoff), real time like their deadlines (ctx), not the node's clock:
+	// the node's loops (heartbeat, reconciliation, Leave's wait) run on the
+	// clock, and the simulation's sends run while its fake clock stands
+	// still.
+	wall clock.Clock
+}
+
+// newRouter builds the router of m, with its forwarder.
+func newRouter(m *member) *router {
+	r := &router{member: m, wall: clock.Real{}}
+	r.fwd = newForwarder(forwarderDeps{
+		clk:     m.cfg.Clock,
+		forward: m.tr.Forward,
+		route:   r.fwdRoute,
+		member:  m.isMember,
+		self:    m.whoami,
+		suspect: m.suspect,
+		refused: m.peerRefused,
+		met:     m.met,
+		timeout:  m.cfg.ForwardTimeout,
+		slowLink: m.cfg.SlowLink,
+	})
+	if p, ok := m.tr.(Prober); ok {
+		r.fwd.probe = p.Probe
+	}
+	return r
+}
 
 // Location is where a conversation lives now, by this node's view.
 type Location = ownership.Location
@@ -18,7 +55,7 @@ type Location = ownership.Location
 // Locate answers where convID lives by the current view. It fails with a
 // retryable error wrapping sequencer.ErrNotOwner when the view has no
 // members, and sequencer.ErrShuttingDown after Leave.
-func (n *Node) Locate(convID string) (Location, error) {
+func (n *router) Locate(convID string) (Location, error) {
 	p := ring.PartitionOf(convID, n.partitions)
 	now := n.clk.Now()
 	n.mu.RLock()
@@ -54,6 +91,147 @@ func ownershipErr(err error) bool {
 		errors.Is(err, sequencer.ErrStaleEpoch)
 }
 
+// dispatch asks the core where a send for partition p goes now (its one
+// write check for routing: ownership.Core.Dispatch), with the channel closed
+// at the core's next change.
+func (n *router) dispatch(p uint32) (ownership.Destination, <-chan struct{}) {
+	now := n.clk.Now()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.core.Dispatch(p, now), n.changed
+}
+
+// attempt is the result of one try of a send: in the local writer, or
+// through the forwarder (fwd); the zero attempt is none made.
+type attempt struct {
+	local bool                 // the local writer's answer: res, err and cut
+	res   sequencer.SendResult // local
+	err   error                // local
+	cut   bool                 // local: the writer gave up because this node could write nothing (writerCtx)
+	fwd   *fwdOutcome          // forwarded: the forwarder's outcome
+}
+
+// localAttempt and fwdAttempt are the attempts made in the local writer and
+// through the forwarder.
+func localAttempt(res sequencer.SendResult, err error, cut bool) attempt {
+	return attempt{local: true, res: res, err: err, cut: cut}
+}
+func fwdAttempt(o *fwdOutcome) attempt { return attempt{fwd: o} }
+
+// then is what the router does after an outcome.
+type then uint8
+
+const (
+	thenAnswer  then = iota // final: answer the client with res and err
+	thenRetry               // no answer: route again at the core's next change, after the backoff when backoff is set, or until the handoff wait ends
+	thenReroute             // no answer: route again at once (handed back by the forwarder, or cut from the local writer)
+)
+
+// verdict is the client's outcome of a send after one Dispatch answer and
+// its attempt (outcome).
+type verdict struct {
+	then    then
+	res     sequencer.SendResult
+	err     error // the answer (thenAnswer), or the reason of the retry
+	unknown bool  // an attempt may have stored it: no error that says "not stored" may answer it any more
+	backoff bool  // thenRetry: wait the backoff (the answer came from a writer, whose view may differ)
+}
+
+// outcome is the ONE reading of Dispatch's answer dst and of the attempt
+// made by it (a: the zero attempt when none was made: refuse, wait, or a
+// forwarded item this node does not own) into the client's outcome. unknownBefore: an
+// earlier attempt got no answer (it may have stored the message); forwarded:
+// the request came from another node (handled here or failed, never
+// forwarded again). Send and SendBatch both route by it.
+func (n *router) outcome(ctx context.Context, dst ownership.Destination, a attempt, unknownBefore, forwarded bool) verdict {
+	v := verdict{unknown: unknownBefore}
+	switch {
+	case dst.Way == ownership.WayRefuse:
+		return verdict{err: unknownIf(unknownBefore, dst.Err), unknown: unknownBefore}
+	case dst.Way == ownership.WayWait && dst.Cut && !unknownBefore:
+		// This node would write the partition but cannot (its membership
+		// lease is not renewed, it is stepping down or in trouble): no
+		// wait here ends sooner than the store answering again, so say
+		// so at once and let the client go to the next owner. Nothing
+		// was tried: the error is final.
+		return verdict{err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+			fmt.Sprintf("node %s cannot write partition %d now: %v", n.cfg.NodeID, dst.Partition, dst.Err))}
+	case dst.Way == ownership.WayWait:
+		v.then, v.err = thenRetry, dst.Err
+		return v
+	case dst.Way == ownership.WayForward && forwarded:
+		// Not forwarded again. After this node's own attempt got no answer
+		// (its writer was cut), the answer must say so: the sender takes a
+		// retryable error as "not stored".
+		return verdict{err: unknownIf(unknownBefore, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+			fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", dst.Partition, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))),
+			unknown: unknownBefore}
+	case !a.local && a.fwd == nil: // no attempt
+		v.then, v.err = thenRetry, dst.Err
+		return v
+	case a.local:
+		switch {
+		case a.err != nil && a.cut:
+			// This node can write nothing any more (cut from the store):
+			// its attempt has an unknown outcome; the route goes on, to
+			// the partition's next owner once it took over.
+			v.then, v.err, v.unknown = thenReroute, a.err, true
+		case a.err == nil || !ownershipErr(a.err) && !(unknownBefore && sequencer.ErrorCode(a.err).Retryable()):
+			v.res, v.err = ownResend(a.res, unknownBefore), a.err
+		default:
+			v.then, v.err, v.backoff = thenRetry, a.err, true
+		}
+		return v
+	}
+	o := a.fwd
+	v.unknown = unknownBefore || o.resent
+	switch o.kind {
+	case fwdAnswered:
+		if o.err == nil || !v.unknown || !sequencer.ErrorCode(o.err).Retryable() {
+			v.res, v.err = ownResend(o.res, v.unknown), o.err
+			return v
+		}
+		// A retryable error after an attempt with no answer: that
+		// attempt may have stored it, so this is no final answer.
+		v.then, v.err, v.backoff = thenRetry, o.err, true
+	case fwdUnreachable:
+		// The owner's link is down (a probe went unanswered): not sent.
+		// Say so at once and let the client go elsewhere; after an
+		// attempt without an answer, the outcome is unknown
+		// (deadline_exceeded), never "not stored".
+		v.err = o.err
+		if v.unknown {
+			v.err = sequencer.Wrap(sequencer.CodeDeadlineExceeded,
+				fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled), o.err.Error()+"; an earlier attempt's outcome is unknown")
+		}
+		v.err = elsewhere(dst.Owner, v.err)
+	case fwdRetry:
+		if dst.Successor && !v.unknown {
+			// This node cannot write, and the next owner has not taken
+			// the partition over yet (or could not be reached): nothing
+			// was stored; say so at once.
+			v.err = o.err
+			return v
+		}
+		v.then, v.err, v.backoff = thenRetry, o.err, true // the owner's view may be ahead or behind ours
+	case fwdNoAnswer:
+		switch {
+		case o.stalled:
+			// The link to the owner makes no progress: outcome unknown
+			// (deadline_exceeded, never an error that says "not
+			// stored"); the client re-routes and resends.
+			v.err = elsewhere(dst.Owner, o.err)
+		case ctx.Err() != nil:
+			v.err = fmt.Errorf("forward to node %s: %w (%v)", dst.Owner.NodeID, ctx.Err(), o.err)
+		default:
+			// Handed back by the forwarder: the route no longer names
+			// another node (a takeover: this node may be the owner now).
+			v.then, v.err, v.unknown = thenReroute, o.err, true
+		}
+	}
+	return v
+}
+
 // send routes req. A forwarded request is handled here or failed, never
 // forwarded again.
 //
@@ -76,8 +254,8 @@ func ownershipErr(err error) bool {
 // the end of ctx does. An answer that says duplicate may be this
 // node's own resend finding the first attempt stored: the client did not
 // resend, so the answer says duplicate: false (the ids are the stored ones
-// either way; docs/API.md "duplicate").
-func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, unknownBefore bool) (sequencer.SendResult, error) {
+// either way; docs/API.md "duplicate"). Every answer is outcome's.
+func (n *router) send(ctx context.Context, req sequencer.SendRequest, forwarded, unknownBefore bool) (sequencer.SendResult, error) {
 	if !forwarded {
 		// This node's own bound (the caller's deadline when sooner): a send
 		// it cannot place is answered by then, deadline_exceeded (outcome
@@ -88,124 +266,44 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 	}
 	p := ring.PartitionOf(req.ConvID, n.partitions)
 	// The handoff wait and the retry backoff (waitChange) are this request's
-	// own time, like its deadline (ctx), which runs on real time: they use
-	// time.Timer, not the node's clock. The node's loops (heartbeat,
-	// reconciliation, Leave's wait) run on the clock; the simulation's sends
-	// run while its fake clock stands still.
-	wait := time.NewTimer(n.cfg.HandoffWait)
+	// own time (n.wall), like its deadline (ctx).
+	wait, waitC := n.wall.NewTimer(n.cfg.HandoffWait)
 	defer wait.Stop()
 	backoff := 20 * time.Millisecond
 	for {
 		// The route: local, forwarded, or wait for a change. The local
 		// writer asks for the fence again when it commits (Fence); the
 		// store checks that fence in the commit's transaction.
-		now := n.clk.Now()
-		n.mu.RLock()
-		dst, changed := n.core.Dispatch(p, now), n.changed
-		var cutOff error
-		if dst.Way == ownership.WayLocal || (dst.Way == ownership.WayWait && dst.Owner.NodeID == n.cfg.NodeID) {
-			// The node part of the one predicate: could this node write
-			// anything now (member, not in trouble, lease renewed)?
-			cutOff = n.core.NodeWritable(now)
-		}
-		n.mu.RUnlock()
-		if cutOff != nil && !unknownBefore {
-			// This node would write the partition but cannot (its membership
-			// lease is not renewed, it is stepping down or in trouble): no
-			// wait here ends sooner than the store answering again, so say
-			// so at once and let the client go to the next owner. Nothing
-			// was tried: the error is final.
-			return sequencer.SendResult{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-				fmt.Sprintf("node %s cannot write partition %d now: %v", n.cfg.NodeID, p, cutOff))
-		}
-
-		var err error
-		retryAfter := time.Duration(0) // 0: wait for a local change
-		switch dst.Way {
-		case ownership.WayRefuse:
-			return sequencer.SendResult{}, unknownIf(unknownBefore, dst.Err)
-		case ownership.WayWait:
-			err = dst.Err
-		case ownership.WayLocal:
+		dst, changed := n.dispatch(p)
+		var a attempt
+		switch {
+		case dst.Way == ownership.WayLocal:
 			wctx, stop := n.writerCtx(ctx)
-			res, lerr := n.local.Send(wctx, req)
-			cut := writerCut(ctx, wctx)
+			res, err := n.local.Send(wctx, req)
+			a = localAttempt(res, err, writerCut(ctx, wctx))
 			stop()
-			if lerr != nil && cut {
-				// This node can write nothing any more (cut from the store):
-				// its attempt has an unknown outcome; the route goes on, to
-				// the partition's next owner once it took over.
-				unknownBefore = true
-				continue
+		case dst.Way == ownership.WayForward && !forwarded:
+			o, slow := n.slowLink(ctx, dst, unknownBefore)
+			if !slow {
+				o = n.fwd.send(ctx, req, fwdRoute{remote: true, addr: dst.Owner.ClusterAddr, owner: dst.Owner.NodeID})
 			}
-			if lerr == nil || !ownershipErr(lerr) && !(unknownBefore && sequencer.ErrorCode(lerr).Retryable()) {
-				return ownResend(res, unknownBefore), lerr
-			}
-			err = lerr
-			retryAfter = backoff
-		case ownership.WayForward:
-			if forwarded {
-				// Not forwarded again. After this node's own attempt got no
-				// answer (its writer was cut), the answer must say so: the
-				// sender takes a retryable error as "not stored".
-				return sequencer.SendResult{}, unknownIf(unknownBefore, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-					fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", p, n.cfg.NodeID, dst.Version, dst.Owner.NodeID)))
-			}
-			if rtt, slow := n.fwd.linkSlow(dst.Owner.ClusterAddr); slow && !unknownBefore && sequencer.FollowsRedirects(ctx) && dst.Owner.APIAddr != "" {
-				// The client reaches the owner faster itself: not sent.
-				return sequencer.SendResult{}, elsewhere(dst.Owner, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
-					fmt.Sprintf("the cluster link to node %s is slow (%v per forward); not sent", dst.Owner.NodeID, rtt.Round(time.Millisecond))))
-			}
-			o := n.fwd.send(ctx, req, fwdRoute{remote: true, addr: dst.Owner.ClusterAddr, owner: dst.Owner.NodeID})
-			unknownBefore = unknownBefore || o.resent
-			switch o.kind {
-			case fwdAnswered:
-				if o.err == nil || !unknownBefore || !sequencer.ErrorCode(o.err).Retryable() {
-					return ownResend(o.res, unknownBefore), o.err
-				}
-				// A retryable error after an attempt with no answer: that
-				// attempt may have stored it, so this is no final answer.
-				err = o.err
-				retryAfter = backoff
-			case fwdUnreachable:
-				// The owner's link is down (a probe went unanswered): not
-				// sent. Say so at once and let the client go elsewhere;
-				// after an attempt without an answer, the outcome is
-				// unknown (deadline_exceeded), never "not stored".
-				if unknownBefore {
-					return sequencer.SendResult{}, elsewhere(dst.Owner, sequencer.Wrap(sequencer.CodeDeadlineExceeded,
-						fmt.Errorf("%w: %w", context.DeadlineExceeded, errLinkStalled), o.err.Error()+"; an earlier attempt's outcome is unknown"))
-				}
-				return sequencer.SendResult{}, elsewhere(dst.Owner, o.err)
-			case fwdRetry:
-				if dst.Successor && !unknownBefore {
-					// This node cannot write, and the next owner has not
-					// taken the partition over yet (or could not be
-					// reached): nothing was stored; say so at once.
-					return sequencer.SendResult{}, o.err
-				}
-				err = o.err
-				retryAfter = backoff // the owner's view may be ahead or behind ours
-			case fwdNoAnswer:
-				switch {
-				case o.stalled:
-					// The link to the owner makes no progress: outcome
-					// unknown (deadline_exceeded, never an error that says
-					// "not stored"); the client re-routes and resends.
-					return sequencer.SendResult{}, elsewhere(dst.Owner, o.err)
-				case ctx.Err() != nil:
-					return sequencer.SendResult{}, fmt.Errorf("forward to node %s: %w (%v)", dst.Owner.NodeID, ctx.Err(), o.err)
-				}
-				// Handed back by the forwarder: the route no longer names
-				// another node (a takeover: this node may be the owner now).
-				// The handoff wait starts over: the conversation is moving.
-				unknownBefore = true
-				wait.Reset(n.cfg.HandoffWait)
-				continue
-			}
+			a = fwdAttempt(&o)
 		}
-
-		waitOver := wait.C
+		v := n.outcome(ctx, dst, a, unknownBefore, forwarded)
+		unknownBefore = v.unknown
+		switch v.then {
+		case thenAnswer:
+			return v.res, v.err
+		case thenReroute:
+			// An attempt without an answer: from now on no wait ends it
+			// (unknownBefore), only an answer or ctx.
+			continue
+		}
+		retryAfter := time.Duration(0) // 0: wait for a local change
+		if v.backoff {
+			retryAfter = backoff
+		}
+		waitOver := waitC
 		if unknownBefore {
 			// An earlier attempt may have stored it: an error now would
 			// say "not stored, ever". Only an answer or ctx ends this.
@@ -213,9 +311,9 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 		}
 		if werr := n.waitChange(ctx, changed, waitOver, retryAfter); werr != nil {
 			if errors.Is(werr, errHandoffWait) {
-				return sequencer.SendResult{}, err
+				return sequencer.SendResult{}, v.err
 			}
-			return sequencer.SendResult{}, fmt.Errorf("%w (while waiting: %v)", werr, err)
+			return sequencer.SendResult{}, fmt.Errorf("%w (while waiting: %v)", werr, v.err)
 		}
 		if retryAfter > 0 {
 			backoff = min(2*backoff, 500*time.Millisecond)
@@ -224,6 +322,23 @@ func (n *Node) send(ctx context.Context, req sequencer.SendRequest, forwarded, u
 }
 
 var errHandoffWait = errors.New("handoff wait over")
+
+// slowLink answers a send from a client that follows redirects
+// (sequencer.FollowsRedirects) as unreachable, not sent, when the link to
+// dst's owner is slower than Config.SlowLink: the client reaches the owner
+// faster itself (outcome then names it). Not after an attempt without an
+// answer, and only for an owner with a client address.
+func (n *router) slowLink(ctx context.Context, dst ownership.Destination, unknownBefore bool) (fwdOutcome, bool) {
+	if unknownBefore || dst.Owner.APIAddr == "" || !sequencer.FollowsRedirects(ctx) {
+		return fwdOutcome{}, false
+	}
+	rtt, slow := n.fwd.linkSlow(dst.Owner.ClusterAddr)
+	if !slow {
+		return fwdOutcome{}, false
+	}
+	return fwdOutcome{kind: fwdUnreachable, err: sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
+		fmt.Sprintf("the cluster link to node %s is slow (%v per forward); not sent", dst.Owner.NodeID, rtt.Round(time.Millisecond)))}, true
+}
 
 // unknownIf answers err, or, when an earlier attempt of this send got no
 // answer (it may have stored it), deadline_exceeded (outcome unknown): a
@@ -262,12 +377,12 @@ func ownResend(res sequencer.SendResult, resentByNode bool) sequencer.SendResult
 // waitChange waits for a change of the node's state (changed closed), for
 // retryAfter when > 0, for the end of the handoff wait (errHandoffWait) or
 // of ctx (its error).
-func (n *Node) waitChange(ctx context.Context, changed <-chan struct{}, waitOver <-chan time.Time, retryAfter time.Duration) error {
+func (n *router) waitChange(ctx context.Context, changed <-chan struct{}, waitOver <-chan time.Time, retryAfter time.Duration) error {
 	var retry <-chan time.Time
 	if retryAfter > 0 {
-		t := time.NewTimer(retryAfter)
+		t, c := n.wall.NewTimer(retryAfter)
 		defer t.Stop()
-		retry = t.C
+		retry = c
 	}
 	select {
 	case <-changed:
@@ -278,6 +393,18 @@ func (n *Node) waitChange(ctx context.Context, changed <-chan struct{}, waitOver
 		return ctx.Err()
 	}
 	return nil
+}
+
+// fwdRoute is the forwarder's route function: where convID's sends go now
+// by the ownership core (another node: forwarded; else the local way), and
+// the channel closed at the core's next change.
+func (n *router) fwdRoute(convID string) (fwdRoute, <-chan struct{}) {
+	p := ring.PartitionOf(convID, n.partitions)
+	now := n.clk.Now()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	d := n.core.Dispatch(p, now)
+	return fwdRoute{remote: d.Way == ownership.WayForward, addr: d.Owner.ClusterAddr, owner: d.Owner.NodeID}, n.changed
 }
 
 // MembershipVersion is the version of the membership view this node routes

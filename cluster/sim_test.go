@@ -432,7 +432,7 @@ func (s *sim) settled() bool {
 	run := s.running()
 	for _, m := range v.Members {
 		if !slices.ContainsFunc(run, func(sn *simNode) bool {
-			return sn.id == m.NodeID && read(sn.node, (*ownership.Core).Self).Incarnation == m.Incarnation
+			return sn.id == m.NodeID && read(sn.node.member, (*ownership.Core).Self).Incarnation == m.Incarnation
 		}) {
 			return false // a crashed or frozen member has not expired yet
 		}

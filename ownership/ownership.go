@@ -520,6 +520,12 @@ func (c *Core) Writable(p uint32, now time.Time) (sequencer.Fence, error) {
 	if err := c.NodeWritable(now); err != nil {
 		return sequencer.Fence{}, err
 	}
+	return c.partWritable(p)
+}
+
+// partWritable is the part of Writable that depends on the partition: p is
+// held and not handed off (the fence at its epoch).
+func (c *Core) partWritable(p uint32) (sequencer.Fence, error) {
 	switch st := c.parts[p]; {
 	case !st.Held:
 		return sequencer.Fence{}, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,

@@ -39,6 +39,11 @@ type Destination struct {
 	// partition once this one is presumed dead. Until it has, it answers
 	// not-owner (retryable, nothing stored); Err is this node's reason.
 	Successor bool
+	// Cut: the ring names this node, but it can write nothing now
+	// (NodeWritable fails; Err says why). With no successor to forward to,
+	// the send gets that answer at once instead of a wait (a router need
+	// not ask the core a second time).
+	Cut bool
 }
 
 // Dispatch answers where a send for partition p goes at now by the current
@@ -71,11 +76,15 @@ func (c *Core) Dispatch(p uint32, now time.Time) Destination {
 		return d
 	}
 	d.Way = WayLocal
-	if _, err := c.Writable(p, now); err != nil {
-		d.Way, d.Err = WayWait, err
-		if m, ok := c.successor(p, now); ok {
+	// Writable's two parts, each asked once: the node's, then the
+	// partition's.
+	if err := c.NodeWritable(now); err != nil {
+		d.Way, d.Err, d.Cut = WayWait, err, true
+		if m, ok := c.nextOwner(p); ok {
 			d.Way, d.Owner, d.Successor = WayForward, m, true
 		}
+	} else if _, err := c.partWritable(p); err != nil {
+		d.Way, d.Err = WayWait, err
 	}
 	return d
 }
@@ -88,6 +97,11 @@ func (c *Core) successor(p uint32, now time.Time) (membership.Member, bool) {
 	if c.NodeWritable(now) == nil {
 		return membership.Member{}, false
 	}
+	return c.nextOwner(p)
+}
+
+// nextOwner is the owner of p by the ring without this node.
+func (c *Core) nextOwner(p uint32) (membership.Member, bool) {
 	next, ok := c.next.Owner(p)
 	if !ok {
 		return membership.Member{}, false

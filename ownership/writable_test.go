@@ -137,6 +137,11 @@ func checkQueries(t interface {
 			t.Errorf("%s: Route %s (%v), want wait with Writable's reason %v", name, d.Way, d.Err, werr)
 		}
 	}
+	// Cut is Writable's node part, decided by Dispatch itself: the router
+	// takes its fail-fast from it and asks the core nothing more.
+	if wantCut := !refused && self && c.NodeWritable(now) != nil; d.Cut != wantCut {
+		t.Errorf("%s: Route says cut %v, NodeWritable says %v", name, d.Cut, c.NodeWritable(now))
+	}
 	if d.Way == WayForward && d.Owner.NodeID == c.self.NodeID {
 		t.Errorf("%s: Route forwards to this node itself", name)
 	}

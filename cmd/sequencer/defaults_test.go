@@ -21,7 +21,7 @@ import (
 var flaglessFields = []string{
 	"RetentionEvery", "TracerProvider",
 	"Actors.MaxFloors",
-	"Cluster.ForwardTimeout", "Cluster.StopTimeout", "Cluster.Ring.ReplicationFactor", "Cluster.Ring.Load",
+	"Cluster.ForwardTimeout", "Cluster.StopTimeout", "Cluster.SlowLink", "Cluster.Ring.ReplicationFactor", "Cluster.Ring.Load",
 	"Cluster.MaxBody", // Start sets it from --max-body (API.MaxBody)
 	"IDs.MaxStoreSkew",
 }

@@ -5,6 +5,9 @@
 // gives only its SQL, as a Dialect whose Tx methods each run one statement
 // (or the few its database needs) inside the transaction Table opens, the
 // way database/sql leaves the rules to itself and the wire to its drivers.
+// The statements whose SQL differs only in placeholders and quoting are
+// written once too (Stmts, over a driver's Conn: TxConn for database/sql);
+// a driver spells only the rest.
 //
 // Time comes from the database (the version row's read returns the
 // transaction's clock), so nodes with skewed clocks agree on who expired.

@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 	"time"
 
@@ -86,7 +85,7 @@ func (c *ClusterStore) InTx(ctx context.Context, lock sqltable.Lock, f func(tx s
 	if err := tx.QueryRowContext(ctx, q, c.nowArg()).Scan(&version, &now); err != nil {
 		return err
 	}
-	if err := f(myTx{tx}, version, now.UTC()); err != nil {
+	if err := f(newMyTx(tx), version, now.UTC()); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -95,8 +94,16 @@ func (c *ClusterStore) InTx(ctx context.Context, lock sqltable.Lock, f func(tx s
 // Classify maps a database error (sqltable.Dialect).
 func (c *ClusterStore) Classify(op string, err error) error { return unavailable(op, err) }
 
-// myTx is sqltable.Tx in MySQL's SQL.
-type myTx struct{ tx *sql.Tx }
+// myTx is sqltable.Tx in MySQL's SQL: the common statements (sqltable.Stmts,
+// with `partition` quoted MySQL's way) and the ones spelled here.
+type myTx struct {
+	sqltable.Stmts
+	tx *sql.Tx
+}
+
+func newMyTx(tx *sql.Tx) myTx {
+	return myTx{Stmts: sqltable.Stmts{C: sqltable.TxConn{Tx: tx}, Rebind: func(q string) string { return strings.ReplaceAll(q, `"partition"`, "`partition`") }}, tx: tx}
+}
 
 func (t myTx) Bump(ctx context.Context) (uint64, error) {
 	if _, err := t.tx.ExecContext(ctx, `UPDATE cluster_version SET version = version + 1 WHERE id = 1`); err != nil {
@@ -105,87 +112,6 @@ func (t myTx) Bump(ctx context.Context) (uint64, error) {
 	var v uint64
 	err := t.tx.QueryRowContext(ctx, `SELECT version FROM cluster_version WHERE id = 1`).Scan(&v)
 	return v, err
-}
-
-func (t myTx) exec(ctx context.Context, q string, args ...any) (bool, error) {
-	res, err := t.tx.ExecContext(ctx, q, args...)
-	if err != nil {
-		return false, err
-	}
-	n, _ := res.RowsAffected()
-	return n > 0, nil
-}
-
-func (t myTx) Expire(ctx context.Context, now time.Time) (bool, error) {
-	return t.exec(ctx, `DELETE FROM cluster_member WHERE lease_until < ?`, now)
-}
-
-// query calls scan for each row of q.
-func (t myTx) query(ctx context.Context, q string, args []any, scan func(*sql.Rows) error) error {
-	rows, err := t.tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	return scanAll(rows, func() error { return scan(rows) })
-}
-
-func (t myTx) members(ctx context.Context, q string, args ...any) ([]membership.Member, error) {
-	var ms []membership.Member
-	err := t.query(ctx, q, args, func(rows *sql.Rows) error {
-		var m membership.Member
-		cols, _ := rows.Columns()
-		dst := []any{&m.NodeID, &m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil, &m.Partitions, &m.Protocol, &m.Version}
-		err := rows.Scan(dst[:len(cols)]...)
-		ms = append(ms, m)
-		return err
-	})
-	return ms, err
-}
-
-func (t myTx) Live(ctx context.Context, now time.Time) ([]membership.Member, error) {
-	return t.members(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol, version
-		FROM cluster_member WHERE lease_until >= ?`, now)
-}
-
-func (t myTx) Rows(ctx context.Context) ([]membership.Member, error) {
-	return t.members(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until FROM cluster_member`)
-}
-
-func (t myTx) leases(ctx context.Context, q string, args ...any) ([]membership.PartitionLease, error) {
-	var ls []membership.PartitionLease
-	err := t.query(ctx, q, args, func(rows *sql.Rows) error {
-		var l membership.PartitionLease
-		err := rows.Scan(&l.Partition, &l.Owner, &l.Epoch)
-		ls = append(ls, l)
-		return err
-	})
-	return ls, err
-}
-
-func (t myTx) Leases(ctx context.Context) ([]membership.PartitionLease, error) {
-	return t.leases(ctx, "SELECT `partition`, owner, epoch FROM partition_lease ORDER BY `partition`")
-}
-
-func (t myTx) Member(ctx context.Context, nodeID string) (membership.Member, bool, error) {
-	m := membership.Member{NodeID: nodeID}
-	err := t.tx.QueryRowContext(ctx, `SELECT incarnation, cluster_addr, api_addr, leaving, lease_until
-		FROM cluster_member WHERE node_id = ?`, nodeID).Scan(&m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil)
-	if errors.Is(err, sql.ErrNoRows) {
-		return m, false, nil
-	}
-	return m, err == nil, err
-}
-
-func (t myTx) Incompatible(ctx context.Context, m membership.Member, now time.Time) (membership.Member, bool, error) {
-	var o membership.Member
-	err := t.tx.QueryRowContext(ctx, `SELECT node_id, partitions, protocol FROM cluster_member
-		WHERE node_id <> ? AND lease_until >= ? AND (partitions <> ? OR protocol <> ?) LIMIT 1`,
-		m.NodeID, now, m.Partitions, m.Protocol).Scan(&o.NodeID, &o.Partitions, &o.Protocol)
-	if errors.Is(err, sql.ErrNoRows) {
-		return o, false, nil
-	}
-	return o, err == nil, err
 }
 
 func (t myTx) Upsert(ctx context.Context, m membership.Member, now time.Time) error {
@@ -201,30 +127,9 @@ func (t myTx) Upsert(ctx context.Context, m membership.Member, now time.Time) er
 	return err
 }
 
-func (t myTx) Renew(ctx context.Context, nodeID, incarnation string, until time.Time) error {
-	_, err := t.tx.ExecContext(ctx, `UPDATE cluster_member SET lease_until = ? WHERE node_id = ? AND incarnation = ?`, until, nodeID, incarnation)
-	return err
-}
-
-func (t myTx) SetLeaving(ctx context.Context, nodeID, incarnation string) error {
-	_, err := t.tx.ExecContext(ctx, `UPDATE cluster_member SET leaving = true WHERE node_id = ? AND incarnation = ?`, nodeID, incarnation)
-	return err
-}
-
-func (t myTx) Delete(ctx context.Context, nodeID, incarnation string) (bool, error) {
-	return t.exec(ctx, `DELETE FROM cluster_member WHERE node_id = ? AND incarnation = ?`, nodeID, incarnation)
-}
-
 // StartLeases: the lock wait is the control sessions' innodb_lock_wait_timeout
 // (Options.ControlLockWait).
 func (t myTx) StartLeases(context.Context) (func(), error) { return func() {}, nil }
-
-func (t myTx) ActiveMember(ctx context.Context, incarnation string, now time.Time) (bool, error) {
-	var self int
-	err := t.tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM cluster_member
-		WHERE incarnation = ? AND NOT leaving AND lease_until >= ?`, incarnation, now).Scan(&self)
-	return self > 0, err
-}
 
 func anys[T any](xs []T) []any {
 	out := make([]any, len(xs))
@@ -243,9 +148,9 @@ func inList(n int) string {
 // incarnations returns the set of incarnations q selects.
 func (t myTx) incarnations(ctx context.Context, q string, args ...any) (map[string]bool, error) {
 	set := map[string]bool{}
-	err := t.query(ctx, q, args, func(rows *sql.Rows) error {
+	err := t.C.Query(ctx, q, args, func(scan func(...any) error) error {
 		var inc string
-		err := rows.Scan(&inc)
+		err := scan(&inc)
 		set[inc] = true
 		return err
 	})
@@ -260,7 +165,7 @@ func (t myTx) LockTakeable(ctx context.Context, incarnation string, partitions [
 	if err != nil {
 		return nil, err
 	}
-	existing, err := t.leases(ctx, "SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN ("+inList(len(partitions))+")", anys(partitions)...)
+	existing, err := t.LeaseRows(ctx, "SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN ("+inList(len(partitions))+")", anys(partitions)...)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +178,7 @@ func (t myTx) LockTakeable(ctx context.Context, incarnation string, partitions [
 	if len(cand) == 0 {
 		return nil, nil
 	}
-	locked, err := t.leases(ctx, "SELECT `partition`, owner, epoch FROM partition_lease FORCE INDEX (PRIMARY) WHERE `partition` IN ("+inList(len(cand))+
+	locked, err := t.LeaseRows(ctx, "SELECT `partition`, owner, epoch FROM partition_lease FORCE INDEX (PRIMARY) WHERE `partition` IN ("+inList(len(cand))+
 		") ORDER BY `partition` FOR UPDATE", anys(cand)...)
 	if err != nil {
 		return nil, err
@@ -312,7 +217,7 @@ func (t myTx) Take(ctx context.Context, incarnation string, partitions []uint32)
 			return nil, err
 		}
 	}
-	return t.leases(ctx, "SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN ("+inList(len(partitions))+")", anys(partitions)...)
+	return t.LeaseRows(ctx, "SELECT `partition`, owner, epoch FROM partition_lease WHERE `partition` IN ("+inList(len(partitions))+")", anys(partitions)...)
 }
 
 // Insert: INSERT IGNORE skips a row another node inserted meanwhile (only
@@ -320,11 +225,11 @@ func (t myTx) Take(ctx context.Context, incarnation string, partitions []uint32)
 func (t myTx) Insert(ctx context.Context, incarnation string, partitions []uint32) ([]membership.PartitionLease, error) {
 	var out []membership.PartitionLease
 	for _, p := range partitions {
-		ok, err := t.exec(ctx, "INSERT IGNORE INTO partition_lease (`partition`, owner, epoch) VALUES (?, ?, 1)", p, incarnation)
+		n, err := t.C.Exec(ctx, "INSERT IGNORE INTO partition_lease (`partition`, owner, epoch) VALUES (?, ?, 1)", p, incarnation)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
+		if n > 0 {
 			out = append(out, membership.PartitionLease{Partition: p, Owner: incarnation, Epoch: 1})
 		}
 	}

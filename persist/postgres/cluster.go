@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -52,12 +51,6 @@ const (
 	// DefaultLockTimeout is how long Acquire and Release wait for partition
 	// rows locked by in-flight commits before failing (the node retries).
 	DefaultLockTimeout = 2 * time.Second
-	// DefaultStuckAfter is how long a session blocking an Acquire may sit
-	// idle in its transaction before Acquire terminates it. A commit is
-	// idle in its transaction only between its pipelined statements and its
-	// COMMIT (one round trip); longer means the process holding it is frozen
-	// or cut off.
-	DefaultStuckAfter = time.Second
 )
 
 // Cluster returns the membership table of this store's database, on the
@@ -77,8 +70,13 @@ func (s *Store) Membership() membership.Store { return s.Cluster() }
 // database clock. For tests that move time by hand; a cluster must use the
 // database clock.
 func (c *ClusterStore) WithClock(clk clock.Clock) *ClusterStore {
+	return c.with(func(cp *ClusterStore) { cp.clock = clk })
+}
+
+// with returns a copy of c changed by f.
+func (c *ClusterStore) with(f func(*ClusterStore)) *ClusterStore {
 	cp := *c
-	cp.clock = clk
+	f(&cp)
 	cp.Table = sqltable.New(&cp)
 	return &cp
 }
@@ -86,12 +84,11 @@ func (c *ClusterStore) WithClock(clk clock.Clock) *ClusterStore {
 // WithLockTimeout returns a copy of c with another partition-row lock
 // timeout (> 0).
 func (c *ClusterStore) WithLockTimeout(d time.Duration) *ClusterStore {
-	cp := *c
-	if d > 0 {
-		cp.lockTimeout = d
-	}
-	cp.Table = sqltable.New(&cp)
-	return &cp
+	return c.with(func(cp *ClusterStore) {
+		if d > 0 {
+			cp.lockTimeout = d
+		}
+	})
 }
 
 func (c *ClusterStore) nowArg() any {
@@ -117,87 +114,50 @@ func (c *ClusterStore) InTx(ctx context.Context, lock sqltable.Lock, f func(tx s
 		if err := tx.QueryRow(ctx, q, c.nowArg()).Scan(&version, &now); err != nil {
 			return err
 		}
-		return f(pgTx{tx: tx, c: c}, uint64(version), now.UTC())
+		return f(newPgTx(tx, c), uint64(version), now.UTC())
 	})
 }
 
 // Classify maps a database error (sqltable.Dialect).
 func (c *ClusterStore) Classify(op string, err error) error { return classify(op, err) }
 
-// pgTx is sqltable.Tx in PostgreSQL's SQL.
+// pgTx is sqltable.Tx in PostgreSQL's SQL: the common statements
+// (sqltable.Stmts, with $n placeholders) and the ones spelled here.
 type pgTx struct {
+	sqltable.Stmts
 	tx pgx.Tx
 	c  *ClusterStore
+}
+
+func newPgTx(tx pgx.Tx, c *ClusterStore) pgTx {
+	return pgTx{Stmts: sqltable.Stmts{C: pgConn{tx}, Rebind: sqltable.Placeholders}, tx: tx, c: c}
+}
+
+// pgConn is sqltable.Conn over a pgx transaction.
+type pgConn struct{ tx pgx.Tx }
+
+func (c pgConn) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	tag, err := c.tx.Exec(ctx, q, args...)
+	return tag.RowsAffected(), err
+}
+
+func (c pgConn) Query(ctx context.Context, q string, args []any, row func(scan func(...any) error) error) error {
+	rows, err := c.tx.Query(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	return sqltable.EachRow(rows.Next, rows.Scan, rows.Err, row)
+}
+
+func (c pgConn) QueryRow(ctx context.Context, q string, args []any, dst ...any) (bool, error) {
+	return sqltable.Found(c.tx.QueryRow(ctx, q, args...).Scan(dst...), pgx.ErrNoRows)
 }
 
 func (t pgTx) Bump(ctx context.Context) (uint64, error) {
 	var v int64
 	err := t.tx.QueryRow(ctx, `UPDATE cluster_version SET version = version + 1 WHERE id RETURNING version`).Scan(&v)
 	return uint64(v), err
-}
-
-func (t pgTx) Expire(ctx context.Context, now time.Time) (bool, error) {
-	tag, err := t.tx.Exec(ctx, `DELETE FROM cluster_member WHERE lease_until < $1`, now)
-	return err == nil && tag.RowsAffected() > 0, err
-}
-
-func (t pgTx) members(ctx context.Context, q string, args ...any) ([]membership.Member, error) {
-	rows, err := t.tx.Query(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (membership.Member, error) {
-		var m membership.Member
-		dst := []any{&m.NodeID, &m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil, &m.Partitions, &m.Protocol, &m.Version}
-		return m, r.Scan(dst[:len(r.FieldDescriptions())]...)
-	})
-}
-
-func (t pgTx) Live(ctx context.Context, now time.Time) ([]membership.Member, error) {
-	return t.members(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until, partitions, protocol, version
-		FROM cluster_member WHERE lease_until >= $1`, now)
-}
-
-func (t pgTx) Rows(ctx context.Context) ([]membership.Member, error) {
-	return t.members(ctx, `SELECT node_id, incarnation, cluster_addr, api_addr, leaving, lease_until FROM cluster_member`)
-}
-
-func (t pgTx) leases(ctx context.Context, q string, args ...any) ([]membership.PartitionLease, error) {
-	rows, err := t.tx.Query(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (membership.PartitionLease, error) {
-		var p, epoch int64
-		var owner string
-		err := r.Scan(&p, &owner, &epoch)
-		return membership.PartitionLease{Partition: uint32(p), Owner: owner, Epoch: uint64(epoch)}, err
-	})
-}
-
-func (t pgTx) Leases(ctx context.Context) ([]membership.PartitionLease, error) {
-	return t.leases(ctx, `SELECT partition, owner, epoch FROM partition_lease ORDER BY partition`)
-}
-
-func (t pgTx) Member(ctx context.Context, nodeID string) (membership.Member, bool, error) {
-	m := membership.Member{NodeID: nodeID}
-	err := t.tx.QueryRow(ctx, `SELECT incarnation, cluster_addr, api_addr, leaving, lease_until
-		FROM cluster_member WHERE node_id = $1`, nodeID).Scan(&m.Incarnation, &m.ClusterAddr, &m.APIAddr, &m.Leaving, &m.LeaseUntil)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return m, false, nil
-	}
-	return m, err == nil, err
-}
-
-func (t pgTx) Incompatible(ctx context.Context, m membership.Member, now time.Time) (membership.Member, bool, error) {
-	var o membership.Member
-	err := t.tx.QueryRow(ctx, `SELECT node_id, partitions, protocol FROM cluster_member
-		WHERE node_id <> $1 AND lease_until >= $2 AND (partitions <> $3 OR protocol <> $4) LIMIT 1`,
-		m.NodeID, now, m.Partitions, m.Protocol).Scan(&o.NodeID, &o.Partitions, &o.Protocol)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return o, false, nil
-	}
-	return o, err == nil, err
 }
 
 func (t pgTx) Upsert(ctx context.Context, m membership.Member, now time.Time) error {
@@ -209,21 +169,6 @@ func (t pgTx) Upsert(ctx context.Context, m membership.Member, now time.Time) er
 		  joined_at = CASE WHEN cluster_member.incarnation = EXCLUDED.incarnation THEN cluster_member.joined_at ELSE now() END`,
 		m.NodeID, m.Incarnation, m.ClusterAddr, m.APIAddr, m.Leaving, m.LeaseUntil, m.Partitions, m.Protocol, m.Version)
 	return err
-}
-
-func (t pgTx) Renew(ctx context.Context, nodeID, incarnation string, until time.Time) error {
-	_, err := t.tx.Exec(ctx, `UPDATE cluster_member SET lease_until = $3 WHERE node_id = $1 AND incarnation = $2`, nodeID, incarnation, until)
-	return err
-}
-
-func (t pgTx) SetLeaving(ctx context.Context, nodeID, incarnation string) error {
-	_, err := t.tx.Exec(ctx, `UPDATE cluster_member SET leaving = true WHERE node_id = $1 AND incarnation = $2`, nodeID, incarnation)
-	return err
-}
-
-func (t pgTx) Delete(ctx context.Context, nodeID, incarnation string) (bool, error) {
-	tag, err := t.tx.Exec(ctx, `DELETE FROM cluster_member WHERE node_id = $1 AND incarnation = $2`, nodeID, incarnation)
-	return err == nil && tag.RowsAffected() > 0, err
 }
 
 // StartLeases bounds the wait for partition rows (lockTimeout) and reaps
@@ -239,13 +184,6 @@ func (t pgTx) StartLeases(ctx context.Context) (func(), error) {
 	return t.c.reapBlockers(ctx, pid), nil
 }
 
-func (t pgTx) ActiveMember(ctx context.Context, incarnation string, now time.Time) (bool, error) {
-	var self bool
-	err := t.tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM cluster_member
-		WHERE incarnation = $1 AND NOT leaving AND lease_until >= $2)`, incarnation, now).Scan(&self)
-	return self, err
-}
-
 func int64s(ps []uint32) []int64 {
 	out := make([]int64, len(ps))
 	for i, p := range ps {
@@ -255,19 +193,11 @@ func int64s(ps []uint32) []int64 {
 }
 
 func (t pgTx) LockTakeable(ctx context.Context, incarnation string, partitions []uint32, now time.Time) ([]uint32, error) {
-	rows, err := t.tx.Query(ctx, `SELECT l.partition FROM partition_lease l
+	return t.PartitionRows(ctx, `SELECT l.partition FROM partition_lease l
 		WHERE l.partition = ANY($1::int[])
 		  AND (l.owner = '' OR l.owner = $2 OR NOT EXISTS (
 		    SELECT 1 FROM cluster_member m WHERE m.incarnation = l.owner AND m.lease_until >= $3))
 		ORDER BY l.partition FOR UPDATE`, int64s(partitions), incarnation, now)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (uint32, error) {
-		var p int64
-		err := r.Scan(&p)
-		return uint32(p), err
-	})
 }
 
 func (t pgTx) VersionShared(ctx context.Context) (uint64, error) {
@@ -277,12 +207,12 @@ func (t pgTx) VersionShared(ctx context.Context) (uint64, error) {
 }
 
 func (t pgTx) Take(ctx context.Context, incarnation string, partitions []uint32) ([]membership.PartitionLease, error) {
-	return t.leases(ctx, `UPDATE partition_lease SET owner = $2, epoch = epoch + 1
+	return t.LeaseRows(ctx, `UPDATE partition_lease SET owner = $2, epoch = epoch + 1
 		WHERE partition = ANY($1::int[]) RETURNING partition, owner, epoch`, int64s(partitions), incarnation)
 }
 
 func (t pgTx) Insert(ctx context.Context, incarnation string, partitions []uint32) ([]membership.PartitionLease, error) {
-	return t.leases(ctx, `INSERT INTO partition_lease (partition, owner, epoch)
+	return t.LeaseRows(ctx, `INSERT INTO partition_lease (partition, owner, epoch)
 		SELECT p, $2, 1 FROM unnest($1::int[]) AS p ORDER BY p
 		ON CONFLICT (partition) DO NOTHING RETURNING partition, owner, epoch`, int64s(partitions), incarnation)
 }
@@ -300,52 +230,4 @@ func (t pgTx) Release(ctx context.Context, leases []membership.PartitionLease) e
 		UPDATE partition_lease SET owner = '' WHERE partition IN (SELECT partition FROM held)`,
 		parts, owners, epochs)
 	return err
-}
-
-// reapBlockers watches the backend pid (an Acquire waiting for partition
-// rows) until the returned stop is called, and terminates every session
-// that blocks it while idle in a transaction for at least stuckAfter.
-//
-// Such a session is a commit whose process froze (SIGSTOP, a VM pause, a cut
-// network) between its fence check, which holds the lease row FOR SHARE, and
-// its COMMIT: the lease's owner is already presumed dead, or Acquire would
-// not want the row. Terminating the session aborts that transaction, so
-// nothing of it is written; the frozen process, when it resumes, finds its
-// connection gone (an unknown outcome: it re-reads the store) and its fence
-// stale. Without this, the partition (and the heads it locked) stays blocked
-// until the frozen process resumes. It needs the privilege to signal the
-// session (same role, pg_signal_backend or superuser); without it the
-// acquire just waits out its lock timeout and is retried.
-func (c *ClusterStore) reapBlockers(ctx context.Context, pid int32) (stop func()) {
-	if c.stuckAfter <= 0 {
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(max(c.stuckAfter/4, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			_, _ = c.pool.Exec(ctx, `SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a
-				WHERE a.pid = ANY(pg_blocking_pids($1))
-				  AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
-				  AND a.state_change <= clock_timestamp() - $2::interval`, pid, c.stuckAfter)
-		}
-	}()
-	return func() { cancel(); <-done }
-}
-
-// WithStuckAfter returns a copy of c that terminates sessions blocking an
-// Acquire after they sat idle in a transaction for d (0 never does).
-func (c *ClusterStore) WithStuckAfter(d time.Duration) *ClusterStore {
-	cp := *c
-	cp.stuckAfter = d
-	cp.Table = sqltable.New(&cp)
-	return &cp
 }
