@@ -32,14 +32,14 @@ type router struct {
 func newRouter(m *member) *router {
 	r := &router{member: m, wall: clock.Real{}}
 	r.fwd = newForwarder(forwarderDeps{
-		clk:     m.cfg.Clock,
-		forward: m.tr.Forward,
-		route:   r.fwdRoute,
-		member:  m.isMember,
-		self:    m.whoami,
-		suspect: m.suspect,
-		refused: m.peerRefused,
-		met:     m.met,
+		clk:      m.cfg.Clock,
+		forward:  m.tr.Forward,
+		route:    r.fwdRoute,
+		member:   m.isMember,
+		self:     m.whoami,
+		suspect:  m.suspect,
+		refused:  m.peerRefused,
+		met:      m.met,
 		timeout:  m.cfg.ForwardTimeout,
 		slowLink: m.cfg.SlowLink,
 	})
