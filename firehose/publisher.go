@@ -112,6 +112,10 @@ func New(cfg Config) (*Publisher, error) {
 		publishing: true, rescans: map[uint32]bool{}}, nil
 }
 
+// SetOwned sets Config.Owned before Run (the cluster exists only after the
+// publisher was wired into the conversation actors).
+func (p *Publisher) SetOwned(owned func() []uint32) { p.cfg.Owned = owned }
+
 // Publish takes a committed batch (actor.Publisher). It never blocks on
 // the broker or the store.
 func (p *Publisher) Publish(convID string, msgs []sequencer.Message) {
