@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sequencer-im/sequencer/internal/natstest"
+	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
@@ -174,9 +175,13 @@ func TestFirehoseEmbedded(t *testing.T) {
 // load; n1 is killed -9 and restarted, n2 leaves with SIGTERM (its
 // partitions hand off), NATS restarts, then NATS is down for 30 s. The
 // stream read back in full equals the store.
-func TestFirehoseClusterPostgres(t *testing.T) {
+func TestFirehoseClusterPostgres(t *testing.T) { firehoseCluster(t, pgtest.NewDatabase(t)) }
+
+// TestFirehoseClusterMySQL is TestFirehoseClusterPostgres on MySQL.
+func TestFirehoseClusterMySQL(t *testing.T) { firehoseCluster(t, mysqltest.NewDatabase(t)) }
+
+func firehoseCluster(t *testing.T, dsn string) {
 	ns := natstest.Start(t)
-	dsn := pgtest.NewDatabase(t)
 	nodes := &nodeSet{}
 	var procs []*proc
 	for i := 1; i <= 3; i++ {

@@ -1,14 +1,17 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
+	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/firehose"
 	"github.com/sequencer-im/sequencer/firehose/natssink"
 	"github.com/sequencer-im/sequencer/metrics"
@@ -123,4 +126,29 @@ func (f *firehoseRun) close() {
 		return
 	}
 	f.sink.Close()
+}
+
+// consoleState is the console's firehose card.
+func (f *firehoseRun) consoleState() console.Firehose {
+	st := f.pub.Stats()
+	out := console.Firehose{Publishing: st.Publishing, LagMessages: st.Messages, Published: st.Published,
+		Errors: st.PublishErrors, Partitions: len(st.PerPartition)}
+	if !st.Oldest.IsZero() {
+		out.LagSeconds = max(0, time.Since(st.Oldest).Seconds())
+	}
+	for p, n := range st.PerPartition {
+		if n > 0 {
+			out.Behind = append(out.Behind, console.FirehosePartition{Partition: p, Messages: n})
+		}
+	}
+	slices.SortFunc(out.Behind, func(a, b console.FirehosePartition) int {
+		if a.Messages != b.Messages {
+			return cmp.Compare(b.Messages, a.Messages)
+		}
+		return cmp.Compare(a.Partition, b.Partition)
+	})
+	if len(out.Behind) > 10 {
+		out.Behind = out.Behind[:10]
+	}
+	return out
 }

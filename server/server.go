@@ -260,6 +260,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	api.MountGRPCTools(apiMux, svc, s.health, apiEdge)
 	adminMux := api.NewAdminMux(s.readiness, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())
+	if s.fire != nil {
+		s.console.ServeFirehose(s.fire.consoleState)
+	}
 	if cfg.Pprof {
 		adminMux.HandleFunc("/debug/pprof/", pprof.Index)
 		adminMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

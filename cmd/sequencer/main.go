@@ -33,7 +33,7 @@ Usage:
   sequencer serve   [flags]   run a node (embedded store under ./data by default)
   sequencer migrate [flags]   apply the store's schema migrations and exit
   sequencer admin   COMMAND   operator commands: members, partitions, head, route, shards,
-                              drain, forget, migrate status, trim, backup (sequencer admin --help)
+                              drain, forget, migrate status, trim, backup, feed (sequencer admin --help)
   sequencer bench   [flags]   run sequencer-bench from this binary's directory (docs/BENCHMARKS.md)
   sequencer health  [flags]   exit 0 when a node's /readyz (or --url) answers 200 (container health checks)
   sequencer version           print the version, commit and Go version (also --version)
