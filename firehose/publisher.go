@@ -39,8 +39,11 @@ type Config struct {
 	// HeldPartitions); nil: every partition (a node without a cluster).
 	Owned  func() []uint32
 	Logger *slog.Logger
+	// ObserveLag, when set, is told each acknowledged message's time from
+	// its server_at to the ack, in seconds (sequencer_feed_publish_lag_seconds).
+	ObserveLag func(seconds float64)
 
-	FlushEvery  time.Duration // how often acknowledged cursors are stored (default 20 ms)
+	FlushEvery  time.Duration // how often acknowledged cursors are stored (default 100 ms)
 	OwnEvery    time.Duration // how often Owned is asked (default 250 ms)
 	RescanEvery time.Duration // how often owned partitions' outboxes are scanned again, a safety net (default 30 s)
 	ScanPage    int           // outbox rows per page (default 1000)
@@ -50,7 +53,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.FlushEvery <= 0 {
-		c.FlushEvery = 20 * time.Millisecond
+		c.FlushEvery = 100 * time.Millisecond
 	}
 	if c.OwnEvery <= 0 {
 		c.OwnEvery = 250 * time.Millisecond
@@ -297,6 +300,9 @@ func (p *Publisher) published1(a Action, err error) {
 	switch {
 	case err == nil:
 		p.published++
+		if p.cfg.ObserveLag != nil {
+			p.cfg.ObserveLag(time.Since(a.Msg.ServerAt).Seconds())
+		}
 		p.backoff = 0
 		if !p.publishing {
 			p.publishing = true

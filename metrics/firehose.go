@@ -41,3 +41,17 @@ func (s *Set) Firehose(read func() FeedStats) {
 	counter("sequencer_feed_store_errors_total", "Firehose store calls (outbox scans, backlog reads, cursor updates) that failed (retried).", func(f FeedStats) uint64 { return f.StoreErrors })
 	counter("sequencer_feed_skipped_total", "Seqs retention deleted before the firehose published them.", func(f FeedStats) uint64 { return f.Skipped })
 }
+
+// FeedPublishLag registers sequencer_feed_publish_lag_seconds (from a
+// message's server_at to the broker's ack) and returns its observer; nil
+// on a nil Set.
+func (s *Set) FeedPublishLag() func(seconds float64) {
+	if s == nil {
+		return nil
+	}
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sequencer_feed_publish_lag_seconds",
+		Help:    "Time from a message's commit (server_at) to the broker's acknowledgement of its publish.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}})
+	s.Registry.MustRegister(h)
+	return h.Observe
+}

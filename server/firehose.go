@@ -80,7 +80,7 @@ func (s *Server) openFirehose(ctx context.Context, st persist.Store) (*firehoseR
 	s.log.Info("firehose: publishing to NATS JetStream", "stream", stream, "created", created,
 		"subjects", fc.Subject+".<partition>", "format", fc.Format)
 	cfg := firehose.Config{Store: storeOf{st, ob}, Sink: sink, Logger: s.log,
-		Core: firehose.CoreConfig{Partitions: s.cfg.Cluster.Ring.Partitions}}
+		Core: firehose.CoreConfig{Partitions: s.cfg.Cluster.Ring.Partitions}, ObserveLag: s.metrics.FeedPublishLag()}
 	pub, err := firehose.New(cfg)
 	if err != nil {
 		sink.Close()

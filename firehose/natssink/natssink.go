@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,6 +58,7 @@ const (
 
 // Sink publishes to JetStream. Safe for concurrent use.
 type Sink struct {
+	pending sync.Map // *nats.Msg -> func(error): publishes awaiting their ack
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	prefix  string
@@ -154,13 +156,21 @@ func Open(ctx context.Context, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--feed-nats %s: cannot connect: %w (is nats-server running with -js?)", redact(cfg.URL), err)
 	}
+	s := &Sink{nc: nc, prefix: cfg.Subject, json: cfg.Format == "json"}
+	// Acks come back through callbacks on nats.go's ack goroutine (a
+	// goroutine per publish waiting on its future cost about a fifth of the
+	// node's CPU per message: stacks grown and freed). The client calls the
+	// error callback for a nack, a timeout and a reconnect, so every publish
+	// is answered.
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
-		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { s.answer(m, nil) }),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) { s.answer(m, err) }))
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	s := &Sink{nc: nc, js: js, prefix: cfg.Subject, json: cfg.Format == "json"}
+	s.js = js
 	if err := s.ensureStream(ctx, cfg); err != nil {
 		nc.Close()
 		return nil, err
@@ -251,19 +261,17 @@ func (s *Sink) Publish(part uint32, m sequencer.Message, done func(error)) {
 	msg.Header.Set(HeaderSeq, strconv.FormatUint(m.Seq, 10))
 	msg.Header.Set(HeaderMsgID, id)
 	msg.Data = data
-	f, err := s.js.PublishMsgAsync(msg, jetstream.WithExpectStream(s.stream))
-	if err != nil {
-		done(err)
-		return
+	s.pending.Store(msg, done)
+	if _, err := s.js.PublishMsgAsync(msg, jetstream.WithExpectStream(s.stream)); err != nil {
+		s.answer(msg, err)
 	}
-	go func() {
-		select {
-		case <-f.Ok():
-			done(nil)
-		case err := <-f.Err():
-			done(err)
-		}
-	}()
+}
+
+// answer calls the done of msg's publish, once.
+func (s *Sink) answer(msg *nats.Msg, err error) {
+	if done, ok := s.pending.LoadAndDelete(msg); ok {
+		done.(func(error))(err)
+	}
 }
 
 // Connected reports whether the connection to NATS is up.

@@ -63,7 +63,7 @@ WHERE part = $1 AND conv_id > $2 ORDER BY conv_id LIMIT $3`, int64(part), after,
 }
 
 // OutboxAdvance implements persist.Outbox: the raise and the delete in one
-// pipelined transaction.
+// pipelined transaction, committed without waiting for the WAL flush.
 func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) error {
 	if s.dist != nil {
 		return persist.ErrNoOutbox
@@ -77,6 +77,10 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
+		// A cursor move lost in a crash only makes the next owner publish
+		// those messages again (JetStream drops them by Nats-Msg-Id): it
+		// need not wait for the WAL's flush.
+		b.Queue("SET LOCAL synchronous_commit = off")
 		b.Queue(outboxRaiseSQL, parts, convs, tos)
 		b.Queue(outboxDeleteSQL, parts, convs)
 		return tx.SendBatch(ctx, b).Close()
