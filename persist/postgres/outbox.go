@@ -18,6 +18,14 @@ const outboxUpsertSQL = `INSERT INTO feed_outbox (part, conv_id, published, head
 SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[]) ORDER BY 1, 2
 ON CONFLICT (part, conv_id) DO UPDATE SET head = excluded.head`
 
+// outboxLockSQL locks the rows an advance touches in (part, conv_id)
+// order, the order of a commit's upsert (outboxUpsertSQL): the UPDATE and
+// DELETE that follow lock in whatever order their join takes, which
+// deadlocked with commits under load.
+const outboxLockSQL = `SELECT 1 FROM feed_outbox
+WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[]))
+ORDER BY part, conv_id FOR UPDATE`
+
 const outboxRaiseSQL = `UPDATE feed_outbox AS o SET published = m.pub
 FROM (SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) AS m(part, conv_id, pub) ORDER BY 1, 2) AS m
 WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub`
@@ -81,6 +89,7 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 		// those messages again (JetStream drops them by Nats-Msg-Id): it
 		// need not wait for the WAL's flush.
 		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(outboxLockSQL, parts, convs)
 		b.Queue(outboxRaiseSQL, parts, convs, tos)
 		b.Queue(outboxDeleteSQL, parts, convs)
 		return tx.SendBatch(ctx, b).Close()
