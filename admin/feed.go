@@ -12,7 +12,7 @@ import (
 // (`sequencer admin feed`): per partition with a backlog, the conversations
 // that owe the broker messages and how many. Read from the store, so it is
 // the same on every node, and includes acks a node has not recorded yet
-// (at most its last ~20 ms).
+// (at most its last 100 ms).
 type FeedBacklog struct {
 	Partitions    int             `json:"partitions"`
 	Messages      uint64          `json:"messages"`
