@@ -8,12 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/firehose"
 	"github.com/sequencer-im/sequencer/firehose/natssink"
 	"github.com/sequencer-im/sequencer/internal/natstest"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
+	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -176,6 +180,56 @@ func TestOpenRefusesAMissingStreamAndBadURLs(t *testing.T) {
 	for _, u := range []string{"http://127.0.0.1:4222", "nats://", "::"} {
 		if _, err := natssink.Open(ctx, natssink.Config{URL: u}); err == nil || !strings.Contains(err.Error(), "--feed-nats") {
 			t.Fatalf("Open(%q) = %v, want a --feed-nats error", u, err)
+		}
+	}
+}
+
+// TestPayloadAndHeaders: a published message carries the contract's headers
+// and the stored Message as payload, protobuf by default and protojson
+// with Format json, on PREFIX.<partition>.
+func TestPayloadAndHeaders(t *testing.T) {
+	nats := natstest.Start(t)
+	m := sequencer.Message{MsgID: 7_000_000_000_123, ConvID: "g:payload", Seq: 3, FromUID: 42, MsgType: 2,
+		Body: []byte{0, 1, 2, 250}, ClientMsgID: "c-1", ServerAt: time.Date(2026, 12, 5, 4, 0, 0, 123_000_000, time.UTC)}
+	for i, format := range []string{"proto", "json"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		prefix := "feed" + format
+		s, err := natssink.Open(ctx, natssink.Config{URL: nats.URL(), Subject: prefix, Format: format, CreateStream: true})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		s.Publish(uint32(5+i), m, func(err error) { done <- err })
+		if err := <-done; err != nil {
+			t.Fatalf("%s: publish: %v", format, err)
+		}
+		stream, _ := s.Stream()
+		s.Close()
+		recs := natstest.ReadAll(t, nats.URL(), stream)
+		if len(recs) != 1 {
+			t.Fatalf("%s: %d messages in the stream", format, len(recs))
+		}
+		r := recs[0]
+		if r.Subject != fmt.Sprintf("%s.%d", prefix, 5+i) || r.ConvID != m.ConvID || r.Seq != m.Seq || r.MsgID != m.MsgID {
+			t.Fatalf("%s: record %+v", format, r)
+		}
+		var pm sequencerv1.Message
+		if format == "json" {
+			err = protojson.Unmarshal(r.Data, &pm)
+			if !strings.Contains(string(r.Data), `"msgId":"7000000000123"`) {
+				t.Fatalf("json payload %s: msgId is not a decimal string", r.Data)
+			}
+		} else {
+			err = proto.Unmarshal(r.Data, &pm)
+		}
+		if err != nil {
+			t.Fatalf("%s: payload: %v", format, err)
+		}
+		if pm.GetMsgId() != m.MsgID || pm.GetConvId() != m.ConvID || pm.GetSeq() != m.Seq || pm.GetFromUid() != m.FromUID ||
+			pm.GetMsgType() != int32(m.MsgType) || string(pm.GetBody()) != string(m.Body) || pm.GetClientMsgId() != m.ClientMsgID ||
+			!pm.GetServerAt().AsTime().Equal(m.ServerAt) {
+			t.Fatalf("%s: payload %v, want %+v", format, &pm, m)
 		}
 	}
 }
