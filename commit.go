@@ -27,6 +27,17 @@ type ConvBatch struct {
 	PrevHead uint64
 	Fence    Fence
 	Messages []Message
+	// Outbox, when On, makes the commit record in the same transaction
+	// that this conversation has messages the firehose has not published
+	// yet (persist.Outbox; package firehose).
+	Outbox OutboxMark
+}
+
+// OutboxMark says whether a commit records its conversation in the
+// firehose's outbox, and under which ring partition.
+type OutboxMark struct {
+	On        bool
+	Partition uint32
 }
 
 // LastSeq returns the seq the head moves to.

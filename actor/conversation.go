@@ -12,6 +12,7 @@ import (
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/conv"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/ring"
 )
 
 // Messages of a conversation actor.
@@ -223,7 +224,11 @@ func (a *convActor) execute(ctx pa.Context) {
 			}
 		}
 		a.committing = rd.Commit.Messages
-		n.writer.Submit(*rd.Commit, a.commitDone)
+		b := *rd.Commit
+		if n.cfg.OutboxPartitions > 0 {
+			b.Outbox = persist.OutboxMark{On: true, Partition: ring.PartitionOf(convID, n.cfg.OutboxPartitions)}
+		}
+		n.writer.Submit(b, a.commitDone)
 	case rd.Resolve != nil:
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
 		go func() {

@@ -96,6 +96,11 @@ type Config struct {
 	// per conversation, from the conversation's actor: the change feed's
 	// live source (feed.Hub). It must not block.
 	Feed Publisher
+	// OutboxPartitions, when > 0, marks every commit for the firehose's
+	// outbox (persist.Outbox) under the conversation's ring partition
+	// (ring.PartitionOf with this many partitions): the store records in
+	// the commit's transaction what the firehose still owes the broker.
+	OutboxPartitions int
 	// MaxFloors bounds how many passivated conversations' highest acked seqs
 	// the node remembers to detect a store that went backwards (about 80
 	// bytes each); past it the oldest are forgotten.

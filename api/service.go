@@ -572,6 +572,10 @@ func (s *Service) GetReadState(ctx context.Context, req *connect.Request[sequenc
 	return connect.NewResponse(&sequencerv1.GetReadStateResponse{States: out}), nil
 }
 
+// MessageProto is a stored message as the API returns it (and the firehose
+// publishes it).
+func MessageProto(m *sequencer.Message) *sequencerv1.Message { return messageProto(m) }
+
 func messageProto(m *sequencer.Message) *sequencerv1.Message {
 	pm := &sequencerv1.Message{
 		MsgId:       m.MsgID,

@@ -15,6 +15,7 @@
 //	                                  partitions of the whole cluster
 //	GET /console/api/workers          on a distributed store (Citus): its workers, the shards
 //	                                  this node routes to each, and whether this node reaches them
+//	GET /console/api/firehose         on a node with --feed-nats: its firehose backlog (firehose.go)
 //	GET /console/api/conversation?conv_id=ID[&limit=N][&uid=UID]
 //	                                  head and the last N messages' ids and times (never bodies),
 //	                                  and with uid that user's read position and unread count;

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sequencer-im/sequencer/internal/natstest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -29,6 +30,7 @@ import (
 // API, the alert rules must load and evaluate without error, and every metric
 // the rules name must exist.
 //
+// The embedded node publishes to a private nats-server (the firehose).
 // It runs when SEQUENCER_TEST_PROMETHEUS=1 (make deploy-check, .ci/run), and
 // then fails when prometheus is missing.
 func TestPrometheusScrapesDashboardQueries(t *testing.T) {
@@ -42,7 +44,10 @@ func TestPrometheusScrapesDashboardQueries(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildSequencer(t)
 
-	embedded := startNode(t, bin, "embedded", "--store", filepath.Join(dir, "data"))
+	// The embedded node runs the firehose (a private nats-server) so the
+	// firehose panel and alert have data.
+	nats := natstest.Start(t)
+	embedded := startNode(t, bin, "embedded", "--store", filepath.Join(dir, "data"), "--feed-nats", nats.URL(), "--feed-create-stream")
 	clustered := startNode(t, bin, "clustered", "--store", pgtest.NewDatabase(t),
 		"--cluster-listen", "127.0.0.1:0", "--node-id", "clustered")
 	nodes := []string{embedded, clustered}

@@ -124,6 +124,9 @@ type Config struct {
 	// (MaxSubscriptions), --subscribe-queue (MaxQueue),
 	// --subscribe-heartbeat (Heartbeat).
 	Feed feed.Config
+	// Firehose publishes every stored message to NATS JetStream when
+	// Firehose.URL is set (--feed-nats; docs/FEED.md).
+	Firehose FirehoseConfig
 	// IDs is the msg_id issuer, a snowflake generator on a worker id leased
 	// from the store: --worker-lease-ttl (TTL); the other intervals follow
 	// TTL (docs/IDGEN.md).
@@ -151,6 +154,7 @@ func DefaultConfig() Config {
 		Cluster:           cluster.DefaultConfig(),
 		IDs:               idgen.DefaultIssuerConfig(),
 		Feed:              feed.DefaultConfig(),
+		Firehose:          FirehoseConfig{Subject: "sequencer", Format: "proto"},
 	}
 }
 

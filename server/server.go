@@ -56,6 +56,7 @@ type Server struct {
 	node      *actor.Conversations
 	cluster   *cluster.Node // nil on a single node
 	feed      *feed.Hub     // the change feed's fan-out
+	fire      *firehoseRun  // the firehose to NATS JetStream; nil without --feed-nats
 	console   *console.Console
 	sends     *console.SendCounter // the API's sends per conversation, for the console
 	http      *http.Server
@@ -160,6 +161,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if err := checkNotACluster(octx, cfg, st); err != nil {
 		return nil, err
 	}
+	if s.fire, err = s.openFirehose(octx, st); err != nil {
+		return nil, err
+	}
 	clk, stopClock := testClock(log) // nil: the real clock
 	s.stopClock = stopClock
 
@@ -191,6 +195,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	// committed into the hub, Subscribe streams from it (package feed).
 	s.feed = feed.NewHub(cfg.Feed, nil)
 	acfg.Feed = s.feed
+	if s.fire != nil {
+		// The firehose: every commit records its conversation in the
+		// store's outbox; the live batches spare it a store read.
+		acfg.Feed = tee{s.feed, s.fire.pub}
+		acfg.OutboxPartitions = cfg.Cluster.Ring.Partitions
+	}
 	var sender api.Sender
 	var router api.Router = api.RouterFunc(s.routeSingle)
 	if cfg.clustered() {
@@ -226,6 +236,13 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 			s.feed.SetUpstream(up)
 		}
 	}
+	if s.fire != nil {
+		var owned func() []uint32 // every partition without a cluster
+		if s.cluster != nil {
+			owned = s.cluster.HeldPartitions
+		}
+		s.fire.start(owned, s.metrics)
+	}
 	s.metrics.SetReadiness(s.readiness) // sequencer_ready: what /readyz answers
 	s.registerGauges()
 
@@ -243,6 +260,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	api.MountGRPCTools(apiMux, svc, s.health, apiEdge)
 	adminMux := api.NewAdminMux(s.readiness, s.metrics.Registry, log)
 	adminMux.Handle("/console/", s.startConsole())
+	if s.fire != nil {
+		s.console.ServeFirehose(s.fire.consoleState)
+	}
 	if cfg.Pprof {
 		adminMux.HandleFunc("/debug/pprof/", pprof.Index)
 		adminMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -463,6 +483,8 @@ func (s *Server) closeAll(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("conversations: %w", err))
 		}
 	}
+	s.fire.close() // after the last commit: it stores the cursors it owes
+	s.fire = nil
 	if s.lease != nil {
 		if err := s.lease.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("worker lease: %w", err))

@@ -29,6 +29,7 @@ Commands:
   drain NODE [--wait D]   graceful leave of NODE: it leaves the ring, hands off, exits 0
   forget NODE [--force]   remove a dead member's row now (refused while its lease is live)
   migrate status          applied vs available schema migrations
+  feed                    the firehose's backlog per partition, from the store's outbox (docs/FEED.md)
   trim --before TIME | --older-than 90d
                           one retention pass: delete older messages, heads kept
   backup --to FILE        copy the embedded store online (VACUUM INTO) into a new 0600 file; PostgreSQL: pg_dump
@@ -71,7 +72,7 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 	var olderThan time.Duration
 	npos := 0
 	switch name {
-	case "members", "partitions", "shards", "migrate status":
+	case "members", "partitions", "shards", "migrate status", "feed":
 	case "head", "route":
 		npos = 1
 	case "forget":
@@ -117,6 +118,8 @@ func adminCmd(args []string, stdout, stderr io.Writer, getenv func(string) strin
 		out, err = a.Partitions(ctx)
 	case "shards":
 		out, err = a.Shards(ctx)
+	case "feed":
+		out, err = a.Feed(ctx)
 	case "head":
 		out, err = a.Head(ctx, pos[0])
 	case "route":

@@ -15,14 +15,15 @@ var layers = [][]string{
 	// 0: leaves: the domain (root), generated code, small helpers.
 	{"", "buildinfo", "clock", "internal/conf", "internal/netbuf", "internal/ratelog", "internal/reqid", "internal/storytest", "internal/testcert",
 		"internal/testwait", "internal/tmpfs", "internal/tracing", "internal/history", "internal/rapidmutant", "proto/sequencer/v1", "persist/internal/serverproc",
-		"persist/mysql/mysqlurl",
+		"persist/mysql/mysqlurl", "internal/natstest",
 		"deploy", "e2e"},
 	// 1: interfaces and pure building blocks.
 	// proto/cluster/v1 carries proto/sequencer/v1's Message (the feed between nodes).
 	{"persist", "ring", "metrics", "persist/pgtest", "persist/citustest", "proto/cluster/v1", "proto/sequencer/v1/sequencerv1connect"},
 	// 2: the membership rules, the single-writer core, ids, the embedded store, the MySQL test kit (over pgtest's helpers).
 	// The change feed's core and hub (over persist's roles only).
-	{"membership", "conv", "idgen", "persist/storetest", "persist/mysqltest", "feed", "proto/cluster/v1/clusterv1connect"},
+	// The firehose's core and publisher (over persist's outbox and a Sink).
+	{"membership", "conv", "idgen", "persist/storetest", "persist/mysqltest", "feed", "firehose", "proto/cluster/v1/clusterv1connect"},
 	// 2b: membership.Store over any SQL dialect (the transitions, written once).
 	{"membership/sqltable"},
 	// 3: the ownership core, group commit, the stores (each decides fences with membership.CheckFences), test kits.
@@ -31,6 +32,8 @@ var layers = [][]string{
 	{"persist/faulty", "persist/citus"},
 	// 4: the conversations of a node, the cluster shell, the API edge, the SDK, store selection.
 	{"actor", "cluster", "api", "client", "console", "persist/open"},
+	// 4b: the firehose's NATS sink (the API's Message as payload).
+	{"firehose/natssink"},
 	// 5: operator commands and the wiring of one node.
 	{"admin", "server"},
 	// 6: the commands.

@@ -33,7 +33,7 @@ Usage:
   sequencer serve   [flags]   run a node (embedded store under ./data by default)
   sequencer migrate [flags]   apply the store's schema migrations and exit
   sequencer admin   COMMAND   operator commands: members, partitions, head, route, shards,
-                              drain, forget, migrate status, trim, backup (sequencer admin --help)
+                              drain, forget, migrate status, trim, backup, feed (sequencer admin --help)
   sequencer bench   [flags]   run sequencer-bench from this binary's directory (docs/BENCHMARKS.md)
   sequencer health  [flags]   exit 0 when a node's /readyz (or --url) answers 200 (container health checks)
   sequencer version           print the version, commit and Go version (also --version)
@@ -116,6 +116,14 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Feed.MaxSubscriptions, "max-subscriptions", d.Feed.MaxSubscriptions, "conversations followed by all Subscribe streams of the node (a stream of n conversations counts n); a Subscribe past it gets resource_exhausted")
 	fs.IntVar(&c.Feed.MaxQueue, "subscribe-queue", d.Feed.MaxQueue, "messages one Subscribe stream may have waiting; a subscriber that falls further behind is ended with resource_exhausted (it resumes from its last seqs)")
 	fs.DurationVar(&c.Feed.Heartbeat, "subscribe-heartbeat", d.Feed.Heartbeat, "a Subscribe stream silent this long gets a heartbeat event")
+	fs.StringVar(&c.Firehose.URL, "feed-nats", d.Firehose.URL, "publish every stored message to NATS JetStream at this URL (nats://HOST:PORT; tls:// for TLS; docs/FEED.md); a bad URL, an unreachable server or a missing stream is exit 1 at start")
+	fs.StringVar(&c.Firehose.Subject, "feed-subject", d.Firehose.Subject, "firehose: subject prefix; each message goes to PREFIX.<partition>")
+	fs.StringVar(&c.Firehose.Format, "feed-format", d.Firehose.Format, "firehose: payload format, proto (the Message protobuf) or json (protojson)")
+	fs.BoolVar(&c.Firehose.CreateStream, "feed-create-stream", d.Firehose.CreateStream, "firehose: create the stream when none holds PREFIX.* (file storage, 2h duplicate window, 1 replica); without it a missing stream is exit 1")
+	fs.StringVar(&c.Firehose.CredsFile, "feed-nats-creds", d.Firehose.CredsFile, "firehose: NATS credentials file (JWT and nkey)")
+	fs.StringVar(&c.Firehose.CAFile, "feed-nats-ca", d.Firehose.CAFile, "firehose: PEM CA of the NATS server's TLS certificate")
+	fs.StringVar(&c.Firehose.CertFile, "feed-nats-cert", d.Firehose.CertFile, "firehose: PEM client certificate for NATS (with --feed-nats-key)")
+	fs.StringVar(&c.Firehose.KeyFile, "feed-nats-key", d.Firehose.KeyFile, "firehose: PEM private key of --feed-nats-cert")
 	fs.IntVar(&c.StoreConns, "store-conns", d.StoreConns, "PostgreSQL read pool: connections for pulls, lookups and head loads")
 	fs.IntVar(&c.StoreCommitConns, "store-commit-conns", d.StoreCommitConns, "PostgreSQL commit pool: connections only commits use (0: --commit-workers)")
 	fs.IntVar(&c.StoreControlConns, "store-control-conns", d.StoreControlConns, "PostgreSQL control pool: connections for membership heartbeats, partition leases and the worker-id lease")

@@ -50,8 +50,9 @@ type Store struct {
 	closed bool
 	convs  map[string]*conv
 	byID   map[uint64]sequencer.Message
-	byKey  map[sequencer.ClientKey]uint64 // resend key -> msg_id
-	reads  map[readKey]uint64             // read positions (never lowered, never past the head)
+	byKey  map[sequencer.ClientKey]uint64  // resend key -> msg_id
+	reads  map[readKey]uint64              // read positions (never lowered, never past the head)
+	outbox map[outboxKey]persist.OutboxRow // the firehose's outbox (outbox.go)
 	// workers are the worker-id leases; a zero expires means free.
 	workers [workerIDs]worker
 }
@@ -90,7 +91,7 @@ func New() *Store { return NewWithClock(nil) }
 // clock in simulations; nil: the real one).
 func NewWithClock(c clock.Clock) *Store {
 	return &Store{Mem: membership.NewMem(c), convs: map[string]*conv{}, byID: map[uint64]sequencer.Message{},
-		byKey: map[sequencer.ClientKey]uint64{}, reads: map[readKey]uint64{}}
+		byKey: map[sequencer.ClientKey]uint64{}, reads: map[readKey]uint64{}, outbox: map[outboxKey]persist.OutboxRow{}}
 }
 
 // Membership implements membership.Provider: the store's own table.
@@ -185,6 +186,7 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 		}
 		c.head = b.LastSeq()
 	}
+	s.writeOutbox(batches)
 	return nil
 }
 

@@ -176,7 +176,7 @@ func (p *plan) checks(b *strings.Builder, args []any) []any {
 		}
 		fmt.Fprintf(b, "SET %s = ROW_COUNT() = %d;%s", okVar, want, raiseIfNotOK)
 	}
-	return args
+	return outboxUpsert(b, args, p.batches)
 }
 
 // lockedMatch writes a locking read of table's rows with the primary keys

@@ -417,6 +417,7 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		}
 		h := &pieces[0].heads
 		b.Queue(headCheckSQL, h.convs, h.prevs, h.heads)
+		queueOutbox(b, batches)
 	}
 	insertFrom, commitAt := -1, -1
 	if !useCopy {

@@ -410,6 +410,9 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 	if err := flushHeads(); err != nil {
 		return err
 	}
+	if err := stageOutbox(ctx, tx, batches); err != nil {
+		return err
+	}
 	args := make([]any, 0, 8*insertChunk)
 	exec := func(rows int, args []any) error {
 		var err error

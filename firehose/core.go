@@ -1,0 +1,469 @@
+// Package firehose publishes every stored message to a broker (NATS
+// JetStream; docs/FEED.md): after its commit, at least once, per
+// conversation in seq order, none missed across kill -9, handoff or a broker
+// outage. The store is the source of truth for what is unpublished: a
+// commit records its conversation in the store's outbox (persist.Outbox) in
+// the same transaction, and the outbox's published seq moves only after the
+// broker acknowledged. The change feed's live batches (actor.Publisher) are
+// only a shortcut that spares the store a read.
+//
+// Core is the pure part (what to publish next, when the cursor may move),
+// with no goroutines, clock or I/O; Publisher runs it against a Store and
+// a Sink. The package never blocks a send: Live only appends to memory and
+// drops what does not fit (the outbox still has it).
+package firehose
+
+import (
+	"slices"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/ring"
+)
+
+// CoreConfig bounds a Core. Zero fields take DefaultCoreConfig's.
+type CoreConfig struct {
+	Partitions  int // the ring's partition count (required)
+	MaxInflight int // publishes and reads in flight at once
+	MaxQueued   int // live messages held in memory; past it Live drops (they are read back from the store)
+	ReadLimit   int // messages per store read
+}
+
+// DefaultCoreConfig returns the defaults.
+func DefaultCoreConfig() CoreConfig {
+	return CoreConfig{MaxInflight: 4096, MaxQueued: 200_000, ReadLimit: 500}
+}
+
+// Kind is what an Action asks the runner to do.
+type Kind int
+
+const (
+	// Publish: send Msg to partition Part's subject, then call Published.
+	Publish Kind = iota + 1
+	// Read: read ConvID's stored messages after After (up to Limit), then
+	// call Filled.
+	Read
+)
+
+// Action is one step for the runner. Token identifies it in the answer.
+type Action struct {
+	Kind   Kind
+	Token  uint64
+	Part   uint32
+	ConvID string
+	Msg    sequencer.Message // Publish
+	After  uint64            // Read
+	Limit  int               // Read
+}
+
+// Core decides, for the partitions this node owns, which message of which
+// conversation goes to the broker next, and how far each conversation's
+// cursor may move. Rules:
+//
+//   - a conversation has at most one publish in flight, and its seq n+1 is
+//     published only after the broker acknowledged seq n: a failed publish
+//     can never let a later one land first (conversations of one partition
+//     share a subject and are published in parallel: their relative order
+//     is free);
+//   - nothing of a partition is published before its outbox was scanned
+//     (Scanned with done): the scan says where each conversation's backlog
+//     starts; a live batch of a conversation without a row starts where the
+//     batch starts;
+//   - the cursor (persist.OutboxMove) of a conversation moves to seq n
+//     only when the broker acknowledged every seq up to n;
+//   - a conversation is forgotten once its cursor is stored at its head.
+//
+// Not safe for concurrent use: the runner holds a lock around it.
+type Core struct {
+	cfg      CoreConfig
+	parts    map[uint32]*partState
+	convs    map[string]*convState
+	ready    []*convState
+	owed     map[moveKey]uint64 // acknowledged seqs not yet stored
+	inflight int
+	queued   int
+	token    uint64
+	skipped  uint64 // seqs retention removed before they were published
+}
+
+type partState struct {
+	synced bool
+	convs  map[string]*convState
+}
+
+type moveKey struct {
+	part uint32
+	conv string
+}
+
+type convState struct {
+	id          string
+	part        uint32
+	stored      uint64 // the outbox's published seq, as last stored (or read)
+	next        uint64 // the next seq to publish: every seq below is in the broker
+	head        uint64 // the highest seq known committed
+	queue       []sequencer.Message
+	busy        uint64 // the token of the action in flight, 0 if none
+	listed      bool   // in Core.ready
+	provisional bool   // created by Live before its partition's scan ended
+	behindSince time.Time
+}
+
+// NewCore returns a Core owning no partition.
+func NewCore(cfg CoreConfig) *Core {
+	d := DefaultCoreConfig()
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = d.MaxInflight
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = d.MaxQueued
+	}
+	if cfg.ReadLimit <= 0 {
+		cfg.ReadLimit = d.ReadLimit
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1
+	}
+	return &Core{cfg: cfg, parts: map[uint32]*partState{}, convs: map[string]*convState{}, owed: map[moveKey]uint64{}}
+}
+
+// Own sets the partitions this node owns. It returns the partitions newly
+// owned: the runner scans their outbox (Scanned). Partitions no longer
+// owned are dropped at once (their acknowledged cursors are still owed:
+// Moves returns them); answers to their actions in flight are ignored.
+func (c *Core) Own(parts []uint32) (added []uint32) {
+	now := make(map[uint32]bool, len(parts))
+	for _, p := range parts {
+		now[p] = true
+		if c.parts[p] == nil {
+			c.parts[p] = &partState{convs: map[string]*convState{}}
+			added = append(added, p)
+		}
+	}
+	for p, ps := range c.parts {
+		if now[p] {
+			continue
+		}
+		for id, cv := range ps.convs {
+			c.queued -= len(cv.queue)
+			delete(c.convs, id)
+		}
+		delete(c.parts, p)
+	}
+	slices.Sort(added)
+	return added
+}
+
+// Owned reports whether partition p is owned.
+func (c *Core) Owned(p uint32) bool { return c.parts[p] != nil }
+
+// Live takes a committed batch of one conversation (ascending seqs), as the
+// conversation's writer hands it to the change feed.
+func (c *Core) Live(convID string, msgs []sequencer.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	p := ring.PartitionOf(convID, c.cfg.Partitions)
+	ps := c.parts[p]
+	if ps == nil {
+		return
+	}
+	cv := c.convs[convID]
+	if cv == nil {
+		first := msgs[0].Seq
+		cv = &convState{id: convID, part: p, stored: first - 1, next: first, provisional: !ps.synced}
+		c.convs[convID] = cv
+		ps.convs[convID] = cv
+	}
+	last := msgs[len(msgs)-1].Seq
+	cv.head = max(cv.head, last)
+	if cv.behindSince.IsZero() {
+		cv.behindSince = msgs[0].ServerAt
+	}
+	for _, m := range msgs {
+		if m.Seq < cv.next || (len(cv.queue) > 0 && m.Seq <= cv.queue[len(cv.queue)-1].Seq) {
+			continue
+		}
+		if c.queued >= c.cfg.MaxQueued {
+			break // the store has them: a Read fetches them
+		}
+		cv.queue = append(cv.queue, m)
+		c.queued++
+	}
+	c.touch(cv)
+}
+
+// Scanned merges a page of partition p's outbox rows; done says the scan
+// reached its end, after which the partition publishes.
+func (c *Core) Scanned(p uint32, rows []persist.OutboxRow, done bool, now time.Time) {
+	ps := c.parts[p]
+	if ps == nil {
+		return
+	}
+	for _, r := range rows {
+		if r.Partition != p || r.Head <= r.Published {
+			continue
+		}
+		cv := c.convs[r.ConvID]
+		switch {
+		case cv == nil:
+			cv = &convState{id: r.ConvID, part: p, stored: r.Published, next: r.Published + 1}
+			c.convs[r.ConvID] = cv
+			ps.convs[r.ConvID] = cv
+		case cv.provisional:
+			cv.provisional = false
+			cv.stored, cv.next = r.Published, r.Published+1
+		default:
+			cv.stored = max(cv.stored, r.Published)
+			cv.next = max(cv.next, r.Published+1)
+		}
+		c.dropBelow(cv)
+		cv.head = max(cv.head, r.Head)
+		if cv.behindSince.IsZero() || now.Before(cv.behindSince) {
+			cv.behindSince = now
+		}
+	}
+	if !done {
+		return
+	}
+	ps.synced = true
+	for _, cv := range ps.convs {
+		cv.provisional = false
+		c.touch(cv)
+	}
+}
+
+// dropBelow removes queued messages below cv.next.
+func (c *Core) dropBelow(cv *convState) {
+	i := 0
+	for i < len(cv.queue) && cv.queue[i].Seq < cv.next {
+		i++
+	}
+	if i > 0 {
+		c.queued -= i
+		cv.queue = cv.queue[i:]
+	}
+}
+
+// runnable: the conversation has something to publish or read, and may.
+func (c *Core) runnable(cv *convState) bool {
+	ps := c.parts[cv.part]
+	return ps != nil && ps.synced && cv.busy == 0 && cv.head >= cv.next && c.convs[cv.id] == cv
+}
+
+func (c *Core) touch(cv *convState) {
+	if !cv.listed && c.runnable(cv) {
+		cv.listed = true
+		c.ready = append(c.ready, cv)
+	}
+}
+
+// Next returns the next action, or false when there is none (nothing
+// runnable, or MaxInflight actions in flight).
+func (c *Core) Next() (Action, bool) {
+	for c.inflight < c.cfg.MaxInflight && len(c.ready) > 0 {
+		cv := c.ready[0]
+		c.ready[0] = nil
+		c.ready = c.ready[1:]
+		cv.listed = false
+		if !c.runnable(cv) {
+			continue
+		}
+		c.token++
+		cv.busy = c.token
+		c.inflight++
+		if len(cv.queue) > 0 && cv.queue[0].Seq == cv.next {
+			return Action{Kind: Publish, Token: c.token, Part: cv.part, ConvID: cv.id, Msg: cv.queue[0]}, true
+		}
+		limit := c.cfg.ReadLimit
+		if len(cv.queue) > 0 {
+			limit = min(limit, int(cv.queue[0].Seq-cv.next))
+		}
+		return Action{Kind: Read, Token: c.token, Part: cv.part, ConvID: cv.id, After: cv.next - 1, Limit: limit}, true
+	}
+	return Action{}, false
+}
+
+// answer finds the conversation an action's answer is for (nil: dropped or
+// superseded) and ends the action.
+func (c *Core) answer(a Action) *convState {
+	c.inflight--
+	cv := c.convs[a.ConvID]
+	if cv == nil || cv.busy != a.Token {
+		return nil
+	}
+	cv.busy = 0
+	return cv
+}
+
+// Published answers a Publish: err nil means the broker stored it (or
+// dropped it as a duplicate of one it stored). After an error the
+// conversation is runnable again (the runner backs off).
+func (c *Core) Published(a Action, err error) {
+	cv := c.answer(a)
+	if cv == nil {
+		if err == nil {
+			c.owe(a.Part, a.ConvID, a.Msg.Seq)
+		}
+		return
+	}
+	if err == nil && a.Msg.Seq == cv.next {
+		cv.next++
+		c.dropBelow(cv)
+		c.owe(cv.part, cv.id, a.Msg.Seq)
+		cv.behindSince = time.Time{}
+		if cv.head >= cv.next {
+			cv.behindSince = a.Msg.ServerAt
+			if len(cv.queue) > 0 && cv.queue[0].Seq == cv.next {
+				cv.behindSince = cv.queue[0].ServerAt
+			}
+		}
+	}
+	c.touch(cv)
+}
+
+func (c *Core) owe(p uint32, conv string, seq uint64) {
+	k := moveKey{p, conv}
+	c.owed[k] = max(c.owed[k], seq)
+}
+
+// Filled answers a Read with the stored messages after a.After (ascending).
+// Seqs missing at the start were removed by retention before they were
+// published: they are skipped (Skipped counts them).
+func (c *Core) Filled(a Action, msgs []sequencer.Message, err error) {
+	cv := c.answer(a)
+	if cv == nil {
+		return
+	}
+	defer c.touch(cv)
+	if err != nil {
+		return
+	}
+	i := 0
+	for i < len(msgs) && msgs[i].Seq < cv.next {
+		i++
+	}
+	msgs = msgs[i:]
+	if len(msgs) == 0 {
+		if cv.head >= cv.next {
+			// Nothing stored after next-1 up to the known head: retention
+			// took it.
+			c.skipped += cv.head - cv.next + 1
+			cv.next = cv.head + 1
+			c.owe(cv.part, cv.id, cv.head)
+			c.dropBelow(cv)
+		}
+		return
+	}
+	if gap := msgs[0].Seq - cv.next; gap > 0 {
+		c.skipped += gap
+		cv.next = msgs[0].Seq
+		c.owe(cv.part, cv.id, cv.next-1)
+		c.dropBelow(cv)
+	}
+	last := msgs[len(msgs)-1].Seq
+	cv.head = max(cv.head, last)
+	merged := make([]sequencer.Message, 0, len(msgs)+len(cv.queue))
+	merged = append(merged, msgs...)
+	dropped := 0
+	for _, m := range cv.queue {
+		if m.Seq > last {
+			merged = append(merged, m)
+		} else {
+			dropped++
+		}
+	}
+	c.queued += len(merged) - len(cv.queue)
+	cv.queue = merged
+	if cv.queue[0].Seq == cv.next {
+		cv.behindSince = cv.queue[0].ServerAt
+	}
+}
+
+// Moves returns the cursor moves owed to the store (every acknowledged seq
+// not yet stored) and forgets them; the runner gives them back to Advanced.
+func (c *Core) Moves() []persist.OutboxMove {
+	if len(c.owed) == 0 {
+		return nil
+	}
+	out := make([]persist.OutboxMove, 0, len(c.owed))
+	for k, to := range c.owed {
+		out = append(out, persist.OutboxMove{Partition: k.part, ConvID: k.conv, To: to})
+	}
+	clear(c.owed)
+	slices.SortFunc(out, func(a, b persist.OutboxMove) int {
+		if a.Partition != b.Partition {
+			return int(a.Partition) - int(b.Partition)
+		}
+		return compare(a.ConvID, b.ConvID)
+	})
+	return out
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Advanced answers Moves: on error they are owed again; on success the
+// conversations whose cursor reached their head are forgotten.
+func (c *Core) Advanced(moves []persist.OutboxMove, err error) {
+	for _, m := range moves {
+		if err != nil {
+			c.owe(m.Partition, m.ConvID, m.To)
+			continue
+		}
+		cv := c.convs[m.ConvID]
+		if cv == nil || cv.part != m.Partition {
+			continue
+		}
+		cv.stored = max(cv.stored, m.To)
+		if cv.busy == 0 && len(cv.queue) == 0 && cv.stored >= cv.head && cv.next > cv.head {
+			delete(c.convs, cv.id)
+			delete(c.parts[cv.part].convs, cv.id)
+		}
+	}
+}
+
+// Lag is what the node owes the broker, as far as the core knows.
+type Lag struct {
+	Messages uint64    // committed seqs not yet acknowledged by the broker
+	Oldest   time.Time // server_at (or time found) of the oldest of them; zero if none
+	Convs    int       // conversations with a backlog
+	Queued   int       // live messages held in memory
+	Inflight int
+	Skipped  uint64 // seqs retention removed before they were published
+	Syncing  int    // owned partitions whose outbox scan has not ended
+}
+
+// Lag returns the backlog over all owned partitions, and per partition
+// (messages).
+func (c *Core) Lag() (Lag, map[uint32]uint64) {
+	l := Lag{Queued: c.queued, Inflight: c.inflight, Skipped: c.skipped}
+	per := make(map[uint32]uint64, len(c.parts))
+	for p, ps := range c.parts {
+		per[p] = 0
+		if !ps.synced {
+			l.Syncing++
+		}
+	}
+	for _, cv := range c.convs {
+		if cv.head < cv.next {
+			continue
+		}
+		n := cv.head - cv.next + 1
+		l.Messages += n
+		l.Convs++
+		per[cv.part] += n
+		if !cv.behindSince.IsZero() && (l.Oldest.IsZero() || cv.behindSince.Before(l.Oldest)) {
+			l.Oldest = cv.behindSince
+		}
+	}
+	return l, per
+}

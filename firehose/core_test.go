@@ -1,0 +1,214 @@
+package firehose
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/ring"
+)
+
+var t0 = time.Date(2026, 12, 5, 3, 0, 0, 0, time.UTC)
+
+// msgs returns conv's messages seqs from..to.
+func msgs(conv string, from, to uint64) []sequencer.Message {
+	var out []sequencer.Message
+	for s := from; s <= to; s++ {
+		out = append(out, sequencer.Message{MsgID: 1000 + s, ConvID: conv, Seq: s, ServerAt: t0.Add(time.Duration(s) * time.Millisecond)})
+	}
+	return out
+}
+
+// ownedCore returns a core of 1 partition, owned and scanned empty.
+func ownedCore(cfg CoreConfig) *Core {
+	cfg.Partitions = 1
+	c := NewCore(cfg)
+	c.Own([]uint32{0})
+	c.Scanned(0, nil, true, t0)
+	return c
+}
+
+func next(t *testing.T, c *Core) Action {
+	t.Helper()
+	a, ok := c.Next()
+	if !ok {
+		t.Fatalf("no action, want one")
+	}
+	return a
+}
+
+func none(t *testing.T, c *Core) {
+	t.Helper()
+	if a, ok := c.Next(); ok {
+		t.Fatalf("unexpected action %+v", a)
+	}
+}
+
+func wantPublish(t *testing.T, a Action, conv string, seq uint64) {
+	t.Helper()
+	if a.Kind != Publish || a.ConvID != conv || a.Msg.Seq != seq {
+		t.Fatalf("action %v %s seq %d (read after %d), want publish %s seq %d", a.Kind, a.ConvID, a.Msg.Seq, a.After, conv, seq)
+	}
+}
+
+func TestOneInFlightPerConversationInSeqOrder(t *testing.T) {
+	c := ownedCore(CoreConfig{})
+	c.Live("a", msgs("a", 1, 3))
+	c.Live("b", msgs("b", 1, 1))
+	a1 := next(t, c)
+	b1 := next(t, c)
+	wantPublish(t, a1, "a", 1)
+	wantPublish(t, b1, "b", 1)
+	none(t, c) // a:2 waits for a:1's ack
+	c.Published(a1, errors.New("timeout"))
+	again := next(t, c)
+	wantPublish(t, again, "a", 1) // never skipped, never overtaken
+	c.Published(again, nil)
+	a2 := next(t, c)
+	wantPublish(t, a2, "a", 2)
+	none(t, c)
+	c.Published(a2, nil)
+	wantPublish(t, next(t, c), "a", 3)
+}
+
+func TestCursorMovesOnlyOverAcknowledgedSeqs(t *testing.T) {
+	c := ownedCore(CoreConfig{})
+	c.Live("a", msgs("a", 1, 3))
+	a1 := next(t, c)
+	if mv := c.Moves(); len(mv) != 0 {
+		t.Fatalf("moves before any ack: %+v", mv)
+	}
+	c.Published(a1, nil)
+	a2 := next(t, c)
+	c.Published(a2, errors.New("nack"))
+	mv := c.Moves()
+	if len(mv) != 1 || mv[0] != (persist.OutboxMove{Partition: 0, ConvID: "a", To: 1}) {
+		t.Fatalf("moves = %+v, want a to 1", mv)
+	}
+	c.Advanced(mv, errors.New("store down"))
+	if mv2 := c.Moves(); len(mv2) != 1 || mv2[0].To != 1 {
+		t.Fatalf("a failed advance is not owed again: %+v", mv2)
+	}
+	// Everything acknowledged and stored: the conversation is forgotten,
+	// and its next batch starts where the batch starts.
+	for i := 0; i < 2; i++ {
+		a := next(t, c)
+		c.Published(a, nil)
+	}
+	c.Advanced(c.Moves(), nil)
+	if l, _ := c.Lag(); l.Messages != 0 || len(c.convs) != 0 {
+		t.Fatalf("lag %+v, %d conversations kept, want none", l, len(c.convs))
+	}
+	c.Live("a", msgs("a", 4, 4))
+	wantPublish(t, next(t, c), "a", 4)
+}
+
+func TestNothingPublishedBeforeTheScanEnds(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 1})
+	c.Own([]uint32{0})
+	c.Live("a", msgs("a", 6, 7)) // committed after the outbox said a owes 3..5
+	none(t, c)
+	c.Scanned(0, []persist.OutboxRow{{Partition: 0, ConvID: "a", Published: 2, Head: 5}}, false, t0)
+	none(t, c)
+	c.Scanned(0, nil, true, t0)
+	rd := next(t, c)
+	if rd.Kind != Read || rd.After != 2 || rd.Limit != 3 {
+		t.Fatalf("action %+v, want a read of a after 2, 3 messages", rd)
+	}
+	none(t, c)
+	c.Filled(rd, msgs("a", 3, 5), nil)
+	for s := uint64(3); s <= 7; s++ {
+		a := next(t, c)
+		wantPublish(t, a, "a", s)
+		c.Published(a, nil)
+	}
+	none(t, c)
+	if l, _ := c.Lag(); l.Messages != 0 {
+		t.Fatalf("lag %+v after publishing everything", l)
+	}
+}
+
+func TestLiveOverflowIsReadBack(t *testing.T) {
+	c := ownedCore(CoreConfig{MaxQueued: 2})
+	c.Live("a", msgs("a", 1, 5)) // only 1..2 kept in memory
+	a1 := next(t, c)
+	c.Published(a1, nil)
+	a2 := next(t, c)
+	c.Published(a2, nil)
+	rd := next(t, c)
+	if rd.Kind != Read || rd.After != 2 {
+		t.Fatalf("action %+v, want a read after 2", rd)
+	}
+	c.Filled(rd, msgs("a", 3, 5), nil)
+	for s := uint64(3); s <= 5; s++ {
+		a := next(t, c)
+		wantPublish(t, a, "a", s)
+		c.Published(a, nil)
+	}
+}
+
+func TestRetentionGapIsSkippedAndCounted(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 1})
+	c.Own([]uint32{0})
+	c.Scanned(0, []persist.OutboxRow{{ConvID: "a", Published: 0, Head: 6}}, true, t0)
+	rd := next(t, c)
+	c.Filled(rd, msgs("a", 4, 6), nil) // 1..3 were trimmed before they were published
+	wantPublish(t, next(t, c), "a", 4)
+	if l, _ := c.Lag(); l.Skipped != 3 {
+		t.Fatalf("skipped = %d, want 3", l.Skipped)
+	}
+}
+
+func TestDisownedPartitionStopsAndKeepsItsAcks(t *testing.T) {
+	const parts = 4
+	c := NewCore(CoreConfig{Partitions: parts})
+	conv := "x"
+	p := ring.PartitionOf(conv, parts)
+	c.Own([]uint32{p})
+	c.Scanned(p, nil, true, t0)
+	c.Live(conv, msgs(conv, 1, 2))
+	a1 := next(t, c)
+	c.Own(nil) // handed off while a1 was in flight
+	c.Published(a1, nil)
+	none(t, c)
+	mv := c.Moves()
+	if len(mv) != 1 || mv[0].To != 1 || mv[0].Partition != p {
+		t.Fatalf("moves after disowning = %+v, want %s to 1 in partition %d", mv, conv, p)
+	}
+	// Taken back: the outbox says where to start again; the old answer
+	// cannot unlock the new publish.
+	if added := c.Own([]uint32{p}); len(added) != 1 {
+		t.Fatalf("Own again added %v", added)
+	}
+	c.Scanned(p, []persist.OutboxRow{{Partition: p, ConvID: conv, Published: 1, Head: 2}}, true, t0)
+	rd := next(t, c)
+	c.Published(a1, errors.New("late answer of the old action"))
+	none(t, c)
+	c.Filled(rd, msgs(conv, 2, 2), nil)
+	wantPublish(t, next(t, c), conv, 2)
+}
+
+func TestInflightBound(t *testing.T) {
+	c := ownedCore(CoreConfig{MaxInflight: 3})
+	for i := 0; i < 5; i++ {
+		conv := fmt.Sprintf("c%d", i)
+		c.Live(conv, msgs(conv, 1, 1))
+	}
+	var acts []Action
+	for {
+		a, ok := c.Next()
+		if !ok {
+			break
+		}
+		acts = append(acts, a)
+	}
+	if len(acts) != 3 {
+		t.Fatalf("%d actions in flight, want 3", len(acts))
+	}
+	c.Published(acts[0], nil)
+	next(t, c)
+	none(t, c)
+}

@@ -1,0 +1,48 @@
+#!/bin/bash
+# The firehose's bench (docs/BENCHMARKS.md, "The firehose"): one `sequencer
+# serve` on a fresh PostgreSQL database, with (on) or without (off) --feed-nats
+# to a private nats-server -js, loaded by `sequencer-bench --target ...
+# --engines e-batch --scenarios many`. With `outage`, NATS is killed before the
+# load and started after it, and the time until sequencer_feed_lag_messages is
+# 0 is the drain time. The publish lag comes from the node's
+# sequencer_feed_publish_lag_seconds histogram (metrics.txt).
+# usage: scripts/firehose-bench.sh NAME on|off SENDERS(0: the scenario's) [outage]
+# env: B (dir of sequencer and sequencer-bench, default ./bin), DUR (default 15s),
+#      PROF=1 (a CPU profile of the node), OUT (default /tmp/firehose-bench)
+set -e
+B=${B:-./bin}; NAME=$1; FEED=$2; SENDERS=$3; OUTAGE=$4
+D=${OUT:-/tmp/firehose-bench}/$NAME; rm -rf $D; mkdir -p $D
+DB=firebench_$NAME
+psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
+DSN="postgres://postgres@127.0.0.1:5432/$DB"
+$B/sequencer migrate --store $DSN >/dev/null
+NPORT=$((20000 + RANDOM % 20000)); APORT=$((20000 + RANDOM % 20000))
+ARGS=""
+if [ $FEED = on ]; then
+  /usr/sbin/nats-server -js -sd $D/nats -p $NPORT -a 127.0.0.1 >$D/nats.log 2>&1 & echo $! > $D/nats.pid
+  sleep 1
+  ARGS="--feed-nats nats://127.0.0.1:$NPORT --feed-create-stream"
+fi
+$B/sequencer serve --listen 127.0.0.1:$APORT --store $DSN --log-level info --pprof $ARGS >$D/serve.log 2>&1 & echo $! > $D/serve.pid
+for i in $(seq 1 100); do curl -sf http://127.0.0.1:$APORT/readyz >/dev/null && break; sleep 0.1; done
+if [ "$OUTAGE" = outage ]; then kill -9 $(cat $D/nats.pid); fi
+( [ -n "$PROF" ] && sleep 6 && curl -s -o $D/cpu.pprof "http://127.0.0.1:$APORT/debug/pprof/profile?seconds=8" ) &
+SF=""; [ "$SENDERS" != 0 ] && SF="--senders $SENDERS"
+$B/sequencer-bench --target http://127.0.0.1:$APORT --engines e-batch --scenarios many --duration ${DUR:-15s} --warmup 3s $SF --progress -1s > $D/bench.txt 2>&1 || true
+grep -E 'e-batch|msgs/s|many' $D/bench.txt | head -5
+if [ "$OUTAGE" = outage ]; then
+  LAG=$(curl -s http://127.0.0.1:$APORT/metrics | awk '/^sequencer_feed_lag_messages /{print $2}')
+  echo "backlog before NATS returns: $LAG"
+  /usr/sbin/nats-server -js -sd $D/nats -p $NPORT -a 127.0.0.1 >>$D/nats.log 2>&1 & echo $! > $D/nats.pid
+  T0=$(date +%s.%N)
+  while true; do
+    L=$(curl -s http://127.0.0.1:$APORT/metrics | awk '/^sequencer_feed_lag_messages /{print $2}')
+    [ "$L" = 0 ] && break; sleep 0.2
+  done
+  T1=$(date +%s.%N)
+  echo "drained $LAG in $(echo "$T1 - $T0" | bc) s"
+fi
+curl -s http://127.0.0.1:$APORT/metrics | grep -E '^sequencer_feed_(publish_lag_seconds_(bucket|count|sum)|published_total|lag_messages)' > $D/metrics.txt || true
+kill $(cat $D/serve.pid); wait $(cat $D/serve.pid) 2>/dev/null || true
+[ -f $D/nats.pid ] && kill $(cat $D/nats.pid) 2>/dev/null || true
+psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $DB" >/dev/null || true
