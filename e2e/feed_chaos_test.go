@@ -67,6 +67,19 @@ func TestFeedNemesis(t *testing.T) {
 	r.stopWriters()
 	checkFeed(t, c.dsn, convs, r.subs, r.fl)
 	r.stopSubs()
+	// The feed's metrics tell the same story: every node delivered, its
+	// links to both peers are up again, and the links to n4 ended.
+	for _, p := range c.nodes {
+		if metricValue(t, p.Addr, "sequencer_feed_delivered_messages_total") == 0 {
+			t.Errorf("%s: sequencer_feed_delivered_messages_total is 0", p.name)
+		}
+		waitFor(t, 30*time.Second, p.name+"'s 2 peer feed links up", func() bool {
+			return metricValue(t, p.Addr, "sequencer_feed_peer_links") == 2 && metricValue(t, p.Addr, "sequencer_feed_peer_links_up") == 2
+		})
+		if metricValue(t, p.Addr, "sequencer_feed_peer_stream_ends_total") == 0 {
+			t.Errorf("%s: sequencer_feed_peer_stream_ends_total is 0 after a peer left", p.name)
+		}
+	}
 }
 
 // TestFeedEmbeddedKill: one node on the embedded store, a resuming

@@ -476,6 +476,9 @@ func TestFeedSlowConsumer(t *testing.T) {
 		}
 		st.Close()
 		t.Logf("cut after seq %d of %d", last, total+1)
+		if v := metricValue(t, n.Addr, "sequencer_feed_slow_consumers_cut_total"); v != 1 {
+			t.Errorf("sequencer_feed_slow_consumers_cut_total is %v after one cut, want 1", v)
+		}
 		// Resume exactly where it was cut.
 		sub := newFeedSub("resumed", 0, nodes, []string{"slow"}, h2cClient(), connect.WithGRPC())
 		sub.got["slow"] = make([]*sequencerv1.Message, 0, last)

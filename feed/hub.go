@@ -2,6 +2,7 @@ package feed
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -32,6 +33,38 @@ type Hub struct {
 	up       Upstream
 	cfg      Config
 	closed   bool
+	openTaps int // open Taps
+	n        counters
+}
+
+// counters are the hub's totals since it started (Totals).
+type counters struct {
+	delivered, heartbeats, cut, refused, reads, readMsgs, tapsCut atomic.Uint64
+}
+
+// Totals is what a hub did since it started and holds now, for metrics.
+type Totals struct {
+	Streams       int    // Subscribe streams open
+	Follows       int    // (stream, conversation) pairs (what MaxSubscriptions bounds)
+	Conversations int    // distinct conversations followed by the streams
+	Taps          int    // peers' Taps open (cluster: one per peer)
+	Delivered     uint64 // messages sent to subscribers
+	Heartbeats    uint64 // heartbeat events sent
+	Cut           uint64 // streams ended because their subscriber fell behind (ErrBehind)
+	Refused       uint64 // Subscribes refused at the node's bound (MaxSubscriptions)
+	BacklogReads  uint64 // store reads of streams' backlogs (each names up to 1,000 conversations)
+	BacklogMsgs   uint64 // messages those reads returned
+	TapsCut       uint64 // peers' Taps ended because their queue overflowed
+}
+
+// Totals returns the hub's counts.
+func (h *Hub) Totals() Totals {
+	h.mu.RLock()
+	t := Totals{Streams: h.streams, Follows: h.follows, Conversations: len(h.convs), Taps: h.openTaps}
+	h.mu.RUnlock()
+	t.Delivered, t.Heartbeats, t.Cut = h.n.delivered.Load(), h.n.heartbeats.Load(), h.n.cut.Load()
+	t.Refused, t.BacklogReads, t.BacklogMsgs, t.TapsCut = h.n.refused.Load(), h.n.reads.Load(), h.n.readMsgs.Load(), h.n.tapsCut.Load()
+	return t
 }
 
 // stream is one subscriber's queue: what the hub handed it since its loop
@@ -168,6 +201,7 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 	}
 	if h.follows+len(cursors) > h.maxConvs {
 		h.mu.Unlock()
+		h.n.refused.Add(1)
 		return nil, sequencer.Errorf(sequencer.CodeResourceExhausted,
 			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", h.follows, h.maxConvs)
 	}

@@ -165,6 +165,11 @@ func TestServeSlowConsumerCutAndResumes(t *testing.T) {
 	if st, f := n.hub.Stats(); st != 1 || f != 1 {
 		t.Fatalf("hub holds %d streams, %d follows after the cut one ended; want 1, 1", st, f)
 	}
+	// The metrics' view: one cut, every message delivered once to one
+	// stream or the other (the first, then 2..21 after the resume).
+	if tot := n.hub.Totals(); tot.Cut != 1 || tot.Delivered != 21 || tot.Streams != 1 || tot.Conversations != 1 || tot.BacklogReads < 2 || tot.BacklogMsgs < 20 {
+		t.Fatalf("totals %+v: want 1 cut, 21 delivered, 1 stream on 1 conversation, >= 2 backlog reads of >= 20 messages", tot)
+	}
 }
 
 // The node's subscription bound refuses a stream that would pass it.
@@ -182,6 +187,9 @@ func TestServeSubscriptionBound(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a stream over the bound was served")
+	}
+	if tot := n.hub.Totals(); tot.Refused != 1 || tot.Follows != 3 {
+		t.Fatalf("totals %+v: want 1 refused, 3 follows", tot)
 	}
 }
 

@@ -97,7 +97,12 @@ type Subscription struct {
 // store read (its error, retryable). It attaches to the hub first, then
 // reads the backlog, so nothing committed in between is missed; Send gets
 // every event in order.
-func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
+func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
+	defer func() {
+		if err == ErrBehind {
+			h.n.cut.Add(1)
+		}
+	}()
 	cursors, store := sub.Cursors, sub.Store
 	s, err := h.attach(cursors, sub.Cut)
 	if err != nil {
@@ -109,6 +114,11 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 				return ErrBehind
 			}
 			return err
+		}
+		if e.Kind == KindMessage {
+			h.n.delivered.Add(1)
+		} else if e.Kind == KindHeartbeat {
+			h.n.heartbeats.Add(1)
 		}
 		return nil
 	}
@@ -140,6 +150,8 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 			for _, p := range pages {
 				n += len(p.Messages)
 			}
+			h.n.reads.Add(1)
+			h.n.readMsgs.Add(uint64(n))
 			for i, p := range pages {
 				t.Backlog(reads[i].ConvID, p, n >= h.cfg.readBudget)
 			}
