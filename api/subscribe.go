@@ -47,15 +47,7 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 	}
 	var out sequencerv1.SubscribeResponse
 	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Send: func(e feed.Event) error {
-		switch e.Kind {
-		case feed.KindMessage:
-			out.Event = &sequencerv1.SubscribeResponse_Message{Message: messageProto(e.Msg)}
-		case feed.KindTruncated:
-			out.Event = &sequencerv1.SubscribeResponse_Truncated{Truncated: &sequencerv1.Truncated{ConvId: e.ConvID, OldestSeq: e.OldestSeq}}
-		case feed.KindHeartbeat:
-			out.Event = &sequencerv1.SubscribeResponse_Heartbeat{Heartbeat: &sequencerv1.Heartbeat{}}
-		}
-		return st.Send(&out)
+		return sendEvent(st, &out, e) // a live message encoded once for all streams (feedcodec.go)
 	}})
 	if ctx.Err() != nil && !errors.Is(err, feed.ErrBehind) {
 		s.count(methodSubscribe, "canceled") // the client's own end

@@ -85,6 +85,7 @@ type stream struct {
 type published struct {
 	convID string
 	msgs   []sequencer.Message
+	wires  []Wire // msgs' shared wire forms (nil for a Tap's)
 }
 
 // NewHub returns a hub. up may be nil (a single node: every writer is
@@ -110,11 +111,14 @@ func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
 		return
 	}
 	h.mu.RLock()
-	for s := range h.convs[convID] {
-		s.offer(convID, msgs)
+	if set := h.convs[convID]; len(set) > 0 {
+		wires := make([]Wire, len(msgs)) // encoded once, by the first stream to send each
+		for s := range set {
+			s.offer(published{convID, msgs, wires})
+		}
 	}
 	for s := range h.taps[convID] {
-		s.offer(convID, msgs)
+		s.offer(published{convID, msgs, nil})
 	}
 	h.mu.RUnlock()
 }
@@ -126,8 +130,11 @@ func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
 		return
 	}
 	h.mu.RLock()
-	for s := range h.convs[convID] {
-		s.offer(convID, msgs)
+	if set := h.convs[convID]; len(set) > 0 {
+		wires := make([]Wire, len(msgs))
+		for s := range set {
+			s.offer(published{convID, msgs, wires})
+		}
 	}
 	h.mu.RUnlock()
 }
@@ -244,21 +251,21 @@ func (h *Hub) detach(s *stream, cursors []persist.Cursor) {
 	}
 }
 
-func (s *stream) offer(convID string, msgs []sequencer.Message) {
+func (s *stream) offer(p published) {
 	s.mu.Lock()
 	if s.behind {
 		s.mu.Unlock()
 		return
 	}
-	if s.queued+len(msgs) > s.max {
+	if s.queued+len(p.msgs) > s.max {
 		s.behind = true
 		s.queue, s.queued = nil, 0 // the stream ends: free its queue now
 		if s.cut != nil {
 			s.cut() // unblock a send stuck on the subscriber
 		}
 	} else {
-		s.queue = append(s.queue, published{convID, msgs})
-		s.queued += len(msgs)
+		s.queue = append(s.queue, p)
+		s.queued += len(p.msgs)
 	}
 	s.mu.Unlock()
 	s.poke()
@@ -293,7 +300,7 @@ func (s *stream) take(t *Tail) error {
 		t.Resync(c)
 	}
 	for _, p := range q {
-		t.Live(p.convID, p.msgs)
+		t.LiveShared(p.convID, p.msgs, p.wires)
 	}
 	return nil
 }
