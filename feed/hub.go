@@ -206,11 +206,11 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 		h.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if h.follows+len(cursors) > h.maxConvs {
+	if follows := h.follows; follows+len(cursors) > h.maxConvs {
 		h.mu.Unlock()
 		h.n.refused.Add(1)
 		return nil, sequencer.Errorf(sequencer.CodeResourceExhausted,
-			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", h.follows, h.maxConvs)
+			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", follows, h.maxConvs)
 	}
 	for _, c := range cursors {
 		set := h.convs[c.ConvID]
