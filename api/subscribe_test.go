@@ -8,7 +8,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,4 +304,47 @@ func TestSubscribeEncodesLiveMessagesOnce(t *testing.T) {
 	if n := feedEncodings.Load() - before; n != 2*2 {
 		t.Fatalf("2 live messages to 60 streams were encoded %d times, want 4 (once per message and encoding: binary, JSON)", n)
 	}
+}
+
+// flushCounter counts the flushes that reach the transport.
+type flushCounter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w flushCounter) Flush() {
+	w.n.Add(1)
+	w.ResponseWriter.(http.Flusher).Flush()
+}
+
+func (w flushCounter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flushed once per turn: a stream's 200 pending messages (a backlog page)
+// go out in a few flushes, not one per message (connect flushes after each
+// streamed message; Subscribe holds those and the feed flushes per turn).
+func TestSubscribeFlushesPerTurnNotPerMessage(t *testing.T) {
+	hub := feed.NewHub(feed.Config{}, nil)
+	reader := newFakeReader()
+	reader.put(200, convMsgs("burst", 0, seqRange(1, 200)...)...)
+	svc := NewService(Config{Sender: &fakeSender{}, Reader: reader, Feed: hub})
+	handler := NewHTTPHandler(svc, func() error { return nil }, nil)
+	var flushes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler.ServeHTTP(flushCounter{w, &flushes}, r)
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := newClientOn(http.DefaultClient, srv.URL).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("burst", 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := recvUntil(t, st, lenIs(200)); got[199] != "burst:200" {
+		t.Fatalf("last event %s", got[199])
+	}
+	if n := flushes.Load(); n < 1 || n > 5 {
+		t.Fatalf("200 messages of one backlog page took %d flushes, want a few (one per turn)", n)
+	}
+	t.Logf("200 messages, %d flushes", flushes.Load())
 }

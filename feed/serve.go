@@ -90,6 +90,11 @@ type Subscription struct {
 	// not block) when the stream falls behind: it must make a blocked Send
 	// fail soon (a write deadline in the past).
 	Cut func()
+	// Flush, when set, is called after the events of one turn were sent
+	// (what was pending at once: a backlog page, the live messages queued
+	// meanwhile, a heartbeat): a transport can write them out together
+	// instead of one flush per event.
+	Flush func() error
 }
 
 // Serve runs one stream until ctx ends, Send fails, or it must end:
@@ -119,6 +124,18 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			h.n.delivered.Add(1)
 		} else if e.Kind == KindHeartbeat {
 			h.n.heartbeats.Add(1)
+		}
+		return nil
+	}
+	flush := func() error {
+		if sub.Flush == nil {
+			return nil
+		}
+		if err := sub.Flush(); err != nil {
+			if s.isBehind() {
+				return ErrBehind
+			}
+			return err
 		}
 		return nil
 	}
@@ -163,6 +180,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			}
 		}
 		if len(evs) > 0 {
+			if err := flush(); err != nil {
+				return err
+			}
 			lastSent = clk.Now()
 		}
 		if t.ReadDue() {
@@ -176,6 +196,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			wait := hb - clk.Now().Sub(lastSent)
 			if wait <= 0 {
 				if err := send(Event{Kind: KindHeartbeat}); err != nil {
+					return err
+				}
+				if err := flush(); err != nil {
 					return err
 				}
 				lastSent, wait = clk.Now(), hb
