@@ -31,8 +31,8 @@ test: build ## all tests (PostgreSQL ones included; see README), with the race d
 test-ts: ## the TypeScript client's tests against real nodes (npm ci, Node >= 20; clients/typescript/test.sh)
 	bash clients/typescript/test.sh
 
-test-console: build ## the web console in headless Chromium against a 3-node cluster under load, with a kill -9 (needs chromium and PostgreSQL)
-	SEQUENCER_BROWSER_TESTS=1 $(GO) test -count=1 -v -run TestConsoleShowsFailover ./e2e/
+test-console: build ## the web console in headless Chromium against a 3-node cluster under load, with a kill -9, and its live conversation view (needs chromium and PostgreSQL)
+	SEQUENCER_BROWSER_TESTS=1 $(GO) test -count=1 -v -run 'TestConsole(ShowsFailover|TailsLive)' ./e2e/
 
 lint: ## gofmt check + go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go') 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

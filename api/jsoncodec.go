@@ -45,6 +45,9 @@ func (jsonCodec) IsBinary() bool { return false }
 func (c jsonCodec) Marshal(message any) ([]byte, error) { return c.MarshalAppend(nil, message) }
 
 func (jsonCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
+	if e, ok := message.(*sharedEvent); ok { // a Subscribe event shared by its streams (feedcodec.go)
+		return e.appendTo(dst, "json", protojson.MarshalOptions{}.MarshalAppend)
+	}
 	if r, ok := message.(*sequencerv1.SendResponse); ok {
 		if out, ok := appendSendResponse(dst, r); ok {
 			return out, nil

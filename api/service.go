@@ -234,8 +234,10 @@ func (s *Service) ReadMaxBytes() int { return max(4*s.maxBody, 2*s.maxBatch) + 6
 // Handler returns the path to mount and the Connect handler (gRPC, gRPC-Web
 // and Connect, binary and JSON). Defaults: WithReadMaxBytes(ReadMaxBytes()),
 // WithCompressMinBytes(1 KiB), a recover that answers internal and logs
-// the panic, and the JSON codec of jsoncodec.go (protojson's answers, with a
-// direct path for Send); opts come after and may override them.
+// the panic, the JSON codec of jsoncodec.go (protojson's answers, with a
+// direct path for Send) and the binary codec of feedcodec.go (connect's,
+// which also writes Subscribe's shared events); opts come after and may
+// override them.
 func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Handler) {
 	base := []connect.HandlerOption{
 		connect.WithReadMaxBytes(s.ReadMaxBytes()),
@@ -245,6 +247,8 @@ func (s *Service) Handler(opts ...connect.HandlerOption) (path string, h http.Ha
 		connect.WithCompressMinBytes(compressMinBytes),
 	}
 	base = append(base, jsonCodecs()...) // a direct path for JSON Sends (jsoncodec.go)
+	// Subscribe's live messages encoded once for all streams (feedcodec.go).
+	base = append(base, connect.WithCodec(protoCodec{}))
 	if ic := tracing.Interceptor(s.tracer, false); ic != nil {
 		base = append(base, ic)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,9 +33,11 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 		s.count(methodSubscribe, "unimplemented")
 		return errNoFeed
 	}
-	rc, _ := ctx.Value(streamControlKey{}).(*http.ResponseController)
+	ctl, _ := ctx.Value(streamControlKey{}).(*streamWriter)
 	var cut func()
-	if rc != nil {
+	var flush func() error
+	if ctl != nil {
+		rc := ctl.rc
 		// A subscriber that fell behind gets SubscribeCutGrace to take
 		// the write under way: a slow one then reads resource_exhausted,
 		// a stalled one loses the stream to the deadline.
@@ -45,17 +48,18 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 	if err := st.Send(nil); err != nil {
 		return err
 	}
+	if ctl != nil {
+		// From here on connect's flush after every message is held, and
+		// the feed flushes once per turn: the events pending at once go
+		// out in one write (a subscriber that fell behind catches up in
+		// large writes, not one per message).
+		ctl.hold.Store(true)
+		defer ctl.release()
+		flush = ctl.flushHeld
+	}
 	var out sequencerv1.SubscribeResponse
-	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Send: func(e feed.Event) error {
-		switch e.Kind {
-		case feed.KindMessage:
-			out.Event = &sequencerv1.SubscribeResponse_Message{Message: messageProto(e.Msg)}
-		case feed.KindTruncated:
-			out.Event = &sequencerv1.SubscribeResponse_Truncated{Truncated: &sequencerv1.Truncated{ConvId: e.ConvID, OldestSeq: e.OldestSeq}}
-		case feed.KindHeartbeat:
-			out.Event = &sequencerv1.SubscribeResponse_Heartbeat{Heartbeat: &sequencerv1.Heartbeat{}}
-		}
-		return st.Send(&out)
+	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Flush: flush, Send: func(e feed.Event) error {
+		return sendEvent(st, &out, e) // a live message encoded once for all streams (feedcodec.go)
 	}})
 	if ctx.Err() != nil && !errors.Is(err, feed.ErrBehind) {
 		s.count(methodSubscribe, "canceled") // the client's own end
@@ -84,6 +88,51 @@ func streamControl(next http.Handler) http.Handler {
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Time{})
 		_ = rc.SetWriteDeadline(time.Time{})
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), streamControlKey{}, rc)))
+		sw := &streamWriter{ResponseWriter: w, rc: rc}
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), streamControlKey{}, sw)))
 	})
 }
+
+// streamWriter is a Subscribe's response writer: while hold is set, a
+// Flush (connect flushes after every streamed message) only notes that
+// one is due, and flushHeld does it (the feed, once per turn). Only the
+// stream's handler goroutine writes and flushes.
+type streamWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	hold    atomic.Bool
+	pending bool
+	flushes int // flushes that reached the transport (tests)
+}
+
+func (w *streamWriter) Flush() {
+	if w.hold.Load() {
+		w.pending = true
+		return
+	}
+	w.flush()
+}
+
+func (w *streamWriter) flush() {
+	w.flushes++
+	_ = w.rc.Flush()
+}
+
+// flushHeld flushes what the held flushes left in the buffers.
+func (w *streamWriter) flushHeld() error {
+	if !w.pending {
+		return nil
+	}
+	w.pending = false
+	w.flushes++
+	return w.rc.Flush()
+}
+
+// release stops holding flushes and flushes what is pending.
+func (w *streamWriter) release() {
+	w.hold.Store(false)
+	_ = w.flushHeld()
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *streamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,4 +262,89 @@ func newClientOn(hc *http.Client, url string, opts ...connect.ClientOption) sequ
 
 type sequencerv1connectSubscriber interface {
 	Subscribe(context.Context, *connect.Request[sequencerv1.SubscribeRequest]) (*connect.ServerStreamForClient[sequencerv1.SubscribeResponse], error)
+}
+
+// Encode once: 60 streams on one conversation (gRPC, Connect and gRPC-Web
+// in binary, and Connect JSON) receive each live message, which was
+// encoded once per encoding (2), not once per stream; what they receive is
+// the message as stored. The backlog (read per stream) is not shared.
+func TestSubscribeEncodesLiveMessagesOnce(t *testing.T) {
+	h, hub := feedHarness(t, feed.Config{})
+	h.write(hub, "hot", 0, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var streams []*connect.ServerStreamForClient[sequencerv1.SubscribeResponse]
+	kinds := [][]connect.ClientOption{nil, {connect.WithGRPC()}, {connect.WithGRPCWeb()}, {connect.WithProtoJSON()}}
+	for i := 0; i < 60; i++ {
+		st, err := sequencerv1connectClient(t, h, kinds[i%len(kinds)]...).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("hot", 0)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		// Seq 1 comes from the backlog: the stream is attached.
+		if got := recvUntil(t, st, lenIs(1)); got[0] != "hot:1" {
+			t.Fatalf("stream %d: %v", i, got)
+		}
+		streams = append(streams, st)
+	}
+	before := feedEncodings.Load()
+	h.write(hub, "hot", 0, 2, 3)
+	want := convMsgs("hot", 0, 2, 3)
+	for i, st := range streams {
+		for _, w := range want {
+			if !st.Receive() {
+				t.Fatalf("stream %d ended: %v", i, st.Err())
+			}
+			m := st.Msg().GetMessage()
+			if m.GetSeq() != w.Seq || m.GetMsgId() != w.MsgID || m.GetClientMsgId() != w.ClientMsgID || string(m.GetBody()) != string(w.Body) || m.GetConvId() != "hot" {
+				t.Fatalf("stream %d received %v, want %+v", i, m, w)
+			}
+		}
+	}
+	if n := feedEncodings.Load() - before; n != 2*2 {
+		t.Fatalf("2 live messages to 60 streams were encoded %d times, want 4 (once per message and encoding: binary, JSON)", n)
+	}
+}
+
+// flushCounter counts the flushes that reach the transport.
+type flushCounter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w flushCounter) Flush() {
+	w.n.Add(1)
+	w.ResponseWriter.(http.Flusher).Flush()
+}
+
+func (w flushCounter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flushed once per turn: a stream's 200 pending messages (a backlog page)
+// go out in a few flushes, not one per message (connect flushes after each
+// streamed message; Subscribe holds those and the feed flushes per turn).
+func TestSubscribeFlushesPerTurnNotPerMessage(t *testing.T) {
+	hub := feed.NewHub(feed.Config{}, nil)
+	reader := newFakeReader()
+	reader.put(200, convMsgs("burst", 0, seqRange(1, 200)...)...)
+	svc := NewService(Config{Sender: &fakeSender{}, Reader: reader, Feed: hub})
+	handler := NewHTTPHandler(svc, func() error { return nil }, nil)
+	var flushes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler.ServeHTTP(flushCounter{w, &flushes}, r)
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := newClientOn(http.DefaultClient, srv.URL).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("burst", 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := recvUntil(t, st, lenIs(200)); got[199] != "burst:200" {
+		t.Fatalf("last event %s", got[199])
+	}
+	if n := flushes.Load(); n < 1 || n > 5 {
+		t.Fatalf("200 messages of one backlog page took %d flushes, want a few (one per turn)", n)
+	}
+	t.Logf("200 messages, %d flushes", flushes.Load())
 }

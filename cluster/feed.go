@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -113,6 +114,19 @@ type PeerFeed struct {
 	follows map[string]bool
 	links   map[string]*peerLink // by incarnation
 	nextAck uint64
+
+	up    atomic.Int64  // links whose stream answered and is still open
+	ended atomic.Uint64 // streams ended (each then resyncs from the store)
+}
+
+// State returns the peer links (one per other live member), how many have
+// a stream up (it answered and is open), and how many streams ended since
+// the start (each end re-reads the store for what the node follows).
+func (p *PeerFeed) State() (links, up int, ended uint64) {
+	p.mu.Lock()
+	links = len(p.links)
+	p.mu.Unlock()
+	return links, int(p.up.Load()), p.ended.Load()
 }
 
 var _ feed.Upstream = (*PeerFeed)(nil)
@@ -233,6 +247,7 @@ func (l *peerLink) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		opened := l.p.n.clk.Now()
 		l.stream(ctx)
+		l.p.ended.Add(1)
 		l.p.mu.Lock()
 		all := make([]string, 0, len(l.p.follows))
 		for c := range l.p.follows {
@@ -311,10 +326,17 @@ func (l *peerLink) stream(ctx context.Context) {
 			}
 		}
 	}()
-	for {
+	for up := false; ; {
 		ev, err := st.Receive()
 		if err != nil {
+			if up {
+				l.p.up.Add(-1)
+			}
 			return
+		}
+		if !up {
+			up = true
+			l.p.up.Add(1)
 		}
 		for _, b := range ev.GetBatches() {
 			l.p.hub.Deliver(b.GetConvId(), fromFeedMessages(b.GetMessages()))

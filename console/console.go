@@ -20,6 +20,10 @@
 //	                                  head and the last N messages' ids and times (never bodies),
 //	                                  and with uid that user's read position and unread count;
 //	                                  needs the API's bearer token when the node has tokens
+//	GET /console/api/tail?conv_id=ID&after_seq=N
+//	                                  server-sent events: the conversation's messages above N as
+//	                                  the lookup shows them, stored then live (the change feed;
+//	                                  tail.go); the same token
 //
 // It reads through small interfaces (ClusterView, Reader, a Prometheus
 // Gatherer), so it depends on no other package of the node, and it never
@@ -135,6 +139,9 @@ type Config struct {
 	// (default) or "https", as the members' API addresses are served.
 	PeerClient *http.Client
 	PeerScheme string
+	// Tail streams a conversation for the live view (tail.go); nil: the
+	// view does not tail.
+	Tail Tailer
 }
 
 // Console serves the page and its API. Close stops its sampler.
@@ -175,6 +182,7 @@ func New(cfg Config) *Console {
 	c.mux.HandleFunc("GET /console/api/partitions", c.partitions)
 	c.mux.HandleFunc("GET /console/api/metrics", c.metrics)
 	c.mux.HandleFunc("GET /console/api/conversation", c.conversation)
+	c.mux.HandleFunc("GET /console/api/tail", c.tail) // tail.go
 	c.mux.HandleFunc("GET /console/api/workers", c.workers)
 	c.mux.HandleFunc("GET /console/api/node", c.node)
 	c.mux.HandleFunc("GET /console/api/cluster", c.cluster)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
@@ -34,6 +37,7 @@ type feedSub struct {
 
 	mu      sync.Mutex
 	got     map[string][]*sequencerv1.Message
+	seen    []delivered // every message event, as it came (duplicates and disorder too)
 	bad     []string
 	resumes atomic.Int64
 	ends    map[string]int // stream ends by code
@@ -76,6 +80,7 @@ func (s *feedSub) run(ctx context.Context) {
 					continue
 				}
 				s.mu.Lock()
+				s.seen = append(s.seen, delivered{conv: m.GetConvId(), seq: m.GetSeq(), msgID: m.GetMsgId(), body: string(m.GetBody()), via: addr})
 				l := s.got[m.GetConvId()]
 				want := uint64(1)
 				if len(l) > 0 {
@@ -107,9 +112,30 @@ func (s *feedSub) run(ctx context.Context) {
 	}
 }
 
-// writers send to random nodes until stop, retrying retryable errors with
-// the same key; acks counts acknowledged sends.
-func feedWriters(ctx context.Context, nodes *nodeSet, convs []string, n int, acks *atomic.Int64, stop <-chan struct{}) *sync.WaitGroup {
+// feedLoad is the writers of a feed test: they send to random nodes until
+// stop; most retry a retryable error with the same key until acked, but
+// writers numbered below abandon give up on a key at its first error, so
+// that sends whose answer was an error (and that nobody retries) exist for
+// the checker (checkDelivered): such a send may be stored (the commit
+// happened, its answer was lost) or not, and it must never be delivered
+// unless it is stored.
+type feedLoad struct {
+	acks atomic.Int64 // acknowledged sends
+
+	mu     sync.Mutex
+	failed []failedSend
+}
+
+// failedSend is a send whose answer was an error and that was not sent
+// again.
+type failedSend struct {
+	conv, body string
+	err        string
+}
+
+// feedWriters starts n writers (the first abandon of them give up on their
+// first error).
+func feedWriters(ctx context.Context, nodes *nodeSet, convs []string, n, abandon int, fl *feedLoad, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
 		wg.Add(1)
@@ -129,10 +155,13 @@ func feedWriters(ctx context.Context, nodes *nodeSet, convs []string, n int, ack
 					_, err := send(sctx, c, conv, uint64(1+w), cid, []byte(cid))
 					cancel()
 					if err == nil {
-						acks.Add(1)
+						fl.acks.Add(1)
 						break
 					}
-					if !retryableCode(err) {
+					if w < abandon || !retryableCode(err) {
+						fl.mu.Lock()
+						fl.failed = append(fl.failed, failedSend{conv: conv, body: cid, err: connect.CodeOf(err).String()})
+						fl.mu.Unlock()
 						break
 					}
 					time.Sleep(20 * time.Millisecond)
@@ -144,58 +173,148 @@ func feedWriters(ctx context.Context, nodes *nodeSet, convs []string, n int, ack
 }
 
 // checkFeed waits until every subscriber reached the stored head of every
-// conversation, then compares what each received with the store, message
-// by message.
-func checkFeed(t *testing.T, dsn string, convs []string, subs []*feedSub) {
+// conversation, then checks what each received against the store
+// (checkFeedStore).
+func checkFeed(t *testing.T, dsn string, convs []string, subs []*feedSub, fl *feedLoad) {
 	t.Helper()
-	st := openStore(t, dsn)
+	checkFeedStore(t, openStore(t, dsn), convs, subs, fl)
+}
+
+// storedRows reads every row of convs.
+func storedRows(t *testing.T, st persist.Store, convs []string) map[string][]sequencer.Message {
+	t.Helper()
 	ctx := context.Background()
-	heads := map[string]uint64{}
+	out := map[string][]sequencer.Message{}
 	for _, c := range convs {
 		h, err := st.LoadHead(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		heads[c] = h
-	}
-	for _, s := range subs {
-		waitFor(t, 90*time.Second, s.name+" to reach every head", func() bool {
-			for _, c := range convs {
-				if s.last(c) < heads[c] {
-					return false
-				}
-			}
-			return true
-		})
-	}
-	for _, c := range convs {
-		stored, err := st.ReadRange(ctx, c, 0, int(heads[c])+10)
+		rows, err := st.ReadRange(ctx, c, 0, int(h)+10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if uint64(len(stored)) != heads[c] {
-			t.Fatalf("%s: %d rows stored, head %d", c, len(stored), heads[c])
+		if uint64(len(rows)) != h {
+			t.Fatalf("%s: %d rows stored, head %d", c, len(rows), h)
 		}
+		out[c] = rows
+	}
+	return out
+}
+
+// checkFeedStore waits until every subscriber reached st's head of every
+// conversation, then compares what each received with the store, message
+// by message (exactly the stored sequence), and runs checkDelivered.
+func checkFeedStore(t *testing.T, st persist.Store, convs []string, subs []*feedSub, fl *feedLoad) {
+	t.Helper()
+	// A send given up on (its client's deadline passed) may still commit
+	// after the writers stopped: read again until the store stands still.
+	var stored map[string][]sequencer.Message
+	for again := true; again; {
+		prev := stored
+		stored = storedRows(t, st, convs)
+		again = false
+		for _, c := range convs {
+			again = again || prev == nil || len(prev[c]) != len(stored[c])
+		}
+		for _, s := range subs {
+			waitFor(t, 90*time.Second, s.name+" to reach every head", func() bool {
+				for _, c := range convs {
+					if s.last(c) < uint64(len(stored[c])) {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	for _, c := range convs {
 		for _, s := range subs {
 			s.mu.Lock()
 			got := s.got[c]
 			s.mu.Unlock()
-			if len(got) != len(stored) {
-				t.Fatalf("%s received %d messages of %s, the store holds %d", s.name, len(got), c, len(stored))
+			if len(got) != len(stored[c]) {
+				t.Fatalf("%s received %d messages of %s, the store holds %d", s.name, len(got), c, len(stored[c]))
 			}
-			for i := range stored {
-				if got[i].GetMsgId() != stored[i].MsgID || got[i].GetSeq() != stored[i].Seq || string(got[i].GetBody()) != string(stored[i].Body) {
-					t.Fatalf("%s: %s seq %d: received msg_id %d, stored %d", s.name, c, stored[i].Seq, got[i].GetMsgId(), stored[i].MsgID)
+			for i, r := range stored[c] {
+				if got[i].GetMsgId() != r.MsgID || got[i].GetSeq() != r.Seq || string(got[i].GetBody()) != string(r.Body) {
+					t.Fatalf("%s: %s seq %d: received msg_id %d, stored %d", s.name, c, r.Seq, got[i].GetMsgId(), r.MsgID)
 				}
 			}
 		}
 	}
+	checkDelivered(t, stored, subs, fl)
 	for _, s := range subs {
 		if len(s.bad) > 0 {
 			t.Errorf("%s saw %d violations, e.g. %v", s.name, len(s.bad), s.bad[:min(5, len(s.bad))])
 		}
 		t.Logf("%s: %d resumes, ends by code %v", s.name, s.resumes.Load(), s.ends)
 	}
+}
+
+// delivered is one message event a subscriber received.
+type delivered struct {
+	conv       string
+	seq, msgID uint64
+	body, via  string
+}
+
+// checkDelivered is the checker of "a subscriber never sees a message that
+// is not stored" (docs/TESTING.md argues why it is exact): every message
+// event any subscriber received, duplicates and out-of-order ones
+// included, must be the stored row at its (conversation, seq), with its
+// msg_id and body; and a send whose answer was an error and that was never
+// sent again may be delivered only if the store holds it.
+func checkDelivered(t testing.TB, stored map[string][]sequencer.Message, subs []*feedSub, fl *feedLoad) {
+	t.Helper()
+	storedBodies := map[string]bool{}
+	for c, rows := range stored {
+		for _, r := range rows {
+			storedBodies[c+"\x00"+string(r.Body)] = true
+		}
+	}
+	deliveredBodies := map[string]bool{}
+	n := 0
+	for _, s := range subs {
+		s.mu.Lock()
+		seen := slices.Clone(s.seen)
+		s.mu.Unlock()
+		for _, d := range seen {
+			n++
+			deliveredBodies[d.conv+"\x00"+d.body] = true
+			rows, ok := stored[d.conv]
+			if !ok {
+				t.Errorf("%s received %s seq %d, a conversation it did not follow", s.name, d.conv, d.seq)
+				continue
+			}
+			if d.seq == 0 || d.seq > uint64(len(rows)) {
+				t.Errorf("%s received %s seq %d (msg_id %d, via %s): not stored (head %d)", s.name, d.conv, d.seq, d.msgID, d.via, len(rows))
+				continue
+			}
+			if r := rows[d.seq-1]; r.MsgID != d.msgID || string(r.Body) != d.body {
+				t.Errorf("%s received %s seq %d as msg_id %d %q (via %s): the store holds msg_id %d %q there",
+					s.name, d.conv, d.seq, d.msgID, d.body, d.via, r.MsgID, r.Body)
+			}
+		}
+	}
+	if fl == nil {
+		t.Logf("checked %d delivered messages against the store", n)
+		return
+	}
+	fl.mu.Lock()
+	failed := slices.Clone(fl.failed)
+	fl.mu.Unlock()
+	storedFailed := 0
+	for _, f := range failed {
+		k := f.conv + "\x00" + f.body
+		if storedBodies[k] {
+			storedFailed++
+		} else if deliveredBodies[k] {
+			t.Errorf("send %q to %s answered %s, is not stored, and was delivered", f.body, f.conv, f.err)
+		}
+	}
+	t.Logf("checked %d delivered messages against the store; %d sends answered an error and were given up, %d of them stored all the same",
+		n, len(failed), storedFailed)
 }
 
 // TestFeedClusterKill: 3 nodes on one database, a resuming subscriber on
@@ -218,42 +337,81 @@ func feedClusterKill(t *testing.T, dsn string) {
 		nodes.add(p.Addr)
 	}
 	convs := convNames(24)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	subs := []*feedSub{
-		newFeedSub("sub@n1 (grpc)", 0, nodes, convs, h2cClient(), connect.WithGRPC()),
-		newFeedSub("sub@n2 (connect)", 1, nodes, convs, h2cClient()),
-		newFeedSub("sub@n3 (connect json)", 2, nodes, convs, http.DefaultClient, connect.WithProtoJSON()),
-	}
-	var subsDone sync.WaitGroup
-	for _, s := range subs {
-		subsDone.Add(1)
-		go func() { defer subsDone.Done(); s.run(ctx) }()
-	}
-	var acks atomic.Int64
-	stop := make(chan struct{})
-	writers := feedWriters(ctx, nodes, convs, 6, &acks, stop)
-	await := func(what string, n int64) {
-		from := acks.Load()
-		waitFor(t, 90*time.Second, fmt.Sprintf("%d more acks %s", n, what), func() bool { return acks.Load() >= from+n })
-	}
-	await("before the crash", 300)
+	r := startFeedRun(t, nodes, convs, 6, 2, 4*time.Minute, threeSubs(nodes, convs)...)
+	r.await("before the crash", 300)
 	t.Log("kill -9 n1")
 	procs[0].kill()
-	await("after kill -9 n1", 300)
+	r.await("after kill -9 n1", 300)
 	t.Log("n1 starts again")
 	procs[0].start(procs[0].Addr)
-	await("after n1 came back", 300)
+	r.await("after n1 came back", 300)
 	t.Log("SIGTERM n2 (drain)")
 	if err := procs[1].term(60 * time.Second); err != nil {
 		t.Fatalf("n2 graceful leave: %v\n%s", err, procs[1].Output())
 	}
-	await("after n2 left", 300)
-	close(stop)
-	writers.Wait()
-	checkFeed(t, dsn, convs, subs)
-	cancel()
-	subsDone.Wait()
+	r.await("after n2 left", 300)
+	r.stopWriters()
+	checkFeed(t, dsn, convs, r.subs, r.fl)
+	r.stopSubs()
+}
+
+// threeSubs are subscribers homed on the first three nodes, one per
+// protocol: gRPC, Connect, Connect JSON.
+func threeSubs(nodes *nodeSet, convs []string) []*feedSub {
+	return []*feedSub{
+		newFeedSub("sub@n1 (grpc)", 0, nodes, convs, h2cClient(), connect.WithGRPC()),
+		newFeedSub("sub@n2 (connect)", 1, nodes, convs, h2cClient()),
+		newFeedSub("sub@n3 (connect json)", 2, nodes, convs, http.DefaultClient, connect.WithProtoJSON()),
+	}
+}
+
+// feedRun is a feed test under way: its subscribers and writers.
+type feedRun struct {
+	t       *testing.T
+	ctx     context.Context
+	cancel  context.CancelFunc
+	nodes   *nodeSet
+	subs    []*feedSub
+	subsWG  sync.WaitGroup
+	fl      *feedLoad
+	stop    chan struct{}
+	writers *sync.WaitGroup
+}
+
+// startFeedRun starts subs and n writers (abandon of them give up on a
+// send at its first error) on convs; the run ends after d at the latest.
+func startFeedRun(t *testing.T, nodes *nodeSet, convs []string, n, abandon int, d time.Duration, subs ...*feedSub) *feedRun {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	r := &feedRun{t: t, ctx: ctx, cancel: cancel, nodes: nodes, fl: &feedLoad{}, stop: make(chan struct{})}
+	for _, s := range subs {
+		r.add(s)
+	}
+	r.writers = feedWriters(ctx, nodes, convs, n, abandon, r.fl, r.stop)
+	return r
+}
+
+// add starts one more subscriber.
+func (r *feedRun) add(s *feedSub) {
+	r.subs = append(r.subs, s)
+	r.subsWG.Add(1)
+	go func() { defer r.subsWG.Done(); s.run(r.ctx) }()
+}
+
+// await waits for n more acks.
+func (r *feedRun) await(what string, n int64) {
+	from := r.fl.acks.Load()
+	waitFor(r.t, 90*time.Second, fmt.Sprintf("%d more acks %s", n, what), func() bool { return r.fl.acks.Load() >= from+n })
+}
+
+func (r *feedRun) stopWriters() {
+	close(r.stop)
+	r.writers.Wait()
+}
+
+func (r *feedRun) stopSubs() {
+	r.cancel()
+	r.subsWG.Wait()
 }
 
 // TestFeedSlowConsumer: a subscriber that stops reading while 1,000 large
@@ -318,6 +476,9 @@ func TestFeedSlowConsumer(t *testing.T) {
 		}
 		st.Close()
 		t.Logf("cut after seq %d of %d", last, total+1)
+		if v := metricValue(t, n.Addr, "sequencer_feed_slow_consumers_cut_total"); v != 1 {
+			t.Errorf("sequencer_feed_slow_consumers_cut_total is %v after one cut, want 1", v)
+		}
 		// Resume exactly where it was cut.
 		sub := newFeedSub("resumed", 0, nodes, []string{"slow"}, h2cClient(), connect.WithGRPC())
 		sub.got["slow"] = make([]*sequencerv1.Message, 0, last)

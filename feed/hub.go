@@ -2,6 +2,7 @@ package feed
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -32,6 +33,38 @@ type Hub struct {
 	up       Upstream
 	cfg      Config
 	closed   bool
+	openTaps int // open Taps
+	n        counters
+}
+
+// counters are the hub's totals since it started (Totals).
+type counters struct {
+	delivered, heartbeats, cut, refused, reads, readMsgs, tapsCut atomic.Uint64
+}
+
+// Totals is what a hub did since it started and holds now, for metrics.
+type Totals struct {
+	Streams       int    // Subscribe streams open
+	Follows       int    // (stream, conversation) pairs (what MaxSubscriptions bounds)
+	Conversations int    // distinct conversations followed by the streams
+	Taps          int    // peers' Taps open (cluster: one per peer)
+	Delivered     uint64 // messages sent to subscribers
+	Heartbeats    uint64 // heartbeat events sent
+	Cut           uint64 // streams ended because their subscriber fell behind (ErrBehind)
+	Refused       uint64 // Subscribes refused at the node's bound (MaxSubscriptions)
+	BacklogReads  uint64 // store reads of streams' backlogs (each names up to 1,000 conversations)
+	BacklogMsgs   uint64 // messages those reads returned
+	TapsCut       uint64 // peers' Taps ended because their queue overflowed
+}
+
+// Totals returns the hub's counts.
+func (h *Hub) Totals() Totals {
+	h.mu.RLock()
+	t := Totals{Streams: h.streams, Follows: h.follows, Conversations: len(h.convs), Taps: h.openTaps}
+	h.mu.RUnlock()
+	t.Delivered, t.Heartbeats, t.Cut = h.n.delivered.Load(), h.n.heartbeats.Load(), h.n.cut.Load()
+	t.Refused, t.BacklogReads, t.BacklogMsgs, t.TapsCut = h.n.refused.Load(), h.n.reads.Load(), h.n.readMsgs.Load(), h.n.tapsCut.Load()
+	return t
 }
 
 // stream is one subscriber's queue: what the hub handed it since its loop
@@ -52,6 +85,7 @@ type stream struct {
 type published struct {
 	convID string
 	msgs   []sequencer.Message
+	wires  []Wire // msgs' shared wire forms (nil for a Tap's)
 }
 
 // NewHub returns a hub. up may be nil (a single node: every writer is
@@ -77,11 +111,14 @@ func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
 		return
 	}
 	h.mu.RLock()
-	for s := range h.convs[convID] {
-		s.offer(convID, msgs)
+	if set := h.convs[convID]; len(set) > 0 {
+		wires := make([]Wire, len(msgs)) // encoded once, by the first stream to send each
+		for s := range set {
+			s.offer(published{convID, msgs, wires})
+		}
 	}
 	for s := range h.taps[convID] {
-		s.offer(convID, msgs)
+		s.offer(published{convID, msgs, nil})
 	}
 	h.mu.RUnlock()
 }
@@ -93,8 +130,11 @@ func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
 		return
 	}
 	h.mu.RLock()
-	for s := range h.convs[convID] {
-		s.offer(convID, msgs)
+	if set := h.convs[convID]; len(set) > 0 {
+		wires := make([]Wire, len(msgs))
+		for s := range set {
+			s.offer(published{convID, msgs, wires})
+		}
 	}
 	h.mu.RUnlock()
 }
@@ -166,10 +206,11 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 		h.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if h.follows+len(cursors) > h.maxConvs {
+	if follows := h.follows; follows+len(cursors) > h.maxConvs {
 		h.mu.Unlock()
+		h.n.refused.Add(1)
 		return nil, sequencer.Errorf(sequencer.CodeResourceExhausted,
-			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", h.follows, h.maxConvs)
+			"this node follows %d conversations for its subscribers, at most %d: subscribe to fewer, later or at another node", follows, h.maxConvs)
 	}
 	for _, c := range cursors {
 		set := h.convs[c.ConvID]
@@ -210,21 +251,21 @@ func (h *Hub) detach(s *stream, cursors []persist.Cursor) {
 	}
 }
 
-func (s *stream) offer(convID string, msgs []sequencer.Message) {
+func (s *stream) offer(p published) {
 	s.mu.Lock()
 	if s.behind {
 		s.mu.Unlock()
 		return
 	}
-	if s.queued+len(msgs) > s.max {
+	if s.queued+len(p.msgs) > s.max {
 		s.behind = true
 		s.queue, s.queued = nil, 0 // the stream ends: free its queue now
 		if s.cut != nil {
 			s.cut() // unblock a send stuck on the subscriber
 		}
 	} else {
-		s.queue = append(s.queue, published{convID, msgs})
-		s.queued += len(msgs)
+		s.queue = append(s.queue, p)
+		s.queued += len(p.msgs)
 	}
 	s.mu.Unlock()
 	s.poke()
@@ -259,7 +300,7 @@ func (s *stream) take(t *Tail) error {
 		t.Resync(c)
 	}
 	for _, p := range q {
-		t.Live(p.convID, p.msgs)
+		t.LiveShared(p.convID, p.msgs, p.wires)
 	}
 	return nil
 }

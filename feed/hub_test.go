@@ -10,6 +10,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
 )
@@ -165,13 +166,26 @@ func TestServeSlowConsumerCutAndResumes(t *testing.T) {
 	if st, f := n.hub.Stats(); st != 1 || f != 1 {
 		t.Fatalf("hub holds %d streams, %d follows after the cut one ended; want 1, 1", st, f)
 	}
+	// The metrics' view: one cut, every message delivered once to one
+	// stream or the other (the first, then 2..21 after the resume).
+	// (A send is counted once it returned: the last one may still be
+	// returning when collect has it.)
+	var tot Totals
+	testwait.For(t, 10*time.Second, time.Millisecond, "21 deliveries counted", func() bool {
+		tot = n.hub.Totals()
+		return tot.Delivered >= 21
+	})
+	if tot.Cut != 1 || tot.Delivered != 21 || tot.Streams != 1 || tot.Conversations != 1 || tot.BacklogReads < 2 || tot.BacklogMsgs < 20 {
+		t.Fatalf("totals %+v: want 1 cut, 21 delivered, 1 stream on 1 conversation, >= 2 backlog reads of >= 20 messages", tot)
+	}
 }
 
 // The node's subscription bound refuses a stream that would pass it.
 func TestServeSubscriptionBound(t *testing.T) {
 	n := newNode(t, Config{MaxSubscriptions: 3})
-	n.subscribe(10, persist.Cursor{ConvID: "a"}, persist.Cursor{ConvID: "b"})
+	first := n.subscribe(10, persist.Cursor{ConvID: "a"}, persist.Cursor{ConvID: "b"})
 	n.write("a", 1, true)
+	first.collect(t, map[string]uint64{"a": 1}) // attached (Serve runs on its own goroutine)
 	s := n.subscribe(10, persist.Cursor{ConvID: "a"})
 	s.collect(t, map[string]uint64{"a": 1}) // 3 of 3: served
 	over := n.subscribe(10, persist.Cursor{ConvID: "c"})
@@ -182,6 +196,9 @@ func TestServeSubscriptionBound(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a stream over the bound was served")
+	}
+	if tot := n.hub.Totals(); tot.Refused != 1 || tot.Follows != 3 {
+		t.Fatalf("totals %+v: want 1 refused, 3 follows", tot)
 	}
 }
 

@@ -90,6 +90,11 @@ type Subscription struct {
 	// not block) when the stream falls behind: it must make a blocked Send
 	// fail soon (a write deadline in the past).
 	Cut func()
+	// Flush, when set, is called after the events of one turn were sent
+	// (what was pending at once: a backlog page, the live messages queued
+	// meanwhile, a heartbeat): a transport can write them out together
+	// instead of one flush per event.
+	Flush func() error
 }
 
 // Serve runs one stream until ctx ends, Send fails, or it must end:
@@ -97,7 +102,12 @@ type Subscription struct {
 // store read (its error, retryable). It attaches to the hub first, then
 // reads the backlog, so nothing committed in between is missed; Send gets
 // every event in order.
-func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
+func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
+	defer func() {
+		if err == ErrBehind {
+			h.n.cut.Add(1)
+		}
+	}()
 	cursors, store := sub.Cursors, sub.Store
 	s, err := h.attach(cursors, sub.Cut)
 	if err != nil {
@@ -105,6 +115,23 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 	}
 	send := func(e Event) error {
 		if err := sub.Send(e); err != nil {
+			if s.isBehind() {
+				return ErrBehind
+			}
+			return err
+		}
+		if e.Kind == KindMessage {
+			h.n.delivered.Add(1)
+		} else if e.Kind == KindHeartbeat {
+			h.n.heartbeats.Add(1)
+		}
+		return nil
+	}
+	flush := func() error {
+		if sub.Flush == nil {
+			return nil
+		}
+		if err := sub.Flush(); err != nil {
 			if s.isBehind() {
 				return ErrBehind
 			}
@@ -140,6 +167,8 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 			for _, p := range pages {
 				n += len(p.Messages)
 			}
+			h.n.reads.Add(1)
+			h.n.readMsgs.Add(uint64(n))
 			for i, p := range pages {
 				t.Backlog(reads[i].ConvID, p, n >= h.cfg.readBudget)
 			}
@@ -151,6 +180,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 			}
 		}
 		if len(evs) > 0 {
+			if err := flush(); err != nil {
+				return err
+			}
 			lastSent = clk.Now()
 		}
 		if t.ReadDue() {
@@ -164,6 +196,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 			wait := hb - clk.Now().Sub(lastSent)
 			if wait <= 0 {
 				if err := send(Event{Kind: KindHeartbeat}); err != nil {
+					return err
+				}
+				if err := flush(); err != nil {
 					return err
 				}
 				lastSent, wait = clk.Now(), hb

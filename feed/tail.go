@@ -40,20 +40,29 @@ const (
 
 // Event is one item of a stream.
 type Event struct {
-	Kind      EventKind
-	Msg       *sequencer.Message // KindMessage
-	ConvID    string             // KindTruncated
-	OldestSeq uint64             // KindTruncated
+	Kind EventKind
+	Msg  *sequencer.Message // KindMessage
+	// Wire, when set, is Msg's encoded form shared with the other streams
+	// that send it (a live message; nil for one read from the store).
+	Wire      *Wire
+	ConvID    string // KindTruncated
+	OldestSeq uint64 // KindTruncated
 }
 
 // convTail is one conversation of a Tail.
 type convTail struct {
 	id      string
-	last    uint64              // the highest seq delivered (the cursor at first)
-	read    bool                // the store must be read before live messages go on
-	reading bool                // a read was handed out and not answered yet
-	listed  bool                // in Tail.due
-	held    []sequencer.Message // live messages above last+1, ascending, no duplicates
+	last    uint64    // the highest seq delivered (the cursor at first)
+	read    bool      // the store must be read before live messages go on
+	reading bool      // a read was handed out and not answered yet
+	listed  bool      // in Tail.due
+	held    []heldMsg // live messages above last+1, ascending, no duplicates
+}
+
+// heldMsg is a live message held back, with its shared wire form.
+type heldMsg struct {
+	sequencer.Message
+	wire *Wire
 }
 
 // Tail is the catch-up state of one stream: per conversation the last seq
@@ -138,19 +147,27 @@ func (t *Tail) Follows(convID string) bool { _, ok := t.convs[convID]; return ok
 // message at or below the last delivered seq is dropped; last+1 goes out
 // at once unless a read is due; anything else is held and asks for a read
 // (the hole is filled from the store).
-func (t *Tail) Live(convID string, msgs []sequencer.Message) {
+func (t *Tail) Live(convID string, msgs []sequencer.Message) { t.LiveShared(convID, msgs, nil) }
+
+// LiveShared is Live with the messages' shared wire forms (wires[i] is
+// msgs[i]'s; nil: none), which the events carry.
+func (t *Tail) LiveShared(convID string, msgs []sequencer.Message, wires []Wire) {
 	c := t.convs[convID]
 	if c == nil {
 		return
 	}
 	for i := range msgs {
 		m := &msgs[i]
+		var w *Wire
+		if wires != nil {
+			w = &wires[i]
+		}
 		switch {
 		case m.Seq <= c.last:
 		case !c.read && m.Seq == c.last+1 && len(c.held) == 0:
-			t.emit(c, m)
+			t.emit(c, m, w)
 		default:
-			t.hold(c, *m)
+			t.hold(c, heldMsg{*m, w})
 			if !c.read && m.Seq > c.last+1 {
 				t.needRead(c) // a hole: fill it from the store
 			}
@@ -158,8 +175,8 @@ func (t *Tail) Live(convID string, msgs []sequencer.Message) {
 	}
 }
 
-func (t *Tail) hold(c *convTail, m sequencer.Message) {
-	i, found := slices.BinarySearchFunc(c.held, m.Seq, func(h sequencer.Message, seq uint64) int {
+func (t *Tail) hold(c *convTail, m heldMsg) {
+	i, found := slices.BinarySearchFunc(c.held, m.Seq, func(h heldMsg, seq uint64) int {
 		switch {
 		case h.Seq < seq:
 			return -1
@@ -178,8 +195,8 @@ func (t *Tail) hold(c *convTail, m sequencer.Message) {
 	}
 }
 
-func (t *Tail) emit(c *convTail, m *sequencer.Message) {
-	t.out = append(t.out, Event{Kind: KindMessage, Msg: m})
+func (t *Tail) emit(c *convTail, m *sequencer.Message, w *Wire) {
+	t.out = append(t.out, Event{Kind: KindMessage, Msg: m, Wire: w})
 	c.last = m.Seq
 }
 
@@ -205,7 +222,7 @@ func (t *Tail) Backlog(convID string, page persist.Page, mayBeCut bool) {
 		if m.Seq > c.last+1 {
 			t.out = append(t.out, Event{Kind: KindTruncated, ConvID: c.id, OldestSeq: m.Seq})
 		}
-		t.emit(c, m)
+		t.emit(c, m, nil)
 	}
 	head := page.Head
 	if len(page.Messages) == 0 && head > c.last {
@@ -240,7 +257,7 @@ func (t *Tail) drain(c *convTail) {
 			t.needRead(c)
 			break
 		}
-		t.emit(c, &c.held[n])
+		t.emit(c, &c.held[n].Message, c.held[n].wire)
 		n++
 	}
 	if n > 0 {

@@ -28,6 +28,9 @@ type Published struct {
 
 // NewTap returns an empty tap.
 func (h *Hub) NewTap() *Tap {
+	h.mu.Lock()
+	h.openTaps++
+	h.mu.Unlock()
 	return &Tap{h: h, s: &stream{max: h.cfg.MaxQueue, wake: make(chan struct{}, 1)}, convs: map[string]bool{}}
 }
 
@@ -77,6 +80,7 @@ func (t *Tap) Unfollow(convIDs []string) {
 func (t *Tap) Close() {
 	h := t.h
 	h.mu.Lock()
+	h.openTaps--
 	var all []string
 	for c := range t.convs {
 		all = append(all, c)
@@ -95,6 +99,7 @@ func (t *Tap) Next(ctx context.Context) ([]Published, []uint64, error) {
 		s.queue, s.queued, s.acks = nil, 0, nil
 		s.mu.Unlock()
 		if behind {
+			t.h.n.tapsCut.Add(1)
 			return nil, nil, ErrBehind
 		}
 		if len(q) > 0 || len(acks) > 0 {

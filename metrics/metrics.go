@@ -193,3 +193,67 @@ func (s *Set) ClusterState(heartbeatAge func() float64, moving func() int) {
 	s.gaugeFunc("sequencer_cluster_partitions_moving", "Partitions whose lease is not held by their ring owner in this node's view (moving, or free).", nil,
 		func() float64 { return float64(moving()) })
 }
+
+// FeedStat is the change feed's state and totals (package feed's Hub).
+type FeedStat struct {
+	Streams, Follows, Conversations, Taps  int
+	Delivered, Heartbeats, Cut, Refused    uint64
+	BacklogReads, BacklogMessages, TapsCut uint64
+}
+
+// Feed reports the change feed: sequencer_feed_streams,
+// sequencer_feed_subscriptions (stream x conversation pairs, what
+// --max-subscriptions bounds), sequencer_feed_conversations,
+// sequencer_feed_peer_taps, and the counters
+// sequencer_feed_delivered_messages_total, sequencer_feed_heartbeats_total,
+// sequencer_feed_slow_consumers_cut_total,
+// sequencer_feed_subscribes_refused_total,
+// sequencer_feed_backlog_reads_total,
+// sequencer_feed_backlog_messages_total and
+// sequencer_feed_peer_taps_cut_total; read returns them.
+func (s *Set) Feed(read func() FeedStat) {
+	if s == nil {
+		return
+	}
+	g := func(name, help string, f func(FeedStat) int) {
+		s.gaugeFunc(name, help, nil, func() float64 { return float64(f(read())) })
+	}
+	c := func(name, help string, f func(FeedStat) uint64) {
+		s.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(read())) }))
+	}
+	g("sequencer_feed_streams", "Subscribe streams open on this node.", func(f FeedStat) int { return f.Streams })
+	g("sequencer_feed_subscriptions", "Conversations followed by this node's Subscribe streams, a stream of n conversations counting n (--max-subscriptions bounds it).",
+		func(f FeedStat) int { return f.Follows })
+	g("sequencer_feed_conversations", "Distinct conversations this node's Subscribe streams follow.", func(f FeedStat) int { return f.Conversations })
+	g("sequencer_feed_peer_taps", "Peers' Feed streams this node serves (one per peer that has subscribers).", func(f FeedStat) int { return f.Taps })
+	c("sequencer_feed_delivered_messages_total", "Messages sent to subscribers (backlog and live).", func(f FeedStat) uint64 { return f.Delivered })
+	c("sequencer_feed_heartbeats_total", "Heartbeat events sent to idle Subscribe streams.", func(f FeedStat) uint64 { return f.Heartbeats })
+	c("sequencer_feed_slow_consumers_cut_total", "Subscribe streams ended with resource_exhausted because their subscriber fell behind (--subscribe-queue).",
+		func(f FeedStat) uint64 { return f.Cut })
+	c("sequencer_feed_subscribes_refused_total", "Subscribes refused with resource_exhausted at the node's bound (--max-subscriptions).",
+		func(f FeedStat) uint64 { return f.Refused })
+	c("sequencer_feed_backlog_reads_total", "Store reads of Subscribe streams' backlogs (each names up to 1,000 conversations).",
+		func(f FeedStat) uint64 { return f.BacklogReads })
+	c("sequencer_feed_backlog_messages_total", "Messages those backlog reads returned.", func(f FeedStat) uint64 { return f.BacklogMessages })
+	c("sequencer_feed_peer_taps_cut_total", "Peers' Feed streams this node ended because their queue overflowed (the peer re-reads the store).",
+		func(f FeedStat) uint64 { return f.TapsCut })
+}
+
+// PeerFeed reports the cluster's feed upstream: sequencer_feed_peer_links
+// (one per other live member), sequencer_feed_peer_links_up (those whose
+// stream answered and is open) and sequencer_feed_peer_stream_ends_total
+// (streams to peers that ended; each makes the node re-read the store for
+// what it follows); read returns them.
+func (s *Set) PeerFeed(read func() (links, up int, ended uint64)) {
+	if s == nil {
+		return
+	}
+	s.gaugeFunc("sequencer_feed_peer_links", "Feed links of this node to its peers (one per other live member).", nil,
+		func() float64 { l, _, _ := read(); return float64(l) })
+	s.gaugeFunc("sequencer_feed_peer_links_up", "Feed links to peers whose stream answered and is open (below sequencer_feed_peer_links: live messages from that peer wait for a reconnect; streams fill from the store).", nil,
+		func() float64 { _, u, _ := read(); return float64(u) })
+	s.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sequencer_feed_peer_stream_ends_total",
+		Help: "Feed streams to peers that ended (a peer died, a link was cut, its queue overflowed); each re-reads the store for what this node follows."},
+		func() float64 { _, _, e := read(); return float64(e) }))
+}

@@ -5,10 +5,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/buildinfo"
 
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
+	"github.com/sequencer-im/sequencer/feed"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/ring"
 )
@@ -91,6 +93,19 @@ func (s *Server) startConsole() *console.Console {
 	if tokens := s.edge.tokens; tokens != nil {
 		// Conversation lookups show message metadata: the API's token guards them.
 		cfg.Authorize = func(r *http.Request) bool { return tokens.Check(r.Header.Get("Authorization")) }
+	}
+	if hub := s.feed; hub != nil {
+		// The conversation view tails live from the change feed, like a
+		// Subscribe of one conversation.
+		cfg.Tail = func(ctx context.Context, conv string, after uint64, send func(*sequencer.Message) error) error {
+			return hub.Serve(ctx, feed.Subscription{Cursors: []persist.Cursor{{ConvID: conv, AfterSeq: after}}, Store: s.store,
+				Send: func(e feed.Event) error {
+					if e.Kind != feed.KindMessage {
+						return nil // a heartbeat; a truncation shows as the jump in seqs
+					}
+					return send(e.Msg)
+				}})
+		}
 	}
 	s.console = console.New(cfg)
 	return s.console

@@ -54,9 +54,10 @@ type Server struct {
 	store     persist.Store
 	lease     *idgen.Issuer
 	node      *actor.Conversations
-	cluster   *cluster.Node // nil on a single node
-	feed      *feed.Hub     // the change feed's fan-out
-	fire      *firehoseRun  // the firehose to NATS JetStream; nil without --feed-nats
+	cluster   *cluster.Node     // nil on a single node
+	feed      *feed.Hub         // the change feed's fan-out
+	peerFeed  *cluster.PeerFeed // the feed's upstream in cluster mode (nil on a single node)
+	fire      *firehoseRun      // the firehose to NATS JetStream; nil without --feed-nats
 	console   *console.Console
 	sends     *console.SendCounter // the API's sends per conversation, for the console
 	http      *http.Server
@@ -234,6 +235,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		// stream per peer (cluster/feed.go).
 		if up := cluster.NewPeerFeed(s.cluster, s.feed); up != nil {
 			s.feed.SetUpstream(up)
+			s.peerFeed = up
 		}
 	}
 	if s.fire != nil {
@@ -342,7 +344,8 @@ func (cfg Config) storeOptions(log *slog.Logger) open.Options {
 
 // registerGauges registers the gauges read on every scrape: pending sends
 // and bytes against their limits, the group-commit queue, the PostgreSQL
-// pools and (in cluster mode) the heartbeat age and the partitions moving.
+// pools, the change feed and (in cluster mode) its peer links, the
+// heartbeat age and the partitions moving.
 func (s *Server) registerGauges() {
 	s.metrics.Pending(func() (int64, int64, int64, int64) {
 		l := s.node.Stats()
@@ -356,6 +359,15 @@ func (s *Server) registerGauges() {
 	}
 	if r, ok := s.store.(persist.RetryCounter); ok {
 		s.metrics.StoreRetries(r.Retries)
+	}
+	s.metrics.Feed(func() metrics.FeedStat {
+		t := s.feed.Totals()
+		return metrics.FeedStat{Streams: t.Streams, Follows: t.Follows, Conversations: t.Conversations, Taps: t.Taps,
+			Delivered: t.Delivered, Heartbeats: t.Heartbeats, Cut: t.Cut, Refused: t.Refused,
+			BacklogReads: t.BacklogReads, BacklogMessages: t.BacklogMsgs, TapsCut: t.TapsCut}
+	})
+	if s.peerFeed != nil {
+		s.metrics.PeerFeed(s.peerFeed.State)
 	}
 	if c := s.cluster; c != nil {
 		s.metrics.ClusterState(

@@ -90,6 +90,8 @@ type dist struct {
 	viaCoord  int64 // commits sent through the coordinator (several shards)
 	rerouted  int64 // direct commits that found their shard gone and went through Citus
 	refreshes int64 // placement reloads
+	manyReads int64 // ReadMany round trips to workers (citus_pages.go)
+	manyEach  int64 // ReadManys read one conversation at a time instead
 }
 
 // shardRange is one shard of conv_head, its co-located shard of im_message
@@ -134,8 +136,12 @@ func (s *Store) Distributed() (distributed bool, workers, shards int) {
 // DistStats are counters of the distributed mode (tests, bench). Rerouted
 // counts the commits sent to a worker that no longer held their shard
 // (moved or split): they were written through Citus's own path instead.
+// ManyWorkerReads counts ReadMany's round trips to workers (one per worker
+// a call's cursors are on), ManyEach the ReadManys read one conversation
+// at a time instead (placements unknown or moved).
 type DistStats struct {
 	Direct, ViaCoordinator, PlacementReloads, Rerouted int64
+	ManyWorkerReads, ManyEach                          int64
 }
 
 // DistStats returns the counters (zero on plain PostgreSQL).
@@ -145,7 +151,8 @@ func (s *Store) DistStats() DistStats {
 	}
 	s.dist.statMu.Lock()
 	defer s.dist.statMu.Unlock()
-	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes, Rerouted: s.dist.rerouted}
+	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes, Rerouted: s.dist.rerouted,
+		ManyWorkerReads: s.dist.manyReads, ManyEach: s.dist.manyEach}
 }
 
 // loadPlacements reads conv_head's shards and their workers from Citus's

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"slices"
 
@@ -49,66 +48,43 @@ ORDER BY c.ord, m.seq LIMIT $4`
 )
 
 // ReadMany implements persist.PageReader: two statements in one round trip.
-// On Citus (distributed mode) a list joined with distributed tables cannot
-// be pushed down, so there it reads one conversation at a time, each on
-// its shard's worker.
+// On Citus (distributed mode) it reads each worker's shards in one round
+// trip per worker (citus_pages.go).
 func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
 	if s.dist != nil {
-		return persist.ReadManyEach(ctx, s, cursors, limit, total)
+		return s.readManyDist(ctx, cursors, limit, total)
 	}
 	pages := make([]persist.Page, len(cursors))
 	convs := make([]string, len(cursors))
 	afters := make([]int64, len(cursors))
+	idx := make([]int, len(cursors))
 	for i, c := range cursors {
-		convs[i], afters[i] = c.ConvID, int64(min(c.AfterSeq, math.MaxInt64))
+		convs[i], afters[i], idx[i] = c.ConvID, int64(min(c.AfterSeq, math.MaxInt64)), i
 	}
 	b := &pgx.Batch{}
 	b.Queue(readManyHeadsSQL, convs)
 	b.Queue(readManySQL, convs, afters, max(limit, 0), max(total, 0))
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
-	rows, err := br.Query()
-	if err != nil {
+	if err := scanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
-	for rows.Next() {
-		var ord, head int64
-		if err := rows.Scan(&ord, &head); err != nil {
-			rows.Close()
-			return nil, unavailable("read many", err)
-		}
-		if ord < 1 || int(ord) > len(pages) {
-			rows.Close()
-			return nil, fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(pages))
-		}
-		pages[ord-1].Head = uint64(head)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, unavailable("read many", err)
-	}
-	rows, err = br.Query()
-	if err != nil {
-		return nil, unavailable("read many", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var m sequencer.Message
-		var ord, msgID, seq, from int64
-		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
-			return nil, unavailable("read many", err)
-		}
-		if ord < 1 || int(ord) > len(pages) {
-			return nil, fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(pages))
-		}
-		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
-		if m.Body == nil {
-			m.Body = []byte{}
-		}
-		pages[ord-1].Messages = append(pages[ord-1].Messages, m)
-	}
-	if err := rows.Err(); err != nil {
+	if err := scanMessages(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
 	return pages, nil
 }
+
+// replaceTable names with instead of table in stmt (its first occurrence
+// as a word between white space).
+func replaceTable(stmt, table, with string) string {
+	for i := 0; i+len(table)+2 <= len(stmt); i++ {
+		j := i + 1 + len(table)
+		if isSpace(stmt[i]) && stmt[i+1:j] == table && isSpace(stmt[j]) {
+			return stmt[:i+1] + with + stmt[j:]
+		}
+	}
+	panic("postgres: no table " + table + " in a read many statement")
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' }

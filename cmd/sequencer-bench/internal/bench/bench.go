@@ -223,6 +223,11 @@ same PostgreSQL and the same im_message table, in one run:
            GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
   a-mysql, e-batch-mysql, b-mysql, c-mysql: a, e-batch, b and c on MySQL / MariaDB
            (--mysql; a fresh database per scenario; run only when named in --engines)
+  e-sub, e-batch-sub: e and e-batch with a Subscribe stream on every conversation of the
+           scenario (the change feed; opt-in), reporting the feed's deliveries and latency
+The change feed's other benches, against a running server:
+  sequencer-bench fanout --target URL [--subs 1000] [--pubs 8] [--duration 10s] [--json]
+  sequencer-bench pullmany --target URL [--convs 1000] [--msgs 10] [--calls 50]
 The e engines start the sequencer binary beside this one (or --serve-bin) as
 'serve' on a fresh store per scenario, or use a running server (--target; not
 the -sqlite ones). Their "server CPU us/msg" is the server process's CPU time
@@ -241,6 +246,9 @@ Flags:
 // program and subcommand names). It writes the live progress line to stderr
 // and the final table to stdout. --help prints usage and returns nil.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if ok, err := feedMain(ctx, args, stdout, stderr); ok {
+		return err // fanout, pullmany (feedbench.go)
+	}
 	cfg := Config{Args: args}
 	fs := flag.NewFlagSet("sequencer-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -654,7 +662,11 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 			pgNodesOf = ns
 		}
 	}
+	feedMeter, hasFeed := eng.(FeedMeter)
 	onMeasure := func(start bool) {
+		if hasFeed && start {
+			feedMeter.FeedStart()
+		}
 		if pgNodesOf != nil {
 			v, err := pgCPU(pgNodesOf)
 			if err != nil {
@@ -729,6 +741,13 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 
 	res.Seconds = elapsed.Seconds()
+	if hasFeed {
+		if f := feedMeter.FeedStats(res.Seconds); f.Streams > 0 {
+			res.Feed = &f
+			r.logf("engine %s %s: %s streams received %s messages (%.0f/s); latency from the Send's answer to the receipt p50 %.2f ms, p99 %.2f ms",
+				spec.Key, sc.Name, fmtInt(int64(f.Streams)), fmtInt(f.Delivered), f.PerSecond, f.Latency.P50, f.Latency.P99)
+		}
+	}
 	res.Messages = l.ok.Load()
 	res.Errors = l.errs
 	if len(l.errCodes) > 0 {

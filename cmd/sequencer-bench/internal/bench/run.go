@@ -50,6 +50,9 @@ type Result struct {
 	PGCPUUsPerMsg   float64            `json:"pg_cpu_us_per_msg,omitempty"`
 	PGCPUUsPerMsgBy map[string]float64 `json:"pg_cpu_us_per_msg_by,omitempty"`
 	Memory          *MemoryResult      `json:"memory,omitempty"`
+	// Feed is what the subscribers of a feed engine (e-sub, e-batch-sub)
+	// saw during the measurement.
+	Feed *FeedResult `json:"feed,omitempty"`
 	// LoadAvg is the machine's 1-minute load average when the run started
 	// (the bench shares its machine; a high value explains noise).
 	LoadAvg float64 `json:"load_avg_1m"`

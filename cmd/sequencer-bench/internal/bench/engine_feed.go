@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/client"
+)
+
+// The feed engines (issue 33) are e and e-batch with one Subscribe stream
+// on each of the scenario's conversations, opened before the load (Seed)
+// through the Go SDK from this process: --engines e-batch,e-batch-sub
+// compares the write rate with and without subscribers, and e-sub at
+// light load measures the feed's latency, from the moment the sender's
+// Send returned (the commit's ack) to the subscriber's receipt. They are
+// opt-in.
+func init() {
+	sub := remoteSpec("e-sub", "sequencer serve, SDK unary, a subscriber per conversation", false,
+		"engine e with one Subscribe stream (Go SDK, gRPC) on each of the scenario's conversations, opened before the load; reports the feed's latency from the Send's answer to the subscriber's receipt", newFeedClient(false))
+	sub.OptIn = true
+	registerEngine(sub)
+	batch := remoteSpec("e-batch-sub", "sequencer serve, SDK batching, a subscriber per conversation", false,
+		"engine e-batch with one Subscribe stream (Go SDK, gRPC) on each of the scenario's conversations, opened before the load", newFeedClient(true))
+	batch.OptIn = true
+	registerEngine(batch)
+}
+
+// FeedResult is what the subscribers of a feed engine saw during the
+// measurement.
+type FeedResult struct {
+	Streams   int     `json:"streams"`
+	Delivered int64   `json:"delivered"` // messages received during the measurement
+	PerSecond float64 `json:"delivered_per_second"`
+	// Latency from the Send's answer to the receipt (0 when the message
+	// arrived before the answer), of the messages sent and received in the
+	// measurement.
+	Latency LatencySummary `json:"latency"`
+}
+
+// FeedMeter is implemented by the feed engines: FeedStart when the
+// measurement starts, FeedStats at its end.
+type FeedMeter interface {
+	FeedStart()
+	FeedStats(seconds float64) FeedResult
+}
+
+// streamsPerFeedClient is how many Subscribe streams share one SDK client
+// (one HTTP/2 connection): below the server's concurrent stream limit.
+const streamsPerFeedClient = 100
+
+type feedClient struct {
+	sdkClient
+	env      Env
+	subs     []*client.Client
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	streams  int
+	measured atomic.Bool
+	got      atomic.Int64
+	lat      *Latency
+	// acked and received meet by msg_id: whoever comes second records the
+	// latency (a receipt before the answer counts 0).
+	acked sync.Map // msg_id -> time.Time of the Send's answer
+}
+
+func newFeedClient(batching bool) func(env Env) (Engine, error) {
+	newSDK := newSDKClient(batching)
+	return func(env Env) (Engine, error) {
+		e, err := newSDK(env)
+		if err != nil {
+			return nil, err
+		}
+		return &feedClient{sdkClient: e.(sdkClient), env: env, lat: NewLatency()}, nil
+	}
+}
+
+// Seed opens one stream per conversation and waits until every stream
+// received the seeding message of its conversation (so every stream is
+// attached before the load starts).
+func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) error {
+	for k0 := 0; k0 < convs; k0 += seedChunk {
+		var reqs []client.SendRequest
+		for k := k0; k < min(convs, k0+seedChunk); k++ {
+			reqs = append(reqs, client.SendRequest{ConvID: convID(convPfx, k), FromUID: 1, ClientMsgID: fmt.Sprintf("%sseed-%d", convPfx, k), Body: []byte("seed")})
+		}
+		if _, errs := f.c.SendMany(ctx, reqs); firstErr(errs) != nil {
+			return fmt.Errorf("seed messages: %w", firstErr(errs))
+		}
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	var ready sync.WaitGroup
+	for k0 := 0; k0 < convs; k0 += streamsPerFeedClient {
+		c, err := client.New(client.Config{Addrs: []string{f.env.Target}, DisableRouting: true})
+		if err != nil {
+			return err
+		}
+		f.subs = append(f.subs, c)
+		for k := k0; k < min(convs, k0+streamsPerFeedClient); k++ {
+			ready.Add(1)
+			f.wg.Add(1)
+			f.streams++
+			go func() {
+				defer f.wg.Done()
+				first := true
+				for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: convID(convPfx, k)}}) {
+					if err != nil {
+						return
+					}
+					if first {
+						first = false
+						ready.Done()
+						continue
+					}
+					f.received(k, ev.Message.MsgID)
+				}
+				if first {
+					ready.Done()
+				}
+			}()
+		}
+	}
+	done := make(chan struct{})
+	go func() { ready.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *feedClient) received(k int, msgID uint64) {
+	now := time.Now()
+	if !f.measured.Load() {
+		return
+	}
+	f.got.Add(1)
+	if at, loaded := f.acked.LoadOrStore(msgID, now); loaded {
+		f.acked.Delete(msgID)
+		f.lat.Record(k, now.Sub(at.(time.Time)))
+	}
+}
+
+// Send sends through the SDK and records when the answer came.
+func (f *feedClient) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
+	r, err := f.sdkClient.Send(ctx, req)
+	if err == nil && f.measured.Load() {
+		now := time.Now()
+		if _, loaded := f.acked.LoadOrStore(r.MsgID, now); loaded {
+			f.acked.Delete(r.MsgID)
+			f.lat.Record(int(r.Seq), 0) // received before the answer
+		}
+	}
+	return r, err
+}
+
+func (f *feedClient) FeedStart() { f.measured.Store(true) }
+
+func (f *feedClient) FeedStats(seconds float64) FeedResult {
+	f.measured.Store(false)
+	r := FeedResult{Streams: f.streams, Delivered: f.got.Load(), Latency: Summarize(f.lat.Snapshot())}
+	if seconds > 0 {
+		r.PerSecond = float64(r.Delivered) / seconds
+	}
+	return r
+}
+
+func (f *feedClient) Close() error {
+	if f.cancel != nil {
+		f.cancel()
+	}
+	for _, c := range f.subs {
+		c.Close()
+	}
+	f.wg.Wait()
+	return f.sdkClient.Close()
+}
+
+// FeedStart and FeedStats pass through the remote engine.
+func (e *remoteEngine) FeedStart() {
+	if m, ok := e.Engine.(FeedMeter); ok {
+		m.FeedStart()
+	}
+}
+
+func (e *remoteEngine) FeedStats(seconds float64) FeedResult {
+	if m, ok := e.Engine.(FeedMeter); ok {
+		return m.FeedStats(seconds)
+	}
+	return FeedResult{}
+}

@@ -1,0 +1,208 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// ReadMany on Citus: one round trip per worker (a shard group's home),
+// the workers read concurrently. A list joined with the distributed tables
+// cannot be pushed down by Citus's planner, so the store does what its
+// direct commits do: it groups the cursors by the worker holding their
+// shard and, on a connection to that worker, reads each shard's own tables
+// (readManyHeadsSQL and readManySQL on the shard tables) in one
+// REPEATABLE READ transaction sent as one batch, which also checks that
+// the worker still holds each shard (a moved shard's old tables may linger
+// until Citus cleans them up). A shard not held there (moved), a missing
+// table or a placement not known yet sends the call through
+// persist.ReadManyEach (one conversation at a time, routed by Citus) and
+// makes the store reload the placements.
+
+// shardPlacedSQL says whether this worker holds shard $1 (as shardHeadSQL).
+const shardPlacedSQL = `SELECT EXISTS (SELECT 1 FROM pg_dist_placement p
+  WHERE p.shardid = $1 AND p.shardstate = 1 AND p.groupid = (SELECT groupid FROM pg_dist_local_group))`
+
+// errNotPlaced: a shard's tables are not (or no longer) this worker's.
+var errNotPlaced = errors.New("citus: a shard is not on the worker the placements name")
+
+// shardRead is the cursors of one shard, by their index in the call.
+type shardRead struct {
+	sh  shardRange
+	idx []int
+}
+
+func (s *Store) readManyDist(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+	d := s.dist
+	byNode := map[string][]*shardRead{}
+	pools := map[string]*pgxpool.Pool{}
+	placed := true
+	d.mu.RLock()
+	byShard := map[int]*shardRead{}
+	for i, c := range cursors {
+		k := d.shardOf(c.ConvID)
+		if k < 0 || d.shards[k].msgShard == 0 || len(d.shards[k].msgTable) == 0 || d.readers[d.shards[k].node] == nil {
+			placed = false
+			break
+		}
+		r := byShard[k]
+		if r == nil {
+			r = &shardRead{sh: d.shards[k]}
+			byShard[k] = r
+			byNode[r.sh.node] = append(byNode[r.sh.node], r)
+			pools[r.sh.node] = d.readers[r.sh.node]
+		}
+		r.idx = append(r.idx, i)
+	}
+	d.mu.RUnlock()
+	if !placed || d.routedOnly.Load() {
+		return s.readManyEach(ctx, cursors, limit, total)
+	}
+	pages := make([]persist.Page, len(cursors))
+	var wg sync.WaitGroup
+	errs := make([]error, 0, len(byNode))
+	var mu sync.Mutex
+	for node, reads := range byNode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each worker's pages are disjoint parts of pages.
+			if err := readManyOn(ctx, pools[node], reads, cursors, pages, limit, total); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	d.statMu.Lock()
+	d.manyReads += int64(len(byNode))
+	d.statMu.Unlock()
+	for _, err := range errs {
+		var pg *pgconn.PgError
+		if errors.Is(err, errNotPlaced) || (errors.As(err, &pg) && pg.Code == sqlUndefinedTable) {
+			d.wantReload.Store(true) // a shard moved: read through Citus this time
+			return s.readManyEach(ctx, cursors, limit, total)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, unavailable("read many", errs[0])
+	}
+	// The total bound, over the whole call in request order (each worker
+	// applied it to its own part).
+	left := max(total, 0)
+	for i := range pages {
+		n := min(len(pages[i].Messages), left)
+		pages[i].Messages = pages[i].Messages[:n]
+		left -= n
+	}
+	return pages, nil
+}
+
+// readManyEach reads one conversation at a time, routed by Citus.
+func (s *Store) readManyEach(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+	s.dist.statMu.Lock()
+	s.dist.manyEach++
+	s.dist.statMu.Unlock()
+	return persist.ReadManyEach(ctx, s, cursors, limit, total)
+}
+
+// readManyOn reads the shards of one worker in one round trip and fills
+// their cursors' pages.
+func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cursors []persist.Cursor, pages []persist.Page, limit, total int) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+	for _, r := range reads {
+		convs := make([]string, len(r.idx))
+		afters := make([]int64, len(r.idx))
+		for j, i := range r.idx {
+			convs[j], afters[j] = cursors[i].ConvID, int64(min(cursors[i].AfterSeq, math.MaxInt64))
+		}
+		b.Queue(shardPlacedSQL, r.sh.id)
+		b.Queue(shardSQL(readManyHeadsSQL, "conv_head", r.sh.headTable), convs)
+		b.Queue(shardSQL(readManySQL, "im_message", r.sh.msgTable), convs, afters, max(limit, 0), max(total, 0))
+	}
+	b.Queue("COMMIT")
+	br := pool.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	for _, r := range reads {
+		var here bool
+		if err := br.QueryRow().Scan(&here); err != nil {
+			return err
+		}
+		if !here {
+			return errNotPlaced
+		}
+		if err := scanHeads(br, pages, r.idx); err != nil {
+			return err
+		}
+		if err := scanMessages(br, pages, r.idx); err != nil {
+			return err
+		}
+	}
+	_, err := br.Exec()
+	return err
+}
+
+// shardSQL is a ReadMany statement on a shard's table instead of the
+// distributed one.
+func shardSQL(stmt, table string, shard pgx.Identifier) string {
+	return replaceTable(stmt, table, shard.Sanitize())
+}
+
+// scanHeads reads a readManyHeadsSQL answer: ordinal k is pages[idx[k-1]].
+func scanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ord, head int64
+		if err := rows.Scan(&ord, &head); err != nil {
+			return err
+		}
+		if ord < 1 || int(ord) > len(idx) {
+			return fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(idx))
+		}
+		pages[idx[ord-1]].Head = uint64(head)
+	}
+	return rows.Err()
+}
+
+// scanMessages reads a readManySQL answer into pages[idx[ord-1]].
+func scanMessages(br pgx.BatchResults, pages []persist.Page, idx []int) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m sequencer.Message
+		var ord, msgID, seq, from int64
+		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
+			return err
+		}
+		if ord < 1 || int(ord) > len(idx) {
+			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
+		}
+		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
+		if m.Body == nil {
+			m.Body = []byte{}
+		}
+		pages[idx[ord-1]].Messages = append(pages[idx[ord-1]].Messages, m)
+	}
+	return rows.Err()
+}
