@@ -150,15 +150,16 @@ func TestFirehoseEmbedded(t *testing.T) {
 	convs := convNames(40)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var acks atomic.Int64
+	fl := &feedLoad{}
+	acks := &fl.acks
 	stop := make(chan struct{})
-	writers := feedWriters(ctx, nodes, convs, 6, &acks, stop)
+	writers := feedWriters(ctx, nodes, convs, 6, 0, fl, stop)
 	await := func(what string, k int64) {
 		from := acks.Load()
 		waitFor(t, 90*time.Second, fmt.Sprintf("%d more acks %s", k, what), func() bool { return acks.Load() >= from+k })
 	}
 	await("at first", 300)
-	outage(t, ns, nodes, &acks, 5*time.Second)
+	outage(t, ns, nodes, acks, 5*time.Second)
 	await("after NATS came back", 300)
 	t.Log("kill -9 the node")
 	n.kill()
@@ -166,6 +167,9 @@ func TestFirehoseEmbedded(t *testing.T) {
 	await("after the restart", 300)
 	close(stop)
 	writers.Wait()
+	if len(fl.failed) > 0 {
+		t.Fatalf("%d sends failed with a final error, first %+v", len(fl.failed), fl.failed[0])
+	}
 	waitStreamHoldsAll(t, ns.URL(), "SEQUENCER", nodes, convs)
 	n.kill()
 	checkStream(t, ns.URL(), "SEQUENCER", spec, convs, ring.DefaultPartitions)
@@ -193,9 +197,10 @@ func firehoseCluster(t *testing.T, dsn string) {
 	convs := convNames(60)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	var acks atomic.Int64
+	fl := &feedLoad{}
+	acks := &fl.acks
 	stop := make(chan struct{})
-	writers := feedWriters(ctx, nodes, convs, 6, &acks, stop)
+	writers := feedWriters(ctx, nodes, convs, 6, 0, fl, stop)
 	await := func(what string, k int64) {
 		from := acks.Load()
 		waitFor(t, 90*time.Second, fmt.Sprintf("%d more acks %s", k, what), func() bool { return acks.Load() >= from+k })
@@ -218,10 +223,13 @@ func firehoseCluster(t *testing.T, dsn string) {
 	ns.Stop()
 	ns.Start()
 	await("after the NATS restart", 300)
-	outage(t, ns, live, &acks, 30*time.Second)
+	outage(t, ns, live, acks, 30*time.Second)
 	await("after the NATS outage", 300)
 	close(stop)
 	writers.Wait()
+	if len(fl.failed) > 0 {
+		t.Fatalf("%d sends failed with a final error, first %+v", len(fl.failed), fl.failed[0])
+	}
 	waitStreamHoldsAll(t, ns.URL(), "SEQUENCER", live, convs)
 	checkStream(t, ns.URL(), "SEQUENCER", dsn, convs, ring.DefaultPartitions)
 }
