@@ -49,10 +49,49 @@ func NewSendRequest(convID string, fromUID uint64, clientMsgID string, msgType i
 	return SendRequest{ConvID: convID, FromUID: fromUID, ClientMsgID: clientMsgID, MsgType: int16(msgType), Body: body}, nil
 }
 
+// NewEditRequest checks an Edit: the resend key and body as Send
+// (NewSendRequest; the event is of msg_type 1) and a target msg_id > 0 and
+// < 2^63. Whether the target may be edited is the conversation writer's
+// decision (conv.CheckEvent), made against the stored target.
+func NewEditRequest(convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, body []byte, asModerator bool, maxBody int) (SendRequest, error) {
+	return newEventRequest(KindEdit, convID, fromUID, clientMsgID, targetMsgID, body, asModerator, maxBody)
+}
+
+// NewRecallRequest checks a Recall like NewEditRequest; the event has no
+// body.
+func NewRecallRequest(convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, asModerator bool) (SendRequest, error) {
+	return newEventRequest(KindRecall, convID, fromUID, clientMsgID, targetMsgID, nil, asModerator, 0)
+}
+
+func newEventRequest(kind Kind, convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, body []byte, asModerator bool, maxBody int) (SendRequest, error) {
+	r, err := NewSendRequest(convID, fromUID, clientMsgID, DefaultMsgType, body, maxBody)
+	if err != nil {
+		return SendRequest{}, err
+	}
+	if targetMsgID == 0 || targetMsgID >= MaxID {
+		return SendRequest{}, invalid("target_msg_id", "must be > 0 and < 2^63, got %d", targetMsgID)
+	}
+	r.Kind, r.TargetMsgID, r.AsModerator = kind, targetMsgID, asModerator
+	return r, nil
+}
+
 // Check re-validates an already built request (for example one rebuilt from
 // another node's message) with the same rules as NewSendRequest.
 func (r *SendRequest) Check(maxBody int) error {
-	_, err := NewSendRequest(r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, maxBody)
+	var err error
+	switch r.Kind {
+	case KindMessage:
+		_, err = NewSendRequest(r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, maxBody)
+	case KindEdit:
+		_, err = NewEditRequest(r.ConvID, r.FromUID, r.ClientMsgID, r.TargetMsgID, r.Body, r.AsModerator, maxBody)
+	case KindRecall:
+		_, err = NewRecallRequest(r.ConvID, r.FromUID, r.ClientMsgID, r.TargetMsgID, r.AsModerator)
+		if err == nil && len(r.Body) > 0 {
+			err = invalid("body", "a recall carries no body")
+		}
+	default:
+		err = invalid("kind", "unknown message kind %d", r.Kind)
+	}
 	return err
 }
 
@@ -90,7 +129,7 @@ func checkText(field, s string, max int) error {
 // ParseCode returns the Code named name (the names of Code.String, which are
 // also the RPC error code names), CodeInternal for any other name.
 func ParseCode(name string) Code {
-	for c := CodeInternal; c <= CodeUnauthenticated; c++ {
+	for c := CodeInternal; c <= CodeFailedPrecondition; c++ {
 		if c.String() == name {
 			return c
 		}

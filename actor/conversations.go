@@ -100,6 +100,9 @@ type Config struct {
 	// the node remembers to detect a store that went backwards (about 80
 	// bytes each); past it the oldest are forgotten.
 	MaxFloors int
+	// Windows bound how late after a message's server_at it may be edited
+	// or recalled (conv.CheckEvent; zero: no limit).
+	Windows conv.Windows
 }
 
 // Publisher takes committed messages of one conversation (ascending seqs,
@@ -441,7 +444,8 @@ func (n *Conversations) route(convID string) (*convActor, error) {
 
 func (n *Conversations) spawn(sh *shard, convID string) (*convActor, error) {
 	core, err := conv.New(conv.Config{ConvID: convID,
-		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.Commit.MaxMessages, Floor: n.floors.get(convID)})
+		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.Commit.MaxMessages, Floor: n.floors.get(convID),
+		Windows: n.cfg.Windows})
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
 	}

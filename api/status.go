@@ -25,6 +25,8 @@ var codePairs = [...]struct {
 	{sequencer.CodeCanceled, connect.CodeCanceled},
 	{sequencer.CodeDeadlineExceeded, connect.CodeDeadlineExceeded},
 	{sequencer.CodeUnauthenticated, connect.CodeUnauthenticated},
+	{sequencer.CodePermissionDenied, connect.CodePermissionDenied},
+	{sequencer.CodeFailedPrecondition, connect.CodeFailedPrecondition},
 }
 
 // ConnectCode maps a domain code to the Connect code the client sees.

@@ -1,0 +1,128 @@
+package conv
+
+import (
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+)
+
+// This file holds the rules of edits and recalls (docs/API.md, "Edit and
+// Recall"): which events may change which message. They are pure: the core
+// applies them to the target's state as the store holds it, overlaid with
+// the events of the batch being formed, so two events of one batch see each
+// other (a second recall of one target fails, never both commit).
+
+// Target is what the rules need of an event's target message: its state
+// in the conversation's writer.
+type Target struct {
+	MsgID     uint64
+	Found     bool // a stored message of this conversation
+	FromUID   uint64
+	Kind      sequencer.Kind
+	Recalled  bool
+	EditCount uint32
+	ServerAt  time.Time
+}
+
+// TargetOf returns the state of the stored message m.
+func TargetOf(m *sequencer.Message) Target {
+	return Target{MsgID: m.MsgID, Found: true, FromUID: m.FromUID, Kind: m.Kind,
+		Recalled: m.Recalled, EditCount: m.EditCount, ServerAt: m.ServerAt}
+}
+
+// Windows are the server's optional limits on how late after a message's
+// server_at it may be edited or recalled (--edit-window, --recall-window);
+// 0 means no limit.
+type Windows struct {
+	Edit   time.Duration
+	Recall time.Duration
+}
+
+// CheckEvent decides whether the event req (Kind Edit or Recall) may change
+// t at now: nil, or the error the sender gets (consuming no seq):
+//   - not_found: t is not a stored message of the conversation;
+//   - failed_precondition: t is itself an edit or recall event, or
+//     recalled, or the event comes later than the window after t's
+//     server_at;
+//   - permission_denied: the event's from_uid is not t's sender and the
+//     request does not act as a moderator.
+func CheckEvent(req *sequencer.SendRequest, t Target, now time.Time, w Windows) error {
+	what := req.Kind.String()
+	if !t.Found {
+		return sequencer.Errorf(sequencer.CodeNotFound, "%s: target_msg_id %d is not a message of conversation %q", what, req.TargetMsgID, req.ConvID)
+	}
+	if t.Kind != sequencer.KindMessage {
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: target_msg_id %d is itself an %s event; only messages can be edited or recalled", what, t.MsgID, t.Kind)
+	}
+	if req.FromUID != t.FromUID && !req.AsModerator {
+		return sequencer.Errorf(sequencer.CodePermissionDenied, "%s: from_uid %d is not the sender of msg_id %d (set as_moderator to act for a moderator)", what, req.FromUID, t.MsgID)
+	}
+	if t.Recalled {
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: msg_id %d is recalled", what, t.MsgID)
+	}
+	window := w.Edit
+	if req.Kind == sequencer.KindRecall {
+		window = w.Recall
+	}
+	if window > 0 && now.Sub(t.ServerAt) > window {
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: msg_id %d was sent at %s, more than the server's %s window ago", what, t.MsgID, t.ServerAt.Format(time.RFC3339Nano), window)
+	}
+	return nil
+}
+
+// Apply returns t's state after the event req, stored at now (CheckEvent
+// allowed it).
+func (t Target) Apply(req *sequencer.SendRequest, now time.Time) Target {
+	switch req.Kind {
+	case sequencer.KindEdit:
+		t.EditCount++
+	case sequencer.KindRecall:
+		t.Recalled = true
+	}
+	return t
+}
+
+// targets remembers the state of up to size messages of the conversation
+// as this writer last committed or read them (FIFO, like memo). Only this
+// writer changes them, so the cache stays true while the head is known;
+// it is dropped whenever the head is in doubt (another writer may have
+// been at work).
+type targets struct {
+	size int
+	ring []Target
+	next int
+}
+
+func (c *targets) get(id uint64) (Target, bool) {
+	for i := len(c.ring) - 1; i >= 0; i-- {
+		if c.ring[i].MsgID == id {
+			return c.ring[i], true
+		}
+	}
+	return Target{}, false
+}
+
+// put remembers t, replacing what was known of its msg_id.
+func (c *targets) put(t Target) {
+	for i := range c.ring {
+		if c.ring[i].MsgID == t.MsgID {
+			c.ring[i] = t
+			return
+		}
+	}
+	c.add(t)
+}
+
+// add remembers a message known not to be cached (one just committed).
+func (c *targets) add(t Target) {
+	if len(c.ring) < c.size {
+		c.ring = append(c.ring, t)
+		return
+	}
+	c.ring[c.next] = t
+	c.next = (c.next + 1) % len(c.ring)
+}
+
+func (c *targets) clear() {
+	c.ring, c.next = nil, 0
+}
