@@ -433,7 +433,9 @@ func TestSchemaMatchesSeed(t *testing.T) {
 		// (docs/API.md, "Storage schema").
 		"kind smallint(6) NO", "target_msg_id bigint(20) unsigned NO", "recalled tinyint(1) NO",
 		"edit_count int(10) unsigned NO", "edited_at datetime(3) YES"}
-	norm := func(s string) string { return strings.NewReplacer("(20)", "", "(6)", "", "(10)", "", "(1)", "").Replace(s) } // MySQL 8 drops display widths
+	norm := func(s string) string {
+		return strings.NewReplacer("(20)", "", "(6)", "", "(10)", "", "(1)", "").Replace(s)
+	} // MySQL 8 drops display widths
 	if len(got) != len(want) {
 		t.Fatalf("columns %v", got)
 	}
