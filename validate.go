@@ -78,21 +78,27 @@ func newEventRequest(kind Kind, convID string, fromUID uint64, clientMsgID strin
 // Check re-validates an already built request (for example one rebuilt from
 // another node's message) with the same rules as NewSendRequest.
 func (r *SendRequest) Check(maxBody int) error {
-	var err error
-	switch r.Kind {
-	case KindMessage:
-		_, err = NewSendRequest(r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, maxBody)
-	case KindEdit:
-		_, err = NewEditRequest(r.ConvID, r.FromUID, r.ClientMsgID, r.TargetMsgID, r.Body, r.AsModerator, maxBody)
-	case KindRecall:
-		_, err = NewRecallRequest(r.ConvID, r.FromUID, r.ClientMsgID, r.TargetMsgID, r.AsModerator)
-		if err == nil && len(r.Body) > 0 {
-			err = invalid("body", "a recall carries no body")
-		}
-	default:
-		err = invalid("kind", "unknown message kind %d", r.Kind)
-	}
+	_, err := NewRequest(r.Kind, r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, r.TargetMsgID, r.AsModerator, maxBody)
 	return err
+}
+
+// NewRequest checks a request of any kind (one forwarded by another node):
+// a Send (NewSendRequest; target_msg_id and as_moderator ignored), an Edit
+// (NewEditRequest; msg_type ignored) or a Recall (NewRecallRequest; a body
+// is refused).
+func NewRequest(kind Kind, convID string, fromUID uint64, clientMsgID string, msgType int32, body []byte, targetMsgID uint64, asModerator bool, maxBody int) (SendRequest, error) {
+	switch kind {
+	case KindMessage:
+		return NewSendRequest(convID, fromUID, clientMsgID, msgType, body, maxBody)
+	case KindEdit:
+		return NewEditRequest(convID, fromUID, clientMsgID, targetMsgID, body, asModerator, maxBody)
+	case KindRecall:
+		if len(body) > 0 {
+			return SendRequest{}, invalid("body", "a recall carries no body")
+		}
+		return NewRecallRequest(convID, fromUID, clientMsgID, targetMsgID, asModerator)
+	}
+	return SendRequest{}, invalid("kind", "unknown message kind %d", kind)
 }
 
 // CheckConvID checks a conv_id (Send, Pull, GetHead, Route): 1..64 bytes,

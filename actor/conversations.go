@@ -139,6 +139,11 @@ func (c Config) Validate() error {
 	conf.Positive(&ch, "MaxPendingBytes", c.MaxPendingBytes)
 	conf.Positive(&ch, "MaxConversations", c.MaxConversations)
 	conf.Positive(&ch, "MaxFloors", c.MaxFloors)
+	for field, w := range map[string]time.Duration{"Windows.Edit": c.Windows.Edit, "Windows.Recall": c.Windows.Recall} {
+		if w < 0 {
+			ch.Bad(field, w, "must be >= 0 (0: no limit)")
+		}
+	}
 	ch.Add(conf.Nest(c.Commit.Validate(), "actor", "Commit"))
 	return ch.Err()
 }
