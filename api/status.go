@@ -112,7 +112,8 @@ func ToConnectError(ctx context.Context, err error) *connect.Error {
 
 func clientMessage(code sequencer.Code, err error) string {
 	switch code {
-	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists:
+	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists,
+		sequencer.CodePermissionDenied, sequencer.CodeFailedPrecondition:
 		return withoutCause(err)
 	case sequencer.CodeUnavailable, sequencer.CodeResourceExhausted:
 		var se *sequencer.Error

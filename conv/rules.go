@@ -52,20 +52,20 @@ func CheckEvent(req *sequencer.SendRequest, t Target, now time.Time, w Windows) 
 		return sequencer.Errorf(sequencer.CodeNotFound, "%s: target_msg_id %d is not a message of conversation %q", what, req.TargetMsgID, req.ConvID)
 	}
 	if t.Kind != sequencer.KindMessage {
-		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: target_msg_id %d is itself an %s event; only messages can be edited or recalled", what, t.MsgID, t.Kind)
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: the target is itself an %s event; only messages can be edited or recalled", what, t.Kind)
 	}
 	if req.FromUID != t.FromUID && !req.AsModerator {
-		return sequencer.Errorf(sequencer.CodePermissionDenied, "%s: from_uid %d is not the sender of msg_id %d (set as_moderator to act for a moderator)", what, req.FromUID, t.MsgID)
+		return sequencer.Errorf(sequencer.CodePermissionDenied, "%s: from_uid %d is not the sender of the target (a moderator sets as_moderator)", what, req.FromUID)
 	}
 	if t.Recalled {
-		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: msg_id %d is recalled", what, t.MsgID)
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: the target is recalled", what)
 	}
 	window := w.Edit
 	if req.Kind == sequencer.KindRecall {
 		window = w.Recall
 	}
 	if window > 0 && now.Sub(t.ServerAt) > window {
-		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: msg_id %d was sent at %s, more than the server's %s window ago", what, t.MsgID, t.ServerAt.Format(time.RFC3339Nano), window)
+		return sequencer.Errorf(sequencer.CodeFailedPrecondition, "%s: the target was sent more than the server's %s window ago", what, window)
 	}
 	return nil
 }
