@@ -326,6 +326,16 @@ function bodyBytes(b: unknown): Uint8Array {
 
 const utf8 = new TextEncoder();
 
+function sendResult(resp: SendResponse, key: string): SendResult {
+  return {
+    msgId: resp.msgId,
+    seq: resp.seq,
+    serverAt: resp.serverAt ? timestampDate(resp.serverAt) : undefined,
+    duplicate: resp.duplicate,
+    clientMsgId: key,
+  };
+}
+
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     const t = setTimeout(done, ms);
@@ -492,13 +502,7 @@ export class SequencerClient {
         watch.stop();
       }
     });
-    return {
-      msgId: resp.msgId,
-      seq: resp.seq,
-      serverAt: resp.serverAt ? timestampDate(resp.serverAt) : undefined,
-      duplicate: resp.duplicate,
-      clientMsgId: key,
-    };
+    return sendResult(resp, key);
   }
 
   /**
@@ -547,13 +551,7 @@ export class SequencerClient {
         watch.stop();
       }
     });
-    return {
-      msgId: resp.msgId,
-      seq: resp.seq,
-      serverAt: resp.serverAt ? timestampDate(resp.serverAt) : undefined,
-      duplicate: resp.duplicate,
-      clientMsgId: key,
-    };
+    return sendResult(resp, key);
   }
 
   /**
