@@ -201,9 +201,9 @@ type Core struct {
 	pending map[sequencer.ClientKey]*entry
 	held    int // waiters held (all states)
 	memo    memo
-	targets targets           // states of messages this writer knows (edit and recall targets)
-	refused []*entry          // events the rules refused, to be looked up by key
-	loaded  map[uint64]Target // targets read for the next batch (nil: none)
+	// ev holds what edits and recalls need; nil until the conversation's
+	// first one, so a conversation that only sends pays one pointer.
+	ev *eventState
 
 	ready Ready
 }
@@ -230,9 +230,16 @@ func New(cfg Config) (*Core, error) {
 	return &Core{
 		cfg:     cfg,
 		memo:    newMemo(cfg.MemoSize),
-		targets: targets{size: cfg.TargetCache},
 		floor:   cfg.Floor,
 	}, nil
+}
+
+// eventState is what a core keeps for edits and recalls.
+type eventState struct {
+	targets targets           // states of messages this writer knows (targets)
+	refused []*entry          // events the rules refused, to be looked up by key
+	loaded  map[uint64]Target // targets read for the next batch (nil: none)
+	asked   []uint64          // the msg_ids of the outstanding Ready.Targets
 }
 
 // ConvID returns the conversation this core writes.
@@ -295,6 +302,9 @@ func (c *Core) Send(token any, req sequencer.SendRequest) {
 		return
 	}
 	c.held++
+	if req.Kind != sequencer.KindMessage && c.ev == nil {
+		c.ev = &eventState{targets: targets{size: int32(min(c.cfg.TargetCache, 1<<20))}}
+	}
 	if e, ok := c.pending[key]; ok {
 		if !sameContent(&e.req, &req) {
 			c.held--
@@ -479,9 +489,9 @@ func (c *Core) advance() {
 		return
 	}
 	c.prune()
-	if len(c.refused) > 0 {
+	if c.ev != nil && len(c.ev.refused) > 0 {
 		// Refused events: a resend of one that was stored is a duplicate.
-		c.batch, c.refused = c.refused, nil
+		c.batch, c.ev.refused = c.ev.refused, nil
 		keys := make([]sequencer.ClientKey, len(c.batch))
 		for i, e := range c.batch {
 			e.lookup = true
@@ -497,13 +507,16 @@ func (c *Core) advance() {
 	if !c.headKnown {
 		// Another writer may have been at work: what this one knew of its
 		// messages may be stale.
-		c.targets.clear()
+		if c.ev != nil {
+			c.ev.targets.clear()
+		}
 		c.op = opLoad
 		c.ready.LoadHead = true
 		return
 	}
 	if ids := c.unknownTargets(); len(ids) > 0 {
 		c.op = opTargets
+		c.ev.asked = ids
 		c.ready.Targets = ids
 		return
 	}
@@ -531,7 +544,13 @@ func (c *Core) TargetsLoaded(results []TargetResult) {
 		return
 	}
 	c.op = opNone
-	c.loaded = make(map[uint64]Target, len(results))
+	// Added to what was read since the last batch formed (targets of
+	// events queued meanwhile are asked for in a second round).
+	loaded := c.ev.loaded
+	if loaded == nil {
+		loaded = make(map[uint64]Target, len(results))
+		c.ev.loaded = loaded
+	}
 	var failed map[uint64]error
 	for _, r := range results {
 		id := r.MsgID
@@ -540,11 +559,11 @@ func (c *Core) TargetsLoaded(results []TargetResult) {
 		}
 		switch {
 		case r.Err == nil && r.Msg.ConvID == c.cfg.ConvID:
-			c.loaded[id] = TargetOf(&r.Msg)
+			loaded[id] = TargetOf(&r.Msg)
 		case r.Err == nil || errors.Is(r.Err, sequencer.ErrNotFound):
 			// Not a message of this conversation (another
 			// conversation's is never named).
-			c.loaded[id] = Target{MsgID: id}
+			loaded[id] = Target{MsgID: id}
 		default:
 			if failed == nil {
 				failed = make(map[uint64]error)
@@ -552,11 +571,15 @@ func (c *Core) TargetsLoaded(results []TargetResult) {
 			failed[id] = retryable(r.Err, "read the target of an edit or recall")
 		}
 	}
-	// The events of the next batch whose target could not be read fail
-	// (retryably; nothing was written).
+	// The events whose target was asked for and could not be read fail
+	// (retryably; nothing was written). Events queued meanwhile with other
+	// targets wait: the batch stops before them, and their targets are
+	// asked for next.
+	asked := c.ev.asked
+	c.ev.asked = nil
 	kept := c.queue[:0]
-	for i, e := range c.queue {
-		if e.req.Kind != sequencer.KindMessage && i < c.cfg.MaxBatch {
+	for _, e := range c.queue {
+		if e.req.Kind != sequencer.KindMessage && slices.Contains(asked, e.req.TargetMsgID) {
 			if _, ok := c.target(e.req.TargetMsgID, nil); !ok {
 				err := failed[e.req.TargetMsgID]
 				if err == nil {
@@ -584,10 +607,13 @@ func (c *Core) target(id uint64, overlay []Target) (Target, bool) {
 			return overlay[i], true
 		}
 	}
-	if t, ok := c.loaded[id]; ok {
+	if c.ev == nil {
+		return Target{}, false
+	}
+	if t, ok := c.ev.loaded[id]; ok {
 		return t, true
 	}
-	return c.targets.get(id)
+	return c.ev.targets.get(id)
 }
 
 // Formed answers Ready.Form: it assigns seqs head+1.. to the queued sends
@@ -618,7 +644,7 @@ func (c *Core) Formed(f Formation) {
 			}
 			if err := CheckEvent(&e.req, t, now, c.cfg.Windows); err != nil {
 				e.refused = err
-				c.refused = append(c.refused, e)
+				c.ev.refused = append(c.ev.refused, e)
 				taken++
 				continue
 			}
@@ -641,7 +667,9 @@ func (c *Core) Formed(f Formation) {
 		batch = append(batch, e)
 		taken++
 	}
-	c.loaded = nil
+	if c.ev != nil {
+		c.ev.loaded = nil
+	}
 	for i := range c.queue[:taken] {
 		c.queue[i] = nil
 	}
@@ -676,10 +704,13 @@ func (c *Core) land(head uint64) {
 	c.head, c.headKnown = head, true
 	c.floor = max(c.floor, c.inflight.LastSeq())
 	for _, e := range c.batch {
-		if e.req.Kind != sequencer.KindMessage {
-			c.targets.put(e.after)
-		} else {
-			c.targets.add(TargetOf(&e.msg))
+		switch {
+		case c.ev == nil:
+			// No edit or recall so far: nothing to remember.
+		case e.req.Kind != sequencer.KindMessage:
+			c.ev.targets.put(e.after)
+		default:
+			c.ev.targets.add(TargetOf(&e.msg))
 		}
 		res := resultOf(&e.msg)
 		c.memo.put(e.req.Key(), res, fingerprint(&e.req))

@@ -86,17 +86,42 @@ func (t Target) Apply(req *sequencer.SendRequest, now time.Time) Target {
 // as this writer last committed or read them (FIFO, like memo). Only this
 // writer changes them, so the cache stays true while the head is known;
 // it is dropped whenever the head is in doubt (another writer may have
-// been at work).
+// been at work). Entries are kept compact (32 bytes): an idle conversation
+// holds its last committed message here.
 type targets struct {
-	size int
-	ring []Target
-	next int
+	ring []cachedTarget
+	next int32
+	size int32
+}
+
+// cachedTarget is a Target in 32 bytes (server_at in unix milliseconds,
+// the precision the stores keep).
+type cachedTarget struct {
+	msgID, fromUID uint64
+	atMs           int64
+	editCount      uint32
+	kind           sequencer.Kind
+	found          bool
+	recalled       bool
+}
+
+func compact(t Target) cachedTarget {
+	return cachedTarget{msgID: t.MsgID, fromUID: t.FromUID, atMs: t.ServerAt.UnixMilli(), editCount: t.EditCount,
+		kind: t.Kind, found: t.Found, recalled: t.Recalled}
+}
+
+func (c cachedTarget) target() Target {
+	t := Target{MsgID: c.msgID, Found: c.found, FromUID: c.fromUID, Kind: c.kind, Recalled: c.recalled, EditCount: c.editCount}
+	if c.found {
+		t.ServerAt = time.UnixMilli(c.atMs).UTC()
+	}
+	return t
 }
 
 func (c *targets) get(id uint64) (Target, bool) {
 	for i := len(c.ring) - 1; i >= 0; i-- {
-		if c.ring[i].MsgID == id {
-			return c.ring[i], true
+		if c.ring[i].msgID == id {
+			return c.ring[i].target(), true
 		}
 	}
 	return Target{}, false
@@ -105,8 +130,8 @@ func (c *targets) get(id uint64) (Target, bool) {
 // put remembers t, replacing what was known of its msg_id.
 func (c *targets) put(t Target) {
 	for i := range c.ring {
-		if c.ring[i].MsgID == t.MsgID {
-			c.ring[i] = t
+		if c.ring[i].msgID == t.MsgID {
+			c.ring[i] = compact(t)
 			return
 		}
 	}
@@ -115,12 +140,12 @@ func (c *targets) put(t Target) {
 
 // add remembers a message known not to be cached (one just committed).
 func (c *targets) add(t Target) {
-	if len(c.ring) < c.size {
-		c.ring = append(c.ring, t)
+	if len(c.ring) < int(c.size) {
+		c.ring = append(c.ring, compact(t))
 		return
 	}
-	c.ring[c.next] = t
-	c.next = (c.next + 1) % len(c.ring)
+	c.ring[c.next] = compact(t)
+	c.next = (c.next + 1) % int32(len(c.ring))
 }
 
 func (c *targets) clear() {

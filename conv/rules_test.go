@@ -108,6 +108,9 @@ func runCore(t *testing.T, c *conv.Core, s *eventStore, ids *counter, now time.T
 	out := map[any]answer{}
 	for range 100 {
 		rd := c.Ready()
+		if testing.Verbose() {
+			t.Logf("ready: load %v targets %v form %d commit %v lookup %v replies %d", rd.LoadHead, rd.Targets, rd.Form, rd.Commit != nil, rd.Lookup, len(rd.Replies))
+		}
 		for _, r := range rd.Replies {
 			out[r.Token] = answer{r.Result, r.Err}
 		}
@@ -245,8 +248,9 @@ func TestCoreEvents(t *testing.T) {
 	}
 }
 
-// TestCoreEventAfterOwnSend: the writer knows what it committed; an edit of
-// a message it just stored needs no read of the target.
+// TestCoreEventAfterOwnSend: the first event of a conversation reads its
+// target; from then on the writer knows what it commits, and an event on a
+// message it just stored needs no read.
 func TestCoreEventAfterOwnSend(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	s := newEventStore()
@@ -262,8 +266,18 @@ func TestCoreEventAfterOwnSend(t *testing.T) {
 	if a := runCore(t, c, s, ids, now.Add(time.Minute+time.Millisecond))["r"]; sequencer.ErrorCode(a.err) != sequencer.CodeFailedPrecondition {
 		t.Fatalf("recall past the window: %+v", a)
 	}
-	if s.reads != 0 {
-		t.Fatalf("%d target reads, want 0", s.reads)
+	if s.reads != 1 {
+		t.Fatalf("%d target reads, want 1 (the conversation's first event reads its target)", s.reads)
+	}
+	// From its first event on, the writer remembers what it commits.
+	c.Send("m2", eventReq(0, 7, "m2", 0, "yo"))
+	m2 := runCore(t, c, s, ids, now)["m2"].res.MsgID
+	c.Send("r2", eventReq(sequencer.KindRecall, 7, "r2", m2, ""))
+	if a := runCore(t, c, s, ids, now)["r2"]; a.err != nil {
+		t.Fatalf("recall of a message just sent: %+v", a)
+	}
+	if s.reads != 1 {
+		t.Fatalf("%d target reads, want still 1", s.reads)
 	}
 	if tg := s.rows[m]; tg.EditCount != 1 || string(tg.Body) != "hi!" || !tg.EditedAt.Equal(now) {
 		t.Fatalf("target: %+v", tg)
