@@ -228,9 +228,9 @@ func New(cfg Config) (*Core, error) {
 		cfg.TargetCache = d.TargetCache
 	}
 	return &Core{
-		cfg:     cfg,
-		memo:    newMemo(cfg.MemoSize),
-		floor:   cfg.Floor,
+		cfg:   cfg,
+		memo:  newMemo(cfg.MemoSize),
+		floor: cfg.Floor,
 	}, nil
 }
 
