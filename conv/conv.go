@@ -201,8 +201,12 @@ type Core struct {
 	pending map[sequencer.ClientKey]*entry
 	held    int // waiters held (all states)
 	memo    memo
-	// ev holds what edits and recalls need; nil until the conversation's
-	// first one, so a conversation that only sends pays one pointer.
+	// targets remembers the states of the messages this writer committed
+	// or read last (the targets of edits and recalls: an event on a recent
+	// message needs no read).
+	targets targets
+	// ev holds what edits and recalls need besides; nil until the
+	// conversation's first one.
 	ev *eventState
 
 	ready Ready
@@ -228,15 +232,15 @@ func New(cfg Config) (*Core, error) {
 		cfg.TargetCache = d.TargetCache
 	}
 	return &Core{
-		cfg:   cfg,
-		memo:  newMemo(cfg.MemoSize),
-		floor: cfg.Floor,
+		targets: targets{size: int32(min(cfg.TargetCache, 1<<20))},
+		cfg:     cfg,
+		memo:    newMemo(cfg.MemoSize),
+		floor:   cfg.Floor,
 	}, nil
 }
 
 // eventState is what a core keeps for edits and recalls.
 type eventState struct {
-	targets targets           // states of messages this writer knows (targets)
 	refused []*entry          // events the rules refused, to be looked up by key
 	loaded  map[uint64]Target // targets read for the next batch (nil: none)
 	asked   []uint64          // the msg_ids of the outstanding Ready.Targets
@@ -303,7 +307,7 @@ func (c *Core) Send(token any, req sequencer.SendRequest) {
 	}
 	c.held++
 	if req.Kind != sequencer.KindMessage && c.ev == nil {
-		c.ev = &eventState{targets: targets{size: int32(min(c.cfg.TargetCache, 1<<20))}}
+		c.ev = &eventState{}
 	}
 	if e, ok := c.pending[key]; ok {
 		if !sameContent(&e.req, &req) {
@@ -507,9 +511,7 @@ func (c *Core) advance() {
 	if !c.headKnown {
 		// Another writer may have been at work: what this one knew of its
 		// messages may be stale.
-		if c.ev != nil {
-			c.ev.targets.clear()
-		}
+		c.targets.clear()
 		c.op = opLoad
 		c.ready.LoadHead = true
 		return
@@ -607,13 +609,12 @@ func (c *Core) target(id uint64, overlay []Target) (Target, bool) {
 			return overlay[i], true
 		}
 	}
-	if c.ev == nil {
-		return Target{}, false
+	if c.ev != nil {
+		if t, ok := c.ev.loaded[id]; ok {
+			return t, true
+		}
 	}
-	if t, ok := c.ev.loaded[id]; ok {
-		return t, true
-	}
-	return c.ev.targets.get(id)
+	return c.targets.get(id)
 }
 
 // Formed answers Ready.Form: it assigns seqs head+1.. to the queued sends
@@ -704,13 +705,10 @@ func (c *Core) land(head uint64) {
 	c.head, c.headKnown = head, true
 	c.floor = max(c.floor, c.inflight.LastSeq())
 	for _, e := range c.batch {
-		switch {
-		case c.ev == nil:
-			// No edit or recall so far: nothing to remember.
-		case e.req.Kind != sequencer.KindMessage:
-			c.ev.targets.put(e.after)
-		default:
-			c.ev.targets.add(TargetOf(&e.msg))
+		if e.req.Kind != sequencer.KindMessage {
+			c.targets.put(e.after)
+		} else {
+			c.targets.add(TargetOf(&e.msg))
 		}
 		res := resultOf(&e.msg)
 		c.memo.put(e.req.Key(), res, fingerprint(&e.req))
