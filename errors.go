@@ -22,6 +22,12 @@ const (
 	// CodeUnauthenticated: the node needs a bearer token and the call had
 	// none or a wrong one (only the API edge and clients see it).
 	CodeUnauthenticated
+	// CodePermissionDenied: the user may not do this (an edit or recall of
+	// another user's message without as_moderator).
+	CodePermissionDenied
+	// CodeFailedPrecondition: the target's state refuses it (an edit or
+	// recall of a recalled message, or outside the server's window).
+	CodeFailedPrecondition
 	// CodeOK is ErrorCode(nil): no error. No error carries it.
 	CodeOK
 )
@@ -44,6 +50,10 @@ func (c Code) String() string {
 		return "deadline_exceeded"
 	case CodeUnauthenticated:
 		return "unauthenticated"
+	case CodePermissionDenied:
+		return "permission_denied"
+	case CodeFailedPrecondition:
+		return "failed_precondition"
 	case CodeOK:
 		return "ok"
 	default:

@@ -20,7 +20,44 @@ type Message struct {
 	Body        []byte    // opaque payload
 	ClientMsgID string    // the client's resend key, never empty
 	ServerAt    time.Time // display only, millisecond precision, never used to order
+
+	// Edits and recalls (docs/API.md, "Edit and Recall"). An event message
+	// (Kind Edit or Recall) names the message it changes in TargetMsgID;
+	// an edit event carries the new body, a recall event none. The target
+	// itself keeps its msg_id and seq and shows its current state:
+	// Recalled (its body is gone for good), or the edited body with
+	// EditCount and EditedAt (the server_at of the last edit event).
+	Kind        Kind
+	TargetMsgID uint64 // 0 unless Kind is Edit or Recall
+	Recalled    bool
+	EditCount   uint32
+	EditedAt    time.Time // zero unless EditCount > 0
 }
+
+// Kind says whether a message is an ordinary one or an event that changes
+// an earlier message of its conversation (wire: sequencer.v1.MessageKind).
+type Kind int16
+
+const (
+	KindMessage Kind = 0 // an ordinary message
+	KindEdit    Kind = 1 // replaces the body of TargetMsgID
+	KindRecall  Kind = 2 // recalls TargetMsgID (its body is removed for good)
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindMessage:
+		return "message"
+	case KindEdit:
+		return "edit"
+	case KindRecall:
+		return "recall"
+	}
+	return "unknown"
+}
+
+// IsEvent reports whether the message changes another one (Edit, Recall).
+func (m *Message) IsEvent() bool { return m.Kind != KindMessage }
 
 // ClientKey is the resend key of a message: a resend with the same key returns
 // the first send's ids.
@@ -49,6 +86,12 @@ type SendRequest struct {
 	ClientMsgID string
 	MsgType     int16 // already defaulted: 1..32767
 	Body        []byte
+	// An Edit or Recall (NewEditRequest, NewRecallRequest): Kind and the
+	// target's msg_id; AsModerator lets a user other than the target's
+	// sender act (the caller, the logic layer, authorized that).
+	Kind        Kind
+	TargetMsgID uint64
+	AsModerator bool
 }
 
 // Key returns the request's resend key.

@@ -49,11 +49,56 @@ func NewSendRequest(convID string, fromUID uint64, clientMsgID string, msgType i
 	return SendRequest{ConvID: convID, FromUID: fromUID, ClientMsgID: clientMsgID, MsgType: int16(msgType), Body: body}, nil
 }
 
+// NewEditRequest checks an Edit: the resend key and body as Send
+// (NewSendRequest; the event is of msg_type 1) and a target msg_id > 0 and
+// < 2^63. Whether the target may be edited is the conversation writer's
+// decision (conv.CheckEvent), made against the stored target.
+func NewEditRequest(convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, body []byte, asModerator bool, maxBody int) (SendRequest, error) {
+	return newEventRequest(KindEdit, convID, fromUID, clientMsgID, targetMsgID, body, asModerator, maxBody)
+}
+
+// NewRecallRequest checks a Recall like NewEditRequest; the event has no
+// body.
+func NewRecallRequest(convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, asModerator bool) (SendRequest, error) {
+	return newEventRequest(KindRecall, convID, fromUID, clientMsgID, targetMsgID, nil, asModerator, 0)
+}
+
+func newEventRequest(kind Kind, convID string, fromUID uint64, clientMsgID string, targetMsgID uint64, body []byte, asModerator bool, maxBody int) (SendRequest, error) {
+	r, err := NewSendRequest(convID, fromUID, clientMsgID, DefaultMsgType, body, maxBody)
+	if err != nil {
+		return SendRequest{}, err
+	}
+	if targetMsgID == 0 || targetMsgID >= MaxID {
+		return SendRequest{}, invalid("target_msg_id", "must be > 0 and < 2^63, got %d", targetMsgID)
+	}
+	r.Kind, r.TargetMsgID, r.AsModerator = kind, targetMsgID, asModerator
+	return r, nil
+}
+
 // Check re-validates an already built request (for example one rebuilt from
 // another node's message) with the same rules as NewSendRequest.
 func (r *SendRequest) Check(maxBody int) error {
-	_, err := NewSendRequest(r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, maxBody)
+	_, err := NewRequest(r.Kind, r.ConvID, r.FromUID, r.ClientMsgID, int32(r.MsgType), r.Body, r.TargetMsgID, r.AsModerator, maxBody)
 	return err
+}
+
+// NewRequest checks a request of any kind (one forwarded by another node):
+// a Send (NewSendRequest; target_msg_id and as_moderator ignored), an Edit
+// (NewEditRequest; msg_type ignored) or a Recall (NewRecallRequest; a body
+// is refused).
+func NewRequest(kind Kind, convID string, fromUID uint64, clientMsgID string, msgType int32, body []byte, targetMsgID uint64, asModerator bool, maxBody int) (SendRequest, error) {
+	switch kind {
+	case KindMessage:
+		return NewSendRequest(convID, fromUID, clientMsgID, msgType, body, maxBody)
+	case KindEdit:
+		return NewEditRequest(convID, fromUID, clientMsgID, targetMsgID, body, asModerator, maxBody)
+	case KindRecall:
+		if len(body) > 0 {
+			return SendRequest{}, invalid("body", "a recall carries no body")
+		}
+		return NewRecallRequest(convID, fromUID, clientMsgID, targetMsgID, asModerator)
+	}
+	return SendRequest{}, invalid("kind", "unknown message kind %d", kind)
 }
 
 // CheckConvID checks a conv_id (Send, Pull, GetHead, Route): 1..64 bytes,
@@ -90,7 +135,7 @@ func checkText(field, s string, max int) error {
 // ParseCode returns the Code named name (the names of Code.String, which are
 // also the RPC error code names), CodeInternal for any other name.
 func ParseCode(name string) Code {
-	for c := CodeInternal; c <= CodeUnauthenticated; c++ {
+	for c := CodeInternal; c <= CodeFailedPrecondition; c++ {
 		if c.String() == name {
 			return c
 		}

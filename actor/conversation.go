@@ -41,9 +41,10 @@ type (
 		rows []sequencer.Message
 		err  error
 	}
-	lookedUp     struct{ results []conv.LookupResult }
-	stopMsg      struct{}
-	idleCheckMsg struct{}
+	lookedUp      struct{ results []conv.LookupResult }
+	targetsLoaded struct{ results []conv.TargetResult }
+	stopMsg       struct{}
+	idleCheckMsg  struct{}
 )
 
 // convActor feeds one conversation's core and executes its Ready: replies
@@ -135,6 +136,8 @@ func (a *convActor) Receive(ctx pa.Context) {
 		a.core.Resolved(m.head, m.rows, m.err)
 	case *lookedUp:
 		a.core.LookedUp(m.results)
+	case *targetsLoaded:
+		a.core.TargetsLoaded(m.results)
 	case stopMsg:
 		a.stopping = true
 	default:
@@ -260,6 +263,18 @@ func (a *convActor) execute(ctx pa.Context) {
 				n.logs.Warn("store", "a commit's outcome is still unknown; its senders wait", "conv_id", convID, "attempt", attempt+1, "err", err)
 			}
 			root.Send(self, &resolved{head: head, rows: rows, err: err})
+		}()
+	case len(rd.Targets) > 0:
+		ids := rd.Targets
+		go func() {
+			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
+			defer cancel()
+			results := make([]conv.TargetResult, len(ids))
+			for i, id := range ids {
+				results[i].MsgID = id
+				results[i].Msg, results[i].Err = n.cfg.Store.GetMessage(sctx, id)
+			}
+			root.Send(self, &targetsLoaded{results: results})
 		}()
 	case len(rd.Lookup) > 0:
 		keys := rd.Lookup

@@ -105,6 +105,9 @@ type Config struct {
 	// the node remembers to detect a store that went backwards (about 80
 	// bytes each); past it the oldest are forgotten.
 	MaxFloors int
+	// Windows bound how late after a message's server_at it may be edited
+	// or recalled (conv.CheckEvent; zero: no limit).
+	Windows conv.Windows
 }
 
 // Publisher takes committed messages of one conversation (ascending seqs,
@@ -141,6 +144,11 @@ func (c Config) Validate() error {
 	conf.Positive(&ch, "MaxPendingBytes", c.MaxPendingBytes)
 	conf.Positive(&ch, "MaxConversations", c.MaxConversations)
 	conf.Positive(&ch, "MaxFloors", c.MaxFloors)
+	for field, w := range map[string]time.Duration{"Windows.Edit": c.Windows.Edit, "Windows.Recall": c.Windows.Recall} {
+		if w < 0 {
+			ch.Bad(field, w, "must be >= 0 (0: no limit)")
+		}
+	}
 	ch.Add(conf.Nest(c.Commit.Validate(), "actor", "Commit"))
 	return ch.Err()
 }
@@ -446,7 +454,8 @@ func (n *Conversations) route(convID string) (*convActor, error) {
 
 func (n *Conversations) spawn(sh *shard, convID string) (*convActor, error) {
 	core, err := conv.New(conv.Config{ConvID: convID,
-		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.Commit.MaxMessages, Floor: n.floors.get(convID)})
+		MaxQueue: n.cfg.MaxQueuePerConv, MaxBatch: n.cfg.Commit.MaxMessages, Floor: n.floors.get(convID),
+		Windows: n.cfg.Windows})
 	if err != nil {
 		return nil, sequencer.Wrap(sequencer.CodeInternal, err, "actor: new conversation core")
 	}

@@ -589,9 +589,16 @@ func messageProto(m *sequencer.Message) *sequencerv1.Message {
 		MsgType:     int32(m.MsgType),
 		Body:        m.Body,
 		ClientMsgId: m.ClientMsgID,
+		Kind:        sequencerv1.MessageKind(m.Kind),
+		TargetMsgId: m.TargetMsgID,
+		Recalled:    m.Recalled,
+		EditCount:   m.EditCount,
 	}
 	if !m.ServerAt.IsZero() {
 		pm.ServerAt = timestamppb.New(m.ServerAt)
+	}
+	if !m.EditedAt.IsZero() {
+		pm.EditedAt = timestamppb.New(m.EditedAt)
 	}
 	return pm
 }

@@ -25,6 +25,8 @@ var codePairs = [...]struct {
 	{sequencer.CodeCanceled, connect.CodeCanceled},
 	{sequencer.CodeDeadlineExceeded, connect.CodeDeadlineExceeded},
 	{sequencer.CodeUnauthenticated, connect.CodeUnauthenticated},
+	{sequencer.CodePermissionDenied, connect.CodePermissionDenied},
+	{sequencer.CodeFailedPrecondition, connect.CodeFailedPrecondition},
 }
 
 // ConnectCode maps a domain code to the Connect code the client sees.
@@ -116,7 +118,8 @@ func ToConnectError(ctx context.Context, err error) *connect.Error {
 
 func clientMessage(code sequencer.Code, err error) string {
 	switch code {
-	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists:
+	case sequencer.CodeInvalidArgument, sequencer.CodeNotFound, sequencer.CodeAlreadyExists,
+		sequencer.CodePermissionDenied, sequencer.CodeFailedPrecondition:
 		return withoutCause(err)
 	case sequencer.CodeUnavailable, sequencer.CodeResourceExhausted:
 		var se *sequencer.Error

@@ -15,16 +15,18 @@ import (
 
 func TestConnectCodeRoundTrip(t *testing.T) {
 	want := map[sequencer.Code]connect.Code{
-		sequencer.CodeInvalidArgument:   connect.CodeInvalidArgument,
-		sequencer.CodeNotFound:          connect.CodeNotFound,
-		sequencer.CodeAlreadyExists:     connect.CodeAlreadyExists,
-		sequencer.CodeUnavailable:       connect.CodeUnavailable,
-		sequencer.CodeResourceExhausted: connect.CodeResourceExhausted,
-		sequencer.CodeCanceled:          connect.CodeCanceled,
-		sequencer.CodeDeadlineExceeded:  connect.CodeDeadlineExceeded,
-		sequencer.CodeUnauthenticated:   connect.CodeUnauthenticated,
-		sequencer.CodeInternal:          connect.CodeInternal,
-		sequencer.Code(99):              connect.CodeInternal,
+		sequencer.CodeInvalidArgument:    connect.CodeInvalidArgument,
+		sequencer.CodeNotFound:           connect.CodeNotFound,
+		sequencer.CodeAlreadyExists:      connect.CodeAlreadyExists,
+		sequencer.CodeUnavailable:        connect.CodeUnavailable,
+		sequencer.CodeResourceExhausted:  connect.CodeResourceExhausted,
+		sequencer.CodeCanceled:           connect.CodeCanceled,
+		sequencer.CodeDeadlineExceeded:   connect.CodeDeadlineExceeded,
+		sequencer.CodeUnauthenticated:    connect.CodeUnauthenticated,
+		sequencer.CodePermissionDenied:   connect.CodePermissionDenied,
+		sequencer.CodeFailedPrecondition: connect.CodeFailedPrecondition,
+		sequencer.CodeInternal:           connect.CodeInternal,
+		sequencer.Code(99):               connect.CodeInternal,
 	}
 	for dc, cc := range want {
 		if got := ConnectCode(dc); got != cc {
@@ -36,8 +38,8 @@ func TestConnectCodeRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if got := DomainCode(connect.CodePermissionDenied); got != sequencer.CodeInternal {
-		t.Errorf("DomainCode(permission_denied) = %v, want internal", got)
+	if got := DomainCode(connect.CodeAborted); got != sequencer.CodeInternal {
+		t.Errorf("DomainCode(aborted) = %v, want internal", got)
 	}
 }
 

@@ -598,9 +598,16 @@ func messageFromProto(m *sequencerv1.Message) Message {
 		MsgType:     int16(m.GetMsgType()),
 		Body:        m.GetBody(),
 		ClientMsgID: m.GetClientMsgId(),
+		Kind:        sequencer.Kind(m.GetKind()),
+		TargetMsgID: m.GetTargetMsgId(),
+		Recalled:    m.GetRecalled(),
+		EditCount:   m.GetEditCount(),
 	}
 	if ts := m.GetServerAt(); ts != nil {
 		out.ServerAt = ts.AsTime()
+	}
+	if ts := m.GetEditedAt(); ts != nil {
+		out.EditedAt = ts.AsTime()
 	}
 	return out
 }

@@ -10,16 +10,18 @@ type Code = sequencer.Code
 // The codes a call's error can carry, readable without importing the root
 // package. CodeOK is ErrorCode(nil).
 const (
-	CodeOK                = sequencer.CodeOK
-	CodeInvalidArgument   = sequencer.CodeInvalidArgument
-	CodeNotFound          = sequencer.CodeNotFound
-	CodeAlreadyExists     = sequencer.CodeAlreadyExists
-	CodeUnavailable       = sequencer.CodeUnavailable
-	CodeResourceExhausted = sequencer.CodeResourceExhausted
-	CodeCanceled          = sequencer.CodeCanceled
-	CodeDeadlineExceeded  = sequencer.CodeDeadlineExceeded
-	CodeUnauthenticated   = sequencer.CodeUnauthenticated
-	CodeInternal          = sequencer.CodeInternal
+	CodeOK                 = sequencer.CodeOK
+	CodeInvalidArgument    = sequencer.CodeInvalidArgument
+	CodeNotFound           = sequencer.CodeNotFound
+	CodeAlreadyExists      = sequencer.CodeAlreadyExists
+	CodeUnavailable        = sequencer.CodeUnavailable
+	CodeResourceExhausted  = sequencer.CodeResourceExhausted
+	CodeCanceled           = sequencer.CodeCanceled
+	CodeDeadlineExceeded   = sequencer.CodeDeadlineExceeded
+	CodeUnauthenticated    = sequencer.CodeUnauthenticated
+	CodePermissionDenied   = sequencer.CodePermissionDenied
+	CodeFailedPrecondition = sequencer.CodeFailedPrecondition
+	CodeInternal           = sequencer.CodeInternal
 )
 
 // ErrorCode returns the code of an error a call returned: CodeOK for nil

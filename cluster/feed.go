@@ -87,7 +87,8 @@ func feedMessages(ms []sequencer.Message) []*sequencerv1.Message {
 	for i := range ms {
 		m := &ms[i]
 		out[i] = &sequencerv1.Message{MsgId: m.MsgID, ConvId: m.ConvID, Seq: m.Seq, FromUid: m.FromUID,
-			MsgType: int32(m.MsgType), Body: m.Body, ClientMsgId: m.ClientMsgID, ServerAt: timestamppb.New(m.ServerAt)}
+			MsgType: int32(m.MsgType), Body: m.Body, ClientMsgId: m.ClientMsgID, ServerAt: timestamppb.New(m.ServerAt),
+			Kind: sequencerv1.MessageKind(m.Kind), TargetMsgId: m.TargetMsgID}
 	}
 	return out
 }
@@ -96,7 +97,8 @@ func fromFeedMessages(ms []*sequencerv1.Message) []sequencer.Message {
 	out := make([]sequencer.Message, len(ms))
 	for i, m := range ms {
 		out[i] = sequencer.Message{MsgID: m.GetMsgId(), ConvID: m.GetConvId(), Seq: m.GetSeq(), FromUID: m.GetFromUid(),
-			MsgType: int16(m.GetMsgType()), Body: m.GetBody(), ClientMsgID: m.GetClientMsgId(), ServerAt: m.GetServerAt().AsTime()}
+			MsgType: int16(m.GetMsgType()), Body: m.GetBody(), ClientMsgID: m.GetClientMsgId(), ServerAt: m.GetServerAt().AsTime(),
+			Kind: sequencer.Kind(m.GetKind()), TargetMsgID: m.GetTargetMsgId()}
 	}
 	return out
 }

@@ -15,7 +15,7 @@ import (
 // HandleForward implements Handler: a batch forwarded by another node. The
 // batch must name its sender (else it is refused, nothing stored; see
 // checkSender); every item is validated with the API's rules
-// (sequencer.NewSendRequest, the node's MaxBody), then handled like the
+// (sequencer.NewRequest: a Send, Edit or Recall; the node's MaxBody), then handled like the
 // items of a local SendBatch: a live member's never forwarded again, a
 // non-member's at most once more.
 func (n *peerServer) HandleForward(ctx context.Context, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
@@ -34,7 +34,8 @@ func (n *peerServer) HandleForward(ctx context.Context, b *clusterv1.ForwardBatc
 	reqs := make([]sequencer.SendRequest, 0, len(b.Items))
 	idx := make([]int, 0, len(b.Items))
 	for i, it := range b.Items {
-		req, err := sequencer.NewSendRequest(it.ConvId, it.FromUid, it.ClientMsgId, it.MsgType, it.Body, n.cfg.MaxBody)
+		req, err := sequencer.NewRequest(sequencer.Kind(it.Kind), it.ConvId, it.FromUid, it.ClientMsgId, it.MsgType, it.Body,
+			it.TargetMsgId, it.AsModerator, n.cfg.MaxBody)
 		if err != nil {
 			out[i].Err = err
 			continue

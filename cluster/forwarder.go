@@ -355,6 +355,7 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		f := &items[i]
 		f.ConvId, f.FromUid, f.ClientMsgId = it.req.ConvID, it.req.FromUID, it.req.ClientMsgID
 		f.MsgType, f.Body = int32(it.req.MsgType), it.req.Body
+		f.Kind, f.TargetMsgId, f.AsModerator = int32(it.req.Kind), it.req.TargetMsgID, it.req.AsModerator
 		msg.Items[i] = f
 	}
 	f.met.forwardBatch(len(batch))

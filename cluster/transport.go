@@ -8,9 +8,11 @@ import (
 )
 
 // ProtocolVersion is the inter-node protocol this build speaks (2: connect-go
-// ClusterService with batched forwards). A node refuses to join live
-// members that speak another version (membership.ErrIncompatible).
-const ProtocolVersion = 2
+// ClusterService with batched forwards; 3: a forwarded item may be an edit
+// or a recall, ForwardItem.kind, which a version-2 owner would store as a
+// plain message). A node refuses to join live members that speak another
+// version (membership.ErrIncompatible).
+const ProtocolVersion = 3
 
 // Handler is what a node serves to the other nodes.
 type Handler interface {

@@ -36,11 +36,13 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -270,6 +272,26 @@ type MessageInfo struct {
 	ClientMsgID string    `json:"clientMsgId"`
 	ServerAt    time.Time `json:"serverAt"`
 	BodyBytes   int       `json:"bodyBytes"`
+	// State says how the message was changed, or what it changes: "edited
+	// N×", "recalled", "edit of <msg_id>", "recall of <msg_id>"; empty for
+	// an ordinary, unchanged message (docs/API.md, "Edit and Recall").
+	State string `json:"state,omitempty"`
+}
+
+// messageState is MessageInfo.State of m.
+func messageState(m *sequencer.Message) string {
+	var parts []string
+	switch m.Kind {
+	case sequencer.KindEdit, sequencer.KindRecall:
+		parts = append(parts, fmt.Sprintf("%s of %d", m.Kind, m.TargetMsgID))
+	}
+	if m.EditCount > 0 && m.Kind == sequencer.KindMessage {
+		parts = append(parts, fmt.Sprintf("edited %d×", m.EditCount))
+	}
+	if m.Recalled {
+		parts = append(parts, "recalled")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // MaxLookup is the most messages a conversation lookup returns.
@@ -338,7 +360,7 @@ func (c *Console) conversation(w http.ResponseWriter, r *http.Request) {
 	for i := len(msgs) - 1; i >= 0; i-- { // newest first
 		m := msgs[i]
 		out = append(out, MessageInfo{MsgID: m.MsgID, Seq: m.Seq, FromUID: m.FromUID, MsgType: m.MsgType,
-			ClientMsgID: m.ClientMsgID, ServerAt: m.ServerAt, BodyBytes: len(m.Body)})
+			ClientMsgID: m.ClientMsgID, ServerAt: m.ServerAt, BodyBytes: len(m.Body), State: messageState(&m)})
 	}
 	ans := map[string]any{"convId": conv, "headSeq": strconv.FormatUint(head, 10), "messages": out}
 	if uid != 0 {

@@ -41,8 +41,15 @@ func (r fakeReader) LoadHead(ctx context.Context, convID string) (uint64, error)
 func (r fakeReader) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
 	var out []sequencer.Message
 	for s := afterSeq + 1; s <= 30 && len(out) < limit; s++ {
-		out = append(out, sequencer.Message{MsgID: 1<<62 + s, ConvID: convID, Seq: s, FromUID: 9, MsgType: 1,
-			Body: []byte("secret body"), ClientMsgID: "k", ServerAt: time.Unix(1700000000, 0).UTC()})
+		m := sequencer.Message{MsgID: 1<<62 + s, ConvID: convID, Seq: s, FromUID: 9, MsgType: 1,
+			Body: []byte("secret body"), ClientMsgID: "k", ServerAt: time.Unix(1700000000, 0).UTC()}
+		switch s {
+		case 28: // edited twice, then recalled by seq 29
+			m.Body, m.EditCount, m.Recalled = nil, 2, true
+		case 29:
+			m.Body, m.Kind, m.TargetMsgID = nil, sequencer.KindRecall, 1<<62+28
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }
@@ -85,6 +92,9 @@ func TestAPI(t *testing.T) {
 	}
 	if conv.Messages[0]["msgId"] != "4611686018427387934" || conv.Messages[0]["bodyBytes"] != float64(11) {
 		t.Fatalf("ids as strings, body size only: %v", conv.Messages[0])
+	}
+	if conv.Messages[0]["state"] != nil || conv.Messages[1]["state"] != "recall of 4611686018427387932" || conv.Messages[2]["state"] != "edited 2×, recalled" {
+		t.Fatalf("edited and recalled messages shown as such: %v", conv.Messages[:3])
 	}
 	if strings.Contains(body, "secret body") || strings.Contains(body, "c2VjcmV0") {
 		t.Fatalf("a body leaked: %s", body)

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -49,11 +50,17 @@ type Config struct {
 	// means the store lost acknowledged messages: the core refuses to write
 	// (see Ready.Regressed) instead of reusing their seqs.
 	Floor uint64
+	// Windows bound how late a message may be edited or recalled (zero: no
+	// limit); see CheckEvent.
+	Windows Windows
+	// TargetCache is how many messages' states (targets of edits and
+	// recalls) the writer remembers from its own commits and reads.
+	TargetCache int
 }
 
 // DefaultConfig returns every default (ConvID is still required).
 func DefaultConfig() Config {
-	return Config{MaxQueue: 4096, MaxBatch: 4000, MemoSize: 64}
+	return Config{MaxQueue: 4096, MaxBatch: 4000, MemoSize: 64, TargetCache: 16}
 }
 
 // Reply answers one Send. Exactly one Reply is produced for every Send.
@@ -78,10 +85,15 @@ type Resolve struct {
 
 // Ready holds the effects the caller must execute. Replies may be delivered
 // at once: every ack in them follows a durable commit. At most one of
-// LoadHead, Form, Commit, Resolve and Lookup is set; its answer is the
-// matching input (HeadLoaded, Formed, Committed, Resolved, LookedUp).
+// LoadHead, Targets, Form, Commit, Resolve and Lookup is set; its answer is
+// the matching input (HeadLoaded, TargetsLoaded, Formed, Committed,
+// Resolved, LookedUp).
 type Ready struct {
 	LoadHead bool // read the head, answer HeadLoaded
+	// Targets asks for the stored messages with these msg_ids (the targets
+	// of queued edits and recalls the writer does not know yet), answered
+	// with TargetsLoaded.
+	Targets []uint64
 	// Form asks for what the next batch of Form queued sends needs from the
 	// node: the ownership fence of the conversation, Form msg_ids and the
 	// time; answer Formed before any other input (nothing else is asked
@@ -99,7 +111,7 @@ type Ready struct {
 
 // Empty reports whether r has nothing to do.
 func (r *Ready) Empty() bool {
-	return !r.LoadHead && r.Form == 0 && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0 && r.Regressed == nil
+	return !r.LoadHead && len(r.Targets) == 0 && r.Form == 0 && r.Commit == nil && r.Resolve == nil && len(r.Lookup) == 0 && len(r.Replies) == 0 && r.Regressed == nil
 }
 
 // LookupResult is the answer to one key of Ready.Lookup: the stored message
@@ -109,6 +121,15 @@ type LookupResult struct {
 	Key sequencer.ClientKey
 	Msg sequencer.Message
 	Err error
+}
+
+// TargetResult answers one msg_id of Ready.Targets: the stored message or
+// an error (sequencer.ErrNotFound when there is none). Results are matched
+// to msg_ids by Msg.MsgID or MsgID, in any order.
+type TargetResult struct {
+	MsgID uint64
+	Msg   sequencer.Message
+	Err   error
 }
 
 // Formation answers Ready.Form.
@@ -133,6 +154,7 @@ const (
 	opCommit
 	opResolve
 	opLookup
+	opTargets
 )
 
 // waiter is one caller waiting for an entry's outcome.
@@ -150,6 +172,11 @@ type entry struct {
 	first   [1]waiter         // backing array of waiters until a resend attaches
 	msg     sequencer.Message // assigned ids while in flight
 	lookup  bool              // in flight: its key hit uk_from_client
+	// An edit or recall: its target's state once the event is stored, and,
+	// when the rules refused it, why (told after its key was looked up: a
+	// resend of an event that was stored is a duplicate, not refused).
+	after   Target
+	refused error
 }
 
 // Core is one conversation's single writer. It is not safe for concurrent
@@ -174,6 +201,13 @@ type Core struct {
 	pending map[sequencer.ClientKey]*entry
 	held    int // waiters held (all states)
 	memo    memo
+	// targets remembers the states of the messages this writer committed
+	// or read last (the targets of edits and recalls: an event on a recent
+	// message needs no read).
+	targets targets
+	// ev holds what edits and recalls need besides; nil until the
+	// conversation's first one.
+	ev *eventState
 
 	ready Ready
 }
@@ -194,11 +228,22 @@ func New(cfg Config) (*Core, error) {
 	if cfg.MemoSize <= 0 {
 		cfg.MemoSize = d.MemoSize
 	}
+	if cfg.TargetCache <= 0 {
+		cfg.TargetCache = d.TargetCache
+	}
 	return &Core{
-		cfg:   cfg,
-		memo:  newMemo(cfg.MemoSize),
-		floor: cfg.Floor,
+		targets: targets{size: int32(min(cfg.TargetCache, 1<<20))},
+		cfg:     cfg,
+		memo:    newMemo(cfg.MemoSize),
+		floor:   cfg.Floor,
 	}, nil
+}
+
+// eventState is what a core keeps for edits and recalls.
+type eventState struct {
+	refused []*entry          // events the rules refused, to be looked up by key
+	loaded  map[uint64]Target // targets read for the next batch (nil: none)
+	asked   []uint64          // the msg_ids of the outstanding Ready.Targets
 }
 
 // ConvID returns the conversation this core writes.
@@ -261,6 +306,9 @@ func (c *Core) Send(token any, req sequencer.SendRequest) {
 		return
 	}
 	c.held++
+	if req.Kind != sequencer.KindMessage && c.ev == nil {
+		c.ev = &eventState{}
+	}
 	if e, ok := c.pending[key]; ok {
 		if !sameContent(&e.req, &req) {
 			c.held--
@@ -424,6 +472,9 @@ func (c *Core) LookedUp(results []LookupResult) {
 			// Used in another conversation: never name it (its id is
 			// another user's data).
 			c.fail(e, errDifferentContent)
+		case errors.Is(r.Err, sequencer.ErrNotFound) && e.refused != nil:
+			// A refused event that was never stored: the rules' answer.
+			c.fail(e, e.refused)
 		case errors.Is(r.Err, sequencer.ErrNotFound):
 			// The key is free (the conflicting row did not land): retry it.
 			retry = append(retry, e)
@@ -442,15 +493,128 @@ func (c *Core) advance() {
 		return
 	}
 	c.prune()
+	if c.ev != nil && len(c.ev.refused) > 0 {
+		// Refused events: a resend of one that was stored is a duplicate.
+		c.batch, c.ev.refused = c.ev.refused, nil
+		keys := make([]sequencer.ClientKey, len(c.batch))
+		for i, e := range c.batch {
+			e.lookup = true
+			keys[i] = e.req.Key()
+		}
+		c.op = opLookup
+		c.ready.Lookup = keys
+		return
+	}
 	if len(c.queue) == 0 {
 		return
 	}
 	if !c.headKnown {
+		// Another writer may have been at work: what this one knew of its
+		// messages may be stale.
+		c.targets.clear()
 		c.op = opLoad
 		c.ready.LoadHead = true
 		return
 	}
+	if ids := c.unknownTargets(); len(ids) > 0 {
+		c.op = opTargets
+		c.ev.asked = ids
+		c.ready.Targets = ids
+		return
+	}
 	c.op = opForm
+}
+
+// unknownTargets returns the msg_ids of the targets of the events of the
+// next batch that the writer does not know yet.
+func (c *Core) unknownTargets() []uint64 {
+	var ids []uint64
+	for _, e := range c.queue[:min(len(c.queue), c.cfg.MaxBatch)] {
+		if e.req.Kind == sequencer.KindMessage {
+			continue
+		}
+		if _, ok := c.target(e.req.TargetMsgID, nil); !ok && !slices.Contains(ids, e.req.TargetMsgID) {
+			ids = append(ids, e.req.TargetMsgID)
+		}
+	}
+	return ids
+}
+
+// TargetsLoaded answers Ready.Targets.
+func (c *Core) TargetsLoaded(results []TargetResult) {
+	if c.op != opTargets {
+		return
+	}
+	c.op = opNone
+	// Added to what was read since the last batch formed (targets of
+	// events queued meanwhile are asked for in a second round).
+	loaded := c.ev.loaded
+	if loaded == nil {
+		loaded = make(map[uint64]Target, len(results))
+		c.ev.loaded = loaded
+	}
+	var failed map[uint64]error
+	for _, r := range results {
+		id := r.MsgID
+		if id == 0 {
+			id = r.Msg.MsgID
+		}
+		switch {
+		case r.Err == nil && r.Msg.ConvID == c.cfg.ConvID:
+			loaded[id] = TargetOf(&r.Msg)
+		case r.Err == nil || errors.Is(r.Err, sequencer.ErrNotFound):
+			// Not a message of this conversation (another
+			// conversation's is never named).
+			loaded[id] = Target{MsgID: id}
+		default:
+			if failed == nil {
+				failed = make(map[uint64]error)
+			}
+			failed[id] = retryable(r.Err, "read the target of an edit or recall")
+		}
+	}
+	// The events whose target was asked for and could not be read fail
+	// (retryably; nothing was written). Events queued meanwhile with other
+	// targets wait: the batch stops before them, and their targets are
+	// asked for next.
+	asked := c.ev.asked
+	c.ev.asked = nil
+	kept := c.queue[:0]
+	for _, e := range c.queue {
+		if e.req.Kind != sequencer.KindMessage && slices.Contains(asked, e.req.TargetMsgID) {
+			if _, ok := c.target(e.req.TargetMsgID, nil); !ok {
+				err := failed[e.req.TargetMsgID]
+				if err == nil {
+					err = sequencer.Errorf(sequencer.CodeUnavailable, "the target of an edit or recall was not read")
+				}
+				c.fail(e, err)
+				continue
+			}
+		}
+		kept = append(kept, e)
+	}
+	for i := len(kept); i < len(c.queue); i++ {
+		c.queue[i] = nil
+	}
+	c.queue = kept
+	c.advance()
+}
+
+// target returns what the writer knows of msg_id id: the state the batch
+// being formed leaves it in (overlay), else as read for this batch
+// (loaded), else as remembered.
+func (c *Core) target(id uint64, overlay []Target) (Target, bool) {
+	for i := len(overlay) - 1; i >= 0; i-- {
+		if overlay[i].MsgID == id {
+			return overlay[i], true
+		}
+	}
+	if c.ev != nil {
+		if t, ok := c.ev.loaded[id]; ok {
+			return t, true
+		}
+	}
+	return c.targets.get(id)
 }
 
 // Formed answers Ready.Form: it assigns seqs head+1.. to the queued sends
@@ -468,27 +632,51 @@ func (c *Core) Formed(f Formation) {
 	n := min(want, len(f.IDs))
 	now := f.Now.Truncate(time.Millisecond).UTC()
 	msgs := make([]sequencer.Message, 0, n)
+	batch := make([]*entry, 0, n)
+	var overlay []Target // the targets' states after this batch's events so far
+	taken := 0           // queued entries consumed (in the batch or refused)
 	for i, e := range c.queue[:n] {
+		if e.req.Kind != sequencer.KindMessage {
+			t, ok := c.target(e.req.TargetMsgID, overlay)
+			if !ok {
+				// Queued after its batch's targets were read: it waits
+				// for the next batch (and so does everything after it).
+				break
+			}
+			if err := CheckEvent(&e.req, t, now, c.cfg.Windows); err != nil {
+				e.refused = err
+				c.ev.refused = append(c.ev.refused, e)
+				taken++
+				continue
+			}
+			e.after = t.Apply(&e.req, now)
+			overlay = append(overlay, e.after)
+		}
 		e.msg = sequencer.Message{
 			MsgID:       f.IDs[i],
 			ConvID:      c.cfg.ConvID,
-			Seq:         c.head + 1 + uint64(i),
+			Seq:         c.head + 1 + uint64(len(msgs)),
 			FromUID:     e.req.FromUID,
 			MsgType:     e.req.MsgType,
 			Body:        e.req.Body,
 			ClientMsgID: e.req.ClientMsgID,
 			ServerAt:    now,
+			Kind:        e.req.Kind,
+			TargetMsgID: e.req.TargetMsgID,
 		}
 		msgs = append(msgs, e.msg)
+		batch = append(batch, e)
+		taken++
 	}
-	var batch []*entry
-	if len(msgs) == len(c.queue) {
-		// Every queued send is in the batch: the queue's array becomes it.
-		batch, c.queue = c.queue, nil
-	} else {
-		batch = make([]*entry, len(msgs))
-		copy(batch, c.queue)
-		c.queue = c.queue[len(msgs):]
+	if c.ev != nil {
+		c.ev.loaded = nil
+	}
+	for i := range c.queue[:taken] {
+		c.queue[i] = nil
+	}
+	c.queue = c.queue[taken:]
+	if taken < n {
+		want = n // the rest waits for the next batch; none lacks an id
 	}
 	if n < want {
 		// No id, no seq: fail the sends that got none, and every one still
@@ -503,6 +691,7 @@ func (c *Core) Formed(f Formation) {
 		c.queue = nil
 	}
 	if len(batch) == 0 {
+		c.advance() // the refused events are looked up
 		return
 	}
 	c.batch = batch
@@ -516,6 +705,11 @@ func (c *Core) land(head uint64) {
 	c.head, c.headKnown = head, true
 	c.floor = max(c.floor, c.inflight.LastSeq())
 	for _, e := range c.batch {
+		if e.req.Kind != sequencer.KindMessage {
+			c.targets.put(e.after)
+		} else {
+			c.targets.add(TargetOf(&e.msg))
+		}
 		res := resultOf(&e.msg)
 		c.memo.put(e.req.Key(), res, fingerprint(&e.req))
 		c.answer(e, res, false)
@@ -756,12 +950,19 @@ var errDifferentContent error = sequencer.ErrAlreadyExists
 
 // sameContent reports whether two sends of one key carry the same message.
 func sameContent(a, b *sequencer.SendRequest) bool {
-	return a.ConvID == b.ConvID && a.MsgType == b.MsgType && bytes.Equal(a.Body, b.Body)
+	return a.ConvID == b.ConvID && a.MsgType == b.MsgType && a.Kind == b.Kind &&
+		a.TargetMsgID == b.TargetMsgID && bytes.Equal(a.Body, b.Body)
 }
 
 // storedSame reports whether the stored message m is what req sends.
+// A message edited or recalled since (an edit event too: a recall of its
+// target removes its body) no longer holds the body it was sent with: its
+// kind, target and msg_type must match.
 func storedSame(m *sequencer.Message, req *sequencer.SendRequest) bool {
-	return m.ConvID == req.ConvID && m.MsgType == req.MsgType && bytes.Equal(m.Body, req.Body)
+	if m.ConvID != req.ConvID || m.MsgType != req.MsgType || m.Kind != req.Kind || m.TargetMsgID != req.TargetMsgID {
+		return false
+	}
+	return m.Recalled || m.EditCount > 0 || bytes.Equal(m.Body, req.Body)
 }
 
 // fingerprintSeed keys the memo's content fingerprints (per process).
@@ -774,6 +975,12 @@ func fingerprint(r *sequencer.SendRequest) uint64 {
 	h.SetSeed(fingerprintSeed)
 	h.WriteByte(byte(r.MsgType))
 	h.WriteByte(byte(r.MsgType >> 8))
+	if r.Kind != sequencer.KindMessage {
+		h.WriteByte(byte(r.Kind))
+		for i := 0; i < 64; i += 8 {
+			h.WriteByte(byte(r.TargetMsgID >> i))
+		}
+	}
 	h.Write(r.Body)
 	return h.Sum64()
 }

@@ -144,7 +144,20 @@ func (b *docBindings) compareJSON(path string, want, got any) error {
 			return fmt.Errorf("%s: documented keys %v, got keys %v", path, wk, gk)
 		}
 		for _, k := range keys(w) {
-			if k == "msgId" || k == "serverAt" {
+			switch k {
+			case "msgId", "serverAt":
+				continue
+			case "targetMsgId":
+				// An edit or recall names a message shown earlier.
+				if wid, _ := w[k].(string); b.msgID[wid] == "" || b.msgID[wid] != g[k] {
+					return fmt.Errorf("%s.%s: documented %v (a msgId shown earlier), got %v", path, k, w[k], g[k])
+				}
+				continue
+			case "editedAt":
+				// The time of the target's last edit: its edit event's serverAt.
+				if gs, _ := g[k].(string); !strings.HasSuffix(gs, "Z") {
+					return fmt.Errorf("%s.%s: %v is not an RFC 3339 UTC time", path, k, g[k])
+				}
 				continue
 			}
 			if err := b.compareJSON(path+"."+k, w[k], g[k]); err != nil {

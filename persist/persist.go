@@ -80,6 +80,9 @@ type ConvReader interface {
 	// ReadRange returns up to limit messages of conv with seq > afterSeq,
 	// ascending.
 	ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error)
+	// GetMessage returns the message with msgID, or sequencer.ErrNotFound
+	// (the writer reads the targets of edits and recalls with it).
+	GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error)
 	// Settle returns once every transaction of an earlier Commit that
 	// returned sequencer.ErrUnknownOutcome is finished on the server
 	// (committed or rolled back), so that reads made after it see the final

@@ -111,7 +111,8 @@ type Config struct {
 	API api.Config
 	// Actors holds the conversation actors' bounds (--passivate-after,
 	// --max-queue-per-conv, --max-pending, --max-pending-bytes,
-	// --max-conversations) and, in Actors.Commit, the group commit's
+	// --max-conversations), how late a message may be edited or recalled
+	// (--edit-window, --recall-window: Windows) and, in Actors.Commit, the group commit's
 	// (--commit-workers, --max-batch-messages, --commit-timeout).
 	Actors actor.Config
 	// Cluster is the cluster mode, on when Cluster.ClusterListen is set
@@ -204,6 +205,8 @@ var flagNames = map[string]string{
 	"Actors.MaxPending":         "max-pending",
 	"Actors.MaxPendingBytes":    "max-pending-bytes",
 	"Actors.MaxConversations":   "max-conversations",
+	"Actors.Windows.Edit":       "edit-window",
+	"Actors.Windows.Recall":     "recall-window",
 	"Actors.Commit.Workers":     "commit-workers",
 	"Actors.Commit.MaxMessages": "max-batch-messages",
 	"Actors.Commit.Timeout":     "commit-timeout",

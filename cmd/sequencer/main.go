@@ -113,6 +113,8 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Actors.MaxPending, "max-pending", d.Actors.MaxPending, "sends queued on the node before resource_exhausted")
 	fs.Int64Var(&c.Actors.MaxPendingBytes, "max-pending-bytes", d.Actors.MaxPendingBytes, "bytes of the sends queued on the node (bodies and keys) before resource_exhausted")
 	fs.IntVar(&c.Actors.MaxConversations, "max-conversations", d.Actors.MaxConversations, "live conversation actors before sends to new conversations get resource_exhausted (idle ones passivate)")
+	fs.DurationVar(&c.Actors.Windows.Edit, "edit-window", d.Actors.Windows.Edit, "refuse an Edit of a message sent longer ago than this with failed_precondition (0: no limit)")
+	fs.DurationVar(&c.Actors.Windows.Recall, "recall-window", d.Actors.Windows.Recall, "refuse a Recall of a message sent longer ago than this with failed_precondition (0: no limit)")
 	fs.IntVar(&c.Feed.MaxSubscriptions, "max-subscriptions", d.Feed.MaxSubscriptions, "conversations followed by all Subscribe streams of the node (a stream of n conversations counts n); a Subscribe past it gets resource_exhausted")
 	fs.IntVar(&c.Feed.MaxQueue, "subscribe-queue", d.Feed.MaxQueue, "messages one Subscribe stream may have waiting; a subscriber that falls further behind is ended with resource_exhausted (it resumes from its last seqs)")
 	fs.DurationVar(&c.Feed.Heartbeat, "subscribe-heartbeat", d.Feed.Heartbeat, "a Subscribe stream silent this long gets a heartbeat event")

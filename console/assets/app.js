@@ -287,7 +287,7 @@
       const c = await getJSON("conversation?conv_id=" + encodeURIComponent($("conv").value) + (uid ? "&uid=" + encodeURIComponent(uid) : ""));
       const rows = c.messages.map((m) => el("tr", { "data-seq": m.seq },
         el("td", {}, m.seq), el("td", {}, m.msgId), el("td", {}, m.fromUid), el("td", {}, m.msgType),
-        el("td", {}, m.clientMsgId), el("td", {}, utc(m.serverAt, true)), el("td", {}, m.bodyBytes + " B")));
+        el("td", {}, m.clientMsgId), el("td", {}, utc(m.serverAt, true)), el("td", {}, m.bodyBytes + " B" + (m.state ? " · " + m.state : ""))));
       out.replaceChildren(
         el("p", {}, "head seq ", el("b", { id: "headseq" }, c.headSeq), c.messages.length ? ` · last ${c.messages.length} messages, newest first` : " · no messages"),
         c.readState ? el("p", { id: "readstate" }, `uid ${c.readState.uid}: read up to seq `, el("b", {}, c.readState.readSeq), ` · unread `, el("b", {}, c.readState.unread)) : "",

@@ -183,11 +183,30 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 			c.rows = slices.Insert(c.rows, find(c.rows, m.Seq-1), m)
 			s.byID[m.MsgID] = m
 			s.byKey[m.Key()] = m.MsgID
+			if m.IsEvent() {
+				s.applyEvent(c, &m)
+			}
 		}
 		c.head = b.LastSeq()
 	}
 	s.writeOutbox(batches)
 	return nil
+}
+
+// applyEvent updates the target of the event ev in c (persist.ApplyEvent).
+func (s *Store) applyEvent(c *conv, ev *sequencer.Message) {
+	for i := range c.rows {
+		r := &c.rows[i]
+		switch {
+		case r.MsgID == ev.TargetMsgID:
+			persist.ApplyEvent(r, ev)
+		case persist.RecallsEdit(ev, r):
+			r.Body, r.Recalled = []byte{}, true
+		default:
+			continue
+		}
+		s.byID[r.MsgID] = *r
+	}
 }
 
 func (s *Store) head(convID string) uint64 {

@@ -373,7 +373,7 @@ func (s *Store) writeTrips(p *plan) []trip {
 	}
 	// One allocation for the arguments and the text of a commit that fits
 	// in one round trip (the usual case).
-	cur.args = make([]any, 0, 3*len(p.fences)+2*len(p.batches)+8*rows)
+	cur.args = make([]any, 0, 3*len(p.fences)+2*len(p.batches)+10*rows)
 	sqlb.Grow(256 + 24*len(p.batches) + 32*rows)
 	cur.args = p.checks(&sqlb, cur.args)
 	inStmt, size := false, sqlb.Len()
@@ -396,22 +396,50 @@ func (s *Store) writeTrips(p *plan) []trip {
 				inStmt, size = false, 0
 			}
 			if !inStmt {
-				sqlb.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at) VALUES ")
+				sqlb.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at, kind, target_msg_id) VALUES ")
 				inStmt = true
 			} else {
 				sqlb.WriteByte(',')
 			}
-			sqlb.WriteString("(?,?,?,?,?,?,?,?)")
+			sqlb.WriteString("(?,?,?,?,?,?,?,?,?,?)")
 			body := m.Body
 			if body == nil {
 				body = []byte{}
 			}
-			cur.args = append(cur.args, m.MsgID, m.ConvID, m.Seq, m.FromUID, m.MsgType, body, m.ClientMsgID, storedTime(m.ServerAt))
+			cur.args = append(cur.args, m.MsgID, m.ConvID, m.Seq, m.FromUID, m.MsgType, body, m.ClientMsgID, storedTime(m.ServerAt), int16(m.Kind), m.TargetMsgID)
 			size += n
 		}
 	}
 	if inStmt {
 		sqlb.WriteString(";")
+	}
+	// The target updates of edits and recalls (persist/events.go), one
+	// statement each in seq order, after every row.
+	for i := range p.batches {
+		for j := range p.batches[i].Messages {
+			m := &p.batches[i].Messages[j]
+			if m.Kind == sequencer.KindMessage {
+				continue
+			}
+			if n := rowBytes(m); size+n > limit && size > 0 {
+				flush()
+				size = 0
+			}
+			switch m.Kind {
+			case sequencer.KindEdit:
+				body := m.Body
+				if body == nil {
+					body = []byte{}
+				}
+				sqlb.WriteString(`UPDATE im_message SET body = ?, edit_count = edit_count + 1, edited_at = ? WHERE conv_id = ? AND msg_id = ? AND kind = 0;`)
+				cur.args = append(cur.args, body, storedTime(m.ServerAt), m.ConvID, m.TargetMsgID)
+			case sequencer.KindRecall:
+				sqlb.WriteString(`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND msg_id = ? AND kind = 0;` +
+					`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND target_msg_id = ? AND kind = 1;`)
+				cur.args = append(cur.args, m.ConvID, m.TargetMsgID, m.ConvID, m.TargetMsgID)
+			}
+			size += rowBytes(m)
+		}
 	}
 	flush()
 	return trips

@@ -42,7 +42,7 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 	}
 	var q strings.Builder
 	args := make([]any, 0, 4*len(cursors))
-	q.WriteString(`SELECT 0, ord, head, 0, '', 0, 0, 0, NULL, '', NULL FROM (`)
+	q.WriteString(`SELECT 0, ord, head, 0, '', 0, 0, 0, NULL, '', NULL, 0, 0, false, 0, NULL FROM (`)
 	for i, c := range cursors {
 		if i > 0 {
 			q.WriteString(` UNION ALL `)
@@ -69,9 +69,10 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 		var kind, ord int
 		var head uint64
 		var m sequencer.Message
-		var at sql.NullTime
+		var at, editedAt sql.NullTime
 		var body []byte
-		if err := rows.Scan(&kind, &ord, &head, &m.MsgID, &m.ConvID, &m.Seq, &m.FromUID, &m.MsgType, &body, &m.ClientMsgID, &at); err != nil {
+		if err := rows.Scan(&kind, &ord, &head, &m.MsgID, &m.ConvID, &m.Seq, &m.FromUID, &m.MsgType, &body, &m.ClientMsgID, &at,
+			&m.Kind, &m.TargetMsgID, &m.Recalled, &m.EditCount, &editedAt); err != nil {
 			return nil, unavailable("read many", err)
 		}
 		if ord < 0 || ord >= len(pages) {
@@ -82,6 +83,9 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 			continue
 		}
 		m.Body, m.ServerAt = body, at.Time.UTC()
+		if editedAt.Valid {
+			m.EditedAt = editedAt.Time.UTC()
+		}
 		if m.Body == nil {
 			m.Body = []byte{}
 		}

@@ -11,7 +11,8 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
+const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at,
+	kind, target_msg_id, recalled, edit_count, edited_at`
 
 // LoadHead returns conv's head from conv_head (0 if none).
 func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
@@ -115,10 +116,15 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanMessage(row scanner) (sequencer.Message, error) {
 	var m sequencer.Message
-	if err := row.Scan(&m.MsgID, &m.ConvID, &m.Seq, &m.FromUID, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
+	var editedAt sql.NullTime
+	if err := row.Scan(&m.MsgID, &m.ConvID, &m.Seq, &m.FromUID, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt,
+		&m.Kind, &m.TargetMsgID, &m.Recalled, &m.EditCount, &editedAt); err != nil {
 		return sequencer.Message{}, err
 	}
 	m.ServerAt = m.ServerAt.UTC()
+	if editedAt.Valid {
+		m.EditedAt = editedAt.Time.UTC()
+	}
 	if m.Body == nil {
 		m.Body = []byte{}
 	}

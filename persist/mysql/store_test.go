@@ -428,8 +428,14 @@ func TestSchemaMatchesSeed(t *testing.T) {
 	rows.Close()
 	want := []string{"msg_id bigint(20) unsigned NO", "conv_id varchar(64) NO", "seq bigint(20) unsigned NO",
 		"from_uid bigint(20) unsigned NO", "msg_type smallint(6) NO", "body mediumblob NO",
-		"client_msg_id varchar(64) NO", "server_at datetime(3) NO"}
-	norm := func(s string) string { return strings.NewReplacer("(20)", "", "(6)", "").Replace(s) } // MySQL 8 drops display widths
+		"client_msg_id varchar(64) NO", "server_at datetime(3) NO",
+		// The seed's columns above stay as written; 0004 adds these
+		// (docs/API.md, "Storage schema").
+		"kind smallint(6) NO", "target_msg_id bigint(20) unsigned NO", "recalled tinyint(1) NO",
+		"edit_count int(10) unsigned NO", "edited_at datetime(3) YES"}
+	norm := func(s string) string {
+		return strings.NewReplacer("(20)", "", "(6)", "", "(10)", "", "(1)", "").Replace(s)
+	} // MySQL 8 drops display widths
 	if len(got) != len(want) {
 		t.Fatalf("columns %v", got)
 	}
@@ -462,7 +468,7 @@ func TestSchemaMatchesSeed(t *testing.T) {
 		keys = append(keys, fmt.Sprintf("%s(%s)%d", n, cols, nonUnique))
 	}
 	rows.Close()
-	if w := "PRIMARY(msg_id)0 uk_conv_seq(conv_id,seq)0 uk_from_client(from_uid,client_msg_id)0"; strings.Join(keys, " ") != w {
+	if w := "im_message_target(conv_id,target_msg_id)1 PRIMARY(msg_id)0 uk_conv_seq(conv_id,seq)0 uk_from_client(from_uid,client_msg_id)0"; strings.Join(keys, " ") != w {
 		t.Fatalf("keys %v, want %s", keys, w)
 	}
 }
@@ -537,7 +543,12 @@ func TestMigrateFromOlderSchema(t *testing.T) {
 	if v, _ := old.SchemaVersion(ctx); v != 2 {
 		t.Fatalf("old schema version %d", v)
 	}
-	if err := old.Commit(ctx, []persist.ConvBatch{{ConvID: "g:old", Messages: []sequencer.Message{msg("g:old", 1, 1, "o1")}}}); err != nil {
+	// A row as that version wrote it (the seed's columns only).
+	if _, err := old.read.ExecContext(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+		VALUES (1, 'g:old', 1, 1, 1, 'o1', 'o1', UTC_TIMESTAMP(3))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.read.ExecContext(ctx, `INSERT INTO conv_head (conv_id, head) VALUES ('g:old', 1)`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := old.MarkRead(ctx, "g:old", 7, 1); err == nil {
@@ -559,6 +570,9 @@ func TestMigrateFromOlderSchema(t *testing.T) {
 	}
 	if h, _ := s.LoadHead(ctx, "g:old"); h != 1 {
 		t.Fatalf("head %d after upgrade", h)
+	}
+	if m, err := s.GetMessage(ctx, 1); err != nil || m.Kind != sequencer.KindMessage || m.Recalled || m.EditCount != 0 || !m.EditedAt.IsZero() {
+		t.Fatalf("an old row after the upgrade: %+v %v", m, err)
 	}
 	if st, err := s.MarkRead(ctx, "g:old", 7, 1); err != nil || st.ReadSeq != 1 {
 		t.Fatalf("mark read after upgrade: %+v %v", st, err)

@@ -118,15 +118,15 @@ const (
 const casHeadsSQL = `SELECT seq_cas_heads($1::text[], $2::int8[], $3::int8[], $4::int8[])`
 
 // insertSQL writes all rows of a commit in one statement.
-var insertSQL = `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+var insertSQL = `INSERT INTO im_message (` + strings.Join(imMessageColumns, ", ") + `)
 ` + insertRowsSQL
 
 var insertRowsSQL = unnestRowsSQL(1)
 
-// unnestRowsSQL selects rows of im_message from 8 arrays, parameters
-// $first to $first+7.
+// unnestRowsSQL selects rows of im_message from rowCols arrays (the columns
+// of imMessageColumns), parameters $first to $first+rowCols-1.
 func unnestRowsSQL(first int) string {
-	types := []string{"int8", "text", "int8", "int8", "int2", "bytea", "text", "timestamptz"}
+	types := []string{"int8", "text", "int8", "int8", "int2", "bytea", "text", "timestamptz", "int2", "int8"}
 	args := make([]string, len(types))
 	for i, t := range types {
 		args[i] = "$" + strconv.Itoa(first+i) + "::" + t + "[]"
@@ -198,12 +198,12 @@ HAVING count(*) > 0`
 }
 
 // insertShardsSQL inserts rows into several shard tables of im_message in
-// one statement (8 arrays per table, as insertRowsSQL's, in the order of
+// one statement (rowCols arrays per table, as insertRowsSQL's, in the order of
 // tables; empty arrays for a table the commit does not touch).
 func insertShardsSQL(tables []pgx.Identifier) string {
 	var ctes []string
 	for k, t := range tables {
-		ctes = append(ctes, "i"+strconv.Itoa(k)+" AS (INSERT INTO "+t.Sanitize()+" ("+strings.Join(imMessageColumns, ", ")+")\n  "+unnestRowsSQL(1+8*k)+")")
+		ctes = append(ctes, "i"+strconv.Itoa(k)+" AS (INSERT INTO "+t.Sanitize()+" ("+strings.Join(imMessageColumns, ", ")+")\n  "+unnestRowsSQL(1+rowCols*k)+")")
 	}
 	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
 }
@@ -243,7 +243,10 @@ SELECT 3, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_messag
     ON m.conv_id = u.conv_id AND m.from_uid = u.from_uid AND m.client_msg_id = u.client_msg_id
   WHERE m.conv_id = ANY($2::text[])`
 
-var imMessageColumns = []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at"}
+var imMessageColumns = []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at", "kind", "target_msg_id"}
+
+// rowCols is the number of columns a commit writes per row (imMessageColumns).
+const rowCols = 10
 
 // rowArrays is a commit's rows as column arrays (for unnest or COPY).
 type rowArrays struct {
@@ -255,6 +258,14 @@ type rowArrays struct {
 	body     [][]byte
 	clientID []string
 	serverAt []time.Time
+	kind     []int16
+	target   []int64
+	events   int // rows of kind edit or recall
+}
+
+// args returns the arrays in the order of imMessageColumns.
+func (r *rowArrays) args() []any {
+	return []any{r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt, r.kind, r.target}
 }
 
 func buildRows(batches []persist.ConvBatch) *rowArrays {
@@ -266,6 +277,7 @@ func buildRows(batches []persist.ConvBatch) *rowArrays {
 		msgID: make([]int64, 0, n), convID: make([]string, 0, n), seq: make([]int64, 0, n),
 		fromUID: make([]int64, 0, n), msgType: make([]int16, 0, n), body: make([][]byte, 0, n),
 		clientID: make([]string, 0, n), serverAt: make([]time.Time, 0, n),
+		kind: make([]int16, 0, n), target: make([]int64, 0, n),
 	}
 	for i := range batches {
 		for j := range batches[i].Messages {
@@ -282,6 +294,11 @@ func buildRows(batches []persist.ConvBatch) *rowArrays {
 			r.body = append(r.body, body)
 			r.clientID = append(r.clientID, m.ClientMsgID)
 			r.serverAt = append(r.serverAt, storedTime(m.ServerAt))
+			r.kind = append(r.kind, int16(m.Kind))
+			r.target = append(r.target, int64(m.TargetMsgID))
+			if m.Kind != sequencer.KindMessage {
+				r.events++
+			}
 		}
 	}
 	return r
@@ -298,7 +315,7 @@ func (r *rowArrays) copySource() pgx.CopyFromSource {
 		if i >= len(r.msgID) {
 			return nil, nil
 		}
-		return []any{r.msgID[i], r.convID[i], r.seq[i], r.fromUID[i], r.msgType[i], r.body[i], r.clientID[i], r.serverAt[i]}, nil
+		return []any{r.msgID[i], r.convID[i], r.seq[i], r.fromUID[i], r.msgType[i], r.body[i], r.clientID[i], r.serverAt[i], r.kind[i], r.target[i]}, nil
 	})
 }
 
@@ -425,18 +442,20 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		switch {
 		case nrows == 0:
 		case plan != nil && plan.all != nil:
-			args := make([]any, 0, 8*len(pieces))
+			args := make([]any, 0, rowCols*len(pieces))
 			for i := range pieces {
-				r := pieces[i].rows
-				args = append(args, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+				args = append(args, pieces[i].rows.args()...)
 			}
 			b.Queue(plan.all.insert, args...)
 		default:
 			for i := range pieces {
 				if r := pieces[i].rows; len(r.msgID) > 0 {
-					b.Queue(pieces[i].insert, r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt)
+					b.Queue(pieces[i].insert, r.args()...)
 				}
 			}
+		}
+		for i := range pieces {
+			pieces[i].queueEvents(b)
 		}
 		commitAt = b.Len()
 		b.Queue("COMMIT")
@@ -519,6 +538,16 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				return classify("commit: insert rows", err)
 			}
 		}
+		ev := &pgx.Batch{}
+		for i := range pieces {
+			pieces[i].queueEvents(ev)
+		}
+		if ev.Len() > 0 {
+			if err := conn.SendBatch(ctx, ev).Close(); err != nil {
+				rollback(conn)
+				return classify("commit: update the targets of edits and recalls", err)
+			}
+		}
 		tag, err = conn.Exec(ctx, "COMMIT")
 		if err != nil {
 			return commitError(err)
@@ -569,6 +598,35 @@ func (p *commitPiece) prepare() {
 	p.rows = buildRows(p.batches)
 }
 
+// queueEvents queues the target updates of the piece's edits and recalls
+// (persist/events.go) on its message table, one statement per event in seq
+// order, after its rows.
+func (p *commitPiece) queueEvents(b *pgx.Batch) {
+	if p.rows.events == 0 {
+		return
+	}
+	t := p.msgTable.Sanitize()
+	for i := range p.batches {
+		for j := range p.batches[i].Messages {
+			m := &p.batches[i].Messages[j]
+			switch m.Kind {
+			case sequencer.KindEdit:
+				body := m.Body
+				if body == nil {
+					body = []byte{}
+				}
+				b.Queue(`UPDATE `+t+` SET body = $3, edit_count = edit_count + 1, edited_at = $4
+					WHERE conv_id = $1 AND msg_id = $2 AND kind = 0`, m.ConvID, int64(m.TargetMsgID), body, storedTime(m.ServerAt))
+			case sequencer.KindRecall:
+				b.Queue(`UPDATE `+t+` SET body = '\x', recalled = true WHERE conv_id = $1 AND msg_id = $2 AND kind = 0`,
+					m.ConvID, int64(m.TargetMsgID))
+				b.Queue(`UPDATE `+t+` SET body = '\x', recalled = true
+					WHERE conv_id = $1 AND target_msg_id = $2 AND target_msg_id <> 0 AND kind = 1`, m.ConvID, int64(m.TargetMsgID))
+			}
+		}
+	}
+}
+
 // concatRows returns the rows of every piece as one set.
 func concatRows(pieces []commitPiece) *rowArrays {
 	out := &rowArrays{}
@@ -582,6 +640,9 @@ func concatRows(pieces []commitPiece) *rowArrays {
 		out.body = append(out.body, r.body...)
 		out.clientID = append(out.clientID, r.clientID...)
 		out.serverAt = append(out.serverAt, r.serverAt...)
+		out.kind = append(out.kind, r.kind...)
+		out.target = append(out.target, r.target...)
+		out.events += r.events
 	}
 	return out
 }

@@ -131,6 +131,13 @@ func TestSchemaMatchesContract(t *testing.T) {
 		{"body", "bytea", 0, -1, "NO", ""},
 		{"client_msg_id", "character varying", 64, -1, "NO", ""},
 		{"server_at", "timestamp with time zone", 0, 3, "NO", ""},
+		// The seed's columns above stay as written; 0007 adds these
+		// (docs/API.md, "Storage schema").
+		{"kind", "smallint", 0, -1, "NO", "0"},
+		{"target_msg_id", "bigint", 0, -1, "NO", "0"},
+		{"recalled", "boolean", 0, -1, "NO", "false"},
+		{"edit_count", "integer", 0, -1, "NO", "0"},
+		{"edited_at", "timestamp with time zone", 0, 3, "YES", ""},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("im_message columns %+v", got)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -12,7 +13,8 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
+const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at,
+	kind, target_msg_id, recalled, edit_count, edited_at`
 
 // LoadHead returns conv's head from conv_head (0 if none). It never derives
 // the head from the rows: retention may have deleted them.
@@ -94,12 +96,20 @@ func (s *Store) Trim(ctx context.Context, convID string, throughSeq uint64) erro
 
 func scanMessage(row pgx.Row) (sequencer.Message, error) {
 	var m sequencer.Message
-	var msgID, seq, from int64
-	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
+	var msgID, seq, from, target int64
+	var kind int16
+	var edits int32
+	var editedAt *time.Time
+	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt,
+		&kind, &target, &m.Recalled, &edits, &editedAt); err != nil {
 		return sequencer.Message{}, err
 	}
 	m.MsgID, m.Seq, m.FromUID = uint64(msgID), uint64(seq), uint64(from)
 	m.ServerAt = m.ServerAt.UTC()
+	m.Kind, m.TargetMsgID, m.EditCount = sequencer.Kind(kind), uint64(target), uint32(edits)
+	if editedAt != nil {
+		m.EditedAt = editedAt.UTC()
+	}
 	if m.Body == nil {
 		m.Body = []byte{}
 	}

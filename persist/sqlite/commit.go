@@ -13,8 +13,8 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-// insertChunk is how many rows one INSERT statement carries (8 parameters a
-// row; SQLite allows 32,766 parameters).
+// insertChunk is how many rows one INSERT statement carries (10 parameters
+// a row; SQLite allows 32,766 parameters).
 const insertChunk = 200
 
 // headChunk is how many conversations' heads one statement reads or moves
@@ -28,12 +28,12 @@ func insertSQL(rows int) string {
 		return q
 	}
 	var b strings.Builder
-	b.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at) VALUES ")
+	b.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at, kind, target_msg_id) VALUES ")
 	for i := 0; i < rows; i++ {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString("(?,?,?,?,?,?,?,?)")
+		b.WriteString("(?,?,?,?,?,?,?,?,?,?)")
 	}
 	return b.String()
 }
@@ -413,7 +413,7 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 	if err := stageOutbox(ctx, tx, batches); err != nil {
 		return err
 	}
-	args := make([]any, 0, 8*insertChunk)
+	args := make([]any, 0, rowArgs*insertChunk)
 	exec := func(rows int, args []any) error {
 		var err error
 		if st := ins[rows]; st != nil {
@@ -442,7 +442,7 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 		at := 0
 		for size := insertTail; size >= 1; size /= 2 {
 			for rows-at >= size {
-				if err := exec(size, args[8*at:8*(at+size)]); err != nil {
+				if err := exec(size, args[rowArgs*at:rowArgs*(at+size)]); err != nil {
 					return err
 				}
 				at += size
@@ -459,7 +459,7 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 				body = []byte{}
 			}
 			args = append(args, int64(m.MsgID), m.ConvID, int64(m.Seq), int64(m.FromUID), int64(m.MsgType),
-				body, m.ClientMsgID, storedMs(m.ServerAt))
+				body, m.ClientMsgID, storedMs(m.ServerAt), int64(m.Kind), int64(m.TargetMsgID))
 			rows++
 			if rows == insertChunk {
 				if err := flush(rows); err != nil {
@@ -469,7 +469,47 @@ func (s *Store) stage(ctx context.Context, tx *sql.Tx, batches []persist.ConvBat
 			}
 		}
 	}
-	return flush(rows)
+	if err := flush(rows); err != nil {
+		return err
+	}
+	return applyEvents(ctx, tx, batches)
+}
+
+// rowArgs is the parameters of one row of insertSQL.
+const rowArgs = 10
+
+// The target updates of edits and recalls (persist/events.go), one
+// statement per event, in seq order, after the rows are in.
+const (
+	editSQL = `UPDATE im_message SET body = ?, edit_count = edit_count + 1, edited_at = ?
+		WHERE conv_id = ? AND msg_id = ? AND kind = 0`
+	recallSQL = `UPDATE im_message SET body = x'', recalled = 1
+		WHERE conv_id = ? AND (msg_id = ? AND kind = 0 OR target_msg_id = ? AND target_msg_id <> 0 AND kind = 1)`
+)
+
+func applyEvents(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
+	for i := range batches {
+		for j := range batches[i].Messages {
+			m := &batches[i].Messages[j]
+			var err error
+			switch m.Kind {
+			case sequencer.KindEdit:
+				body := m.Body
+				if body == nil {
+					body = []byte{}
+				}
+				_, err = tx.ExecContext(ctx, editSQL, body, storedMs(m.ServerAt), m.ConvID, int64(m.TargetMsgID))
+			case sequencer.KindRecall:
+				_, err = tx.ExecContext(ctx, recallSQL, m.ConvID, int64(m.TargetMsgID), int64(m.TargetMsgID))
+			default:
+				continue
+			}
+			if err != nil {
+				return classify("commit: update the target of an edit or recall", err)
+			}
+		}
+	}
+	return nil
 }
 
 // conflicts builds the *ConflictError of batches whose insert hit a unique

@@ -12,7 +12,8 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at`
+const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at,
+	kind, target_msg_id, recalled, edit_count, edited_at`
 
 // LoadHead returns conv's head from conv_head (0 if none), never from the
 // rows: retention may have deleted them.
@@ -93,12 +94,19 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanMessage(row scanner) (sequencer.Message, error) {
 	var m sequencer.Message
-	var msgID, seq, from, msgType, at int64
-	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &msgType, &m.Body, &m.ClientMsgID, &at); err != nil {
+	var msgID, seq, from, msgType, at, kind, target, edits int64
+	var recalled bool
+	var editedAt sql.NullInt64
+	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &msgType, &m.Body, &m.ClientMsgID, &at,
+		&kind, &target, &recalled, &edits, &editedAt); err != nil {
 		return sequencer.Message{}, err
 	}
 	m.MsgID, m.Seq, m.FromUID, m.MsgType = uint64(msgID), uint64(seq), uint64(from), int16(msgType)
 	m.ServerAt = time.UnixMilli(at).UTC()
+	m.Kind, m.TargetMsgID, m.Recalled, m.EditCount = sequencer.Kind(kind), uint64(target), recalled, uint32(edits)
+	if editedAt.Valid {
+		m.EditedAt = time.UnixMilli(editedAt.Int64).UTC()
+	}
 	if m.Body == nil {
 		m.Body = []byte{}
 	}

@@ -166,11 +166,16 @@ func sameMessage(t *testing.T, got, want sequencer.Message) {
 	wantAt := want.ServerAt.UTC().Truncate(time.Millisecond)
 	if got.MsgID != want.MsgID || got.ConvID != want.ConvID || got.Seq != want.Seq || got.FromUID != want.FromUID ||
 		got.MsgType != want.MsgType || !bytes.Equal(got.Body, want.Body) || got.ClientMsgID != want.ClientMsgID ||
-		!got.ServerAt.Equal(wantAt) {
+		!got.ServerAt.Equal(wantAt) || got.Kind != want.Kind || got.TargetMsgID != want.TargetMsgID ||
+		got.Recalled != want.Recalled || got.EditCount != want.EditCount ||
+		!got.EditedAt.Equal(want.EditedAt.UTC().Truncate(time.Millisecond)) {
 		t.Fatalf("stored message differs:\n got %+v\nwant %+v (server_at %v)", got, want, wantAt)
 	}
 	if got.ServerAt.Location() != time.UTC {
 		t.Fatalf("server_at %v is not in UTC", got.ServerAt)
+	}
+	if !got.EditedAt.IsZero() && got.EditedAt.Location() != time.UTC {
+		t.Fatalf("edited_at %v is not in UTC", got.EditedAt)
 	}
 	if got.Body == nil {
 		t.Fatalf("body is nil, want non-nil (possibly empty)")
@@ -243,6 +248,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 	}
 	cases = append(cases, pageCases...)
 	cases = append(cases, outboxCases...)
+	cases = append(cases, eventCases...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newSuite(t, newStore)

@@ -10,13 +10,12 @@ import type { SecureClientSessionOptions } from "node:http2";
 import {
   SequencerService,
   SendRequestSchema,
-  type Message as PbMessage,
   type SendResponse,
 } from "./gen/sequencer/v1/sequencer_pb.js";
 import { Batcher, itemSize, type BatchLimits, type Pending } from "./batcher.js";
 import { classify, RouteMoved, SequencerError, type ErrorCode, type Failure } from "./errors.js";
 import { RouteCache, type Route } from "./route.js";
-import { pullLatest, pullMany, subscribe, type Cursor, type FeedEvent, type FeedHost, type SubscribeOptions } from "./feed.js";
+import { messageFromPb, pullLatest, pullMany, subscribe, type Cursor, type FeedEvent, type FeedHost, type SubscribeOptions } from "./feed.js";
 
 /** Retry budget of one call (docs/CLIENTS.md, "Retries"). */
 export interface RetryOptions {
@@ -99,6 +98,9 @@ export interface SendResult {
 
 export type SendOutcome = { ok: true; result: SendResult } | { ok: false; error: SequencerError };
 
+/** What a message is: an ordinary one, or an event that edits or recalls targetMsgId. */
+export type MessageKindName = "message" | "edit" | "recall";
+
 export interface Message {
   msgId: bigint;
   convId: string;
@@ -108,6 +110,31 @@ export interface Message {
   body: Uint8Array;
   clientMsgId: string;
   serverAt: Date | undefined;
+  /** "edit" or "recall": this message is an event changing targetMsgId (docs/API.md, "Edit and Recall"). */
+  kind: MessageKindName;
+  /** The message an edit or recall event changes; 0n for an ordinary message. */
+  targetMsgId: bigint;
+  /** Recalled: the body is gone for good. */
+  recalled: boolean;
+  /** Edits applied to this message, and when the last one was stored. */
+  editCount: number;
+  editedAt: Date | undefined;
+}
+
+/** An edit of an earlier message (the new body), or a recall (no body). */
+export interface EventInput {
+  convId: string;
+  /** The target's sender, unless asModerator. */
+  fromUid: bigint | string;
+  /** The event's resend key; generated (and kept across retries) when empty. */
+  clientMsgId?: string;
+  targetMsgId: bigint | string;
+  /** Set only for a user your logic layer authorized as a moderator. */
+  asModerator?: boolean;
+}
+
+export interface EditInput extends EventInput {
+  body: Uint8Array | string;
 }
 
 export interface PullResult {
@@ -299,16 +326,13 @@ function bodyBytes(b: unknown): Uint8Array {
 
 const utf8 = new TextEncoder();
 
-function messageFromPb(m: PbMessage): Message {
+function sendResult(resp: SendResponse, key: string): SendResult {
   return {
-    msgId: m.msgId,
-    convId: m.convId,
-    seq: m.seq,
-    fromUid: m.fromUid,
-    msgType: m.msgType,
-    body: m.body,
-    clientMsgId: m.clientMsgId,
-    serverAt: m.serverAt ? timestampDate(m.serverAt) : undefined,
+    msgId: resp.msgId,
+    seq: resp.seq,
+    serverAt: resp.serverAt ? timestampDate(resp.serverAt) : undefined,
+    duplicate: resp.duplicate,
+    clientMsgId: key,
   };
 }
 
@@ -478,13 +502,56 @@ export class SequencerClient {
         watch.stop();
       }
     });
-    return {
-      msgId: resp.msgId,
-      seq: resp.seq,
-      serverAt: resp.serverAt ? timestampDate(resp.serverAt) : undefined,
-      duplicate: resp.duplicate,
+    return sendResult(resp, key);
+  }
+
+  /**
+   * edit appends an edit event (a new msgId and seq) and replaces the
+   * target's body in the same commit; it resolves with the event's ids.
+   * Routed and retried like send with one resend key. Refusals (not
+   * retried): not_found, permission_denied (another user's message without
+   * asModerator), failed_precondition (recalled, or past --edit-window).
+   */
+  edit(input: EditInput, opts: CallOptions = {}): Promise<SendResult> {
+    return this.event("edit", input, opts, (rpc, req, o) =>
+      rpc.edit({ ...req, body: bodyBytes(input.body) }, o));
+  }
+
+  /** recall appends a recall event and removes the target's body for good; see edit. */
+  recall(input: EventInput, opts: CallOptions = {}): Promise<SendResult> {
+    return this.event("recall", input, opts, (rpc, req, o) => rpc.recall(req, o));
+  }
+
+  private async event(
+    op: string, input: EventInput, opts: CallOptions,
+    call: (rpc: Node["rpc"], req: { convId: string; fromUid: bigint; clientMsgId: string; targetMsgId: bigint; asModerator: boolean },
+      o: { signal: AbortSignal; onHeader: (h: Headers) => void }) => Promise<SendResponse>,
+  ): Promise<SendResult> {
+    const key = input.clientMsgId ? checkString(input.clientMsgId, "clientMsgId") : newClientMsgId();
+    const req = {
+      convId: checkString(input.convId, "convId"),
+      fromUid: toUint64(input.fromUid, "fromUid"),
       clientMsgId: key,
+      targetMsgId: toUint64(input.targetMsgId, "targetMsgId"),
+      asModerator: input.asModerator ?? false,
     };
+    const info: CallInfo = {
+      op, convId: req.convId, clientMsgId: key,
+      subject: `conv_id ${JSON.stringify(req.convId)} from_uid ${req.fromUid} client_msg_id ${JSON.stringify(key)}`,
+    };
+    const resp = await this.withRetry(info, opts, async (at) => {
+      const target = await this.sendTarget(req.convId, at.signal);
+      at.target = target;
+      const watch = this.watchRoute(req.convId, target, at.signal);
+      try {
+        return await call(target.rpc, req, { signal: watch.signal, onHeader: this.sawView });
+      } catch (e) {
+        throw watch.signal.reason instanceof RouteMoved ? watch.signal.reason : e;
+      } finally {
+        watch.stop();
+      }
+    });
+    return sendResult(resp, key);
   }
 
   /**

@@ -13,6 +13,7 @@ export type ErrorCode =
   | "deadline_exceeded"
   | "unauthenticated"
   | "permission_denied"
+  | "failed_precondition"
   | "internal"
   | "unknown";
 
@@ -24,6 +25,7 @@ const connectToName: Partial<Record<Code, ErrorCode>> = {
   [Code.NotFound]: "not_found",
   [Code.AlreadyExists]: "already_exists",
   [Code.PermissionDenied]: "permission_denied",
+  [Code.FailedPrecondition]: "failed_precondition",
   [Code.ResourceExhausted]: "resource_exhausted",
   [Code.Unavailable]: "unavailable",
   [Code.Unauthenticated]: "unauthenticated",

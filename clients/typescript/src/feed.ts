@@ -5,7 +5,7 @@ import { timestampDate } from "@bufbuild/protobuf/wkt";
 
 import { classify, SequencerError } from "./errors.js";
 import type { Message as PbMessage, PullResponse, SequencerService } from "./gen/sequencer/v1/sequencer_pb.js";
-import type { CallOptions, Message, PullResult } from "./client.js";
+import type { CallOptions, Message, MessageKindName, PullResult } from "./client.js";
 
 /** One conversation to follow and the highest seq already held (0 for none). */
 export interface Cursor {
@@ -39,8 +39,12 @@ export function messageFromPb(m: PbMessage): Message {
   return {
     msgId: m.msgId, convId: m.convId, seq: m.seq, fromUid: m.fromUid, msgType: m.msgType, body: m.body,
     clientMsgId: m.clientMsgId, serverAt: m.serverAt ? timestampDate(m.serverAt) : undefined,
+    kind: kindNames[m.kind] ?? "message", targetMsgId: m.targetMsgId, recalled: m.recalled,
+    editCount: m.editCount, editedAt: m.editedAt ? timestampDate(m.editedAt) : undefined,
   };
 }
+
+const kindNames: Record<number, MessageKindName> = { 0: "message", 1: "edit", 2: "recall" };
 
 function pullResult(p: PullResponse): PullResult {
   return { messages: p.messages.map(messageFromPb), headSeq: p.headSeq, hasMore: p.hasMore };

@@ -466,6 +466,41 @@ describe("single node", () => {
     }
   });
 
+  test("C31 edit and recall: events at the next seqs, a resend is a duplicate, refusals not retried, pull shows the target's state", async () => {
+    const rec = recorder();
+    const c = client({ interceptors: [rec.icpt] });
+    try {
+      const m = await c.send({ convId: "ts:c31", fromUid: 7n, body: "hi" });
+      const e = await c.edit({ convId: "ts:c31", fromUid: 7n, targetMsgId: m.msgId, body: "hi!" });
+      assert.equal(e.seq, 2n);
+      const again = await c.edit({ convId: "ts:c31", fromUid: "7", clientMsgId: e.clientMsgId, targetMsgId: m.msgId.toString(), body: "hi!" });
+      assert.equal(again.duplicate, true);
+      assert.equal(again.msgId, e.msgId);
+      const before = rec.count("Edit");
+      await assert.rejects(c.edit({ convId: "ts:c31", fromUid: 8n, targetMsgId: m.msgId, body: "x" }), { code: "permission_denied" });
+      assert.equal(rec.count("Edit"), before + 1, "a refusal is not retried");
+      const r = await c.recall({ convId: "ts:c31", fromUid: 8n, targetMsgId: m.msgId, asModerator: true });
+      assert.equal(r.seq, 3n);
+      await assert.rejects(c.recall({ convId: "ts:c31", fromUid: 7n, targetMsgId: m.msgId }), { code: "failed_precondition" });
+      await assert.rejects(c.recall({ convId: "ts:c31-other", fromUid: 7n, targetMsgId: m.msgId }), { code: "not_found" });
+      const page = await c.pull("ts:c31", 0n);
+      assert.equal(page.headSeq, 3n);
+      const [target, edit, recall] = page.messages;
+      assert.equal(target.recalled, true);
+      assert.equal(target.body.length, 0);
+      assert.equal(target.editCount, 1);
+      assert.ok(target.editedAt instanceof Date);
+      assert.equal(target.kind, "message");
+      assert.equal(edit.kind, "edit");
+      assert.equal(edit.targetMsgId, m.msgId);
+      assert.equal(recall.kind, "recall");
+      assert.equal(recall.targetMsgId, m.msgId);
+      assert.equal(recall.fromUid, 8n);
+    } finally {
+      c.close();
+    }
+  });
+
   test("C24 a mark read whose answer was lost is retried, harmlessly", async () => {
     let lose = 1;
     const lossy: Interceptor = (next) => async (req) => {

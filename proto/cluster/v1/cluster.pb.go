@@ -112,7 +112,10 @@ func (x *ForwardBatch) GetItems() []*ForwardItem {
 	return nil
 }
 
-// ForwardItem is one Send, as the API took it.
+// ForwardItem is one Send, as the API took it, or an Edit or Recall (kind
+// 1 or 2, sequencer.v1.MessageKind, with its target; since protocol 3,
+// cluster.ProtocolVersion: a node that predates them would read the item
+// as a Send, so the two versions never form one cluster).
 type ForwardItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
@@ -120,6 +123,9 @@ type ForwardItem struct {
 	ClientMsgId   string                 `protobuf:"bytes,3,opt,name=client_msg_id,json=clientMsgId,proto3" json:"client_msg_id,omitempty"`
 	MsgType       int32                  `protobuf:"varint,4,opt,name=msg_type,json=msgType,proto3" json:"msg_type,omitempty"`
 	Body          []byte                 `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	Kind          int32                  `protobuf:"varint,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	TargetMsgId   uint64                 `protobuf:"varint,7,opt,name=target_msg_id,json=targetMsgId,proto3" json:"target_msg_id,omitempty"`
+	AsModerator   bool                   `protobuf:"varint,8,opt,name=as_moderator,json=asModerator,proto3" json:"as_moderator,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +193,27 @@ func (x *ForwardItem) GetBody() []byte {
 		return x.Body
 	}
 	return nil
+}
+
+func (x *ForwardItem) GetKind() int32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *ForwardItem) GetTargetMsgId() uint64 {
+	if x != nil {
+		return x.TargetMsgId
+	}
+	return 0
+}
+
+func (x *ForwardItem) GetAsModerator() bool {
+	if x != nil {
+		return x.AsModerator
+	}
+	return false
 }
 
 // ForwardBatchReply answers a ForwardBatch: results[i] answers items[i].
@@ -757,13 +784,16 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x12membership_version\x18\x03 \x01(\x04R\x11membershipVersion\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x127\n" +
-	"\x05items\x18\x05 \x03(\v2!.sequencer.cluster.v1.ForwardItemR\x05items\"\x94\x01\n" +
+	"\x05items\x18\x05 \x03(\v2!.sequencer.cluster.v1.ForwardItemR\x05items\"\xef\x01\n" +
 	"\vForwardItem\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x19\n" +
 	"\bfrom_uid\x18\x02 \x01(\x04R\afromUid\x12\"\n" +
 	"\rclient_msg_id\x18\x03 \x01(\tR\vclientMsgId\x12\x19\n" +
 	"\bmsg_type\x18\x04 \x01(\x05R\amsgType\x12\x12\n" +
-	"\x04body\x18\x05 \x01(\fR\x04body\"\x87\x01\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x12\n" +
+	"\x04kind\x18\x06 \x01(\x05R\x04kind\x12\"\n" +
+	"\rtarget_msg_id\x18\a \x01(\x04R\vtargetMsgId\x12!\n" +
+	"\fas_moderator\x18\b \x01(\bR\vasModerator\"\x87\x01\n" +
 	"\x11ForwardBatchReply\x12<\n" +
 	"\aresults\x18\x01 \x03(\v2\".sequencer.cluster.v1.ForwardReplyR\aresults\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +

@@ -196,3 +196,51 @@ func TestReadPositionEngines(t *testing.T) {
 		t.Errorf("default engines %q include the opt-in read-position engines", cfg.Engines)
 	}
 }
+
+// The event engines seed their conversations and then answer every
+// operation without an error; the store holds exactly that many edit or
+// recall events, and recalled targets; they are not in the default list.
+func TestEventEngines(t *testing.T) {
+	admin := pgtest.AdminDSN(t)
+	bin := buildSequencer(t)
+	report := filepath.Join(t.TempDir(), "x.md")
+	engines := []string{"x-edit", "x-recall"}
+	const n, convs = 200, 100
+	var stdout, stderr bytes.Buffer
+	args := []string{"--engines", strings.Join(engines, ","), "--scenarios", "light", "--messages", fmt.Sprint(n), "--senders", "4", "--convs", fmt.Sprint(convs),
+		"--serve-bin", bin, "--pg", admin, "--keep", "--progress", "-1s", "--report", report}
+	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
+	}
+	rep := readReport(t, report)
+	db := &benchDB{admin: admin, Name: rep.Info.Database}
+	db.DSN, _ = withDatabase(admin, db.Name)
+	t.Cleanup(func() { _ = db.Drop(context.Background()) })
+	for _, e := range engines {
+		r, ok := find(rep.Results, e, "light")
+		if !ok || r.Messages != n || r.Errors != 0 {
+			t.Errorf("%s: %+v; want %d operations, no errors", e, r, n)
+		}
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var edits, edited, recalls, recalled int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM x_edit_light.im_message WHERE kind = 1),
+		(SELECT coalesce(sum(edit_count), 0) FROM x_edit_light.im_message WHERE kind = 0),
+		(SELECT count(*) FROM x_recall_light.im_message WHERE kind = 2),
+		(SELECT count(*) FROM x_recall_light.im_message WHERE kind = 0 AND recalled)`).Scan(&edits, &edited, &recalls, &recalled); err != nil {
+		t.Fatal(err)
+	}
+	if edits < n || edited != edits || recalls < n || recalled != recalls {
+		t.Errorf("stored: %d edit events, %d edits applied, %d recall events, %d recalled; want at least %d each, applied = events", edits, edited, recalls, recalled, n)
+	}
+	cfg := Config{ServeBin: bin}
+	cfg.setDefaults()
+	if strings.Contains(cfg.Engines, "x-") {
+		t.Errorf("default engines %q include the opt-in event engines", cfg.Engines)
+	}
+}

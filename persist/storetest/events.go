@@ -1,0 +1,129 @@
+package storetest
+
+import (
+	"time"
+
+	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
+)
+
+// The store's part of edits and recalls (persist/events.go): an event row
+// and its target's update, in one transaction.
+var eventCases = []struct {
+	name string
+	fn   func(x *suite)
+}{
+	{"EditAndRecall", testEditAndRecall},
+	{"EventTargetsOwnConversationOnly", testEventOwnConversation},
+	{"EventAndTargetAllOrNothing", testEventAllOrNothing},
+	{"EventsTrimmedLikeMessages", testEventsTrimmed},
+}
+
+// event builds conv's event of kind at seq changing target.
+func event(conv string, seq uint64, kind sequencer.Kind, target sequencer.Message, body string, at time.Time) sequencer.Message {
+	m := msg(conv, seq)
+	m.Kind, m.TargetMsgID, m.FromUID, m.ServerAt = kind, target.MsgID, target.FromUID, at
+	m.Body = []byte(body)
+	return m
+}
+
+func (x *suite) get(id uint64) sequencer.Message {
+	x.t.Helper()
+	m, err := x.s.GetMessage(x.ctx, id)
+	if err != nil {
+		x.t.Fatalf("GetMessage(%d): %v", id, err)
+	}
+	return m
+}
+
+func testEditAndRecall(x *suite) {
+	c := x.conv()
+	b := batch(c, 0, 2)
+	x.mustCommit(b)
+	m1, m2 := b.Messages[0], b.Messages[1]
+	t1 := serverAt.Add(time.Minute)
+	t2 := serverAt.Add(2 * time.Minute)
+	e1 := event(c, 3, sequencer.KindEdit, m1, "edited once", t1)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 2, Messages: []sequencer.Message{e1}})
+	got := x.get(m1.MsgID)
+	want := m1
+	want.Body, want.EditCount, want.EditedAt = []byte("edited once"), 1, t1
+	sameMessage(x.t, got, want)
+	sameMessage(x.t, x.get(e1.MsgID), e1)
+
+	// Two edits in one batch, and a message after them.
+	e2 := event(c, 4, sequencer.KindEdit, m1, "edited twice", t2)
+	e3 := event(c, 5, sequencer.KindEdit, m2, "", t2)
+	m6 := msg(c, 6)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 3, Messages: []sequencer.Message{e2, e3, m6}})
+	want.Body, want.EditCount, want.EditedAt = []byte("edited twice"), 2, t2
+	sameMessage(x.t, x.get(m1.MsgID), want)
+	want2 := m2
+	want2.Body, want2.EditCount, want2.EditedAt = []byte{}, 1, t2
+	sameMessage(x.t, x.get(m2.MsgID), want2)
+
+	// A recall: the target and its edit events lose their bodies for good.
+	r := event(c, 7, sequencer.KindRecall, m1, "", t2)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 6, Messages: []sequencer.Message{r}})
+	want.Body, want.Recalled = []byte{}, true
+	e1.Body, e1.Recalled = []byte{}, true
+	e2.Body, e2.Recalled = []byte{}, true
+	x.expectStored(c, 7, []sequencer.Message{want, want2, e1, e2, e3, m6, r})
+}
+
+// An event names its target by msg_id; the store updates that msg_id in
+// the event's conversation only.
+func testEventOwnConversation(x *suite) {
+	a, b := x.conv(), x.conv()
+	ba := batch(a, 0, 1)
+	x.mustCommit(ba)
+	m := ba.Messages[0]
+	ed := event(b, 1, sequencer.KindEdit, m, "hijack", serverAt)
+	ev := event(b, 2, sequencer.KindRecall, m, "", serverAt)
+	x.mustCommit(persist.ConvBatch{ConvID: b, Messages: []sequencer.Message{ed, ev}})
+	sameMessage(x.t, x.get(m.MsgID), m)
+	x.expectStored(a, 1, []sequencer.Message{m})
+	if h := x.head(b); h != 2 {
+		x.t.Fatalf("head of %q = %d, want 2", b, h)
+	}
+}
+
+// A commit that fails writes neither an event nor its target's update: the
+// event is in a multi-conversation commit whose other conversation hits a
+// unique key after the event's row and update were staged.
+func testEventAllOrNothing(x *suite) {
+	a, b := x.conv(), x.conv()
+	ba, bb := batch(a, 0, 1), batch(b, 0, 1)
+	x.mustCommit(ba, bb)
+	m := ba.Messages[0]
+	r := event(a, 2, sequencer.KindRecall, m, "", serverAt)
+	e := event(a, 3, sequencer.KindEdit, m, "x", serverAt) // (a store does not judge: it writes)
+	clash := msg(b, 2)
+	clash.MsgID = bb.Messages[0].MsgID
+	err := x.commitFails(persist.ConvBatch{ConvID: a, PrevHead: 1, Messages: []sequencer.Message{r, e}},
+		persist.ConvBatch{ConvID: b, PrevHead: 1, Messages: []sequencer.Message{clash}})
+	hasConflict(x.t, conflictOf(x.t, err), persist.KeyMsgID, clash)
+	x.expectStored(a, 1, []sequencer.Message{m})
+	x.expectStored(b, 1, bb.Messages)
+	// The same events alone land, with their update.
+	x.mustCommit(persist.ConvBatch{ConvID: a, PrevHead: 1, Messages: []sequencer.Message{r}})
+	m.Body, m.Recalled = []byte{}, true
+	x.expectStored(a, 2, []sequencer.Message{m, r})
+}
+
+// Retention trims events like any message; the head stays.
+func testEventsTrimmed(x *suite) {
+	c := x.conv()
+	b := batch(c, 0, 2)
+	x.mustCommit(b)
+	e := event(c, 3, sequencer.KindEdit, b.Messages[1], "new", serverAt)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 2, Messages: []sequencer.Message{e}})
+	if err := x.s.Trim(x.ctx, c, 3); err != nil {
+		x.t.Fatalf("Trim: %v", err)
+	}
+	x.expectStored(c, 3, nil)
+	// An event whose target is gone still lands (there is nothing to update).
+	r := event(c, 4, sequencer.KindRecall, b.Messages[0], "", serverAt)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 3, Messages: []sequencer.Message{r}})
+	x.expectStored(c, 4, []sequencer.Message{r})
+}
