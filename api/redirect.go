@@ -23,7 +23,7 @@ const (
 // redirected again (no loops between nodes that each see the other as cut).
 const redirectedParam = "sequencer-redirected"
 
-// redirectToOwner answers a unary Connect Send (POST application/json or
+// redirectToOwner answers a unary Connect Send, Edit or Recall (POST application/json or
 // application/proto: plain HTTP clients, curl -L, fetch, requests, Go's
 // net/http) that this node could not place because the owner was out of
 // its reach, with HTTP 307 to the same call on the owner: a cut between
@@ -54,8 +54,13 @@ func redirectToOwner(next http.Handler) http.Handler {
 }
 
 func redirectable(r *http.Request) bool {
-	if r.Method != http.MethodPost || r.URL.Path != sequencerv1connect.SequencerServiceSendProcedure ||
-		r.Header.Get("Origin") != "" || r.URL.Query().Has(redirectedParam) ||
+	switch r.URL.Path {
+	case sequencerv1connect.SequencerServiceSendProcedure, sequencerv1connect.SequencerServiceEditProcedure,
+		sequencerv1connect.SequencerServiceRecallProcedure:
+	default:
+		return false
+	}
+	if r.Method != http.MethodPost || r.Header.Get("Origin") != "" || r.URL.Query().Has(redirectedParam) ||
 		strings.HasPrefix(r.Header.Get("User-Agent"), "connect-go/") {
 		return false
 	}

@@ -157,6 +157,24 @@ func TestRedirectToOwnerNot(t *testing.T) {
 		t.Fatalf("an error without an owner out of reach: status %d", resp.StatusCode)
 	}
 
+	// Edit and Recall are sends too: redirected like Send.
+	cutSender.set(fail(ownerOut("127.0.0.1:1", sequencer.CodeUnavailable)))
+	for _, body := range []struct{ path, json string }{
+		{sequencerv1connect.SequencerServiceEditProcedure, `{"convId":"g:1","fromUid":"7","clientMsgId":"e1","targetMsgId":"5","body":"aGk="}`},
+		{sequencerv1connect.SequencerServiceRecallProcedure, `{"convId":"g:1","fromUid":"7","clientMsgId":"r1","targetMsgId":"5"}`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, cut+body.path, strings.NewReader(body.json))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTemporaryRedirect || resp.Header.Get("Location") != "http://127.0.0.1:1"+body.path+"?"+redirectedParam+"=1" {
+			t.Fatalf("%s: status %d Location %q, want 307 to the owner", body.path, resp.StatusCode, resp.Header.Get("Location"))
+		}
+	}
+
 	off, offSender, _ := edgeServer(t, Edge{})
 	offSender.set(fail(ownerOut("127.0.0.1:1", sequencer.CodeUnavailable)))
 	if resp, _ := postSendTo(t, noFollow, off, nil); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get(HeaderOwnerAddr) != "127.0.0.1:1" {
