@@ -50,10 +50,10 @@ func newRouter(m *member) *router {
 // Location is where a conversation lives now, by this node's view.
 type Location = ownership.Location
 
-// Locate answers where convID lives by the current view. It fails with a
+// locate answers where convID lives by the current view. It fails with a
 // retryable error wrapping sequencer.ErrNotOwner when the view has no
 // members, and sequencer.ErrShuttingDown after Leave.
-func (n *router) Locate(convID string) (Location, error) {
+func (n *router) locate(convID string) (Location, error) {
 	p := ring.PartitionOf(convID, n.partitions)
 	now := n.clk.Now()
 	n.mu.RLock()
@@ -65,7 +65,7 @@ func (n *router) Locate(convID string) (Location, error) {
 // with its API address, the partition, the owner's lease epoch (0 while the
 // owner has not taken the lease yet) and the membership version.
 func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error) {
-	loc, err := n.Locate(convID)
+	loc, err := n.locate(convID)
 	if err != nil {
 		return sequencer.Route{}, err
 	}
