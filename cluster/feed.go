@@ -75,7 +75,7 @@ func (n *peerServer) handleFeed(ctx context.Context, st *connect.BidiStream[clus
 
 // Feed serves ClusterService.Feed.
 func (s *clusterService) Feed(ctx context.Context, st *connect.BidiStream[clusterv1.FeedInterest, clusterv1.FeedEvents]) error {
-	n, ok := s.h.(*Node)
+	n, ok := s.h.(*peerServer)
 	if !ok {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("no change feed"))
 	}

@@ -140,7 +140,7 @@ func (n *router) sendMany(ctx context.Context, reqs []sequencer.SendRequest, out
 			dst := dsts[idx[0]]
 			for k, o := range n.fwd.sendUnit(ctx, ureqs, fwdRoute{remote: true, addr: addr, owner: dst.Owner.NodeID}) {
 				i := idx[k]
-				out[i], retry[i] = n.settle(ctx, dsts[i], fwdAttempt(&o), forwarded)
+				out[i], retry[i] = n.settle(ctx, dsts[i], fwdAttempt(o), forwarded)
 			}
 		}()
 	}

@@ -61,7 +61,7 @@ func TestForwardPolicy(t *testing.T) {
 	s.settle(6)
 	var convs []string // owned by a
 	for _, c := range simConvs {
-		if loc, err := s.nodes["a"].node.Locate(c); err == nil && loc.NodeID == "a" {
+		if loc, err := s.nodes["a"].node.locate(c); err == nil && loc.NodeID == "a" {
 			convs = append(convs, c)
 		}
 	}

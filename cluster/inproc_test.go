@@ -170,7 +170,7 @@ func convsOwnedBy(t *testing.T, via *ipNode, owner, prefix string, k int) []stri
 	var cs []string
 	for i := 0; len(cs) < k; i++ {
 		c := fmt.Sprintf("%s:%d", prefix, i)
-		loc, err := via.cn.Locate(c)
+		loc, err := via.cn.locate(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -508,7 +508,7 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 	if !errors.As(err, &oe) || oe.NodeID != "b" || oe.Addr != "api-b" {
 		t.Fatalf("send into a blackholed link: %v does not name the owner b at api-b", err)
 	}
-	if loc, _ := a.cn.Locate(conv); loc.NodeID != "b" {
+	if loc, _ := a.cn.locate(conv); loc.NodeID != "b" {
 		t.Fatalf("%s moved to %s during the test", conv, loc.NodeID)
 	}
 
@@ -659,7 +659,7 @@ func TestInProcessOwnerCrashesMidForward(t *testing.T) {
 	if r.err != nil || r.res.Seq != 1 {
 		t.Fatalf("send whose owner crashed mid-forward: %+v %v", r.res, r.err)
 	}
-	if loc, _ := a.cn.Locate(conv); loc.NodeID != "a" {
+	if loc, _ := a.cn.locate(conv); loc.NodeID != "a" {
 		t.Fatalf("after the crash %s is owned by %s", conv, loc.NodeID)
 	}
 	pc.checkStored(map[string]acked{req.ClientMsgID: {conv: conv, msgID: r.res.MsgID, seq: r.res.Seq}})
@@ -690,7 +690,7 @@ func TestInProcessRefusedPeerIsPresumedDead(t *testing.T) {
 		}
 		return err == nil
 	})
-	if loc, _ := a.cn.Locate(conv); loc.NodeID != "a" {
+	if loc, _ := a.cn.locate(conv); loc.NodeID != "a" {
 		t.Fatalf("after b's port refused connections %s is owned by %s", conv, loc.NodeID)
 	}
 	v, err := pc.store.Cluster().View(context.Background())

@@ -34,7 +34,7 @@ type member struct {
 	partitions int
 	met        *clusterMetrics
 	local      Local   // set by Start
-	handler    Handler // what the transport serves (the Node)
+	handler    Handler // what the transport serves (the node's peerServer)
 
 	// mu guards core, the pure state of this node's ownership: every event
 	// is fed to it and every answer read from it under mu. changed is closed

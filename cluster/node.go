@@ -54,14 +54,15 @@ type Local interface {
 // to the owner, every answer read by router.outcome) and the peer server
 // (peerServer: forwarded batches, wake-ups, the feed's streams; the
 // transport's Handler). Node itself is the API's Sender and Router and the
-// process's lifecycle (Start, Serving, Leave, Close); the jobs are embedded
-// so the package's own code reaches the core as n.core. Create it with
+// process's lifecycle (Start, Serving, Leave, Close); member and router are
+// embedded so the package's own code reaches the core as n.core (and Node
+// is the writer's actor.Ownership through member's Fence and Refused). Create it with
 // New, then Start it with the local writer; stop it with Leave, then Close
 // once the API stopped.
 type Node struct {
-	*member     // the member and its rounds (member.go)
-	*router     // sends to their owner: local or forwarded (route.go, forward.go)
-	*peerServer // what the other nodes call (peer.go, forward.go, feed.go)
+	*member             // the member and its rounds (member.go)
+	*router             // sends to their owner: local or forwarded (route.go, forward.go)
+	peers   *peerServer // what the other nodes call, the transport's Handler (peer.go, forward.go, feed.go)
 }
 
 // New checks cfg and builds a node; nothing runs and nothing listens until
@@ -84,8 +85,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	m := newMember(cfg, core, tr)
 	r := newRouter(m)
-	n := &Node{member: m, router: r, peerServer: &peerServer{router: r, wakes: map[string]*rate.Limiter{}}}
-	m.handler = n
+	n := &Node{member: m, router: r, peers: &peerServer{router: r, wakes: map[string]*rate.Limiter{}}}
+	m.handler = n.peers
 	return n, nil
 }
 

@@ -52,10 +52,10 @@ func newRouter(m *member) *router {
 // Location is where a conversation lives now, by this node's view.
 type Location = ownership.Location
 
-// Locate answers where convID lives by the current view. It fails with a
+// locate answers where convID lives by the current view. It fails with a
 // retryable error wrapping sequencer.ErrNotOwner when the view has no
 // members, and sequencer.ErrShuttingDown after Leave.
-func (n *router) Locate(convID string) (Location, error) {
+func (n *router) locate(convID string) (Location, error) {
 	p := ring.PartitionOf(convID, n.partitions)
 	now := n.clk.Now()
 	n.mu.RLock()
@@ -67,7 +67,7 @@ func (n *router) Locate(convID string) (Location, error) {
 // with its API address, the partition, the owner's lease epoch (0 while the
 // owner has not taken the lease yet) and the membership version.
 func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error) {
-	loc, err := n.Locate(convID)
+	loc, err := n.locate(convID)
 	if err != nil {
 		return sequencer.Route{}, err
 	}
@@ -104,11 +104,12 @@ func (n *router) dispatch(p uint32) (ownership.Destination, <-chan struct{}) {
 // attempt is the result of one try of a send: in the local writer, or
 // through the forwarder (fwd); the zero attempt is none made.
 type attempt struct {
-	local bool                 // the local writer's answer: res, err and cut
-	res   sequencer.SendResult // local
-	err   error                // local
-	cut   bool                 // local: the writer gave up because this node could write nothing (writerCtx)
-	fwd   *fwdOutcome          // forwarded: the forwarder's outcome
+	local     bool                 // the local writer's answer: res, err and cut
+	forwarded bool                 // the forwarder's outcome: fwd
+	res       sequencer.SendResult // local
+	err       error                // local
+	cut       bool                 // local: the writer gave up because this node could write nothing (writerCtx)
+	fwd       fwdOutcome
 }
 
 // localAttempt and fwdAttempt are the attempts made in the local writer and
@@ -116,7 +117,7 @@ type attempt struct {
 func localAttempt(res sequencer.SendResult, err error, cut bool) attempt {
 	return attempt{local: true, res: res, err: err, cut: cut}
 }
-func fwdAttempt(o *fwdOutcome) attempt { return attempt{fwd: o} }
+func fwdAttempt(o fwdOutcome) attempt { return attempt{forwarded: true, fwd: o} }
 
 // then is what the router does after an outcome.
 type then uint8
@@ -166,7 +167,7 @@ func (n *router) outcome(ctx context.Context, dst ownership.Destination, a attem
 		return verdict{err: unknownIf(unknownBefore, sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrNotOwner,
 			fmt.Sprintf("forwarded send for partition %d reached %s, but its ring (version %d) names %s", dst.Partition, n.cfg.NodeID, dst.Version, dst.Owner.NodeID))),
 			unknown: unknownBefore}
-	case !a.local && a.fwd == nil: // no attempt
+	case !a.local && !a.forwarded: // no attempt
 		v.then, v.err = thenRetry, dst.Err
 		return v
 	case a.local:
@@ -287,7 +288,7 @@ func (n *router) send(ctx context.Context, req sequencer.SendRequest, forwarded,
 			if !slow {
 				o = n.fwd.send(ctx, req, fwdRoute{remote: true, addr: dst.Owner.ClusterAddr, owner: dst.Owner.NodeID})
 			}
-			a = fwdAttempt(&o)
+			a = fwdAttempt(o)
 		}
 		v := n.outcome(ctx, dst, a, unknownBefore, forwarded)
 		unknownBefore = v.unknown

@@ -575,7 +575,7 @@ func (s *sim) head(conv string) uint64 {
 func (s *sim) send(via string, conv string) error {
 	s.t.Helper()
 	timeout := 10 * time.Second
-	if loc, err := s.nodes[via].node.Locate(conv); err != nil || s.away(loc.NodeID) {
+	if loc, err := s.nodes[via].node.locate(conv); err != nil || s.away(loc.NodeID) {
 		timeout = 20 * time.Millisecond
 	}
 	return s.sendWithin(via, conv, timeout)
@@ -1071,7 +1071,7 @@ func TestSimCutOffNodeAnswersAtOnce(t *testing.T) {
 	s.settle(6)
 	conv := ""
 	for p := range simPartitions {
-		if loc, err := s.nodes["b"].node.Locate(simConvs[p]); err == nil && loc.NodeID == "b" {
+		if loc, err := s.nodes["b"].node.locate(simConvs[p]); err == nil && loc.NodeID == "b" {
 			conv = simConvs[p]
 			break
 		}
@@ -1160,7 +1160,7 @@ func TestSimRandomSchedules(t *testing.T) {
 					sn := run[rng.IntN(len(run))]
 					var own []string // two of its own conversations, if it holds any
 					for _, k := range rng.Perm(simPartitions) {
-						if loc, err := sn.node.Locate(simConvs[k]); err == nil && loc.NodeID == sn.id && len(own) < 2 {
+						if loc, err := sn.node.locate(simConvs[k]); err == nil && loc.NodeID == sn.id && len(own) < 2 {
 							own = append(own, simConvs[k])
 						}
 					}
