@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -184,6 +185,11 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 			s.byKey[m.Key()] = m.MsgID
 		}
 		c.head = b.LastSeq()
+	}
+	for _, m := range persist.SenderMarks(batches) {
+		if k := (readKey{m.ConvID, m.UID}); m.Seq > s.reads[k] {
+			s.reads[k] = m.Seq
+		}
 	}
 	return nil
 }
@@ -538,4 +544,45 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 		out[i] = persist.ReadState{ConvID: c, ReadSeq: s.reads[readKey{c, uid}], Head: s.head(c)}
 	}
 	return out, nil
+}
+
+// ReadCounts implements persist.ReadPositions (a scan of every position:
+// the in-memory store is for tests).
+func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
+	if err := persist.CheckReadCounts(convID, atLeast); err != nil {
+		return nil, err
+	}
+	if err := s.enter(ctx, "read counts"); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	by := map[uint64]uint64{}
+	for k, seq := range s.reads {
+		if k.conv == convID && seq >= atLeast {
+			by[seq]++
+		}
+	}
+	out := make([]persist.ReadCount, 0, len(by))
+	for _, seq := range slices.Sorted(maps.Keys(by)) {
+		out = append(out, persist.ReadCount{ReadSeq: seq, Users: by[seq]})
+	}
+	return out, nil
+}
+
+// ReadPositionsPage implements persist.ReadPositions.
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
+		if err := s.enter(ctx, "read positions"); err != nil {
+			return nil, err
+		}
+		defer s.mu.Unlock()
+		var all []persist.ReadPosition
+		for k, seq := range s.reads {
+			if k.conv == convID && k.uid > afterUID {
+				all = append(all, persist.ReadPosition{UID: k.uid, ReadSeq: seq})
+			}
+		}
+		slices.SortFunc(all, func(a, b persist.ReadPosition) int { return cmp.Compare(a.UID, b.UID) })
+		return all[:min(n, len(all))], nil
+	})
 }

@@ -413,6 +413,12 @@ func (s *Store) writeTrips(p *plan) []trip {
 	if inStmt {
 		sqlb.WriteString(";")
 	}
+	if marks := persist.SenderMarks(p.batches); len(marks) > 0 {
+		if n := 100 * len(marks); size+n > limit && size > 0 {
+			flush()
+		}
+		cur.args = senderMarks(&sqlb, cur.args, marks)
+	}
 	flush()
 	return trips
 }

@@ -437,6 +437,9 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				}
 			}
 		}
+		if plan == nil {
+			queueSenderMarks(b, batches)
+		}
 		commitAt = b.Len()
 		b.Queue("COMMIT")
 	}
@@ -517,6 +520,10 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				}
 				return classify("commit: insert rows", err)
 			}
+		}
+		if err := execSenderMarks(ctx, conn, batches, plan); err != nil {
+			rollback(conn)
+			return classify("commit: senders' read positions", err)
 		}
 		tag, err = conn.Exec(ctx, "COMMIT")
 		if err != nil {

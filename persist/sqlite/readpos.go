@@ -2,8 +2,10 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -99,6 +101,64 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	}
 	if n != len(out) {
 		return nil, fmt.Errorf("sqlite: read states: %d rows for %d conversations", n, len(out))
+	}
+	return out, nil
+}
+
+// markSendersRows is the most positions one statement of markSenders
+// writes (3 variables each, far below SQLite's bound).
+const markSendersRows = 1000
+
+// markSenders is the own-send rule inside a commit's transaction
+// (persist.SenderMarks): each sender's position raised to their last seq,
+// never lowered.
+func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
+	marks := persist.SenderMarks(batches)
+	for len(marks) > 0 {
+		n := min(len(marks), markSendersRows)
+		var q strings.Builder
+		q.WriteString("INSERT INTO read_position (conv_id, uid, read_seq) VALUES ")
+		args := make([]any, 0, 3*n)
+		for i, m := range marks[:n] {
+			if i > 0 {
+				q.WriteByte(',')
+			}
+			q.WriteString("(?,?,?)")
+			args = append(args, m.ConvID, int64(m.UID), int64(m.Seq))
+		}
+		q.WriteString(" ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)")
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return classify("commit: senders' read positions", err)
+		}
+		marks = marks[n:]
+	}
+	return nil
+}
+
+// ReadCounts implements persist.ReadPositions: one range of the index
+// read_position_by_seq.
+func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
+	return persist.ReadCountsOf(convID, atLeast, func() ([]persist.ReadCount, error) {
+		return queryAll(ctx, s.r, "read counts", persist.ScanReadCount, `SELECT read_seq, count(*) FROM read_position INDEXED BY read_position_by_seq
+			WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY read_seq ORDER BY read_seq`, convID, int64(atLeast))
+	})
+}
+
+// ReadPositionsPage implements persist.ReadPositions: one range of the
+// primary key (conv_id, uid).
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
+		return queryAll(ctx, s.r, "read positions", persist.ScanReadPosition, `SELECT uid, read_seq FROM read_position
+			WHERE conv_id = ?1 AND uid > ?2 ORDER BY uid LIMIT ?3`, convID, int64(afterUID), n)
+	})
+}
+
+// queryAll runs q on db and reads every row with scan.
+func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(persist.Rows) (T, error), q string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	out, err := persist.CollectQuery(rows, err, func(r *sql.Rows) { r.Close() }, scan)
+	if err != nil {
+		return nil, unavailable(op, err)
 	}
 	return out, nil
 }

@@ -242,6 +242,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 		{"ReadPositionRetention", testReadPositionsSurviveRetention},
 	}
 	cases = append(cases, pageCases...)
+	cases = append(cases, receiptCases...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newSuite(t, newStore)
