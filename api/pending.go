@@ -9,8 +9,8 @@ import (
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
-// The section-12 RPCs (edits, recalls, read receipts) are declared in the
-// proto; until their handlers land they answer unimplemented.
+// The section-12 RPCs Edit and Recall are declared in the proto; until
+// their handlers land they answer unimplemented.
 var errPending = connect.NewError(connect.CodeUnimplemented, errors.New("not implemented on this node yet"))
 
 func (s *Service) Edit(context.Context, *connect.Request[sequencerv1.EditRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
@@ -18,13 +18,5 @@ func (s *Service) Edit(context.Context, *connect.Request[sequencerv1.EditRequest
 }
 
 func (s *Service) Recall(context.Context, *connect.Request[sequencerv1.RecallRequest]) (*connect.Response[sequencerv1.SendResponse], error) {
-	return nil, errPending
-}
-
-func (s *Service) GetReadReceipts(context.Context, *connect.Request[sequencerv1.GetReadReceiptsRequest]) (*connect.Response[sequencerv1.GetReadReceiptsResponse], error) {
-	return nil, errPending
-}
-
-func (s *Service) ListReadPositions(context.Context, *connect.Request[sequencerv1.ListReadPositionsRequest]) (*connect.Response[sequencerv1.ListReadPositionsResponse], error) {
 	return nil, errPending
 }

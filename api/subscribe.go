@@ -46,7 +46,7 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 		return err
 	}
 	var out sequencerv1.SubscribeResponse
-	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Send: func(e feed.Event) error {
+	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, ReadPositions: req.Msg.GetReadPositions(), Send: func(e feed.Event) error {
 		switch e.Kind {
 		case feed.KindMessage:
 			out.Event = &sequencerv1.SubscribeResponse_Message{Message: messageProto(e.Msg)}
@@ -54,6 +54,8 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 			out.Event = &sequencerv1.SubscribeResponse_Truncated{Truncated: &sequencerv1.Truncated{ConvId: e.ConvID, OldestSeq: e.OldestSeq}}
 		case feed.KindHeartbeat:
 			out.Event = &sequencerv1.SubscribeResponse_Heartbeat{Heartbeat: &sequencerv1.Heartbeat{}}
+		case feed.KindReadPosition:
+			out.Event = &sequencerv1.SubscribeResponse_ReadPosition{ReadPosition: &sequencerv1.ReadPositionChanged{ConvId: e.ConvID, Uid: e.UID, ReadSeq: e.ReadSeq}}
 		}
 		return st.Send(&out)
 	}})

@@ -2,6 +2,7 @@ package feed
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -32,6 +33,8 @@ type Hub struct {
 	up       Upstream
 	cfg      Config
 	closed   bool
+
+	readStreams atomic.Int64 // streams with read ticks on (readtick.go)
 }
 
 // stream is one subscriber's queue: what the hub handed it since its loop
@@ -47,6 +50,8 @@ type stream struct {
 	acks   []uint64      // a Tap's acks, in order with its batches
 	wake   chan struct{} // capacity 1: the loop has something to look at
 	cut    func()        // called once when the stream falls behind (may be nil)
+	reads  atomic.Bool   // read ticks on (readtick.go)
+	ticks  []ReadTick    // read ticks queued
 }
 
 type published struct {
@@ -84,6 +89,7 @@ func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
 		s.offer(convID, msgs)
 	}
 	h.mu.RUnlock()
+	h.tickSenders(convID, msgs)
 }
 
 // Deliver hands a batch another node committed (from the Upstream) to the
@@ -97,6 +103,7 @@ func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
 		s.offer(convID, msgs)
 	}
 	h.mu.RUnlock()
+	h.tickSenders(convID, msgs)
 }
 
 // Resync tells every stream that follows one of convIDs to read the store

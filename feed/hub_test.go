@@ -58,18 +58,23 @@ type sub struct {
 func (n *node) subscribe(buf int, cursors ...persist.Cursor) *sub {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sub{events: make(chan Event, buf), done: make(chan error, 1), cancel: cancel}
-	go func() {
-		s.done <- n.hub.Serve(ctx, Subscription{Cursors: cursors, Store: n.store, Cut: cancel, Send: func(e Event) error {
-			select {
-			case s.events <- e:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}})
-	}()
+	go n.serve(ctx, s, Subscription{Cursors: cursors})
 	n.t.Cleanup(cancel)
 	return s
+}
+
+// serve runs sub on the node's hub and store, its events into s.
+func (n *node) serve(ctx context.Context, s *sub, sub Subscription) {
+	sub.Store, sub.Cut = n.store, s.cancel
+	sub.Send = func(e Event) error {
+		select {
+		case s.events <- e:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.done <- n.hub.Serve(ctx, sub)
 }
 
 // collect reads events until every conversation of want reached its seq.
@@ -170,10 +175,11 @@ func TestServeSlowConsumerCutAndResumes(t *testing.T) {
 // The node's subscription bound refuses a stream that would pass it.
 func TestServeSubscriptionBound(t *testing.T) {
 	n := newNode(t, Config{MaxSubscriptions: 3})
-	n.subscribe(10, persist.Cursor{ConvID: "a"}, persist.Cursor{ConvID: "b"})
+	first := n.subscribe(10, persist.Cursor{ConvID: "a"}, persist.Cursor{ConvID: "b"})
 	n.write("a", 1, true)
 	s := n.subscribe(10, persist.Cursor{ConvID: "a"})
-	s.collect(t, map[string]uint64{"a": 1}) // 3 of 3: served
+	first.collect(t, map[string]uint64{"a": 1}) // both attached before the third: its turn is last
+	s.collect(t, map[string]uint64{"a": 1})     // 3 of 3: served
 	over := n.subscribe(10, persist.Cursor{ConvID: "c"})
 	select {
 	case err := <-over.done:

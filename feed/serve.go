@@ -26,6 +26,10 @@ type Config struct {
 	Heartbeat time.Duration
 	// Clock times heartbeats; default the real clock.
 	Clock clock.Clock
+	// KeepReadPositions: the server runs with the own-send rule off
+	// (--send-marks-read=false), so a message is no read tick of its
+	// sender (readtick.go).
+	KeepReadPositions bool
 
 	// readPage is how many messages of one conversation a backlog read
 	// asks for, readBudget how many one read returns at most (defaults
@@ -90,6 +94,9 @@ type Subscription struct {
 	// not block) when the stream falls behind: it must make a blocked Send
 	// fail soon (a write deadline in the past).
 	Cut func()
+	// ReadPositions: the stream also gets the live read-position changes
+	// of its conversations (KindReadPosition events; readtick.go).
+	ReadPositions bool
 }
 
 // Serve runs one stream until ctx ends, Send fails, or it must end:
@@ -113,6 +120,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 		return nil
 	}
 	defer h.detach(s, cursors)
+	if sub.ReadPositions {
+		defer h.watchReads(s)()
+	}
 	t := NewTail(cursors, h.cfg.MaxQueue)
 	clk, hb := h.cfg.Clock, h.cfg.Heartbeat
 	lastSent := clk.Now()
@@ -145,6 +155,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) error {
 			}
 		}
 		evs := t.Take()
+		for _, tk := range s.takeTicks() {
+			evs = append(evs, Event{Kind: KindReadPosition, ConvID: tk.ConvID, UID: tk.UID, ReadSeq: tk.ReadSeq})
+		}
 		for _, ev := range evs {
 			if err := send(ev); err != nil {
 				return err

@@ -42,8 +42,10 @@ const (
 type Event struct {
 	Kind      EventKind
 	Msg       *sequencer.Message // KindMessage
-	ConvID    string             // KindTruncated
+	ConvID    string             // KindTruncated, KindReadPosition
 	OldestSeq uint64             // KindTruncated
+	UID       uint64             // KindReadPosition
+	ReadSeq   uint64             // KindReadPosition
 }
 
 // convTail is one conversation of a Tail.

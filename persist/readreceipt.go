@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strings"
@@ -48,12 +49,12 @@ func ReadReceipts(ctx context.Context, s ReadPositions, convID string, seqs []ui
 // read_seq >= it. counts may come in any order.
 func CountReadBy(seqs []uint64, counts []ReadCount) []uint64 {
 	c := slices.Clone(counts)
-	slices.SortFunc(c, func(a, b ReadCount) int { return cmpUint(b.ReadSeq, a.ReadSeq) }) // highest first
+	slices.SortFunc(c, func(a, b ReadCount) int { return cmp.Compare(b.ReadSeq, a.ReadSeq) }) // highest first
 	order := make([]int, len(seqs))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmpUint(seqs[b], seqs[a]) })
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(seqs[b], seqs[a]) })
 	out := make([]uint64, len(seqs))
 	var total uint64
 	j := 0
@@ -65,16 +66,6 @@ func CountReadBy(seqs []uint64, counts []ReadCount) []uint64 {
 		out[i] = total
 	}
 	return out
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // SenderMarks is the own-send rule of a commit: for the batches with
@@ -103,10 +94,10 @@ func SenderMarks(batches []ConvBatch) []Mark {
 		if c := strings.Compare(a.ConvID, b.ConvID); c != 0 {
 			return c
 		}
-		if c := cmpUint(a.UID, b.UID); c != 0 {
+		if c := cmp.Compare(a.UID, b.UID); c != 0 {
 			return c
 		}
-		return cmpUint(b.Seq, a.Seq)
+		return cmp.Compare(b.Seq, a.Seq)
 	})
 	return slices.CompactFunc(marks, func(a, b Mark) bool { return a.ConvID == b.ConvID && a.UID == b.UID })
 }
