@@ -186,11 +186,11 @@ func TestReadPositionsErrors(t *testing.T) {
 	}
 }
 
-func (f *fakePositions) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
+func (f *fakePositions) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
 	if err := f.enter(); err != nil {
 		return nil, err
 	}
-	return f.store.ReadCounts(ctx, convID, atLeast)
+	return f.store.ReadCounts(ctx, convID, bounds)
 }
 
 func (f *fakePositions) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {

@@ -66,7 +66,7 @@ type ReadPositions interface {
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]sequencer.ReadState, error)
 	// ReadCounts and ReadPositionsPage answer GetReadReceipts and
 	// ListReadPositions (persist.ReadPositions).
-	ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error)
+	ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error)
 	ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error)
 }
 

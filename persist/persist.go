@@ -243,11 +243,13 @@ type ReadPositions interface {
 	// order given (duplicates allowed, unknown conversations as zeros), in
 	// one round trip to the store.
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error)
-	// ReadCounts returns how many users' positions in convID stand at each
-	// read_seq >= atLeast, ascending by read_seq, one row per distinct
-	// read_seq, in one read of an index on (conv_id, read_seq) (never a
-	// scan of other conversations). ReadReceipts counts from it.
-	ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]ReadCount, error)
+	// ReadCounts returns, for 1..100 ascending distinct bounds, how many
+	// users' positions in convID fall in each bucket: counts[i] for
+	// bounds[i] <= read_seq < bounds[i+1] (the last: >= it), in one read
+	// of an index on (conv_id, read_seq) from bounds[0] (never a scan of
+	// other conversations); the counting is done by the store (BucketSQL),
+	// so at most 100 rows come back. ReadReceipts sums them.
+	ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error)
 	// ReadPositionsPage returns up to limit (>= 1) positions of convID with
 	// uid > afterUID, ascending by uid, and whether more follow.
 	ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]ReadPosition, bool, error)

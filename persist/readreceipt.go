@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sequencer-im/sequencer"
@@ -14,11 +15,11 @@ import (
 // (ReadReceipts: from the store's per-read_seq counts). A driver only
 // holds the SQL of ReadCounts, ReadPositionsPage and its commit's upsert.
 
-// ReadCount is how many users' read positions in one conversation stand at
-// exactly ReadSeq.
-type ReadCount struct {
-	ReadSeq uint64
-	Users   uint64
+// BucketCount is one row of a driver's ReadCounts query: how many users'
+// positions fall in bucket Bucket of the bounds (BucketSQL).
+type BucketCount struct {
+	Bucket int
+	Users  uint64
 }
 
 // ReadPosition is one user's read position in one conversation.
@@ -29,43 +30,57 @@ type ReadPosition struct {
 
 // ReadReceipts answers GetReadReceipts from s: for each of seqs (checked
 // with sequencer.CheckReadReceipts), how many users of convID have a read
-// position >= it (the sender included). ONE store read: the counts of
-// every position at or above min(seqs), in read_seq order, from the
-// (conv_id, read_seq) index; the answer is counted here. Its cost grows
-// with the distinct positions at or above the lowest seq asked (at most
-// the conversation's readers), not with the number of seqs.
+// position >= it (the sender included). ONE store read: the seqs, sorted
+// and distinct, are the bounds of ReadCounts, which counts the positions
+// at or above the lowest one per bucket between two bounds, in one range
+// of the (conv_id, read_seq) index; the answer is the suffix sums. Its
+// cost grows with the positions at or above the lowest seq asked (at most
+// the conversation's readers, log2(100) comparisons each), never with a
+// scan of the readers per seq, and its answer is at most 100 rows.
 func ReadReceipts(ctx context.Context, s ReadPositions, convID string, seqs []uint64) ([]uint64, error) {
 	if err := sequencer.CheckReadReceipts(convID, seqs); err != nil {
 		return nil, err
 	}
-	counts, err := s.ReadCounts(ctx, convID, slices.Min(seqs))
+	bounds := slices.Compact(slices.Sorted(slices.Values(seqs)))
+	counts, err := s.ReadCounts(ctx, convID, bounds)
 	if err != nil {
 		return nil, err
 	}
-	return CountReadBy(seqs, counts), nil
+	if len(counts) != len(bounds) {
+		return nil, sequencer.Errorf(sequencer.CodeInternal, "read receipts: the store answered %d counts for %d bounds", len(counts), len(bounds))
+	}
+	for i := len(counts) - 2; i >= 0; i-- {
+		counts[i] += counts[i+1] // now: read_seq >= bounds[i]
+	}
+	out := make([]uint64, len(seqs))
+	for i, seq := range seqs {
+		j, _ := slices.BinarySearch(bounds, seq)
+		out[i] = counts[j]
+	}
+	return out, nil
 }
 
-// CountReadBy returns, for each of seqs, the users of counts whose
-// read_seq >= it. counts may come in any order.
-func CountReadBy(seqs []uint64, counts []ReadCount) []uint64 {
-	c := slices.Clone(counts)
-	slices.SortFunc(c, func(a, b ReadCount) int { return cmp.Compare(b.ReadSeq, a.ReadSeq) }) // highest first
-	order := make([]int, len(seqs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(seqs[b], seqs[a]) })
-	out := make([]uint64, len(seqs))
-	var total uint64
-	j := 0
-	for _, i := range order { // seqs from the highest: a running sum
-		for j < len(c) && c[j].ReadSeq >= seqs[i] {
-			total += c[j].Users
-			j++
+// BucketSQL is the SQL expression of col's bucket among n ascending
+// bounds, param(i) naming bound i's placeholder: 0 below bounds[0], i+1
+// for bounds[i] <= col < bounds[i+1], n at or above the last. A binary
+// search written as nested CASE: a row costs about log2(n) comparisons.
+func BucketSQL(col string, n int, param func(i int) string) string {
+	var b strings.Builder
+	var tree func(lo, hi int) // the buckets lo..hi
+	tree = func(lo, hi int) {
+		if lo == hi {
+			b.WriteString(strconv.Itoa(lo))
+			return
 		}
-		out[i] = total
+		mid := (lo + hi + 1) / 2 // bucket >= mid iff col >= bounds[mid-1]
+		b.WriteString("CASE WHEN " + col + " >= " + param(mid-1) + " THEN ")
+		tree(mid, hi)
+		b.WriteString(" ELSE ")
+		tree(lo, mid-1)
+		b.WriteString(" END")
 	}
-	return out
+	tree(0, n)
+	return b.String()
 }
 
 // SenderMarks is the own-send rule of a commit: for the batches with
@@ -116,22 +131,24 @@ func CheckReadPositionsPage(convID string, afterUID uint64, limit int) error {
 }
 
 // CheckReadCounts checks ReadCounts' arguments: a valid conv_id and
-// atLeast below 2^63.
-func CheckReadCounts(convID string, atLeast uint64) error {
-	if err := sequencer.CheckConvID(convID); err != nil {
+// 1..sequencer.MaxReceiptSeqs bounds, ascending, distinct, each 1..2^63-1.
+func CheckReadCounts(convID string, bounds []uint64) error {
+	if err := sequencer.CheckReadReceipts(convID, bounds); err != nil {
 		return err
 	}
-	if atLeast >= sequencer.MaxID {
-		return sequencer.Errorf(sequencer.CodeInvalidArgument, "seq: must be < 2^63, got %d", atLeast)
+	for i := 1; i < len(bounds); i++ {
+		if bounds[i] <= bounds[i-1] {
+			return sequencer.Errorf(sequencer.CodeInvalidArgument, "bounds: must ascend, no repeats: [%d] = %d after %d", i, bounds[i], bounds[i-1])
+		}
 	}
 	return nil
 }
 
-// ScanReadCount reads (read_seq, count).
-func ScanReadCount(r Rows) (ReadCount, error) {
-	var seq, n int64
-	err := r.Scan(&seq, &n)
-	return ReadCount{ReadSeq: uint64(seq), Users: uint64(n)}, err
+// ScanBucketCount reads (bucket, count).
+func ScanBucketCount(r Rows) (BucketCount, error) {
+	var bucket, n int64
+	err := r.Scan(&bucket, &n)
+	return BucketCount{Bucket: int(bucket), Users: uint64(n)}, err
 }
 
 // ScanReadPosition reads (uid, read_seq).
@@ -159,11 +176,37 @@ func ReadPage(convID string, afterUID uint64, limit int, query func(n int) ([]Re
 	return ps, false, nil
 }
 
+// ReadCountsArgs are a ReadCounts query's arguments in BucketSQL's
+// numbered form: convID, then the bounds (as int64: the column's type).
+func ReadCountsArgs(convID string, bounds []uint64) []any {
+	args := make([]any, 1, 1+len(bounds))
+	args[0] = convID
+	for _, b := range bounds {
+		args = append(args, int64(b))
+	}
+	return args
+}
+
 // ReadCountsOf is ReadCounts written once for every driver: the arguments
-// checked (CheckReadCounts), then query (the driver's SQL).
-func ReadCountsOf(convID string, atLeast uint64, query func() ([]ReadCount, error)) ([]ReadCount, error) {
-	if err := CheckReadCounts(convID, atLeast); err != nil {
+// checked (CheckReadCounts), then query, which runs the driver's SQL
+// (BucketSQL over the positions of convID at or above bounds[0], grouped
+// by bucket), folded into one count per bound.
+func ReadCountsOf(convID string, bounds []uint64, query func() ([]BucketCount, error)) ([]uint64, error) {
+	if err := CheckReadCounts(convID, bounds); err != nil {
 		return nil, err
 	}
-	return query()
+	rows, err := query()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, len(bounds))
+	for _, r := range rows {
+		if r.Bucket < 0 || r.Bucket > len(bounds) {
+			return nil, sequencer.Errorf(sequencer.CodeInternal, "read counts: bucket %d of %d bounds", r.Bucket, len(bounds))
+		}
+		if r.Bucket > 0 {
+			out[r.Bucket-1] += r.Users
+		}
+	}
+	return out, nil
 }

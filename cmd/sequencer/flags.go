@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 )
 
@@ -97,26 +96,3 @@ func (l listFlag) Set(v string) error {
 	}
 	return nil
 }
-
-// notFlag is a bool flag that stores its negation: --send-marks-read
-// (default true) sets commit.Config.KeepReadPositions, whose zero value is
-// the default.
-type notFlag struct{ b *bool }
-
-func (f notFlag) String() string {
-	if f.b == nil {
-		return "true"
-	}
-	return strconv.FormatBool(!*f.b)
-}
-
-func (f notFlag) Set(v string) error {
-	on, err := strconv.ParseBool(v)
-	if err != nil {
-		return err
-	}
-	*f.b = !on
-	return nil
-}
-
-func (f notFlag) IsBoolFlag() bool { return true }

@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -548,25 +547,24 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 
 // ReadCounts implements persist.ReadPositions (a scan of every position:
 // the in-memory store is for tests).
-func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
-	if err := persist.CheckReadCounts(convID, atLeast); err != nil {
-		return nil, err
-	}
-	if err := s.enter(ctx, "read counts"); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	by := map[uint64]uint64{}
-	for k, seq := range s.reads {
-		if k.conv == convID && seq >= atLeast {
-			by[seq]++
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		if err := s.enter(ctx, "read counts"); err != nil {
+			return nil, err
 		}
-	}
-	out := make([]persist.ReadCount, 0, len(by))
-	for _, seq := range slices.Sorted(maps.Keys(by)) {
-		out = append(out, persist.ReadCount{ReadSeq: seq, Users: by[seq]})
-	}
-	return out, nil
+		defer s.mu.Unlock()
+		var out []persist.BucketCount
+		for k, seq := range s.reads {
+			if k.conv == convID {
+				b, found := slices.BinarySearch(bounds, seq)
+				if found {
+					b++
+				}
+				out = append(out, persist.BucketCount{Bucket: b, Users: 1})
+			}
+		}
+		return out, nil
+	})
 }
 
 // ReadPositionsPage implements persist.ReadPositions.

@@ -95,12 +95,20 @@ func senderMarks(b *strings.Builder, args []any, marks []persist.Mark) []any {
 }
 
 // ReadCounts implements persist.ReadPositions: one range of the index
-// read_position_by_seq (conv_id, read_seq).
-func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
-	return persist.ReadCountsOf(convID, atLeast, func() (out []persist.ReadCount, err error) {
-		err = s.readRows(ctx, `SELECT read_seq, COUNT(*) FROM read_position FORCE INDEX (read_position_by_seq)
-			WHERE conv_id = ? AND read_seq >= ? GROUP BY read_seq ORDER BY read_seq`, []any{convID, atLeast}, func(r *sql.Rows) error {
-			c, err := persist.ScanReadCount(r)
+// read_position_by_seq (conv_id, read_seq) from the lowest bound, counted
+// per bucket (persist.BucketSQL; the bounds are bound twice: ? is
+// positional).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() (out []persist.BucketCount, err error) {
+		var args []any
+		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string {
+			args = append(args, bounds[i])
+			return "?"
+		})
+		args = append(args, convID, bounds[0])
+		err = s.readRows(ctx, `SELECT `+bucket+`, COUNT(*) FROM read_position FORCE INDEX (read_position_by_seq)
+			WHERE conv_id = ? AND read_seq >= ? GROUP BY 1`, args, func(r *sql.Rows) error {
+			c, err := persist.ScanBucketCount(r)
 			out = append(out, c)
 			return err
 		})

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -192,10 +193,13 @@ func (s *Store) markSendersAfter(ctx context.Context, batches []persist.ConvBatc
 	}
 }
 
-// readCountsSQL is ReadCounts: one range of read_position_by_seq
-// (conv_id, read_seq), grouped as it is read.
-const readCountsSQL = `SELECT read_seq, count(*) FROM read_position
-WHERE conv_id = $1 AND read_seq >= $2 GROUP BY read_seq ORDER BY read_seq`
+// readCountsSQL is ReadCounts for n bounds ($2..$n+1): one range of
+// read_position_by_seq (conv_id, read_seq) from the lowest bound, each row
+// put in its bucket (persist.BucketSQL) and counted there.
+func readCountsSQL(n int) string {
+	return `SELECT ` + persist.BucketSQL("read_seq", n, func(i int) string { return "$" + strconv.Itoa(i+2) }) + `, count(*)
+FROM read_position WHERE conv_id = $1 AND read_seq >= $2 GROUP BY 1`
+}
 
 // readPositionsSQL is ReadPositionsPage: one range of the primary key.
 const readPositionsSQL = `SELECT uid, read_seq FROM read_position
@@ -203,9 +207,10 @@ WHERE conv_id = $1 AND uid > $2 ORDER BY uid LIMIT $3`
 
 // ReadCounts implements persist.ReadPositions (on Citus a single-shard
 // query: conv_id is the distribution column).
-func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
-	return persist.ReadCountsOf(convID, atLeast, func() ([]persist.ReadCount, error) {
-		return queryAll(ctx, s.pool, "read counts", persist.ScanReadCount, readCountsSQL, convID, int64(atLeast))
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		args := persist.ReadCountsArgs(convID, bounds)
+		return queryAll(ctx, s.pool, "read counts", persist.ScanBucketCount, readCountsSQL(len(bounds)), args...)
 	})
 }
 

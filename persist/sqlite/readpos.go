@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/sequencer-im/sequencer"
@@ -136,11 +137,14 @@ func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) e
 }
 
 // ReadCounts implements persist.ReadPositions: one range of the index
-// read_position_by_seq.
-func (s *Store) ReadCounts(ctx context.Context, convID string, atLeast uint64) ([]persist.ReadCount, error) {
-	return persist.ReadCountsOf(convID, atLeast, func() ([]persist.ReadCount, error) {
-		return queryAll(ctx, s.r, "read counts", persist.ScanReadCount, `SELECT read_seq, count(*) FROM read_position INDEXED BY read_position_by_seq
-			WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY read_seq ORDER BY read_seq`, convID, int64(atLeast))
+// read_position_by_seq from the lowest bound, counted per bucket
+// (persist.BucketSQL; bounds ?2..?n+1).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		args := persist.ReadCountsArgs(convID, bounds)
+		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string { return "?" + strconv.Itoa(i+2) })
+		return queryAll(ctx, s.r, "read counts", persist.ScanBucketCount, `SELECT `+bucket+`, count(*)
+			FROM read_position INDEXED BY read_position_by_seq WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`, args...)
 	})
 }
 

@@ -129,12 +129,12 @@ func testReadReceipts(x *suite) {
 			x.t.Fatalf("receipts of 100 seqs: [%d] (seq %d) = %d, want %d", i, s, got[i], w)
 		}
 	}
-	counts, err := x.positions().ReadCounts(x.ctx, c, 9)
+	counts, err := x.positions().ReadCounts(x.ctx, c, []uint64{2, 9, 10, 12})
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	if w := []persist.ReadCount{{ReadSeq: 9, Users: 1}, {ReadSeq: 10, Users: 3}}; !slices.Equal(counts, w) {
-		x.t.Fatalf("ReadCounts(9) = %v, want %v (ascending, one per read_seq)", counts, w)
+	if w := []uint64{7, 1, 3, 0}; !slices.Equal(counts, w) {
+		x.t.Fatalf("ReadCounts([2 9 10 12]) = %v, want %v (one count per bucket between bounds)", counts, w)
 	}
 }
 
@@ -199,8 +199,12 @@ func testReadReceiptsInvalid(x *suite) {
 	}
 	_, err := persist.ReadReceipts(x.ctx, rp, "", []uint64{1})
 	invalid("ReadReceipts empty conv", err)
-	_, err = rp.ReadCounts(x.ctx, "g:\xff", 1)
+	_, err = rp.ReadCounts(x.ctx, "g:\xff", []uint64{1})
 	invalid("ReadCounts bad conv", err)
+	_, err = rp.ReadCounts(x.ctx, c, []uint64{2, 2})
+	invalid("ReadCounts repeated bound", err)
+	_, err = rp.ReadCounts(x.ctx, c, []uint64{3, 2})
+	invalid("ReadCounts descending bounds", err)
 	for _, tc := range []struct {
 		conv  string
 		after uint64
