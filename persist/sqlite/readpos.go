@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -106,32 +105,31 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	return out, nil
 }
 
-// markSendersRows is the most positions one statement of markSenders
-// writes (3 variables each, far below SQLite's bound).
-const markSendersRows = 1000
+// markSendersSQL is the own-send rule's upsert: the marks go in as one
+// JSON array of [conv_id, uid, seq], so the statement text never changes
+// (a commit does not prepare a statement the size of its marks).
+const markSendersSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
+	SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?1) WHERE true
+	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)`
 
 // markSenders is the own-send rule inside a commit's transaction
 // (persist.SenderMarks): each sender's position raised to their last seq,
 // never lowered.
 func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
 	marks := persist.SenderMarks(batches)
-	for len(marks) > 0 {
-		n := min(len(marks), markSendersRows)
-		var q strings.Builder
-		q.WriteString("INSERT INTO read_position (conv_id, uid, read_seq) VALUES ")
-		args := make([]any, 0, 3*n)
-		for i, m := range marks[:n] {
-			if i > 0 {
-				q.WriteByte(',')
-			}
-			q.WriteString("(?,?,?)")
-			args = append(args, m.ConvID, int64(m.UID), int64(m.Seq))
-		}
-		q.WriteString(" ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)")
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return classify("commit: senders' read positions", err)
-		}
-		marks = marks[n:]
+	if len(marks) == 0 {
+		return nil
+	}
+	rows := make([][3]any, len(marks))
+	for i, m := range marks {
+		rows[i] = [3]any{m.ConvID, int64(m.UID), int64(m.Seq)}
+	}
+	list, err := json.Marshal(rows)
+	if err != nil {
+		return fmt.Errorf("sqlite: commit: senders' read positions: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, markSendersSQL, string(list)); err != nil {
+		return classify("commit: senders' read positions", err)
 	}
 	return nil
 }
