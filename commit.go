@@ -27,6 +27,12 @@ type ConvBatch struct {
 	PrevHead uint64
 	Fence    Fence
 	Messages []Message
+	// MarkSendersRead: in the same transaction, each sender's read
+	// position in ConvID is raised to their last seq in Messages (never
+	// lowered): a user's own messages are read (persist.SenderMarks). The
+	// group-commit writer sets it unless the server runs with
+	// --send-marks-read=false.
+	MarkSendersRead bool
 	// Outbox, when On, makes the commit record in the same transaction
 	// that this conversation has messages the firehose has not published
 	// yet (persist.Outbox; package firehose).

@@ -96,6 +96,8 @@ func sendEvent(st *connect.ServerStream[sequencerv1.SubscribeResponse], out *seq
 		out.Event = &sequencerv1.SubscribeResponse_Truncated{Truncated: &sequencerv1.Truncated{ConvId: e.ConvID, OldestSeq: e.OldestSeq}}
 	case feed.KindHeartbeat:
 		out.Event = &sequencerv1.SubscribeResponse_Heartbeat{Heartbeat: &sequencerv1.Heartbeat{}}
+	case feed.KindReadPosition:
+		out.Event = &sequencerv1.SubscribeResponse_ReadPosition{ReadPosition: &sequencerv1.ReadPositionChanged{ConvId: e.ConvID, Uid: e.UID, ReadSeq: e.ReadSeq}}
 	}
 	return st.Send(out)
 }

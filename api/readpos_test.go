@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
@@ -183,4 +184,18 @@ func TestReadPositionsErrors(t *testing.T) {
 			t.Fatalf("%s without read positions: %d %s", tc.path, status, raw)
 		}
 	}
+}
+
+func (f *fakePositions) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	if err := f.enter(); err != nil {
+		return nil, err
+	}
+	return f.store.ReadCounts(ctx, convID, bounds)
+}
+
+func (f *fakePositions) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	if err := f.enter(); err != nil {
+		return nil, false, err
+	}
+	return f.store.ReadPositionsPage(ctx, convID, afterUID, limit)
 }

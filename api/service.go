@@ -64,6 +64,10 @@ type Reader = persist.Reader
 type ReadPositions interface {
 	MarkRead(ctx context.Context, convID string, uid, seq uint64) (sequencer.ReadState, error)
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]sequencer.ReadState, error)
+	// ReadCounts and ReadPositionsPage answer GetReadReceipts and
+	// ListReadPositions (persist.ReadPositions).
+	ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error)
+	ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error)
 }
 
 // Router tells which node owns a conversation now.
@@ -103,8 +107,8 @@ type Config struct {
 	Reader Reader
 	// Router handles Route. Optional: nil answers Route with unimplemented.
 	Router Router
-	// Positions handles MarkRead and GetReadState. Optional: nil answers
-	// them with unimplemented.
+	// Positions handles MarkRead, GetReadState, GetReadReceipts and
+	// ListReadPositions. Optional: nil answers them with unimplemented.
 	Positions ReadPositions
 	// Feed serves Subscribe (package feed; its backlog is read from
 	// Reader). Optional: nil answers Subscribe with unimplemented.
@@ -156,6 +160,8 @@ const (
 	methodSendBatch  = "SendBatch"
 	methodMarkRead   = "MarkRead"
 	methodReadState  = "GetReadState"
+	methodReceipts   = "GetReadReceipts"
+	methodPositions  = "ListReadPositions"
 )
 
 // MaxBatchItems is the most items one SendBatch may hold.
@@ -525,14 +531,16 @@ func (s *Service) Route(ctx context.Context, req *connect.Request[sequencerv1.Ro
 	}), nil
 }
 
-// errNoPositions answers MarkRead and GetReadState on a node built without
+// errNoPositions answers the read-position RPCs on a node built without
 // ReadPositions.
 var errNoPositions = connect.NewError(connect.CodeUnimplemented, errors.New("read positions are not configured on this node"))
 
 // MarkRead raises uid's read position in conv_id to seq (clamped to the
 // head, never backwards) and answers the stored position, the head and the
 // unread count. The store decides (see ReadPositions); nothing is stored
-// when validation fails. A user's own Send does not move their position.
+// when validation fails. A user's own Send moves their position too, in
+// its commit (unless serve --send-marks-read=false; persist.SenderMarks).
+// The position stored is published to the feed's read-position streams.
 func (s *Service) MarkRead(ctx context.Context, req *connect.Request[sequencerv1.MarkReadRequest]) (*connect.Response[sequencerv1.MarkReadResponse], error) {
 	m := req.Msg
 	if err := ValidateMarkRead(m); err != nil {
@@ -545,6 +553,9 @@ func (s *Service) MarkRead(ctx context.Context, req *connect.Request[sequencerv1
 	st, err := s.reads.MarkRead(ctx, m.GetConvId(), m.GetUid(), m.GetSeq())
 	if err != nil {
 		return nil, s.fail(ctx, methodMarkRead, fmt.Errorf("mark read: %w", err), "conv_id", m.GetConvId(), "uid", m.GetUid())
+	}
+	if s.feed != nil && st.ReadSeq > 0 {
+		s.feed.PublishRead(feed.ReadTick{ConvID: m.GetConvId(), UID: m.GetUid(), ReadSeq: st.ReadSeq})
 	}
 	s.ok(methodMarkRead)
 	return connect.NewResponse(&sequencerv1.MarkReadResponse{ReadSeq: st.ReadSeq, HeadSeq: st.Head, Unread: st.Unread()}), nil
@@ -654,7 +665,8 @@ func (s *Service) ok(method string) {
 func (s *Service) refuse(r *http.Request, code connect.Code) {
 	method := procedureMethod(r.URL.Path)
 	switch method {
-	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState, methodPullMany, methodSubscribe:
+	case methodSend, methodSendBatch, methodPull, methodGetHead, methodGetMessage, methodRoute, methodMarkRead, methodReadState, methodPullMany, methodSubscribe,
+		methodReceipts, methodPositions:
 	default:
 		method = "unknown" // the label set stays bounded whatever the path
 	}

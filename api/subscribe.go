@@ -58,7 +58,7 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 		flush = ctl.flushHeld
 	}
 	var out sequencerv1.SubscribeResponse
-	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Flush: flush, Send: func(e feed.Event) error {
+	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Flush: flush, ReadPositions: req.Msg.GetReadPositions(), Send: func(e feed.Event) error {
 		return sendEvent(st, &out, e) // a live message encoded once for all streams (feedcodec.go)
 	}})
 	if ctx.Err() != nil && !errors.Is(err, feed.ErrBehind) {

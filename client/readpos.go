@@ -32,8 +32,9 @@ func (c *Client) Mark(ctx context.Context, req MarkReadRequest) (ReadState, erro
 // stored position, the head and (Unread) the unread count. The position
 // never goes backwards (a lower seq changes nothing) and a seq above the
 // head is clamped to the head; it is durable when MarkRead returns. A
-// user's own Send does not move their position: to keep one's own messages
-// from counting as unread, mark the seq Send returned. Any node answers it,
+// user's own Send moves their position to its seq (unless the server runs
+// with --send-marks-read=false: then mark the seq Send returned to keep
+// one's own messages from counting as unread). Any node answers it,
 // and retries are harmless (a mark only moves up), so failed attempts are
 // retried like a Send's.
 func (c *Client) MarkRead(ctx context.Context, convID string, uid, seq uint64) (ReadState, error) {
@@ -83,4 +84,60 @@ func (c *Client) GetReadState(ctx context.Context, uid uint64, convIDs []string)
 			return target, nil
 		})
 	return out, err
+}
+
+// ReadPosition is one user's read position in a conversation
+// (ListReadPositions).
+type ReadPosition struct {
+	UID     uint64
+	ReadSeq uint64
+}
+
+// GetReadReceipts returns, for each of seqs (1..100, any order) of convID,
+// how many users have read up to it (a stored read position >= seq; the
+// sender included, since a Send marks its sender's position). One call,
+// one query on the server; retried like a read.
+func (c *Client) GetReadReceipts(ctx context.Context, convID string, seqs []uint64) ([]uint64, error) {
+	var out []uint64
+	req := &sequencerv1.GetReadReceiptsRequest{ConvId: convID, Seqs: seqs}
+	err := c.retry(ctx, call{op: "get read receipts", subject: fmt.Sprintf("conv_id %q (%d seqs)", convID, len(seqs))},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.GetReadReceipts(ctx, connect.NewRequest(req))
+			if err != nil {
+				return target, err
+			}
+			if n := len(resp.Msg.GetReadBy()); n != len(seqs) {
+				return target, sequencer.Errorf(sequencer.CodeInternal, "get read receipts: the server answered %d counts for %d seqs", n, len(seqs))
+			}
+			out = resp.Msg.GetReadBy()
+			return target, nil
+		})
+	return out, err
+}
+
+// ListReadPositions returns a page of convID's read positions with uid >
+// afterUID, ascending by uid (limit 0 = 100, clamped to 1,000 by the
+// server), and whether more follow (ask again from the last uid). Retried
+// like a read.
+func (c *Client) ListReadPositions(ctx context.Context, convID string, afterUID uint64, limit uint32) ([]ReadPosition, bool, error) {
+	var out []ReadPosition
+	var more bool
+	req := &sequencerv1.ListReadPositionsRequest{ConvId: convID, AfterUid: afterUID, Limit: limit}
+	err := c.retry(ctx, call{op: "list read positions", subject: fmt.Sprintf("conv_id %q after uid %d", convID, afterUID)},
+		func(ctx context.Context) (*node, error) {
+			target := c.anyNode(nil)
+			resp, err := target.rpc.ListReadPositions(ctx, connect.NewRequest(req))
+			if err != nil {
+				return target, err
+			}
+			ps := resp.Msg.GetPositions()
+			out = make([]ReadPosition, len(ps))
+			for i, p := range ps {
+				out[i] = ReadPosition{UID: p.GetUid(), ReadSeq: p.GetReadSeq()}
+			}
+			more = resp.Msg.GetHasMore()
+			return target, nil
+		})
+	return out, more, err
 }

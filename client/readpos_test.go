@@ -10,9 +10,10 @@ import (
 	"github.com/sequencer-im/sequencer/client"
 )
 
-// A user's own Send leaves their read position alone; MarkRead with the
-// seq Send returned clears it, never goes backwards, clamps to the head;
-// ReadState answers many conversations in order, in every protocol.
+// A user's own Send moves their read position (own messages are read);
+// another user's MarkRead clears their unread, never goes backwards, clamps
+// to the head; ReadState answers many conversations in order, in every
+// protocol.
 func TestMarkReadAndReadState(t *testing.T) {
 	node := startNode(t, t.TempDir(), "127.0.0.1:0")
 	for _, proto := range []client.Protocol{client.ProtocolGRPC, client.ProtocolConnect, client.ProtocolGRPCWeb} {
@@ -32,21 +33,21 @@ func TestMarkReadAndReadState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []client.ReadState{{ConvID: conv, Head: 3}, {ConvID: other}, {ConvID: conv, Head: 3}}
+			want := []client.ReadState{{ConvID: conv, ReadSeq: 3, Head: 3}, {ConvID: other}, {ConvID: conv, ReadSeq: 3, Head: 3}}
 			for i := range want {
 				if states[i] != want[i] {
-					t.Fatalf("state %d = %+v, want %+v (own sends count as unread)", i, states[i], want[i])
+					t.Fatalf("state %d = %+v, want %+v (own sends are read)", i, states[i], want[i])
 				}
 			}
-			if states[0].Unread() != 3 {
-				t.Fatalf("unread = %d, want 3", states[0].Unread())
+			if states[0].Unread() != 0 {
+				t.Fatalf("unread of the sender = %d, want 0", states[0].Unread())
 			}
-			// Marking one's own last message: nothing unread.
-			st, err := c.MarkRead(ctx, conv, 1001, last.Seq)
+			// Another reader marks the last message: nothing unread.
+			st, err := c.MarkRead(ctx, conv, 1003, last.Seq)
 			if err != nil || st != (client.ReadState{ConvID: conv, ReadSeq: 3, Head: 3}) || st.Unread() != 0 {
-				t.Fatalf("MarkRead(own last seq) = %+v, %v", st, err)
+				t.Fatalf("MarkRead(last seq) = %+v, %v", st, err)
 			}
-			if st, err = c.MarkRead(ctx, conv, 1001, 1); err != nil || st.ReadSeq != 3 {
+			if st, err = c.MarkRead(ctx, conv, 1003, 1); err != nil || st.ReadSeq != 3 {
 				t.Fatalf("MarkRead(1) after 3 = %+v, %v: went backwards", st, err)
 			}
 			if st, err = c.Mark(ctx, client.MarkReadRequest{ConvID: conv, UID: 1002, Seq: 50}); err != nil || st.ReadSeq != 3 || st.HeadSeq() != 3 {
@@ -87,7 +88,7 @@ func TestReadPositionInvalidIsNotRetried(t *testing.T) {
 		t.Fatalf("ReadState of 1001 conversations: %v, want invalid_argument", err)
 	}
 	states, err := c.GetReadState(ctx, 1, many[:sequencer.MaxReadStateConvs])
-	if err != nil || len(states) != sequencer.MaxReadStateConvs || states[1].Head != 1 || states[1].ReadSeq != 0 {
+	if err != nil || len(states) != sequencer.MaxReadStateConvs || states[1].Head != 1 || states[1].ReadSeq != 1 { // uid 1 sent g:1 seq 1: read
 		t.Fatalf("ReadState of 1,000 conversations: %d states, %v", len(states), err)
 	}
 }

@@ -24,6 +24,27 @@ type Cursor struct {
 type Event struct {
 	Message   *Message   // the next stored message of its conversation
 	Truncated *Truncated // retention removed the seqs before OldestSeq
+	// ReadPosition (SubscribeOptions.ReadPositions only): a user's read
+	// position in a followed conversation changed. Live only: ticks made
+	// while no stream was attached (between resumes) are not repeated.
+	ReadPosition *ReadPositionChanged
+}
+
+// ReadPositionChanged says UID's read position in ConvID is now ReadSeq
+// (MarkRead, or UID's own message). Keep the highest per (ConvID, UID):
+// ticks may arrive out of order.
+type ReadPositionChanged struct {
+	ConvID  string
+	UID     uint64
+	ReadSeq uint64
+}
+
+// SubscribeOptions are Subscribe's options beyond the cursors.
+type SubscribeOptions struct {
+	// ReadPositions: also yield the live read-position changes of the
+	// followed conversations (Event.ReadPosition; docs/API.md, "Read
+	// ticks").
+	ReadPositions bool
 }
 
 // Truncated says retention removed seqs a cursor asked for.
@@ -48,6 +69,11 @@ const SubscribeIdle = 45 * time.Second
 // Heartbeats are not yielded. It ends when ctx ends or the caller stops,
 // or yields a final error (invalid_argument, a token refused, ...).
 func (c *Client) Subscribe(ctx context.Context, cursors []Cursor) iter.Seq2[Event, error] {
+	return c.SubscribeWith(ctx, cursors, SubscribeOptions{})
+}
+
+// SubscribeWith is Subscribe with options (read ticks).
+func (c *Client) SubscribeWith(ctx context.Context, cursors []Cursor, opts SubscribeOptions) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		last := make(map[string]uint64, len(cursors))
 		order := make([]string, len(cursors))
@@ -63,7 +89,7 @@ func (c *Client) Subscribe(ctx context.Context, cursors []Cursor) iter.Seq2[Even
 				return
 			}
 			target := c.anyNode(avoid)
-			req := &sequencerv1.SubscribeRequest{Cursors: make([]*sequencerv1.Cursor, len(order))}
+			req := &sequencerv1.SubscribeRequest{Cursors: make([]*sequencerv1.Cursor, len(order)), ReadPositions: opts.ReadPositions}
 			for i, cv := range order {
 				req.Cursors[i] = &sequencerv1.Cursor{ConvId: cv, AfterSeq: last[cv]}
 			}
@@ -139,6 +165,14 @@ func (c *Client) subscribeOnce(ctx context.Context, target *node, req *sequencer
 			last[t.GetConvId()] = t.GetOldestSeq() - 1
 			delivered = true
 			if !yield(Event{Truncated: &Truncated{ConvID: t.GetConvId(), OldestSeq: t.GetOldestSeq()}}, nil) {
+				return delivered, true, nil
+			}
+		case *sequencerv1.SubscribeResponse_ReadPosition:
+			r := e.ReadPosition
+			if _, ok := last[r.GetConvId()]; !ok {
+				continue
+			}
+			if !yield(Event{ReadPosition: &ReadPositionChanged{ConvID: r.GetConvId(), UID: r.GetUid(), ReadSeq: r.GetReadSeq()}}, nil) {
 				return delivered, true, nil
 			}
 		}

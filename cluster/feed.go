@@ -65,7 +65,7 @@ func (n *peerServer) handleFeed(ctx context.Context, st *connect.BidiStream[clus
 		}
 		ev := &clusterv1.FeedEvents{Acked: acks, Batches: make([]*clusterv1.FeedBatch, len(batches))}
 		for i, b := range batches {
-			ev.Batches[i] = &clusterv1.FeedBatch{ConvId: b.ConvID, Messages: feedMessages(b.Msgs)}
+			ev.Batches[i] = &clusterv1.FeedBatch{ConvId: b.ConvID, Messages: feedMessages(b.Msgs), ReadPositions: feedReads(b.Reads)}
 		}
 		if err := st.Send(ev); err != nil {
 			return nil
@@ -99,6 +99,27 @@ func fromFeedMessages(ms []*sequencerv1.Message) []sequencer.Message {
 		out[i] = sequencer.Message{MsgID: m.GetMsgId(), ConvID: m.GetConvId(), Seq: m.GetSeq(), FromUID: m.GetFromUid(),
 			MsgType: int16(m.GetMsgType()), Body: m.GetBody(), ClientMsgID: m.GetClientMsgId(), ServerAt: m.GetServerAt().AsTime(),
 			Kind: sequencer.Kind(m.GetKind()), TargetMsgID: m.GetTargetMsgId()}
+	}
+	return out
+}
+
+// feedReads and fromFeedReads carry read ticks (feed.Hub.PublishRead)
+// between nodes.
+func feedReads(ts []feed.ReadTick) []*sequencerv1.ReadPosition {
+	if len(ts) == 0 {
+		return nil
+	}
+	out := make([]*sequencerv1.ReadPosition, len(ts))
+	for i, t := range ts {
+		out[i] = &sequencerv1.ReadPosition{Uid: t.UID, ReadSeq: t.ReadSeq}
+	}
+	return out
+}
+
+func fromFeedReads(convID string, rs []*sequencerv1.ReadPosition) []feed.ReadTick {
+	out := make([]feed.ReadTick, len(rs))
+	for i, r := range rs {
+		out[i] = feed.ReadTick{ConvID: convID, UID: r.GetUid(), ReadSeq: r.GetReadSeq()}
 	}
 	return out
 }
@@ -342,6 +363,9 @@ func (l *peerLink) stream(ctx context.Context) {
 		}
 		for _, b := range ev.GetBatches() {
 			l.p.hub.Deliver(b.GetConvId(), fromFeedMessages(b.GetMessages()))
+			if rs := b.GetReadPositions(); len(rs) > 0 {
+				l.p.hub.DeliverRead(fromFeedReads(b.GetConvId(), rs))
+			}
 		}
 		var resync []string
 		l.p.mu.Lock()

@@ -48,6 +48,10 @@ type Config struct {
 	Timeout time.Duration
 	Metrics *metrics.Set // optional
 	Logger  *slog.Logger // optional
+	// KeepReadPositions: commits leave the senders' read positions alone
+	// (serve --send-marks-read=false). By default every batch is committed
+	// with MarkSendersRead: a user's own messages are read.
+	KeepReadPositions bool
 }
 
 // DefaultConfig returns every default (Store is still required).
@@ -273,6 +277,7 @@ func (w *Writer) commit(group []*item) {
 		rows := 0
 		for i, it := range group {
 			batches[i] = it.batch
+			batches[i].MarkSendersRead = !w.cfg.KeepReadPositions
 			rows += len(it.batch.Messages)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Timeout)

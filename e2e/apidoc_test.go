@@ -459,7 +459,7 @@ func checkDoc(t *testing.T, d docCheck) error {
 	if !d.coverage {
 		return nil
 	}
-	for _, m := range []string{"Send", "SendBatch", "Pull", "GetHead", "GetMessage", "Route"} {
+	for _, m := range []string{"Send", "SendBatch", "Pull", "GetHead", "GetMessage", "Route", "GetReadReceipts", "ListReadPositions"} {
 		if !methods[m] {
 			return fmt.Errorf("%s: no curl example calls %s", apiDoc, m)
 		}

@@ -90,3 +90,70 @@ func TestReadPositionsAcrossNodes(t *testing.T) {
 		t.Fatalf("mark 3 on the returned node: %v, %v (went backwards)", r, err)
 	}
 }
+
+// Read ticks in a cluster: a stream at node a with read_positions gets the
+// MarkRead made at node b (carried on the peer feed) and the sender's tick
+// of a message sent through b, whoever owns the conversation.
+func TestReadTicksAcrossNodes(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	a := startNode(t, "a", "--store", dsn, "--cluster-listen", freeAddr(t), "--node-id", "a")
+	b := startNode(t, "b", "--store", dsn, "--cluster-listen", freeAddr(t), "--node-id", "b")
+	ca, cb := a.grpcClient(), b.grpcClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const conv = "ticks-1"
+	waitFor(t, 30*time.Second, "a first message", func() bool {
+		_, err := send(ctx, cb, conv, 5, "t-1", nil)
+		return err == nil
+	})
+	st, err := ca.Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{
+		Cursors: []*sequencerv1.Cursor{{ConvId: conv, AfterSeq: 1}}, ReadPositions: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks := make(chan *sequencerv1.ReadPositionChanged, 100)
+	go func() {
+		for st.Receive() {
+			if r := st.Msg().GetReadPosition(); r != nil {
+				ticks <- r
+			}
+		}
+		close(ticks)
+	}()
+	// Marks at b until a's stream shows one (the peer link and the stream
+	// attach asynchronously; ticks are live only).
+	want := func(what string, act func(), ok func(*sequencerv1.ReadPositionChanged) bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			act()
+			select {
+			case r, open := <-ticks:
+				if !open {
+					t.Fatalf("%s: the stream ended: %v", what, st.Err())
+				}
+				if ok(r) {
+					return
+				}
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		t.Fatalf("%s: no tick at node a", what)
+	}
+	want("MarkRead at b", func() {
+		if _, err := cb.MarkRead(ctx, connect.NewRequest(&sequencerv1.MarkReadRequest{ConvId: conv, Uid: 77, Seq: 1})); err != nil {
+			t.Fatal(err)
+		}
+	}, func(r *sequencerv1.ReadPositionChanged) bool {
+		return r.GetConvId() == conv && r.GetUid() == 77 && r.GetReadSeq() == 1
+	})
+	n := 1
+	want("a send through b", func() {
+		n++
+		if _, err := send(ctx, cb, conv, 88, fmt.Sprintf("t-%d", n), nil); err != nil {
+			t.Fatal(err)
+		}
+	}, func(r *sequencerv1.ReadPositionChanged) bool {
+		return r.GetConvId() == conv && r.GetUid() == 88 && r.GetReadSeq() >= 2
+	})
+}

@@ -35,6 +35,8 @@ type Hub struct {
 	closed   bool
 	openTaps int // open Taps
 	n        counters
+
+	readStreams atomic.Int64 // streams with read ticks on (readtick.go)
 }
 
 // counters are the hub's totals since it started (Totals).
@@ -80,6 +82,8 @@ type stream struct {
 	acks   []uint64      // a Tap's acks, in order with its batches
 	wake   chan struct{} // capacity 1: the loop has something to look at
 	cut    func()        // called once when the stream falls behind (may be nil)
+	reads  atomic.Bool   // read ticks on (readtick.go)
+	ticks  []ReadTick    // read ticks queued
 }
 
 type published struct {
@@ -121,6 +125,7 @@ func (h *Hub) Publish(convID string, msgs []sequencer.Message) {
 		s.offer(published{convID, msgs, nil})
 	}
 	h.mu.RUnlock()
+	h.tickSenders(convID, msgs)
 }
 
 // Deliver hands a batch another node committed (from the Upstream) to the
@@ -137,6 +142,7 @@ func (h *Hub) Deliver(convID string, msgs []sequencer.Message) {
 		}
 	}
 	h.mu.RUnlock()
+	h.tickSenders(convID, msgs)
 }
 
 // Resync tells every stream that follows one of convIDs to read the store

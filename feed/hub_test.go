@@ -59,18 +59,23 @@ type sub struct {
 func (n *node) subscribe(buf int, cursors ...persist.Cursor) *sub {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sub{events: make(chan Event, buf), done: make(chan error, 1), cancel: cancel}
-	go func() {
-		s.done <- n.hub.Serve(ctx, Subscription{Cursors: cursors, Store: n.store, Cut: cancel, Send: func(e Event) error {
-			select {
-			case s.events <- e:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}})
-	}()
+	go n.serve(ctx, s, Subscription{Cursors: cursors})
 	n.t.Cleanup(cancel)
 	return s
+}
+
+// serve runs sub on the node's hub and store, its events into s.
+func (n *node) serve(ctx context.Context, s *sub, sub Subscription) {
+	sub.Store, sub.Cut = n.store, s.cancel
+	sub.Send = func(e Event) error {
+		select {
+		case s.events <- e:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.done <- n.hub.Serve(ctx, sub)
 }
 
 // collect reads events until every conversation of want reached its seq.

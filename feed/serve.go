@@ -26,6 +26,10 @@ type Config struct {
 	Heartbeat time.Duration
 	// Clock times heartbeats; default the real clock.
 	Clock clock.Clock
+	// KeepReadPositions: the server runs with the own-send rule off
+	// (--send-marks-read=false), so a message is no read tick of its
+	// sender (readtick.go).
+	KeepReadPositions bool
 
 	// readPage is how many messages of one conversation a backlog read
 	// asks for, readBudget how many one read returns at most (defaults
@@ -95,6 +99,9 @@ type Subscription struct {
 	// meanwhile, a heartbeat): a transport can write them out together
 	// instead of one flush per event.
 	Flush func() error
+	// ReadPositions: the stream also gets the live read-position changes
+	// of its conversations (KindReadPosition events; readtick.go).
+	ReadPositions bool
 }
 
 // Serve runs one stream until ctx ends, Send fails, or it must end:
@@ -140,6 +147,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 		return nil
 	}
 	defer h.detach(s, cursors)
+	if sub.ReadPositions {
+		defer h.watchReads(s)()
+	}
 	t := NewTail(cursors, h.cfg.MaxQueue)
 	clk, hb := h.cfg.Clock, h.cfg.Heartbeat
 	lastSent := clk.Now()
@@ -174,6 +184,9 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			}
 		}
 		evs := t.Take()
+		for _, tk := range s.takeTicks() {
+			evs = append(evs, Event{Kind: KindReadPosition, ConvID: tk.ConvID, UID: tk.UID, ReadSeq: tk.ReadSeq})
+		}
 		for _, ev := range evs {
 			if err := send(ev); err != nil {
 				return err

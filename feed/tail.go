@@ -45,8 +45,10 @@ type Event struct {
 	// Wire, when set, is Msg's encoded form shared with the other streams
 	// that send it (a live message; nil for one read from the store).
 	Wire      *Wire
-	ConvID    string // KindTruncated
+	ConvID    string // KindTruncated, KindReadPosition
 	OldestSeq uint64 // KindTruncated
+	UID       uint64 // KindReadPosition
+	ReadSeq   uint64 // KindReadPosition
 }
 
 // convTail is one conversation of a Tail.

@@ -24,6 +24,7 @@ type Tap struct {
 type Published struct {
 	ConvID string
 	Msgs   []sequencer.Message
+	Reads  []ReadTick // read ticks of ConvID (PublishRead), no Msgs then
 }
 
 // NewTap returns an empty tap.
@@ -95,17 +96,20 @@ func (t *Tap) Next(ctx context.Context) ([]Published, []uint64, error) {
 	for {
 		s := t.s
 		s.mu.Lock()
-		q, acks, behind := s.queue, s.acks, s.behind
-		s.queue, s.queued, s.acks = nil, 0, nil
+		q, acks, behind, ticks := s.queue, s.acks, s.behind, s.ticks
+		s.queue, s.queued, s.acks, s.ticks = nil, 0, nil, nil
 		s.mu.Unlock()
 		if behind {
 			t.h.n.tapsCut.Add(1)
 			return nil, nil, ErrBehind
 		}
-		if len(q) > 0 || len(acks) > 0 {
-			out := make([]Published, len(q))
+		if len(q) > 0 || len(acks) > 0 || len(ticks) > 0 {
+			out := make([]Published, len(q), len(q)+len(ticks))
 			for i, p := range q {
 				out[i] = Published{ConvID: p.convID, Msgs: p.msgs}
+			}
+			for _, tk := range ticks {
+				out = append(out, Published{ConvID: tk.ConvID, Reads: []ReadTick{tk}})
 			}
 			return out, acks, nil
 		}

@@ -223,8 +223,9 @@ type ReadState = sequencer.ReadState
 
 // ReadPositions stores users' read positions (the seed's third use of seq).
 // Positions live in their own table: retention (Trim, TrimBefore) never
-// touches them, and nothing but MarkRead writes them (a Commit does not: a
-// user's own Send leaves their position where it is).
+// touches them. MarkRead writes them, and so does a Commit of batches with
+// MarkSendersRead (the own-send rule: each sender's position is raised to
+// their last seq in the commit, in the same transaction; SenderMarks).
 //
 // Both methods first check their arguments with sequencer.CheckMarkRead /
 // sequencer.CheckReadStates (the API's rules) and refuse bad ones with an
@@ -245,6 +246,16 @@ type ReadPositions interface {
 	// order given (duplicates allowed, unknown conversations as zeros), in
 	// one round trip to the store.
 	ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]ReadState, error)
+	// ReadCounts returns, for 1..100 ascending distinct bounds, how many
+	// users' positions in convID fall in each bucket: counts[i] for
+	// bounds[i] <= read_seq < bounds[i+1] (the last: >= it), in one read
+	// of an index on (conv_id, read_seq) from bounds[0] (never a scan of
+	// other conversations); the counting is done by the store (BucketSQL),
+	// so at most 100 rows come back. ReadReceipts sums them.
+	ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error)
+	// ReadPositionsPage returns up to limit (>= 1) positions of convID with
+	// uid > afterUID, ascending by uid, and whether more follow.
+	ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]ReadPosition, bool, error)
 }
 
 // ConvSettler is an optional ability of a Store that knows which

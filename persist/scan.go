@@ -58,3 +58,14 @@ func TrimStep(convs []ConvHead, limit int, trim func(ConvHead) (int, error)) (ne
 	}
 	return convs[len(convs)-1].ConvID, deleted, nil
 }
+
+// CollectQuery is Collect for the answer of a driver's query: err is the
+// query's, closeRows closes rows (after the scan; not called when err is
+// set).
+func CollectQuery[T any, R Rows](rows R, err error, closeRows func(R), scan func(Rows) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer closeRows(rows)
+	return Collect(rows, scan)
+}

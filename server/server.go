@@ -194,7 +194,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	acfg.Store, acfg.IDs, acfg.Metrics, acfg.Logger, acfg.Clock = st, s.lease, s.metrics, log, clk
 	// The change feed: the conversation actors publish what they
 	// committed into the hub, Subscribe streams from it (package feed).
-	s.feed = feed.NewHub(cfg.Feed, nil)
+	fcfg := cfg.Feed
+	fcfg.KeepReadPositions = cfg.Actors.Commit.KeepReadPositions // one flag, --send-marks-read
+	s.feed = feed.NewHub(fcfg, nil)
 	acfg.Feed = s.feed
 	if s.fire != nil {
 		// The firehose: every commit records its conversation in the

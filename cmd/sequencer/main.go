@@ -22,6 +22,7 @@ import (
 
 	"github.com/sequencer-im/sequencer/admin"
 	"github.com/sequencer-im/sequencer/buildinfo"
+	"github.com/sequencer-im/sequencer/internal/conf"
 	"github.com/sequencer-im/sequencer/internal/reqid"
 	"github.com/sequencer-im/sequencer/persist/open"
 	"github.com/sequencer-im/sequencer/server"
@@ -109,6 +110,8 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.DurationVar(&c.Actors.PassivateAfter, "passivate-after", d.Actors.PassivateAfter, "stop a conversation actor after it idled this long")
 	fs.IntVar(&c.Actors.Commit.Workers, "commit-workers", d.Actors.Commit.Workers, "parallel group-commit transactions (two start as soon as anything waits; each further one only when 128 messages wait)")
 	fs.IntVar(&c.Actors.Commit.MaxMessages, "max-batch-messages", d.Actors.Commit.MaxMessages, "most messages in one store transaction")
+	c.Actors.Commit.KeepReadPositions = d.Actors.Commit.KeepReadPositions
+	fs.Var(conf.Not{B: &c.Actors.Commit.KeepReadPositions}, "send-marks-read", "a user's Send raises their own read position in the conversation to the message's seq, in the same transaction (own messages are never unread); false leaves positions to MarkRead alone")
 	fs.IntVar(&c.Actors.MaxQueuePerConv, "max-queue-per-conv", d.Actors.MaxQueuePerConv, "sends queued on one conversation before resource_exhausted")
 	fs.IntVar(&c.Actors.MaxPending, "max-pending", d.Actors.MaxPending, "sends queued on the node before resource_exhausted")
 	fs.Int64Var(&c.Actors.MaxPendingBytes, "max-pending-bytes", d.Actors.MaxPendingBytes, "bytes of the sends queued on the node (bodies and keys) before resource_exhausted")

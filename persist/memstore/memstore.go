@@ -190,6 +190,11 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 		c.head = b.LastSeq()
 	}
 	s.writeOutbox(batches)
+	for _, m := range persist.SenderMarks(batches) {
+		if k := (readKey{m.ConvID, m.UID}); m.Seq > s.reads[k] {
+			s.reads[k] = m.Seq
+		}
+	}
 	return nil
 }
 
@@ -559,4 +564,44 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 		out[i] = persist.ReadState{ConvID: c, ReadSeq: s.reads[readKey{c, uid}], Head: s.head(c)}
 	}
 	return out, nil
+}
+
+// ReadCounts implements persist.ReadPositions (a scan of every position:
+// the in-memory store is for tests).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		if err := s.enter(ctx, "read counts"); err != nil {
+			return nil, err
+		}
+		defer s.mu.Unlock()
+		var out []persist.BucketCount
+		for k, seq := range s.reads {
+			if k.conv == convID {
+				b, found := slices.BinarySearch(bounds, seq)
+				if found {
+					b++
+				}
+				out = append(out, persist.BucketCount{Bucket: b, Users: 1})
+			}
+		}
+		return out, nil
+	})
+}
+
+// ReadPositionsPage implements persist.ReadPositions.
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
+		if err := s.enter(ctx, "read positions"); err != nil {
+			return nil, err
+		}
+		defer s.mu.Unlock()
+		var all []persist.ReadPosition
+		for k, seq := range s.reads {
+			if k.conv == convID && k.uid > afterUID {
+				all = append(all, persist.ReadPosition{UID: k.uid, ReadSeq: seq})
+			}
+		}
+		slices.SortFunc(all, func(a, b persist.ReadPosition) int { return cmp.Compare(a.UID, b.UID) })
+		return all[:min(n, len(all))], nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 // BenchmarkCommit100Convs commits one message (128-byte body) to each of
@@ -91,4 +92,14 @@ func serverCPU(ctx context.Context, s *Store) (int64, bool) {
 		return 0, false
 	}
 	return u + st, true
+}
+
+// BenchmarkReadReceipts10k: GetReadReceipts' store side, 100 seqs over
+// 10,000 readers at distinct positions (storetest.BenchReadReceipts;
+// docs/BENCHMARKS.md, "Read receipts").
+//
+//	go test -run '^$' -bench ReadReceipts10k -benchtime 200x ./persist/mysql/
+func BenchmarkReadReceipts10k(b *testing.B) {
+	s, _ := newStore(b)
+	storetest.BenchReadReceipts(b, s)
 }

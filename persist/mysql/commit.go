@@ -441,6 +441,12 @@ func (s *Store) writeTrips(p *plan) []trip {
 			size += rowBytes(m)
 		}
 	}
+	if marks := persist.SenderMarks(p.batches); len(marks) > 0 {
+		if n := 100 * len(marks); size+n > limit && size > 0 {
+			flush()
+		}
+		cur.args = senderMarks(&sqlb, cur.args, marks)
+	}
 	flush()
 	return trips
 }

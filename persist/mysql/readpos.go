@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"github.com/sequencer-im/sequencer"
 	"strings"
 
@@ -78,4 +79,59 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 		out[i].ConvID = c
 	}
 	return out, nil
+}
+
+// senderMarks writes the own-send rule's statement into a commit's round
+// trip (persist.SenderMarks): each sender's position raised to their last
+// seq, never lowered.
+func senderMarks(b *strings.Builder, args []any, marks []persist.Mark) []any {
+	b.WriteString("INSERT INTO read_position (uid, conv_id, read_seq) VALUES ")
+	sqlList(b, len(marks), "(?,?,?)")
+	b.WriteString(" ON DUPLICATE KEY UPDATE read_seq = GREATEST(read_seq, VALUES(read_seq));")
+	for _, m := range marks {
+		args = append(args, m.UID, m.ConvID, m.Seq)
+	}
+	return args
+}
+
+// ReadCounts implements persist.ReadPositions: one range of the index
+// read_position_by_seq (conv_id, read_seq) from the lowest bound, counted
+// per bucket (persist.BucketSQL; the bounds are bound twice: ? is
+// positional).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() (out []persist.BucketCount, err error) {
+		var args []any
+		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string {
+			args = append(args, bounds[i])
+			return "?"
+		})
+		args = append(args, convID, bounds[0])
+		err = s.readRows(ctx, `SELECT `+bucket+`, COUNT(*) FROM read_position FORCE INDEX (read_position_by_seq)
+			WHERE conv_id = ? AND read_seq >= ? GROUP BY 1`, args, func(r *sql.Rows) error {
+			c, err := persist.ScanBucketCount(r)
+			out = append(out, c)
+			return err
+		})
+		if err != nil {
+			return nil, unavailable("read counts", err)
+		}
+		return out, nil
+	})
+}
+
+// ReadPositionsPage implements persist.ReadPositions: one range of the index
+// read_position_by_conv (conv_id, uid).
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) (out []persist.ReadPosition, err error) {
+		err = s.readRows(ctx, `SELECT uid, read_seq FROM read_position FORCE INDEX (read_position_by_conv)
+			WHERE conv_id = ? AND uid > ? ORDER BY uid LIMIT ?`, []any{convID, afterUID, n}, func(r *sql.Rows) error {
+			p, err := persist.ScanReadPosition(r)
+			out = append(out, p)
+			return err
+		})
+		if err != nil {
+			return nil, unavailable("read positions", err)
+		}
+		return out, nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 // benchBatches builds one commit of convs conversations x perConv rows after
@@ -36,21 +37,29 @@ func benchBatches(prefix string, heads []uint64, perConv int, nextID *atomic.Uin
 // latency of one Commit.
 //
 //	go test -run '^$' -bench Commit4000 -benchtime 40x ./persist/postgres/
-func BenchmarkCommit4000(b *testing.B) { benchCommit(b, 500, 8) }
+func BenchmarkCommit4000(b *testing.B) { benchCommit(b, 500, 8, false) }
 
 // BenchmarkCommitSmall is the same with 100-row transactions (20
 // conversations x 5 rows), where a round trip weighs more.
 //
 //	go test -run '^$' -bench CommitSmall -benchtime 200x ./persist/postgres/
-func BenchmarkCommitSmall(b *testing.B) { benchCommit(b, 20, 5) }
+func BenchmarkCommitSmall(b *testing.B) { benchCommit(b, 20, 5, false) }
 
 // BenchmarkCommitMany is the shape of the bench's many scenario: 95
 // conversations with one row each per commit, where a round trip weighs most.
 //
 //	go test -run '^$' -bench CommitMany -benchtime 400x ./persist/postgres/
-func BenchmarkCommitMany(b *testing.B) { benchCommit(b, 95, 1) }
+func BenchmarkCommitMany(b *testing.B) { benchCommit(b, 95, 1, false) }
 
-func benchCommit(b *testing.B, convs, perConv int) {
+// BenchmarkCommitManyMarks is BenchmarkCommitMany with the own-send rule on
+// (every batch MarkSendersRead, as the server commits by default): the
+// cost of the senders' read positions in the commit's transaction
+// (docs/BENCHMARKS.md, "Own messages are read").
+//
+//	go test -run '^$' -bench 'CommitMany(Marks)?$' -benchtime 400x -count 5 ./persist/postgres/
+func BenchmarkCommitManyMarks(b *testing.B) { benchCommit(b, 95, 1, true) }
+
+func benchCommit(b *testing.B, convs, perConv int, marks bool) {
 	body := make([]byte, 100)
 	for _, writers := range []int{1, 4} {
 		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
@@ -72,7 +81,11 @@ func benchCommit(b *testing.B, convs, perConv int) {
 			work := make([][][]persist.ConvBatch, writers)
 			for w := range work {
 				for i := 0; i < per; i++ {
-					work[w] = append(work[w], benchBatches(fmt.Sprintf("w%d", w), heads[w], perConv, &nextID, body, time.Now()))
+					bs := benchBatches(fmt.Sprintf("w%d", w), heads[w], perConv, &nextID, body, time.Now())
+					for i := range bs {
+						bs[i].MarkSendersRead = marks
+					}
+					work[w] = append(work[w], bs)
 				}
 			}
 			b.ResetTimer()
@@ -157,4 +170,14 @@ func benchInsertModes(b *testing.B, convs, perConv int) {
 	rows := float64(b.N * convs * perConv)
 	b.ReportMetric(rows/spent[0].Seconds(), "unnest-rows/s")
 	b.ReportMetric(rows/spent[1].Seconds(), "copy-rows/s")
+}
+
+// BenchmarkReadReceipts10k: GetReadReceipts' store side, 100 seqs over
+// 10,000 readers at distinct positions (storetest.BenchReadReceipts;
+// docs/BENCHMARKS.md, "Read receipts").
+//
+//	go test -run '^$' -bench ReadReceipts10k -benchtime 200x ./persist/postgres/
+func BenchmarkReadReceipts10k(b *testing.B) {
+	s, _ := newStore(b)
+	storetest.BenchReadReceipts(b, s)
 }

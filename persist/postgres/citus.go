@@ -832,6 +832,9 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 	if err != nil && persist.OutcomeOf(err) != persist.NotLanded || errors.Is(err, sequencer.ErrStoreUnavailable) {
 		d.wantReload.Store(true)
 	}
+	if err == nil && plan != nil {
+		s.markSendersAfter(ctx, batches)
+	}
 	return err
 }
 

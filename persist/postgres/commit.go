@@ -457,6 +457,9 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		for i := range pieces {
 			pieces[i].queueEvents(b)
 		}
+		if plan == nil {
+			queueSenderMarks(b, batches)
+		}
 		commitAt = b.Len()
 		b.Queue("COMMIT")
 	}
@@ -547,6 +550,10 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				rollback(conn)
 				return classify("commit: update the targets of edits and recalls", err)
 			}
+		}
+		if err := execSenderMarks(ctx, conn, batches, plan); err != nil {
+			rollback(conn)
+			return classify("commit: senders' read positions", err)
 		}
 		tag, err = conn.Exec(ctx, "COMMIT")
 		if err != nil {

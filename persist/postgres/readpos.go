@@ -3,6 +3,10 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -123,6 +127,106 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	}
 	if n != len(out) {
 		return nil, fmt.Errorf("postgres: read states: %d rows for %d conversations", n, len(out))
+	}
+	return out, nil
+}
+
+// senderMarksSQL is the own-send rule inside a commit's transaction
+// (persist.SenderMarks: distinct (conv_id, uid) in key order, so concurrent
+// commits lock rows in one order): each sender's position raised to their
+// last seq, never lowered.
+const senderMarksSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(read_position.read_seq, EXCLUDED.read_seq)`
+
+// senderMarksArgs are senderMarksSQL's arguments, nil when the commit
+// raises no position.
+func senderMarksArgs(batches []persist.ConvBatch) []any {
+	marks := persist.SenderMarks(batches)
+	if len(marks) == 0 {
+		return nil
+	}
+	convs := make([]string, len(marks))
+	uids := make([]int64, len(marks))
+	seqs := make([]int64, len(marks))
+	for i, m := range marks {
+		convs[i], uids[i], seqs[i] = m.ConvID, int64(m.UID), int64(m.Seq)
+	}
+	return []any{convs, uids, seqs}
+}
+
+// queueSenderMarks adds senderMarksSQL to a commit's pipelined batch
+// (before its COMMIT).
+func queueSenderMarks(b *pgx.Batch, batches []persist.ConvBatch) {
+	if args := senderMarksArgs(batches); args != nil {
+		b.Queue(senderMarksSQL, args...)
+	}
+}
+
+// execSenderMarks runs senderMarksSQL in a commit's transaction on the COPY
+// path (plan nil: the tables of plain PostgreSQL, or Citus's own routing).
+func execSenderMarks(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, plan *directPlan) error {
+	if plan != nil {
+		return nil
+	}
+	if args := senderMarksArgs(batches); args != nil {
+		_, err := conn.Exec(ctx, senderMarksSQL, args...)
+		return err
+	}
+	return nil
+}
+
+// markSendersAfter is the own-send rule of a Citus commit written directly
+// to a worker's shard tables (direct writes): the positions go through the
+// coordinator right after the commit, before it is answered, as a second
+// transaction (their shards' tables are not among the direct write's).
+// Its failure is logged, not returned: the messages are stored and the
+// answer must say so; the position catches up at the sender's next send or
+// MarkRead (docs/API.md, "Own messages are read").
+func (s *Store) markSendersAfter(ctx context.Context, batches []persist.ConvBatch) {
+	args := senderMarksArgs(batches)
+	if args == nil {
+		return
+	}
+	if _, err := s.pool.Exec(ctx, senderMarksSQL, args...); err != nil {
+		s.log.Warn("citus: raising the senders' read positions after a direct commit failed", "err", err)
+	}
+}
+
+// readCountsSQL is ReadCounts for n bounds ($2..$n+1): one range of
+// read_position_by_seq (conv_id, read_seq) from the lowest bound, each row
+// put in its bucket (persist.BucketSQL) and counted there.
+func readCountsSQL(n int) string {
+	return `SELECT ` + persist.BucketSQL("read_seq", n, func(i int) string { return "$" + strconv.Itoa(i+2) }) + `, count(*)
+FROM read_position WHERE conv_id = $1 AND read_seq >= $2 GROUP BY 1`
+}
+
+// readPositionsSQL is ReadPositionsPage: one range of the primary key.
+const readPositionsSQL = `SELECT uid, read_seq FROM read_position
+WHERE conv_id = $1 AND uid > $2 ORDER BY uid LIMIT $3`
+
+// ReadCounts implements persist.ReadPositions (on Citus a single-shard
+// query: conv_id is the distribution column).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		args := persist.ReadCountsArgs(convID, bounds)
+		return queryAll(ctx, s.pool, "read counts", persist.ScanBucketCount, readCountsSQL(len(bounds)), args...)
+	})
+}
+
+// ReadPositionsPage implements persist.ReadPositions.
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
+		return queryAll(ctx, s.pool, "read positions", persist.ScanReadPosition, readPositionsSQL, convID, int64(afterUID), n)
+	})
+}
+
+// queryAll runs q on pool and reads every row with scan.
+func queryAll[T any](ctx context.Context, pool *pgxpool.Pool, op string, scan func(persist.Rows) (T, error), q string, args ...any) ([]T, error) {
+	rows, err := pool.Query(ctx, q, args...)
+	out, err := persist.CollectQuery(rows, err, pgx.Rows.Close, scan)
+	if err != nil {
+		return nil, unavailable(op, err)
 	}
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 // BenchmarkCommit4000 commits 4,000-row transactions spread over 500
@@ -155,4 +156,14 @@ func procIO(b *testing.B) map[string]int64 {
 		out[k] = n
 	}
 	return out
+}
+
+// BenchmarkReadReceipts10k: GetReadReceipts' store side, 100 seqs over
+// 10,000 readers at distinct positions (storetest.BenchReadReceipts;
+// docs/BENCHMARKS.md, "Read receipts").
+//
+//	go test -run '^$' -bench ReadReceipts10k -benchtime 200x ./persist/sqlite/
+func BenchmarkReadReceipts10k(b *testing.B) {
+	s := newStore(b)
+	storetest.BenchReadReceipts(b, s)
 }

@@ -294,7 +294,11 @@ func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, looku
 		tx.Rollback()
 		return unavailable("commit", ctx.Err())
 	}
-	if err := s.stage(ctx, tx, batches, ins); err != nil {
+	err = s.stage(ctx, tx, batches, ins)
+	if err == nil {
+		err = markSenders(ctx, tx, batches)
+	}
+	if err != nil {
 		tx.Rollback()
 		var ce *conflictCause
 		if errors.As(err, &ce) {

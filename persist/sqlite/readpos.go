@@ -2,8 +2,10 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -99,6 +101,66 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	}
 	if n != len(out) {
 		return nil, fmt.Errorf("sqlite: read states: %d rows for %d conversations", n, len(out))
+	}
+	return out, nil
+}
+
+// markSendersSQL is the own-send rule's upsert: the marks go in as one
+// JSON array of [conv_id, uid, seq], so the statement text never changes
+// (a commit does not prepare a statement the size of its marks).
+const markSendersSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
+	SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?1) WHERE true
+	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)`
+
+// markSenders is the own-send rule inside a commit's transaction
+// (persist.SenderMarks): each sender's position raised to their last seq,
+// never lowered.
+func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
+	marks := persist.SenderMarks(batches)
+	if len(marks) == 0 {
+		return nil
+	}
+	rows := make([][3]any, len(marks))
+	for i, m := range marks {
+		rows[i] = [3]any{m.ConvID, int64(m.UID), int64(m.Seq)}
+	}
+	list, err := json.Marshal(rows)
+	if err != nil {
+		return fmt.Errorf("sqlite: commit: senders' read positions: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, markSendersSQL, string(list)); err != nil {
+		return classify("commit: senders' read positions", err)
+	}
+	return nil
+}
+
+// ReadCounts implements persist.ReadPositions: one range of the index
+// read_position_by_seq from the lowest bound, counted per bucket
+// (persist.BucketSQL; bounds ?2..?n+1).
+func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
+	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		args := persist.ReadCountsArgs(convID, bounds)
+		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string { return "?" + strconv.Itoa(i+2) })
+		return queryAll(ctx, s.r, "read counts", persist.ScanBucketCount, `SELECT `+bucket+`, count(*)
+			FROM read_position INDEXED BY read_position_by_seq WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`, args...)
+	})
+}
+
+// ReadPositionsPage implements persist.ReadPositions: one range of the
+// primary key (conv_id, uid).
+func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
+	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
+		return queryAll(ctx, s.r, "read positions", persist.ScanReadPosition, `SELECT uid, read_seq FROM read_position
+			WHERE conv_id = ?1 AND uid > ?2 ORDER BY uid LIMIT ?3`, convID, int64(afterUID), n)
+	})
+}
+
+// queryAll runs q on db and reads every row with scan.
+func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(persist.Rows) (T, error), q string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, q, args...)
+	out, err := persist.CollectQuery(rows, err, func(r *sql.Rows) { r.Close() }, scan)
+	if err != nil {
+		return nil, unavailable(op, err)
 	}
 	return out, nil
 }

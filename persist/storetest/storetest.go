@@ -249,6 +249,7 @@ func Run(t *testing.T, newStore func(t *testing.T) persist.Store) {
 	cases = append(cases, pageCases...)
 	cases = append(cases, outboxCases...)
 	cases = append(cases, eventCases...)
+	cases = append(cases, receiptCases...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			x := newSuite(t, newStore)

@@ -155,6 +155,12 @@ export interface ReadState {
   unread: bigint;
 }
 
+/** One user's read position in a conversation (listReadPositions). */
+export interface ReadPosition {
+  uid: bigint;
+  readSeq: bigint;
+}
+
 /** The most conversations one readState call may name. */
 export const MAX_READ_STATE_CONVS = 1000;
 
@@ -648,9 +654,10 @@ export class SequencerClient {
    * stored position with the head and the unread count. The position never
    * goes backwards (a lower seq changes nothing) and a seq above the head is
    * clamped to the head; it is durable when the promise resolves. A user's
-   * own send does not move their position: mark the seq send returned to
-   * keep one's own messages from counting as unread. Any node answers it;
-   * retries are harmless (a mark only moves up).
+   * own send moves their position to its seq (unless the server runs with
+   * --send-marks-read=false: then mark the seq send returned to keep one's
+   * own messages from counting as unread). Any node answers it; retries are
+   * harmless (a mark only moves up).
    */
   async markRead(convId: string, uid: bigint | string, seq: bigint | string, opts: CallOptions = {}): Promise<ReadState> {
     const u = toUint64(uid, "uid");
@@ -679,6 +686,40 @@ export class SequencerClient {
       throw new SequencerError("internal", `get read state: the server answered ${resp.states.length} states for ${convIds.length} conversations`);
     }
     return resp.states.map((st, i) => ({ convId: convIds[i], readSeq: st.readSeq, headSeq: st.headSeq, unread: st.unread }));
+  }
+
+  /**
+   * getReadReceipts returns, for each of seqs (1..100, any order) of convId,
+   * how many users have read up to it (a stored read position >= seq; the
+   * sender included, since a send marks its sender's position). One call,
+   * one query on the server; retried like a read.
+   */
+  async getReadReceipts(convId: string, seqs: (bigint | string)[], opts: CallOptions = {}): Promise<bigint[]> {
+    const ss = seqs.map((s) => toUint64(s, "seq"));
+    const call: CallInfo = { op: "get read receipts", subject: `conv_id ${JSON.stringify(convId)} (${ss.length} seqs)` };
+    const resp = await this.withRetry(call, opts, (at) => {
+      at.target = this.anyNode();
+      return at.target.rpc.getReadReceipts({ convId, seqs: ss }, { signal: at.signal });
+    });
+    if (resp.readBy.length !== ss.length) {
+      throw new SequencerError("internal", `get read receipts: the server answered ${resp.readBy.length} counts for ${ss.length} seqs`);
+    }
+    return resp.readBy;
+  }
+
+  /**
+   * listReadPositions returns a page of convId's read positions with uid >
+   * afterUid, ascending by uid (limit 0 = 100, clamped to 1,000 by the
+   * server), and whether more follow (ask again from the last uid).
+   */
+  async listReadPositions(convId: string, afterUid: bigint | string = 0n, limit = 0, opts: CallOptions = {}): Promise<{ positions: ReadPosition[]; hasMore: boolean }> {
+    const after = toUint64(afterUid, "after_uid");
+    const call: CallInfo = { op: "list read positions", subject: `conv_id ${JSON.stringify(convId)} after uid ${after}` };
+    const resp = await this.withRetry(call, opts, (at) => {
+      at.target = this.anyNode();
+      return at.target.rpc.listReadPositions({ convId, afterUid: after, limit }, { signal: at.signal });
+    });
+    return { positions: resp.positions.map((p) => ({ uid: p.uid, readSeq: p.readSeq })), hasMore: resp.hasMore };
   }
 
   /** route asks a node who owns convId now, and remembers the answer for later sends. */

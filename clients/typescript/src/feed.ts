@@ -15,12 +15,31 @@ export interface Cursor {
 
 /** One item of a subscription: a stored message, or a notice that retention removed seqs. */
 export type FeedEvent =
-  | { message: Message; truncated?: undefined }
-  | { message?: undefined; truncated: { convId: string; oldestSeq: bigint } };
+  | { message: Message; truncated?: undefined; readPosition?: undefined }
+  | { message?: undefined; truncated: { convId: string; oldestSeq: bigint }; readPosition?: undefined }
+  | { message?: undefined; truncated?: undefined; readPosition: ReadPositionChanged };
+
+/**
+ * A user's read position in a followed conversation changed (MarkRead, or
+ * the user's own message): with SubscribeOptions.readPositions only. Keep
+ * the highest per (convId, uid): ticks may arrive out of order.
+ */
+export interface ReadPositionChanged {
+  convId: string;
+  uid: bigint;
+  readSeq: bigint;
+}
 
 export interface SubscribeOptions {
   /** Ends the subscription. */
   signal?: AbortSignal;
+  /**
+   * Also yield the live read-position changes of the followed conversations
+   * (readPosition events). Live only: ticks made while no stream is
+   * attached (between resumes) are not repeated; read the positions of now
+   * with listReadPositions or getReadReceipts after a resume.
+   */
+  readPositions?: boolean;
 }
 
 /** How long a stream may stay silent (the server sends heartbeats every 15 s) before it is taken for dead. */
@@ -77,7 +96,7 @@ export async function* subscribe(host: FeedHost, cursors: Cursor[], opts: Subscr
     let delivered = false;
     let err: unknown;
     try {
-      const req = { cursors: order.map((convId) => ({ convId, afterSeq: last.get(convId)! })) };
+      const req = { cursors: order.map((convId) => ({ convId, afterSeq: last.get(convId)! })), readPositions: opts.readPositions ?? false };
       for await (const ev of node.rpc.subscribe(req, { signal: ctl.signal })) {
         clearTimeout(idle);
         idle = setTimeout(() => ctl.abort(), SUBSCRIBE_IDLE_MS);
@@ -102,6 +121,11 @@ export async function* subscribe(host: FeedHost, cursors: Cursor[], opts: Subscr
           last.set(t.convId, t.oldestSeq - 1n);
           delivered = true;
           yield { truncated: { convId: t.convId, oldestSeq: t.oldestSeq } };
+        } else if (ev.event.case === "readPosition") {
+          const r = ev.event.value;
+          if (last.has(r.convId)) {
+            yield { readPosition: { convId: r.convId, uid: r.uid, readSeq: r.readSeq } };
+          }
         }
       }
       err = new SequencerError("unavailable", "subscribe: the stream ended without a code");

@@ -432,7 +432,7 @@ describe("single node", () => {
     }
   });
 
-  test("C23 read positions: own sends unread until marked, never backwards, clamped, many conversations in order, invalid not retried", async () => {
+  test("C23 read positions: own sends are read, never backwards, clamped, many conversations in order, invalid not retried", async () => {
     const rec = recorder();
     const c = client({ interceptors: [rec.icpt] });
     try {
@@ -442,9 +442,9 @@ describe("single node", () => {
       }
       const states = await c.readState(1001n, ["ts:c23", "ts:c23-none", "ts:c23"]);
       assert.deepEqual(states, [
-        { convId: "ts:c23", readSeq: 0n, headSeq: 3n, unread: 3n },
+        { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n },
         { convId: "ts:c23-none", readSeq: 0n, headSeq: 0n, unread: 0n },
-        { convId: "ts:c23", readSeq: 0n, headSeq: 3n, unread: 3n },
+        { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n },
       ]);
       assert.deepEqual(await c.markRead("ts:c23", 1001n, last!.seq), { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n });
       assert.deepEqual(await c.markRead("ts:c23", "1001", 1n), { convId: "ts:c23", readSeq: 3n, headSeq: 3n, unread: 0n }, "never backwards");

@@ -722,9 +722,12 @@ func (x *FeedEvents) GetAcked() []uint64 {
 
 // FeedBatch is one committed batch of one conversation, ascending seqs.
 type FeedBatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
-	Messages      []*v1.Message          `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ConvId   string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	Messages []*v1.Message          `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Read-position changes of conv_id made by MarkRead on the sending node
+	// (feed.Hub.PublishRead); a batch carries messages or these.
+	ReadPositions []*v1.ReadPosition `protobuf:"bytes,3,rep,name=read_positions,json=readPositions,proto3" json:"read_positions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -769,6 +772,13 @@ func (x *FeedBatch) GetConvId() string {
 func (x *FeedBatch) GetMessages() []*v1.Message {
 	if x != nil {
 		return x.Messages
+	}
+	return nil
+}
+
+func (x *FeedBatch) GetReadPositions() []*v1.ReadPosition {
+	if x != nil {
+		return x.ReadPositions
 	}
 	return nil
 }
@@ -825,10 +835,11 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"FeedEvents\x129\n" +
 	"\abatches\x18\x01 \x03(\v2\x1f.sequencer.cluster.v1.FeedBatchR\abatches\x12\x14\n" +
-	"\x05acked\x18\x02 \x03(\x04R\x05acked\"W\n" +
+	"\x05acked\x18\x02 \x03(\x04R\x05acked\"\x9a\x01\n" +
 	"\tFeedBatch\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x121\n" +
-	"\bmessages\x18\x02 \x03(\v2\x15.sequencer.v1.MessageR\bmessages2\x86\x02\n" +
+	"\bmessages\x18\x02 \x03(\v2\x15.sequencer.v1.MessageR\bmessages\x12A\n" +
+	"\x0eread_positions\x18\x03 \x03(\v2\x1a.sequencer.v1.ReadPositionR\rreadPositions2\x86\x02\n" +
 	"\x0eClusterService\x12V\n" +
 	"\aForward\x12\".sequencer.cluster.v1.ForwardBatch\x1a'.sequencer.cluster.v1.ForwardBatchReply\x12J\n" +
 	"\x04Wake\x12!.sequencer.cluster.v1.WakeRequest\x1a\x1f.sequencer.cluster.v1.WakeReply\x12P\n" +
@@ -860,6 +871,7 @@ var file_cluster_v1_cluster_proto_goTypes = []any{
 	(*FeedEvents)(nil),        // 9: sequencer.cluster.v1.FeedEvents
 	(*FeedBatch)(nil),         // 10: sequencer.cluster.v1.FeedBatch
 	(*v1.Message)(nil),        // 11: sequencer.v1.Message
+	(*v1.ReadPosition)(nil),   // 12: sequencer.v1.ReadPosition
 }
 var file_cluster_v1_cluster_proto_depIdxs = []int32{
 	1,  // 0: sequencer.cluster.v1.ForwardBatch.items:type_name -> sequencer.cluster.v1.ForwardItem
@@ -868,17 +880,18 @@ var file_cluster_v1_cluster_proto_depIdxs = []int32{
 	5,  // 3: sequencer.cluster.v1.ForwardReply.failure:type_name -> sequencer.cluster.v1.Failure
 	10, // 4: sequencer.cluster.v1.FeedEvents.batches:type_name -> sequencer.cluster.v1.FeedBatch
 	11, // 5: sequencer.cluster.v1.FeedBatch.messages:type_name -> sequencer.v1.Message
-	0,  // 6: sequencer.cluster.v1.ClusterService.Forward:input_type -> sequencer.cluster.v1.ForwardBatch
-	6,  // 7: sequencer.cluster.v1.ClusterService.Wake:input_type -> sequencer.cluster.v1.WakeRequest
-	8,  // 8: sequencer.cluster.v1.ClusterService.Feed:input_type -> sequencer.cluster.v1.FeedInterest
-	2,  // 9: sequencer.cluster.v1.ClusterService.Forward:output_type -> sequencer.cluster.v1.ForwardBatchReply
-	7,  // 10: sequencer.cluster.v1.ClusterService.Wake:output_type -> sequencer.cluster.v1.WakeReply
-	9,  // 11: sequencer.cluster.v1.ClusterService.Feed:output_type -> sequencer.cluster.v1.FeedEvents
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	12, // 6: sequencer.cluster.v1.FeedBatch.read_positions:type_name -> sequencer.v1.ReadPosition
+	0,  // 7: sequencer.cluster.v1.ClusterService.Forward:input_type -> sequencer.cluster.v1.ForwardBatch
+	6,  // 8: sequencer.cluster.v1.ClusterService.Wake:input_type -> sequencer.cluster.v1.WakeRequest
+	8,  // 9: sequencer.cluster.v1.ClusterService.Feed:input_type -> sequencer.cluster.v1.FeedInterest
+	2,  // 10: sequencer.cluster.v1.ClusterService.Forward:output_type -> sequencer.cluster.v1.ForwardBatchReply
+	7,  // 11: sequencer.cluster.v1.ClusterService.Wake:output_type -> sequencer.cluster.v1.WakeReply
+	9,  // 12: sequencer.cluster.v1.ClusterService.Feed:output_type -> sequencer.cluster.v1.FeedEvents
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cluster_v1_cluster_proto_init() }

@@ -1388,7 +1388,10 @@ func (x *Cursor) GetAfterSeq() uint64 {
 type SubscribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1..10,000 cursors, no conversation twice.
-	Cursors       []*Cursor `protobuf:"bytes,1,rep,name=cursors,proto3" json:"cursors,omitempty"`
+	Cursors []*Cursor `protobuf:"bytes,1,rep,name=cursors,proto3" json:"cursors,omitempty"`
+	// Also stream the live read-position changes of these conversations
+	// (read_position events): live only, no backlog (docs/API.md).
+	ReadPositions bool `protobuf:"varint,2,opt,name=read_positions,json=readPositions,proto3" json:"read_positions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1433,13 @@ func (x *SubscribeRequest) GetCursors() []*Cursor {
 	return nil
 }
 
+func (x *SubscribeRequest) GetReadPositions() bool {
+	if x != nil {
+		return x.ReadPositions
+	}
+	return false
+}
+
 type SubscribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -1437,6 +1447,7 @@ type SubscribeResponse struct {
 	//	*SubscribeResponse_Message
 	//	*SubscribeResponse_Heartbeat
 	//	*SubscribeResponse_Truncated
+	//	*SubscribeResponse_ReadPosition
 	Event         isSubscribeResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1506,6 +1517,15 @@ func (x *SubscribeResponse) GetTruncated() *Truncated {
 	return nil
 }
 
+func (x *SubscribeResponse) GetReadPosition() *ReadPositionChanged {
+	if x != nil {
+		if x, ok := x.Event.(*SubscribeResponse_ReadPosition); ok {
+			return x.ReadPosition
+		}
+	}
+	return nil
+}
+
 type isSubscribeResponse_Event interface {
 	isSubscribeResponse_Event()
 }
@@ -1526,11 +1546,80 @@ type SubscribeResponse_Truncated struct {
 	Truncated *Truncated `protobuf:"bytes,3,opt,name=truncated,proto3,oneof"`
 }
 
+type SubscribeResponse_ReadPosition struct {
+	// With read_positions: a user's read position changed (MarkRead, or
+	// their own message).
+	ReadPosition *ReadPositionChanged `protobuf:"bytes,4,opt,name=read_position,json=readPosition,proto3,oneof"`
+}
+
 func (*SubscribeResponse_Message) isSubscribeResponse_Event() {}
 
 func (*SubscribeResponse_Heartbeat) isSubscribeResponse_Event() {}
 
 func (*SubscribeResponse_Truncated) isSubscribeResponse_Event() {}
+
+func (*SubscribeResponse_ReadPosition) isSubscribeResponse_Event() {}
+
+// ReadPositionChanged: uid's read position in conv_id is now read_seq.
+type ReadPositionChanged struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConvId        string                 `protobuf:"bytes,1,opt,name=conv_id,json=convId,proto3" json:"conv_id,omitempty"`
+	Uid           uint64                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	ReadSeq       uint64                 `protobuf:"varint,3,opt,name=read_seq,json=readSeq,proto3" json:"read_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPositionChanged) Reset() {
+	*x = ReadPositionChanged{}
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPositionChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPositionChanged) ProtoMessage() {}
+
+func (x *ReadPositionChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPositionChanged.ProtoReflect.Descriptor instead.
+func (*ReadPositionChanged) Descriptor() ([]byte, []int) {
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReadPositionChanged) GetConvId() string {
+	if x != nil {
+		return x.ConvId
+	}
+	return ""
+}
+
+func (x *ReadPositionChanged) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ReadPositionChanged) GetReadSeq() uint64 {
+	if x != nil {
+		return x.ReadSeq
+	}
+	return 0
+}
 
 type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1540,7 +1629,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1641,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[23]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1654,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{23}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{24}
 }
 
 type Truncated struct {
@@ -1578,7 +1667,7 @@ type Truncated struct {
 
 func (x *Truncated) Reset() {
 	*x = Truncated{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1679,7 @@ func (x *Truncated) String() string {
 func (*Truncated) ProtoMessage() {}
 
 func (x *Truncated) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[24]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1692,7 @@ func (x *Truncated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Truncated.ProtoReflect.Descriptor instead.
 func (*Truncated) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{24}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Truncated) GetConvId() string {
@@ -1635,7 +1724,7 @@ type PullManyRequest struct {
 
 func (x *PullManyRequest) Reset() {
 	*x = PullManyRequest{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1736,7 @@ func (x *PullManyRequest) String() string {
 func (*PullManyRequest) ProtoMessage() {}
 
 func (x *PullManyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[25]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1749,7 @@ func (x *PullManyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullManyRequest.ProtoReflect.Descriptor instead.
 func (*PullManyRequest) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{25}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PullManyRequest) GetCursors() []*Cursor {
@@ -1694,7 +1783,7 @@ type PullManyResponse struct {
 
 func (x *PullManyResponse) Reset() {
 	*x = PullManyResponse{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1795,7 @@ func (x *PullManyResponse) String() string {
 func (*PullManyResponse) ProtoMessage() {}
 
 func (x *PullManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[26]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1808,7 @@ func (x *PullManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullManyResponse.ProtoReflect.Descriptor instead.
 func (*PullManyResponse) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{26}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PullManyResponse) GetPages() []*PullResponse {
@@ -1745,7 +1834,7 @@ type EditRequest struct {
 
 func (x *EditRequest) Reset() {
 	*x = EditRequest{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1846,7 @@ func (x *EditRequest) String() string {
 func (*EditRequest) ProtoMessage() {}
 
 func (x *EditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[27]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1859,7 @@ func (x *EditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EditRequest.ProtoReflect.Descriptor instead.
 func (*EditRequest) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{27}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EditRequest) GetConvId() string {
@@ -1828,7 +1917,7 @@ type RecallRequest struct {
 
 func (x *RecallRequest) Reset() {
 	*x = RecallRequest{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1929,7 @@ func (x *RecallRequest) String() string {
 func (*RecallRequest) ProtoMessage() {}
 
 func (x *RecallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[28]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1942,7 @@ func (x *RecallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecallRequest.ProtoReflect.Descriptor instead.
 func (*RecallRequest) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{28}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RecallRequest) GetConvId() string {
@@ -1902,7 +1991,7 @@ type GetReadReceiptsRequest struct {
 
 func (x *GetReadReceiptsRequest) Reset() {
 	*x = GetReadReceiptsRequest{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2003,7 @@ func (x *GetReadReceiptsRequest) String() string {
 func (*GetReadReceiptsRequest) ProtoMessage() {}
 
 func (x *GetReadReceiptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[29]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2016,7 @@ func (x *GetReadReceiptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReadReceiptsRequest.ProtoReflect.Descriptor instead.
 func (*GetReadReceiptsRequest) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{29}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetReadReceiptsRequest) GetConvId() string {
@@ -1954,7 +2043,7 @@ type GetReadReceiptsResponse struct {
 
 func (x *GetReadReceiptsResponse) Reset() {
 	*x = GetReadReceiptsResponse{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2055,7 @@ func (x *GetReadReceiptsResponse) String() string {
 func (*GetReadReceiptsResponse) ProtoMessage() {}
 
 func (x *GetReadReceiptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[30]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2068,7 @@ func (x *GetReadReceiptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReadReceiptsResponse.ProtoReflect.Descriptor instead.
 func (*GetReadReceiptsResponse) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{30}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetReadReceiptsResponse) GetReadBy() []uint64 {
@@ -2001,7 +2090,7 @@ type ListReadPositionsRequest struct {
 
 func (x *ListReadPositionsRequest) Reset() {
 	*x = ListReadPositionsRequest{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2102,7 @@ func (x *ListReadPositionsRequest) String() string {
 func (*ListReadPositionsRequest) ProtoMessage() {}
 
 func (x *ListReadPositionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[31]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2115,7 @@ func (x *ListReadPositionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReadPositionsRequest.ProtoReflect.Descriptor instead.
 func (*ListReadPositionsRequest) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{31}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListReadPositionsRequest) GetConvId() string {
@@ -2060,7 +2149,7 @@ type ListReadPositionsResponse struct {
 
 func (x *ListReadPositionsResponse) Reset() {
 	*x = ListReadPositionsResponse{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2161,7 @@ func (x *ListReadPositionsResponse) String() string {
 func (*ListReadPositionsResponse) ProtoMessage() {}
 
 func (x *ListReadPositionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[32]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2174,7 @@ func (x *ListReadPositionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReadPositionsResponse.ProtoReflect.Descriptor instead.
 func (*ListReadPositionsResponse) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{32}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListReadPositionsResponse) GetPositions() []*ReadPosition {
@@ -2112,7 +2201,7 @@ type ReadPosition struct {
 
 func (x *ReadPosition) Reset() {
 	*x = ReadPosition{}
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2213,7 @@ func (x *ReadPosition) String() string {
 func (*ReadPosition) ProtoMessage() {}
 
 func (x *ReadPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_sequencer_v1_sequencer_proto_msgTypes[33]
+	mi := &file_sequencer_v1_sequencer_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2226,7 @@ func (x *ReadPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadPosition.ProtoReflect.Descriptor instead.
 func (*ReadPosition) Descriptor() ([]byte, []int) {
-	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{33}
+	return file_sequencer_v1_sequencer_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadPosition) GetUid() uint64 {
@@ -2245,14 +2334,20 @@ const file_sequencer_v1_sequencer_proto_rawDesc = "" +
 	"\x06unread\x18\x04 \x01(\x04R\x06unread\">\n" +
 	"\x06Cursor\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"B\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"i\n" +
 	"\x10SubscribeRequest\x12.\n" +
-	"\acursors\x18\x01 \x03(\v2\x14.sequencer.v1.CursorR\acursors\"\xc1\x01\n" +
+	"\acursors\x18\x01 \x03(\v2\x14.sequencer.v1.CursorR\acursors\x12%\n" +
+	"\x0eread_positions\x18\x02 \x01(\bR\rreadPositions\"\x8b\x02\n" +
 	"\x11SubscribeResponse\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x15.sequencer.v1.MessageH\x00R\amessage\x127\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x17.sequencer.v1.HeartbeatH\x00R\theartbeat\x127\n" +
-	"\ttruncated\x18\x03 \x01(\v2\x17.sequencer.v1.TruncatedH\x00R\ttruncatedB\a\n" +
-	"\x05event\"\v\n" +
+	"\ttruncated\x18\x03 \x01(\v2\x17.sequencer.v1.TruncatedH\x00R\ttruncated\x12H\n" +
+	"\rread_position\x18\x04 \x01(\v2!.sequencer.v1.ReadPositionChangedH\x00R\freadPositionB\a\n" +
+	"\x05event\"[\n" +
+	"\x13ReadPositionChanged\x12\x17\n" +
+	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x19\n" +
+	"\bread_seq\x18\x03 \x01(\x04R\areadSeq\"\v\n" +
 	"\tHeartbeat\"C\n" +
 	"\tTruncated\x12\x17\n" +
 	"\aconv_id\x18\x01 \x01(\tR\x06convId\x12\x1d\n" +
@@ -2326,7 +2421,7 @@ func file_sequencer_v1_sequencer_proto_rawDescGZIP() []byte {
 }
 
 var file_sequencer_v1_sequencer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_sequencer_v1_sequencer_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(MessageKind)(0),                  // 0: sequencer.v1.MessageKind
 	(*SendRequest)(nil),               // 1: sequencer.v1.SendRequest
@@ -2352,24 +2447,25 @@ var file_sequencer_v1_sequencer_proto_goTypes = []any{
 	(*Cursor)(nil),                    // 21: sequencer.v1.Cursor
 	(*SubscribeRequest)(nil),          // 22: sequencer.v1.SubscribeRequest
 	(*SubscribeResponse)(nil),         // 23: sequencer.v1.SubscribeResponse
-	(*Heartbeat)(nil),                 // 24: sequencer.v1.Heartbeat
-	(*Truncated)(nil),                 // 25: sequencer.v1.Truncated
-	(*PullManyRequest)(nil),           // 26: sequencer.v1.PullManyRequest
-	(*PullManyResponse)(nil),          // 27: sequencer.v1.PullManyResponse
-	(*EditRequest)(nil),               // 28: sequencer.v1.EditRequest
-	(*RecallRequest)(nil),             // 29: sequencer.v1.RecallRequest
-	(*GetReadReceiptsRequest)(nil),    // 30: sequencer.v1.GetReadReceiptsRequest
-	(*GetReadReceiptsResponse)(nil),   // 31: sequencer.v1.GetReadReceiptsResponse
-	(*ListReadPositionsRequest)(nil),  // 32: sequencer.v1.ListReadPositionsRequest
-	(*ListReadPositionsResponse)(nil), // 33: sequencer.v1.ListReadPositionsResponse
-	(*ReadPosition)(nil),              // 34: sequencer.v1.ReadPosition
-	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
+	(*ReadPositionChanged)(nil),       // 24: sequencer.v1.ReadPositionChanged
+	(*Heartbeat)(nil),                 // 25: sequencer.v1.Heartbeat
+	(*Truncated)(nil),                 // 26: sequencer.v1.Truncated
+	(*PullManyRequest)(nil),           // 27: sequencer.v1.PullManyRequest
+	(*PullManyResponse)(nil),          // 28: sequencer.v1.PullManyResponse
+	(*EditRequest)(nil),               // 29: sequencer.v1.EditRequest
+	(*RecallRequest)(nil),             // 30: sequencer.v1.RecallRequest
+	(*GetReadReceiptsRequest)(nil),    // 31: sequencer.v1.GetReadReceiptsRequest
+	(*GetReadReceiptsResponse)(nil),   // 32: sequencer.v1.GetReadReceiptsResponse
+	(*ListReadPositionsRequest)(nil),  // 33: sequencer.v1.ListReadPositionsRequest
+	(*ListReadPositionsResponse)(nil), // 34: sequencer.v1.ListReadPositionsResponse
+	(*ReadPosition)(nil),              // 35: sequencer.v1.ReadPosition
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
 }
 var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
-	35, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
-	35, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
+	36, // 0: sequencer.v1.SendResponse.server_at:type_name -> google.protobuf.Timestamp
+	36, // 1: sequencer.v1.Message.server_at:type_name -> google.protobuf.Timestamp
 	0,  // 2: sequencer.v1.Message.kind:type_name -> sequencer.v1.MessageKind
-	35, // 3: sequencer.v1.Message.edited_at:type_name -> google.protobuf.Timestamp
+	36, // 3: sequencer.v1.Message.edited_at:type_name -> google.protobuf.Timestamp
 	3,  // 4: sequencer.v1.PullResponse.messages:type_name -> sequencer.v1.Message
 	3,  // 5: sequencer.v1.GetMessageResponse.message:type_name -> sequencer.v1.Message
 	1,  // 6: sequencer.v1.SendBatchRequest.items:type_name -> sequencer.v1.SendRequest
@@ -2379,44 +2475,45 @@ var file_sequencer_v1_sequencer_proto_depIdxs = []int32{
 	20, // 10: sequencer.v1.GetReadStateResponse.states:type_name -> sequencer.v1.ReadState
 	21, // 11: sequencer.v1.SubscribeRequest.cursors:type_name -> sequencer.v1.Cursor
 	3,  // 12: sequencer.v1.SubscribeResponse.message:type_name -> sequencer.v1.Message
-	24, // 13: sequencer.v1.SubscribeResponse.heartbeat:type_name -> sequencer.v1.Heartbeat
-	25, // 14: sequencer.v1.SubscribeResponse.truncated:type_name -> sequencer.v1.Truncated
-	21, // 15: sequencer.v1.PullManyRequest.cursors:type_name -> sequencer.v1.Cursor
-	5,  // 16: sequencer.v1.PullManyResponse.pages:type_name -> sequencer.v1.PullResponse
-	34, // 17: sequencer.v1.ListReadPositionsResponse.positions:type_name -> sequencer.v1.ReadPosition
-	1,  // 18: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
-	4,  // 19: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
-	6,  // 20: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
-	8,  // 21: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
-	10, // 22: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
-	12, // 23: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
-	16, // 24: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
-	18, // 25: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
-	22, // 26: sequencer.v1.SequencerService.Subscribe:input_type -> sequencer.v1.SubscribeRequest
-	26, // 27: sequencer.v1.SequencerService.PullMany:input_type -> sequencer.v1.PullManyRequest
-	28, // 28: sequencer.v1.SequencerService.Edit:input_type -> sequencer.v1.EditRequest
-	29, // 29: sequencer.v1.SequencerService.Recall:input_type -> sequencer.v1.RecallRequest
-	30, // 30: sequencer.v1.SequencerService.GetReadReceipts:input_type -> sequencer.v1.GetReadReceiptsRequest
-	32, // 31: sequencer.v1.SequencerService.ListReadPositions:input_type -> sequencer.v1.ListReadPositionsRequest
-	2,  // 32: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
-	5,  // 33: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
-	7,  // 34: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
-	9,  // 35: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
-	11, // 36: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
-	13, // 37: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
-	17, // 38: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
-	19, // 39: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
-	23, // 40: sequencer.v1.SequencerService.Subscribe:output_type -> sequencer.v1.SubscribeResponse
-	27, // 41: sequencer.v1.SequencerService.PullMany:output_type -> sequencer.v1.PullManyResponse
-	2,  // 42: sequencer.v1.SequencerService.Edit:output_type -> sequencer.v1.SendResponse
-	2,  // 43: sequencer.v1.SequencerService.Recall:output_type -> sequencer.v1.SendResponse
-	31, // 44: sequencer.v1.SequencerService.GetReadReceipts:output_type -> sequencer.v1.GetReadReceiptsResponse
-	33, // 45: sequencer.v1.SequencerService.ListReadPositions:output_type -> sequencer.v1.ListReadPositionsResponse
-	32, // [32:46] is the sub-list for method output_type
-	18, // [18:32] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	25, // 13: sequencer.v1.SubscribeResponse.heartbeat:type_name -> sequencer.v1.Heartbeat
+	26, // 14: sequencer.v1.SubscribeResponse.truncated:type_name -> sequencer.v1.Truncated
+	24, // 15: sequencer.v1.SubscribeResponse.read_position:type_name -> sequencer.v1.ReadPositionChanged
+	21, // 16: sequencer.v1.PullManyRequest.cursors:type_name -> sequencer.v1.Cursor
+	5,  // 17: sequencer.v1.PullManyResponse.pages:type_name -> sequencer.v1.PullResponse
+	35, // 18: sequencer.v1.ListReadPositionsResponse.positions:type_name -> sequencer.v1.ReadPosition
+	1,  // 19: sequencer.v1.SequencerService.Send:input_type -> sequencer.v1.SendRequest
+	4,  // 20: sequencer.v1.SequencerService.Pull:input_type -> sequencer.v1.PullRequest
+	6,  // 21: sequencer.v1.SequencerService.GetHead:input_type -> sequencer.v1.GetHeadRequest
+	8,  // 22: sequencer.v1.SequencerService.GetMessage:input_type -> sequencer.v1.GetMessageRequest
+	10, // 23: sequencer.v1.SequencerService.Route:input_type -> sequencer.v1.RouteRequest
+	12, // 24: sequencer.v1.SequencerService.SendBatch:input_type -> sequencer.v1.SendBatchRequest
+	16, // 25: sequencer.v1.SequencerService.MarkRead:input_type -> sequencer.v1.MarkReadRequest
+	18, // 26: sequencer.v1.SequencerService.GetReadState:input_type -> sequencer.v1.GetReadStateRequest
+	22, // 27: sequencer.v1.SequencerService.Subscribe:input_type -> sequencer.v1.SubscribeRequest
+	27, // 28: sequencer.v1.SequencerService.PullMany:input_type -> sequencer.v1.PullManyRequest
+	29, // 29: sequencer.v1.SequencerService.Edit:input_type -> sequencer.v1.EditRequest
+	30, // 30: sequencer.v1.SequencerService.Recall:input_type -> sequencer.v1.RecallRequest
+	31, // 31: sequencer.v1.SequencerService.GetReadReceipts:input_type -> sequencer.v1.GetReadReceiptsRequest
+	33, // 32: sequencer.v1.SequencerService.ListReadPositions:input_type -> sequencer.v1.ListReadPositionsRequest
+	2,  // 33: sequencer.v1.SequencerService.Send:output_type -> sequencer.v1.SendResponse
+	5,  // 34: sequencer.v1.SequencerService.Pull:output_type -> sequencer.v1.PullResponse
+	7,  // 35: sequencer.v1.SequencerService.GetHead:output_type -> sequencer.v1.GetHeadResponse
+	9,  // 36: sequencer.v1.SequencerService.GetMessage:output_type -> sequencer.v1.GetMessageResponse
+	11, // 37: sequencer.v1.SequencerService.Route:output_type -> sequencer.v1.RouteResponse
+	13, // 38: sequencer.v1.SequencerService.SendBatch:output_type -> sequencer.v1.SendBatchResponse
+	17, // 39: sequencer.v1.SequencerService.MarkRead:output_type -> sequencer.v1.MarkReadResponse
+	19, // 40: sequencer.v1.SequencerService.GetReadState:output_type -> sequencer.v1.GetReadStateResponse
+	23, // 41: sequencer.v1.SequencerService.Subscribe:output_type -> sequencer.v1.SubscribeResponse
+	28, // 42: sequencer.v1.SequencerService.PullMany:output_type -> sequencer.v1.PullManyResponse
+	2,  // 43: sequencer.v1.SequencerService.Edit:output_type -> sequencer.v1.SendResponse
+	2,  // 44: sequencer.v1.SequencerService.Recall:output_type -> sequencer.v1.SendResponse
+	32, // 45: sequencer.v1.SequencerService.GetReadReceipts:output_type -> sequencer.v1.GetReadReceiptsResponse
+	34, // 46: sequencer.v1.SequencerService.ListReadPositions:output_type -> sequencer.v1.ListReadPositionsResponse
+	33, // [33:47] is the sub-list for method output_type
+	19, // [19:33] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_sequencer_v1_sequencer_proto_init() }
@@ -2432,6 +2529,7 @@ func file_sequencer_v1_sequencer_proto_init() {
 		(*SubscribeResponse_Message)(nil),
 		(*SubscribeResponse_Heartbeat)(nil),
 		(*SubscribeResponse_Truncated)(nil),
+		(*SubscribeResponse_ReadPosition)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2439,7 +2537,7 @@ func file_sequencer_v1_sequencer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sequencer_v1_sequencer_proto_rawDesc), len(file_sequencer_v1_sequencer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sequencer-im/sequencer/internal/conf"
 )
 
 // Config is one bench run. Zero fields take the documented defaults.
@@ -66,6 +68,10 @@ type Config struct {
 	// CommitWorkers, when > 0, is the in-process engines' group-commit
 	// workers instead of the server's default (--commit-workers).
 	CommitWorkers int
+	// KeepReadPositions runs the sequencer engines with the own-send rule
+	// off (--send-marks-read=false): the in-process ones
+	// (commit.Config.KeepReadPositions) and the servers the e engines start.
+	KeepReadPositions bool
 	// MySQL is the admin mysql:// URL of the MySQL / MariaDB server of the
 	// -mysql engines; the run creates and drops its databases there.
 	MySQL string
@@ -267,6 +273,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.Convs, "convs", 0, "override the scenarios' number of conversations")
 	fs.IntVar(&cfg.MemoryConvs, "memory-convs", 0, "override the memory scenario's conversations (default 1,000,000)")
 	skew := fs.Float64("skew", 0, "override the conversation choice: 0 uniform, > 1 Zipf exponent (hot conversations)")
+	fs.Var(conf.Not{B: &cfg.KeepReadPositions}, "send-marks-read", "the sequencer engines (a, e and their variants; not with --target): a Send raises its sender's read position in the same transaction, as 'sequencer serve' does by default; false measures without it")
 	fs.IntVar(&cfg.CommitWorkers, "commit-workers", 0, "in-process engines (a, a-sqlite, a-mysql): group-commit workers (0: the server's default, as 'sequencer serve' runs)")
 	fs.StringVar(&cfg.MySQL, "mysql", defaultMySQL, "admin mysql:// URL of the MySQL / MariaDB server of the -mysql engines (the run creates its own databases there)")
 	fs.StringVar(&cfg.PG, "pg", "postgres://postgres@127.0.0.1:5432/postgres", "admin DSN of the PostgreSQL server (the run creates its own database there)")
@@ -540,7 +547,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
 		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
-		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, Logf: r.logf,
+		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, KeepReadPositions: r.cfg.KeepReadPositions, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,
 	// 2nd run: e_json_many_r2) or a SQLite file of that name.

@@ -82,6 +82,8 @@ type Env struct {
 	// CommitWorkers, when > 0, replaces the server's default number of
 	// group-commit workers (engine a and its variants; --commit-workers).
 	CommitWorkers int
+	// KeepReadPositions: the own-send rule off (--send-marks-read=false).
+	KeepReadPositions bool
 	// Passivate is how long an idle conversation actor lives (engine a).
 	Passivate time.Duration
 	// Logf reports engine events the user should see (e.g. a failed floor

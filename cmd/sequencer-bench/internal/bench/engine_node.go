@@ -71,6 +71,7 @@ func openNode(ctx context.Context, env Env) (Engine, error) {
 	if env.CommitWorkers > 0 {
 		acfg.Commit.Workers = env.CommitWorkers
 	}
+	acfg.Commit.KeepReadPositions = env.KeepReadPositions
 	if env.Passivate > 0 {
 		acfg.PassivateAfter = env.Passivate
 	}

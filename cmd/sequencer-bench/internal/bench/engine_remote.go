@@ -414,6 +414,9 @@ func openServed(ctx context.Context, env Env, open func(context.Context, Env) (E
 	if env.Passivate > 0 {
 		args = append(args, "--passivate-after", env.Passivate.String())
 	}
+	if env.KeepReadPositions {
+		args = append(args, "--send-marks-read=false")
+	}
 	cmd := exec.Command(env.ServeBin, args...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

@@ -98,8 +98,10 @@ type SequencerServiceClient interface {
 	// count. The position never goes backwards (a lower seq changes nothing),
 	// is clamped to the committed head (a seq above it is not refused), and is
 	// durable before the answer; two devices marking at once end at the higher
-	// seq. A user's own Send does not move their position. Any node answers
-	// (the store's row decides, never backwards); retrying is harmless.
+	// seq. A user's own Send moves their position too: to the message's seq,
+	// in the same transaction (unless the server runs with
+	// --send-marks-read=false). Any node answers (the store's row decides,
+	// never backwards); retrying is harmless.
 	MarkRead(context.Context, *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error)
 	// GetReadState answers a user's read state in up to 1,000 conversations at
 	// once, in the order given (duplicates allowed; a conversation never
@@ -346,8 +348,10 @@ type SequencerServiceHandler interface {
 	// count. The position never goes backwards (a lower seq changes nothing),
 	// is clamped to the committed head (a seq above it is not refused), and is
 	// durable before the answer; two devices marking at once end at the higher
-	// seq. A user's own Send does not move their position. Any node answers
-	// (the store's row decides, never backwards); retrying is harmless.
+	// seq. A user's own Send moves their position too: to the message's seq,
+	// in the same transaction (unless the server runs with
+	// --send-marks-read=false). Any node answers (the store's row decides,
+	// never backwards); retrying is harmless.
 	MarkRead(context.Context, *connect.Request[v1.MarkReadRequest]) (*connect.Response[v1.MarkReadResponse], error)
 	// GetReadState answers a user's read state in up to 1,000 conversations at
 	// once, in the order given (duplicates allowed; a conversation never

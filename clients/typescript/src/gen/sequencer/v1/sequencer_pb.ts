@@ -15,7 +15,7 @@ import type { Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file sequencer/v1/sequencer.proto.
  */
 export const file_sequencer_v1_sequencer: GenFile = /*@__PURE__*/
-  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgixAIKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKBGtpbmQYCSABKA4yGS5zZXF1ZW5jZXIudjEuTWVzc2FnZUtpbmQSFQoNdGFyZ2V0X21zZ19pZBgKIAEoBBIQCghyZWNhbGxlZBgLIAEoCBISCgplZGl0X2NvdW50GAwgASgNEi0KCWVkaXRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiZwoLUHVsbFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDQoFbGltaXQYAyABKA0SEQoJbWF4X2J5dGVzGAQgASgNEhIKCmJlZm9yZV9zZXEYBSABKAQiWwoMUHVsbFJlc3BvbnNlEicKCG1lc3NhZ2VzGAEgAygLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2USEAoIaGVhZF9zZXEYAiABKAQSEAoIaGFzX21vcmUYAyABKAgiIQoOR2V0SGVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSIjCg9HZXRIZWFkUmVzcG9uc2USEAoIaGVhZF9zZXEYASABKAQiIwoRR2V0TWVzc2FnZVJlcXVlc3QSDgoGbXNnX2lkGAEgASgEIjwKEkdldE1lc3NhZ2VSZXNwb25zZRImCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2UiHwoMUm91dGVSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkibwoNUm91dGVSZXNwb25zZRIPCgdub2RlX2lkGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSEQoJcGFydGl0aW9uGAMgASgNEg0KBWVwb2NoGAQgASgEEhoKEm1lbWJlcnNoaXBfdmVyc2lvbhgFIAEoBCI8ChBTZW5kQmF0Y2hSZXF1ZXN0EigKBWl0ZW1zGAEgAygLMhkuc2VxdWVuY2VyLnYxLlNlbmRSZXF1ZXN0Ij4KEVNlbmRCYXRjaFJlc3BvbnNlEikKB3Jlc3VsdHMYASADKAsyGC5zZXF1ZW5jZXIudjEuU2VuZFJlc3VsdCJrCgpTZW5kUmVzdWx0EigKAm9rGAEgASgLMhouc2VxdWVuY2VyLnYxLlNlbmRSZXNwb25zZUgAEigKBWVycm9yGAIgASgLMhcuc2VxdWVuY2VyLnYxLlNlbmRFcnJvckgAQgkKB291dGNvbWUiKgoJU2VuZEVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSI8Cg9NYXJrUmVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRILCgN1aWQYAiABKAQSCwoDc2VxGAMgASgEIkYKEE1hcmtSZWFkUmVzcG9uc2USEAoIcmVhZF9zZXEYASABKAQSEAoIaGVhZF9zZXEYAiABKAQSDgoGdW5yZWFkGAMgASgEIjQKE0dldFJlYWRTdGF0ZVJlcXVlc3QSCwoDdWlkGAEgASgEEhAKCGNvbnZfaWRzGAIgAygJIj8KFEdldFJlYWRTdGF0ZVJlc3BvbnNlEicKBnN0YXRlcxgBIAMoCzIXLnNlcXVlbmNlci52MS5SZWFkU3RhdGUiUAoJUmVhZFN0YXRlEg8KB2NvbnZfaWQYASABKAkSEAoIcmVhZF9zZXEYAiABKAQSEAoIaGVhZF9zZXEYAyABKAQSDgoGdW5yZWFkGAQgASgEIiwKBkN1cnNvchIPCgdjb252X2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBCI5ChBTdWJzY3JpYmVSZXF1ZXN0EiUKB2N1cnNvcnMYASADKAsyFC5zZXF1ZW5jZXIudjEuQ3Vyc29yIqIBChFTdWJzY3JpYmVSZXNwb25zZRIoCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2VIABIsCgloZWFydGJlYXQYAiABKAsyFy5zZXF1ZW5jZXIudjEuSGVhcnRiZWF0SAASLAoJdHJ1bmNhdGVkGAMgASgLMhcuc2VxdWVuY2VyLnYxLlRydW5jYXRlZEgAQgcKBWV2ZW50IgsKCUhlYXJ0YmVhdCIwCglUcnVuY2F0ZWQSDwoHY29udl9pZBgBIAEoCRISCgpvbGRlc3Rfc2VxGAIgASgEIloKD1B1bGxNYW55UmVxdWVzdBIlCgdjdXJzb3JzGAEgAygLMhQuc2VxdWVuY2VyLnYxLkN1cnNvchINCgVsaW1pdBgCIAEoDRIRCgltYXhfYnl0ZXMYAyABKA0iPQoQUHVsbE1hbnlSZXNwb25zZRIpCgVwYWdlcxgBIAMoCzIaLnNlcXVlbmNlci52MS5QdWxsUmVzcG9uc2UiggEKC0VkaXRSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEAoIZnJvbV91aWQYAiABKAQSFQoNY2xpZW50X21zZ19pZBgDIAEoCRIVCg10YXJnZXRfbXNnX2lkGAQgASgEEgwKBGJvZHkYBSABKAwSFAoMYXNfbW9kZXJhdG9yGAYgASgIInYKDVJlY2FsbFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhUKDXRhcmdldF9tc2dfaWQYBCABKAQSFAoMYXNfbW9kZXJhdG9yGAUgASgIIjcKFkdldFJlYWRSZWNlaXB0c1JlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIMCgRzZXFzGAIgAygEIioKF0dldFJlYWRSZWNlaXB0c1Jlc3BvbnNlEg8KB3JlYWRfYnkYASADKAQiTQoYTGlzdFJlYWRQb3NpdGlvbnNSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkSEQoJYWZ0ZXJfdWlkGAIgASgEEg0KBWxpbWl0GAMgASgNIlwKGUxpc3RSZWFkUG9zaXRpb25zUmVzcG9uc2USLQoJcG9zaXRpb25zGAEgAygLMhouc2VxdWVuY2VyLnYxLlJlYWRQb3NpdGlvbhIQCghoYXNfbW9yZRgCIAEoCCItCgxSZWFkUG9zaXRpb24SCwoDdWlkGAEgASgEEhAKCHJlYWRfc2VxGAIgASgEKlsKC01lc3NhZ2VLaW5kEhwKGE1FU1NBR0VfS0lORF9VTlNQRUNJRklFRBAAEhUKEU1FU1NBR0VfS0lORF9FRElUEAESFwoTTUVTU0FHRV9LSU5EX1JFQ0FMTBACMr4IChBTZXF1ZW5jZXJTZXJ2aWNlEj0KBFNlbmQSGS5zZXF1ZW5jZXIudjEuU2VuZFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEj0KBFB1bGwSGS5zZXF1ZW5jZXIudjEuUHVsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuUHVsbFJlc3BvbnNlEkYKB0dldEhlYWQSHC5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlcXVlc3QaHS5zZXF1ZW5jZXIudjEuR2V0SGVhZFJlc3BvbnNlEk8KCkdldE1lc3NhZ2USHy5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlcXVlc3QaIC5zZXF1ZW5jZXIudjEuR2V0TWVzc2FnZVJlc3BvbnNlEkAKBVJvdXRlEhouc2VxdWVuY2VyLnYxLlJvdXRlUmVxdWVzdBobLnNlcXVlbmNlci52MS5Sb3V0ZVJlc3BvbnNlEkwKCVNlbmRCYXRjaBIeLnNlcXVlbmNlci52MS5TZW5kQmF0Y2hSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlc3BvbnNlEkkKCE1hcmtSZWFkEh0uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVxdWVzdBoeLnNlcXVlbmNlci52MS5NYXJrUmVhZFJlc3BvbnNlElUKDEdldFJlYWRTdGF0ZRIhLnNlcXVlbmNlci52MS5HZXRSZWFkU3RhdGVSZXF1ZXN0GiIuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlc3BvbnNlEk4KCVN1YnNjcmliZRIeLnNlcXVlbmNlci52MS5TdWJzY3JpYmVSZXF1ZXN0Gh8uc2VxdWVuY2VyLnYxLlN1YnNjcmliZVJlc3BvbnNlMAESSQoIUHVsbE1hbnkSHS5zZXF1ZW5jZXIudjEuUHVsbE1hbnlSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLlB1bGxNYW55UmVzcG9uc2USPQoERWRpdBIZLnNlcXVlbmNlci52MS5FZGl0UmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USQQoGUmVjYWxsEhsuc2VxdWVuY2VyLnYxLlJlY2FsbFJlcXVlc3QaGi5zZXF1ZW5jZXIudjEuU2VuZFJlc3BvbnNlEl4KD0dldFJlYWRSZWNlaXB0cxIkLnNlcXVlbmNlci52MS5HZXRSZWFkUmVjZWlwdHNSZXF1ZXN0GiUuc2VxdWVuY2VyLnYxLkdldFJlYWRSZWNlaXB0c1Jlc3BvbnNlEmQKEUxpc3RSZWFkUG9zaXRpb25zEiYuc2VxdWVuY2VyLnYxLkxpc3RSZWFkUG9zaXRpb25zUmVxdWVzdBonLnNlcXVlbmNlci52MS5MaXN0UmVhZFBvc2l0aW9uc1Jlc3BvbnNlQkJaQGdpdGh1Yi5jb20vc2VxdWVuY2VyLWltL3NlcXVlbmNlci9wcm90by9zZXF1ZW5jZXIvdjE7c2VxdWVuY2VydjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
+  fileDesc("ChxzZXF1ZW5jZXIvdjEvc2VxdWVuY2VyLnByb3RvEgxzZXF1ZW5jZXIudjEiZwoLU2VuZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhAKCG1zZ190eXBlGAQgASgFEgwKBGJvZHkYBSABKAwibQoMU2VuZFJlc3BvbnNlEg4KBm1zZ19pZBgBIAEoBBILCgNzZXEYAiABKAQSLQoJc2VydmVyX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglkdXBsaWNhdGUYBCABKAgixAIKB01lc3NhZ2USDgoGbXNnX2lkGAEgASgEEg8KB2NvbnZfaWQYAiABKAkSCwoDc2VxGAMgASgEEhAKCGZyb21fdWlkGAQgASgEEhAKCG1zZ190eXBlGAUgASgFEgwKBGJvZHkYBiABKAwSFQoNY2xpZW50X21zZ19pZBgHIAEoCRItCglzZXJ2ZXJfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKBGtpbmQYCSABKA4yGS5zZXF1ZW5jZXIudjEuTWVzc2FnZUtpbmQSFQoNdGFyZ2V0X21zZ19pZBgKIAEoBBIQCghyZWNhbGxlZBgLIAEoCBISCgplZGl0X2NvdW50GAwgASgNEi0KCWVkaXRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiZwoLUHVsbFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDQoFbGltaXQYAyABKA0SEQoJbWF4X2J5dGVzGAQgASgNEhIKCmJlZm9yZV9zZXEYBSABKAQiWwoMUHVsbFJlc3BvbnNlEicKCG1lc3NhZ2VzGAEgAygLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2USEAoIaGVhZF9zZXEYAiABKAQSEAoIaGFzX21vcmUYAyABKAgiIQoOR2V0SGVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCSIjCg9HZXRIZWFkUmVzcG9uc2USEAoIaGVhZF9zZXEYASABKAQiIwoRR2V0TWVzc2FnZVJlcXVlc3QSDgoGbXNnX2lkGAEgASgEIjwKEkdldE1lc3NhZ2VSZXNwb25zZRImCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2UiHwoMUm91dGVSZXF1ZXN0Eg8KB2NvbnZfaWQYASABKAkibwoNUm91dGVSZXNwb25zZRIPCgdub2RlX2lkGAEgASgJEg8KB2FkZHJlc3MYAiABKAkSEQoJcGFydGl0aW9uGAMgASgNEg0KBWVwb2NoGAQgASgEEhoKEm1lbWJlcnNoaXBfdmVyc2lvbhgFIAEoBCI8ChBTZW5kQmF0Y2hSZXF1ZXN0EigKBWl0ZW1zGAEgAygLMhkuc2VxdWVuY2VyLnYxLlNlbmRSZXF1ZXN0Ij4KEVNlbmRCYXRjaFJlc3BvbnNlEikKB3Jlc3VsdHMYASADKAsyGC5zZXF1ZW5jZXIudjEuU2VuZFJlc3VsdCJrCgpTZW5kUmVzdWx0EigKAm9rGAEgASgLMhouc2VxdWVuY2VyLnYxLlNlbmRSZXNwb25zZUgAEigKBWVycm9yGAIgASgLMhcuc2VxdWVuY2VyLnYxLlNlbmRFcnJvckgAQgkKB291dGNvbWUiKgoJU2VuZEVycm9yEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSI8Cg9NYXJrUmVhZFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRILCgN1aWQYAiABKAQSCwoDc2VxGAMgASgEIkYKEE1hcmtSZWFkUmVzcG9uc2USEAoIcmVhZF9zZXEYASABKAQSEAoIaGVhZF9zZXEYAiABKAQSDgoGdW5yZWFkGAMgASgEIjQKE0dldFJlYWRTdGF0ZVJlcXVlc3QSCwoDdWlkGAEgASgEEhAKCGNvbnZfaWRzGAIgAygJIj8KFEdldFJlYWRTdGF0ZVJlc3BvbnNlEicKBnN0YXRlcxgBIAMoCzIXLnNlcXVlbmNlci52MS5SZWFkU3RhdGUiUAoJUmVhZFN0YXRlEg8KB2NvbnZfaWQYASABKAkSEAoIcmVhZF9zZXEYAiABKAQSEAoIaGVhZF9zZXEYAyABKAQSDgoGdW5yZWFkGAQgASgEIiwKBkN1cnNvchIPCgdjb252X2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBCJRChBTdWJzY3JpYmVSZXF1ZXN0EiUKB2N1cnNvcnMYASADKAsyFC5zZXF1ZW5jZXIudjEuQ3Vyc29yEhYKDnJlYWRfcG9zaXRpb25zGAIgASgIIt4BChFTdWJzY3JpYmVSZXNwb25zZRIoCgdtZXNzYWdlGAEgASgLMhUuc2VxdWVuY2VyLnYxLk1lc3NhZ2VIABIsCgloZWFydGJlYXQYAiABKAsyFy5zZXF1ZW5jZXIudjEuSGVhcnRiZWF0SAASLAoJdHJ1bmNhdGVkGAMgASgLMhcuc2VxdWVuY2VyLnYxLlRydW5jYXRlZEgAEjoKDXJlYWRfcG9zaXRpb24YBCABKAsyIS5zZXF1ZW5jZXIudjEuUmVhZFBvc2l0aW9uQ2hhbmdlZEgAQgcKBWV2ZW50IkUKE1JlYWRQb3NpdGlvbkNoYW5nZWQSDwoHY29udl9pZBgBIAEoCRILCgN1aWQYAiABKAQSEAoIcmVhZF9zZXEYAyABKAQiCwoJSGVhcnRiZWF0IjAKCVRydW5jYXRlZBIPCgdjb252X2lkGAEgASgJEhIKCm9sZGVzdF9zZXEYAiABKAQiWgoPUHVsbE1hbnlSZXF1ZXN0EiUKB2N1cnNvcnMYASADKAsyFC5zZXF1ZW5jZXIudjEuQ3Vyc29yEg0KBWxpbWl0GAIgASgNEhEKCW1heF9ieXRlcxgDIAEoDSI9ChBQdWxsTWFueVJlc3BvbnNlEikKBXBhZ2VzGAEgAygLMhouc2VxdWVuY2VyLnYxLlB1bGxSZXNwb25zZSKCAQoLRWRpdFJlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIQCghmcm9tX3VpZBgCIAEoBBIVCg1jbGllbnRfbXNnX2lkGAMgASgJEhUKDXRhcmdldF9tc2dfaWQYBCABKAQSDAoEYm9keRgFIAEoDBIUCgxhc19tb2RlcmF0b3IYBiABKAgidgoNUmVjYWxsUmVxdWVzdBIPCgdjb252X2lkGAEgASgJEhAKCGZyb21fdWlkGAIgASgEEhUKDWNsaWVudF9tc2dfaWQYAyABKAkSFQoNdGFyZ2V0X21zZ19pZBgEIAEoBBIUCgxhc19tb2RlcmF0b3IYBSABKAgiNwoWR2V0UmVhZFJlY2VpcHRzUmVxdWVzdBIPCgdjb252X2lkGAEgASgJEgwKBHNlcXMYAiADKAQiKgoXR2V0UmVhZFJlY2VpcHRzUmVzcG9uc2USDwoHcmVhZF9ieRgBIAMoBCJNChhMaXN0UmVhZFBvc2l0aW9uc1JlcXVlc3QSDwoHY29udl9pZBgBIAEoCRIRCglhZnRlcl91aWQYAiABKAQSDQoFbGltaXQYAyABKA0iXAoZTGlzdFJlYWRQb3NpdGlvbnNSZXNwb25zZRItCglwb3NpdGlvbnMYASADKAsyGi5zZXF1ZW5jZXIudjEuUmVhZFBvc2l0aW9uEhAKCGhhc19tb3JlGAIgASgIIi0KDFJlYWRQb3NpdGlvbhILCgN1aWQYASABKAQSEAoIcmVhZF9zZXEYAiABKAQqWwoLTWVzc2FnZUtpbmQSHAoYTUVTU0FHRV9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRTUVTU0FHRV9LSU5EX0VESVQQARIXChNNRVNTQUdFX0tJTkRfUkVDQUxMEAIyvggKEFNlcXVlbmNlclNlcnZpY2USPQoEU2VuZBIZLnNlcXVlbmNlci52MS5TZW5kUmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USPQoEUHVsbBIZLnNlcXVlbmNlci52MS5QdWxsUmVxdWVzdBoaLnNlcXVlbmNlci52MS5QdWxsUmVzcG9uc2USRgoHR2V0SGVhZBIcLnNlcXVlbmNlci52MS5HZXRIZWFkUmVxdWVzdBodLnNlcXVlbmNlci52MS5HZXRIZWFkUmVzcG9uc2USTwoKR2V0TWVzc2FnZRIfLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVxdWVzdBogLnNlcXVlbmNlci52MS5HZXRNZXNzYWdlUmVzcG9uc2USQAoFUm91dGUSGi5zZXF1ZW5jZXIudjEuUm91dGVSZXF1ZXN0Ghsuc2VxdWVuY2VyLnYxLlJvdXRlUmVzcG9uc2USTAoJU2VuZEJhdGNoEh4uc2VxdWVuY2VyLnYxLlNlbmRCYXRjaFJlcXVlc3QaHy5zZXF1ZW5jZXIudjEuU2VuZEJhdGNoUmVzcG9uc2USSQoITWFya1JlYWQSHS5zZXF1ZW5jZXIudjEuTWFya1JlYWRSZXF1ZXN0Gh4uc2VxdWVuY2VyLnYxLk1hcmtSZWFkUmVzcG9uc2USVQoMR2V0UmVhZFN0YXRlEiEuc2VxdWVuY2VyLnYxLkdldFJlYWRTdGF0ZVJlcXVlc3QaIi5zZXF1ZW5jZXIudjEuR2V0UmVhZFN0YXRlUmVzcG9uc2USTgoJU3Vic2NyaWJlEh4uc2VxdWVuY2VyLnYxLlN1YnNjcmliZVJlcXVlc3QaHy5zZXF1ZW5jZXIudjEuU3Vic2NyaWJlUmVzcG9uc2UwARJJCghQdWxsTWFueRIdLnNlcXVlbmNlci52MS5QdWxsTWFueVJlcXVlc3QaHi5zZXF1ZW5jZXIudjEuUHVsbE1hbnlSZXNwb25zZRI9CgRFZGl0Ehkuc2VxdWVuY2VyLnYxLkVkaXRSZXF1ZXN0Ghouc2VxdWVuY2VyLnYxLlNlbmRSZXNwb25zZRJBCgZSZWNhbGwSGy5zZXF1ZW5jZXIudjEuUmVjYWxsUmVxdWVzdBoaLnNlcXVlbmNlci52MS5TZW5kUmVzcG9uc2USXgoPR2V0UmVhZFJlY2VpcHRzEiQuc2VxdWVuY2VyLnYxLkdldFJlYWRSZWNlaXB0c1JlcXVlc3QaJS5zZXF1ZW5jZXIudjEuR2V0UmVhZFJlY2VpcHRzUmVzcG9uc2USZAoRTGlzdFJlYWRQb3NpdGlvbnMSJi5zZXF1ZW5jZXIudjEuTGlzdFJlYWRQb3NpdGlvbnNSZXF1ZXN0Gicuc2VxdWVuY2VyLnYxLkxpc3RSZWFkUG9zaXRpb25zUmVzcG9uc2VCQlpAZ2l0aHViLmNvbS9zZXF1ZW5jZXItaW0vc2VxdWVuY2VyL3Byb3RvL3NlcXVlbmNlci92MTtzZXF1ZW5jZXJ2MWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * @generated from message sequencer.v1.SendRequest
@@ -656,6 +656,14 @@ export type SubscribeRequest = Message$1<"sequencer.v1.SubscribeRequest"> & {
    * @generated from field: repeated sequencer.v1.Cursor cursors = 1;
    */
   cursors: Cursor[];
+
+  /**
+   * Also stream the live read-position changes of these conversations
+   * (read_position events): live only, no backlog (docs/API.md).
+   *
+   * @generated from field: bool read_positions = 2;
+   */
+  readPositions: boolean;
 };
 
 /**
@@ -697,6 +705,15 @@ export type SubscribeResponse = Message$1<"sequencer.v1.SubscribeResponse"> & {
      */
     value: Truncated;
     case: "truncated";
+  } | {
+    /**
+     * With read_positions: a user's read position changed (MarkRead, or
+     * their own message).
+     *
+     * @generated from field: sequencer.v1.ReadPositionChanged read_position = 4;
+     */
+    value: ReadPositionChanged;
+    case: "readPosition";
   } | { case: undefined; value?: undefined };
 };
 
@@ -706,6 +723,35 @@ export type SubscribeResponse = Message$1<"sequencer.v1.SubscribeResponse"> & {
  */
 export const SubscribeResponseSchema: GenMessage<SubscribeResponse> = /*@__PURE__*/
   messageDesc(file_sequencer_v1_sequencer, 22);
+
+/**
+ * ReadPositionChanged: uid's read position in conv_id is now read_seq.
+ *
+ * @generated from message sequencer.v1.ReadPositionChanged
+ */
+export type ReadPositionChanged = Message$1<"sequencer.v1.ReadPositionChanged"> & {
+  /**
+   * @generated from field: string conv_id = 1;
+   */
+  convId: string;
+
+  /**
+   * @generated from field: uint64 uid = 2;
+   */
+  uid: bigint;
+
+  /**
+   * @generated from field: uint64 read_seq = 3;
+   */
+  readSeq: bigint;
+};
+
+/**
+ * Describes the message sequencer.v1.ReadPositionChanged.
+ * Use `create(ReadPositionChangedSchema)` to create a new message.
+ */
+export const ReadPositionChangedSchema: GenMessage<ReadPositionChanged> = /*@__PURE__*/
+  messageDesc(file_sequencer_v1_sequencer, 23);
 
 /**
  * @generated from message sequencer.v1.Heartbeat
@@ -718,7 +764,7 @@ export type Heartbeat = Message$1<"sequencer.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 23);
+  messageDesc(file_sequencer_v1_sequencer, 24);
 
 /**
  * @generated from message sequencer.v1.Truncated
@@ -740,7 +786,7 @@ export type Truncated = Message$1<"sequencer.v1.Truncated"> & {
  * Use `create(TruncatedSchema)` to create a new message.
  */
 export const TruncatedSchema: GenMessage<Truncated> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 24);
+  messageDesc(file_sequencer_v1_sequencer, 25);
 
 /**
  * @generated from message sequencer.v1.PullManyRequest
@@ -774,7 +820,7 @@ export type PullManyRequest = Message$1<"sequencer.v1.PullManyRequest"> & {
  * Use `create(PullManyRequestSchema)` to create a new message.
  */
 export const PullManyRequestSchema: GenMessage<PullManyRequest> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 25);
+  messageDesc(file_sequencer_v1_sequencer, 26);
 
 /**
  * @generated from message sequencer.v1.PullManyResponse
@@ -793,7 +839,7 @@ export type PullManyResponse = Message$1<"sequencer.v1.PullManyResponse"> & {
  * Use `create(PullManyResponseSchema)` to create a new message.
  */
 export const PullManyResponseSchema: GenMessage<PullManyResponse> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 26);
+  messageDesc(file_sequencer_v1_sequencer, 27);
 
 /**
  * @generated from message sequencer.v1.EditRequest
@@ -838,7 +884,7 @@ export type EditRequest = Message$1<"sequencer.v1.EditRequest"> & {
  * Use `create(EditRequestSchema)` to create a new message.
  */
 export const EditRequestSchema: GenMessage<EditRequest> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 27);
+  messageDesc(file_sequencer_v1_sequencer, 28);
 
 /**
  * @generated from message sequencer.v1.RecallRequest
@@ -875,7 +921,7 @@ export type RecallRequest = Message$1<"sequencer.v1.RecallRequest"> & {
  * Use `create(RecallRequestSchema)` to create a new message.
  */
 export const RecallRequestSchema: GenMessage<RecallRequest> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 28);
+  messageDesc(file_sequencer_v1_sequencer, 29);
 
 /**
  * @generated from message sequencer.v1.GetReadReceiptsRequest
@@ -899,7 +945,7 @@ export type GetReadReceiptsRequest = Message$1<"sequencer.v1.GetReadReceiptsRequ
  * Use `create(GetReadReceiptsRequestSchema)` to create a new message.
  */
 export const GetReadReceiptsRequestSchema: GenMessage<GetReadReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 29);
+  messageDesc(file_sequencer_v1_sequencer, 30);
 
 /**
  * @generated from message sequencer.v1.GetReadReceiptsResponse
@@ -918,7 +964,7 @@ export type GetReadReceiptsResponse = Message$1<"sequencer.v1.GetReadReceiptsRes
  * Use `create(GetReadReceiptsResponseSchema)` to create a new message.
  */
 export const GetReadReceiptsResponseSchema: GenMessage<GetReadReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 30);
+  messageDesc(file_sequencer_v1_sequencer, 31);
 
 /**
  * @generated from message sequencer.v1.ListReadPositionsRequest
@@ -947,7 +993,7 @@ export type ListReadPositionsRequest = Message$1<"sequencer.v1.ListReadPositions
  * Use `create(ListReadPositionsRequestSchema)` to create a new message.
  */
 export const ListReadPositionsRequestSchema: GenMessage<ListReadPositionsRequest> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 31);
+  messageDesc(file_sequencer_v1_sequencer, 32);
 
 /**
  * @generated from message sequencer.v1.ListReadPositionsResponse
@@ -969,7 +1015,7 @@ export type ListReadPositionsResponse = Message$1<"sequencer.v1.ListReadPosition
  * Use `create(ListReadPositionsResponseSchema)` to create a new message.
  */
 export const ListReadPositionsResponseSchema: GenMessage<ListReadPositionsResponse> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 32);
+  messageDesc(file_sequencer_v1_sequencer, 33);
 
 /**
  * @generated from message sequencer.v1.ReadPosition
@@ -991,7 +1037,7 @@ export type ReadPosition = Message$1<"sequencer.v1.ReadPosition"> & {
  * Use `create(ReadPositionSchema)` to create a new message.
  */
 export const ReadPositionSchema: GenMessage<ReadPosition> = /*@__PURE__*/
-  messageDesc(file_sequencer_v1_sequencer, 33);
+  messageDesc(file_sequencer_v1_sequencer, 34);
 
 /**
  * @generated from enum sequencer.v1.MessageKind
@@ -1096,8 +1142,10 @@ export const SequencerService: GenService<{
    * count. The position never goes backwards (a lower seq changes nothing),
    * is clamped to the committed head (a seq above it is not refused), and is
    * durable before the answer; two devices marking at once end at the higher
-   * seq. A user's own Send does not move their position. Any node answers
-   * (the store's row decides, never backwards); retrying is harmless.
+   * seq. A user's own Send moves their position too: to the message's seq,
+   * in the same transaction (unless the server runs with
+   * --send-marks-read=false). Any node answers (the store's row decides,
+   * never backwards); retrying is harmless.
    *
    * @generated from rpc sequencer.v1.SequencerService.MarkRead
    */
