@@ -107,15 +107,23 @@ func TestEmbeddedStoreDiskFull(t *testing.T) {
 	// Round 2: full again, kill -9 while full, restart once space is back.
 	ballast = fillUp("full-again")
 	n.kill()
-	// A start while the file system is still full fails at once and says
-	// why (the worker-id lease cannot be written); the operator's restart
-	// works once space is back.
-	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A start while the file system is still full says why: it fails at
+	// once when the worker-id lease cannot be written, or, when SQLite
+	// writes the lease into WAL space the file already holds (a checkpoint
+	// reset the WAL before the kill: timing), it serves not ready and logs
+	// the store's disk space as the reason (seen in CI under load). The
+	// operator's restart works once space is back.
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	out, err := exec.CommandContext(sctx, binPath, "serve", "--listen", freeAddr(t), "--store", spec).CombinedOutput()
 	timedOut := sctx.Err() != nil
 	scancel()
-	if err == nil || timedOut || !strings.Contains(string(out), "store out of disk space") {
-		t.Errorf("a start on the full file system: %v, output:\n%s\nwant a prompt exit naming \"store out of disk space\"", err, out)
+	switch {
+	case !strings.Contains(string(out), "store out of disk space"):
+		t.Errorf("a start on the full file system: %v, output:\n%s\nwant it to name \"store out of disk space\"", err, out)
+	case !timedOut && err == nil:
+		t.Errorf("a start on the full file system exited 0, output:\n%s", out)
+	case timedOut:
+		t.Logf("a start on the full file system wrote its lease into WAL space it held: it served not ready, naming the disk")
 	}
 	tmpfs.Remove(t, ballast)
 	n.start(n.Addr)
