@@ -119,6 +119,12 @@ func TestRedirectToOwnerNot(t *testing.T) {
 	if resp, _ := postSendTo(t, noFollow, cut, map[string]string{"Authorization": "Bearer x"}); resp.StatusCode != http.StatusTemporaryRedirect {
 		t.Fatalf("a token to the same host: status %d, want 307", resp.StatusCode)
 	}
+	cutSender.mu.Lock()
+	follows := cutSender.follows[len(cutSender.follows)-1]
+	cutSender.mu.Unlock()
+	if follows {
+		t.Fatal("a request with a bearer token was marked as following redirects (a slow link would refuse it)")
+	}
 	cutSender.set(fail(ownerOut("10.9.9.9:7070", sequencer.CodeUnavailable)))
 	if resp, _ := postSendTo(t, noFollow, cut, map[string]string{"Authorization": "Bearer x"}); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("a token to another host: status %d, want 503 (the client would drop the token)", resp.StatusCode)
