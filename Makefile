@@ -77,7 +77,7 @@ availability: ## issue 30's availability runs: each network fault (or AVAIL_FAUL
 SOAK_MINUTES ?= 10
 SOAK_SEED ?=
 soak: ## random nemesis schedules for SOAK_MINUTES (default 10) on 3 nodes; prints SOAK_SEED, which reproduces the schedule (docs/TESTING.md "Soak")
-	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -timeout $$(( $(firstword $(subst ., ,$(SOAK_MINUTES))) + 20 ))m -run '^TestNemesisSchedule$$' ./e2e/
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -timeout $$(( $(firstword $(subst ., ,$(SOAK_MINUTES))) * 5 / 4 + 25 ))m -run '^TestNemesisSchedule$$' ./e2e/
 
 image: ## container image localhost/sequencer:dev FROM scratch with podman (deploy/Containerfile)
 	bash scripts/image.sh
