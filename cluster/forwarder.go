@@ -314,8 +314,9 @@ func (f *forwarder) drainPeer(pq *peerQueue) {
 				k++
 			}
 			if err := f.forwardBatch(pq.addr, big[:k]); err != nil {
-				// The rest of the unit is not sent after a piece without
-				// an answer: its items would overtake the piece's.
+				// The rest of the unit is not sent after a piece of which
+				// an item got no answer: the rest would be stored before
+				// that item's resend, out of item order.
 				for _, it := range big[k:] {
 					it.done <- fwdOutcome{kind: fwdNoAnswer, err: err}
 				}
@@ -331,7 +332,8 @@ func itemSize(r sequencer.SendRequest) int {
 }
 
 // forwardBatch sends one batch and hands every item its outcome. It returns
-// the error when the batch got no per-item answer.
+// the error when the batch got no per-item answer, or when an item got none
+// (the owner ran out of time for it: errItemUnanswered).
 func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 	ctx, cancel, budget := f.batchContext(batch)
 	defer cancel(nil)
@@ -411,6 +413,7 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 		}
 		return o.err
 	}
+	var unanswered error
 	for i, it := range batch {
 		r := reply.Results[i]
 		if r.NodeId == "" {
@@ -429,14 +432,22 @@ func (f *forwarder) forwardBatch(addr string, batch []*fwdItem) error {
 			// The owner ran out of time: not an answer.
 			o = fwdOutcome{kind: fwdNoAnswer, err: err}
 			f.met.forward(sequencer.ErrorCode(err).String())
+			unanswered = err
 		default:
 			o = fwdOutcome{kind: fwdAnswered, err: err}
 			f.met.forward(sequencer.ErrorCode(err).String())
 		}
 		it.done <- o
 	}
+	if unanswered != nil {
+		return fmt.Errorf("%w: %w", errItemUnanswered, unanswered)
+	}
 	return nil
 }
+
+// errItemUnanswered: an item of a forwarded batch got no answer from the
+// owner (it ran out of time), though others did.
+var errItemUnanswered = errors.New("an item of the batch got no answer")
 
 // downProbe is how often the link of a peer that is down (markDown) is
 // probed until it answers.

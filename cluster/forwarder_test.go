@@ -487,3 +487,51 @@ func TestForwarderBudgetOnTheClock(t *testing.T) {
 		t.Fatalf("a batch that ran out of time: %+v", o)
 	}
 }
+
+// A unit past the batch limits goes in pieces, in order; when an item of a
+// piece gets no answer (the owner ran out of time for it) the rest of the
+// unit is not sent, so the item's resend cannot land after later items of
+// its conversation.
+func TestForwarderPiecesStopAtAnUnansweredItem(t *testing.T) {
+	var calls atomic.Int32
+	f := newForwarder(forwarderDeps{
+		forward: func(ctx context.Context, addr string, b *clusterv1.ForwardBatch) (*clusterv1.ForwardBatchReply, error) {
+			calls.Add(1)
+			out := make([]sequencer.SendOutcome, len(b.Items))
+			for i := range out {
+				if i < len(out)/2 {
+					out[i].Result = sequencer.SendResult{MsgID: uint64(100 + i), Seq: uint64(1 + i)}
+				} else {
+					out[i].Err = sequencer.Wrap(sequencer.CodeDeadlineExceeded, context.DeadlineExceeded, "the owner ran out of time")
+				}
+			}
+			return encodeReplies("b", out), nil
+		},
+		self:    func() (string, string, uint64) { return "a", "a/1", 4 },
+		suspect: func() {},
+		timeout: time.Minute,
+	})
+	defer f.close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	unit := make([]*fwdItem, MaxForwardItems+MaxForwardItems/2)
+	for k := range unit {
+		unit[k] = newFwdItem(ctx, sequencer.SendRequest{ConvID: "c", FromUID: 1, ClientMsgID: fmt.Sprint(k), MsgType: 1})
+	}
+	f.enqueue("b:1", unit)
+	for k, it := range unit {
+		var o fwdOutcome
+		select {
+		case o = <-it.done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("item %d: no outcome", k)
+		}
+		answered := k < MaxForwardItems/2
+		if (o.kind == fwdAnswered) != answered || (!answered && o.kind != fwdNoAnswer) {
+			t.Fatalf("item %d: outcome kind %d (%v), want answered=%v", k, o.kind, o.err, answered)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d pieces sent, want 1: the second went out after items of the first got no answer", n)
+	}
+}
