@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -136,5 +137,51 @@ func TestDeparturesNamedInTheLog(t *testing.T) {
 	}
 	if strings.Contains(out, "level=WARN") {
 		t.Errorf("a departure logged as a warning:\n%s", out)
+	}
+}
+
+// TestStartRetriesAJoinTheStoreDidNotAnswer: a start whose join the store
+// answers unavailable (a store under load, a link just back) tries again
+// until the start's context ends, instead of failing the start; another
+// error (here: a refusal) still fails it at once.
+func TestStartRetriesAJoinTheStoreDidNotAnswer(t *testing.T) {
+	mem := membership.NewMem(clock.Real{})
+	var joins atomic.Int64
+	mem.Fail = func(op string) error {
+		if op == "Join" && joins.Add(1) <= 2 {
+			return fmt.Errorf("test: %w (timeout)", sequencer.ErrStoreUnavailable)
+		}
+		return nil
+	}
+	cfg := Config{NodeID: "a", Store: mem, Transport: NewMemNetwork().Transport("mem://a"), Logger: simLogger(),
+		Ring: ring.Config{Partitions: 7}, Heartbeat: 20 * time.Millisecond, MemberTTL: 200 * time.Millisecond}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Start(ctx, nopLocal{}); err != nil {
+		t.Fatalf("start after two unanswered joins: %v", err)
+	}
+	defer func() { _ = n.Leave(context.Background()) }()
+	if j := joins.Load(); j != 3 {
+		t.Fatalf("%d joins, want 3", j)
+	}
+
+	refused := membership.NewMem(clock.Real{})
+	refused.Fail = func(op string) error {
+		if op == "Join" {
+			return errors.New("test: join refused")
+		}
+		return nil
+	}
+	cfg.Store, cfg.NodeID, cfg.Transport = refused, "b", NewMemNetwork().Transport("mem://b")
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx, nopLocal{}); err == nil || !strings.Contains(err.Error(), "join refused") {
+		t.Fatalf("start with the join refused: %v, want that error", err)
 	}
 }

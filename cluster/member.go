@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/ownership"
@@ -255,6 +256,17 @@ func (n *member) start(ctx context.Context, local Local) error {
 		err := n.join(ctx, addr)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, sequencer.ErrStoreUnavailable) && ctx.Err() == nil {
+			// A store that answered the open but not the join in time (a
+			// store under load, a link just back): try again until the
+			// start's context ends. The join may have landed: its row is
+			// then a live member with this node id, waited out as above,
+			// from now.
+			n.log.Warn("cluster join failed; retrying", "err", err)
+			deadline = n.clk.Now().Add(n.cfg.MemberTTL + n.cfg.Heartbeat)
+			n.clk.Sleep(n.cfg.Heartbeat)
+			continue
 		}
 		if !errors.Is(err, membership.ErrSuperseded) || !n.clk.Now().Before(deadline) || ctx.Err() != nil {
 			_ = n.tr.Close()

@@ -174,8 +174,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.lease.Start(octx); err != nil {
-		return nil, fmt.Errorf("worker-id lease: %w", err)
+	if err := startLease(octx, s.lease, log); err != nil {
+		return nil, err
 	}
 
 	// The API address is bound first: in cluster mode Route answers it.
@@ -405,6 +405,23 @@ func (s *Server) Reload() error {
 
 // Metrics returns the node's collectors.
 func (s *Server) Metrics() *metrics.Set { return s.metrics }
+
+// startLease starts the worker-id lease. When the store answered the open
+// but not the lease in time (a store under load, a link that just came
+// back), the lease's loop retries, and until it holds a lease the node
+// serves not ready, as when it loses the lease later: the start goes on. A
+// refusal (disk full, a bad store) still stops it.
+func startLease(ctx context.Context, l interface{ Start(context.Context) error }, log *slog.Logger) error {
+	err := l.Start(ctx)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		return fmt.Errorf("worker-id lease: %w", err)
+	}
+	log.Warn("worker-id lease not taken at start: retrying; not ready until it is", "err", err)
+	return nil
+}
 
 // readiness is /readyz: the node accepts sends only with a reachable store, a
 // leased worker id with a clock that can issue under it (not stepped back

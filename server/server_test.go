@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/internal/testcert"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -271,5 +273,31 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 	off := start(t, Config{AdminListen: "127.0.0.1:0"}, nil)
 	if code, _ := get(t, "http://"+off.AdminAddr()+"/debug/pprof/"); code == 200 {
 		t.Fatal("profiles served without --pprof")
+	}
+}
+
+type leaseStarter func(context.Context) error
+
+func (f leaseStarter) Start(ctx context.Context) error { return f(ctx) }
+
+// A lease the store did not answer in time at start is retried by its loop
+// (the node serves not ready meanwhile); a refusal stops the start.
+func TestStartLeaseRetriesOnlyAnUnansweredStore(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	slow := leaseStarter(func(context.Context) error {
+		return fmt.Errorf("idgen: first reservation failed: %w (timeout)", sequencer.ErrStoreUnavailable)
+	})
+	if err := startLease(context.Background(), slow, log); err != nil {
+		t.Fatalf("unanswered store: %v, want the start to go on", err)
+	}
+	if !strings.Contains(buf.String(), "worker-id lease not taken at start") {
+		t.Fatalf("no warning logged:\n%s", buf.String())
+	}
+	full := leaseStarter(func(context.Context) error {
+		return &sequencer.Error{Code: sequencer.CodeUnavailable, Msg: "store out of disk space"}
+	})
+	if err := startLease(context.Background(), full, log); err == nil || !strings.Contains(err.Error(), "disk space") {
+		t.Fatalf("disk full: %v, want the start to fail naming it", err)
 	}
 }
