@@ -23,7 +23,8 @@ import (
 //     membership TTL, then healed (the peer feed streams to and from n1
 //     stall and are cut);
 //   - n2's link to the database is blackholed as long (its lease lapses:
-//     its partitions hand off, and back after the heal);
+//     its partitions hand off, and back after the heal; the test checks
+//     the membership moved);
 //   - n3 is kill -9'ed and started again once its lease expired (its
 //     partitions fail over and come back; its subscriber resumes
 //     elsewhere, and a new one is homed on it after the restart);
@@ -64,17 +65,26 @@ func feedNemesis(t *testing.T, st nemesisStore) {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"peers-blackhole", 0}, {"db-blackhole", 1}, {"kill-9", 2}} {
+		// lapses: the victim's membership lease lapses (it is cut from
+		// the database, or dead, for twice the TTL), so the membership
+		// version another node routes by moves: the fault took.
+		lapses bool
+	}{{"peers-blackhole", 0, false}, {"db-blackhole", 1, true}, {"kill-9", 2, true}} {
 		i := slices.IndexFunc(faults, func(nf nemesisFault) bool { return nf.name == f.name })
 		if i < 0 {
 			t.Fatalf("no fault %s", f.name)
 		}
+		observer := c.nodes[(f.v+1)%len(c.nodes)]
+		version := metricValue(t, observer.Addr, "sequencer_cluster_membership_version")
 		t.Logf("fault %s on %s", f.name, c.nodes[f.v].name)
 		faults[i].apply(c, f.v)
 		time.Sleep(hold) // the fault lasts this long
 		c.heal()
 		c.healProcesses()
 		c.waitHealed("after " + f.name)
+		if v := metricValue(t, observer.Addr, "sequencer_cluster_membership_version"); f.lapses && v <= version {
+			t.Errorf("%s on %s: %s's membership version is still %v: the victim's lease did not lapse", f.name, c.nodes[f.v].name, observer.name, v)
+		}
 		r.await("after "+f.name, 200)
 	}
 	r.add(newFeedSub("sub@n3 after its restart (connect)", 2, nodes, convs, h2cClient()))
