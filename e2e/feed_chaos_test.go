@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
@@ -21,16 +23,35 @@ import (
 //     membership TTL, then healed (the peer feed streams to and from n1
 //     stall and are cut);
 //   - n2's link to the database is blackholed as long (its lease lapses:
-//     its partitions hand off, and back after the heal);
+//     its partitions hand off, and back after the heal; the test checks
+//     the membership moved);
+//   - n3 is kill -9'ed and started again once its lease expired (its
+//     partitions fail over and come back; its subscriber resumes
+//     elsewhere, and a new one is homed on it after the restart);
 //   - a fourth node joins (partitions hand off to it), gets a subscriber
 //     of its own, and leaves with SIGTERM (a drain: they hand off again).
 //
 // Each subscriber's sequence, after its resumes (at any node, from its
 // last seqs), equals the stored one for every conversation, and no
 // subscriber ever received a message that is not stored (checkDelivered).
-// About 50 s.
+// About 60 s.
 func TestFeedNemesis(t *testing.T) {
-	c := startNemesisCluster(t, 3, false)
+	feedNemesis(t, pgNemesisStore(t, pgtest.NewDatabase(t)))
+}
+
+// TestFeedNemesisMySQL is TestFeedNemesis on MySQL (MariaDB); the proxies
+// forward to its unix socket when it has no TCP address
+// (mysqlNemesisStore).
+func TestFeedNemesisMySQL(t *testing.T) { feedNemesis(t, mysqlNemesisStore(t)) }
+
+// TestFeedNemesisCitus is TestFeedNemesis on Citus (a coordinator and two
+// workers). n2's database cut cuts its links to the coordinator and to
+// both workers (its worker-direct commits and reads), not the
+// coordinator's own links to the workers (citusNemesisStore).
+func TestFeedNemesisCitus(t *testing.T) { feedNemesis(t, citusNemesisStore(t)) }
+
+func feedNemesis(t *testing.T, st nemesisStore) {
+	c := startNemesisClusterOn(t, st, 3, false)
 	nodes := &nodeSet{}
 	for _, p := range c.nodes {
 		nodes.add(p.Addr)
@@ -39,21 +60,34 @@ func TestFeedNemesis(t *testing.T) {
 	r := startFeedRun(t, nodes, convs, 6, 2, 4*time.Minute, threeSubs(nodes, convs)...)
 	const hold = 4 * time.Second // twice the membership TTL
 	r.await("before the faults", 200)
+	c.checkWorkerLinks(3)
+	faults := append(append([]nemesisFault(nil), nemesisFaults...), processFaults...)
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"peers-blackhole", 0}, {"db-blackhole", 1}} {
-		for _, nf := range nemesisFaults {
-			if nf.name == f.name {
-				t.Logf("fault %s on %s", f.name, c.nodes[f.v].name)
-				nf.apply(c, f.v)
-			}
+		// lapses: the victim's membership lease lapses (it is cut from
+		// the database, or dead, for twice the TTL), so the membership
+		// version another node routes by moves: the fault took.
+		lapses bool
+	}{{"peers-blackhole", 0, false}, {"db-blackhole", 1, true}, {"kill-9", 2, true}} {
+		i := slices.IndexFunc(faults, func(nf nemesisFault) bool { return nf.name == f.name })
+		if i < 0 {
+			t.Fatalf("no fault %s", f.name)
 		}
+		observer := c.nodes[(f.v+1)%len(c.nodes)]
+		version := metricValue(t, observer.Addr, "sequencer_cluster_membership_version")
+		t.Logf("fault %s on %s", f.name, c.nodes[f.v].name)
+		faults[i].apply(c, f.v)
 		time.Sleep(hold) // the fault lasts this long
 		c.heal()
+		c.healProcesses()
 		c.waitHealed("after " + f.name)
+		if v := metricValue(t, observer.Addr, "sequencer_cluster_membership_version"); f.lapses && v <= version {
+			t.Errorf("%s on %s: %s's membership version is still %v: the victim's lease did not lapse", f.name, c.nodes[f.v].name, observer.name, v)
+		}
 		r.await("after "+f.name, 200)
 	}
+	r.add(newFeedSub("sub@n3 after its restart (connect)", 2, nodes, convs, h2cClient()))
 	t.Log("n4 joins")
 	n4 := startNode(t, "n4", clusterArgs(t, c.dsn, "n4", nemesisTTL)...)
 	nodes.add(n4.Addr)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,7 +53,8 @@ func (l *link) set(up, down linkMode) {
 
 func (l *link) mode() (linkMode, linkMode) { return linkMode(l.up.Load()), linkMode(l.down.Load()) }
 
-// proxy forwards 127.0.0.1:port to target.
+// proxy forwards 127.0.0.1:port to target (host:port, or unix:PATH for a
+// unix socket).
 type proxy struct {
 	name   string
 	target string
@@ -62,16 +64,30 @@ type proxy struct {
 	// bySource keys links by the dialer's IP (peer proxies); a store proxy
 	// has one dialer and one link.
 	bySource bool
-	closed   atomic.Bool
-	wg       sync.WaitGroup
+	// keyOf, when set (with bySource), keys a connection by what its
+	// first bytes say instead of its source IP: it returns the key and the
+	// bytes it read, which are forwarded first (a PostgreSQL startup
+	// message's application_name, citusWorkerProxy).
+	keyOf  func(c net.Conn) (key string, head []byte)
+	closed atomic.Bool
+	wg     sync.WaitGroup
 }
 
 func newProxy(name, target string, bySource bool) (*proxy, error) {
+	return startProxy(&proxy{name: name, target: target, bySource: bySource})
+}
+
+// newKeyedProxy is a proxy whose links are keyed by keyOf.
+func newKeyedProxy(name, target string, keyOf func(c net.Conn) (string, []byte)) (*proxy, error) {
+	return startProxy(&proxy{name: name, target: target, bySource: true, keyOf: keyOf})
+}
+
+func startProxy(p *proxy) (*proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{name: name, target: target, ln: ln, links: map[string]*link{}, bySource: bySource}
+	p.ln, p.links = ln, map[string]*link{}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -128,49 +144,86 @@ func (p *proxy) accept() {
 		if err != nil {
 			return
 		}
-		ip := c.RemoteAddr().(*net.TCPAddr).IP.String()
-		l := p.from(ip)
-		up, down := l.mode()
-		if up == reset || down == reset {
-			c.(*net.TCPConn).SetLinger(0)
-			c.Close()
-			continue
-		}
-		if up == closing || down == closing {
-			c.Close()
+		if p.keyOf == nil {
+			p.admit(p.from(c.RemoteAddr().(*net.TCPAddr).IP.String()), c.(*net.TCPConn), nil)
 			continue
 		}
 		p.wg.Add(1)
-		go p.serve(l, c.(*net.TCPConn))
+		go func() {
+			defer p.wg.Done()
+			key, head := p.keyOf(c)
+			p.admit(p.from(key), c.(*net.TCPConn), head)
+		}()
+	}
+}
+
+// admit serves c on link l as l's mode says; head is what was read of c
+// already.
+func (p *proxy) admit(l *link, c *net.TCPConn, head []byte) {
+	up, down := l.mode()
+	if up == reset || down == reset {
+		c.SetLinger(0)
+		c.Close()
+		return
+	}
+	if up == closing || down == closing {
+		c.Close()
+		return
+	}
+	p.wg.Add(1)
+	go p.serve(l, c, head)
+}
+
+// halfCloser is a TCP or unix connection.
+type halfCloser interface {
+	net.Conn
+	CloseWrite() error
+}
+
+// setLinger0 makes closing a TCP connection send a RST.
+func setLinger0(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
 	}
 }
 
 // pipe is one proxied connection.
 type pipe struct {
-	client, server *net.TCPConn
-	once           sync.Once
+	client *net.TCPConn
+	server halfCloser
+	once   sync.Once
 }
 
 func (c *pipe) kill(rst bool) {
 	c.once.Do(func() {
 		if rst {
 			c.client.SetLinger(0)
-			c.server.SetLinger(0)
+			setLinger0(c.server)
 		}
 		c.client.Close()
 		c.server.Close()
 	})
 }
 
-func (p *proxy) serve(l *link, client *net.TCPConn) {
+func (p *proxy) serve(l *link, client *net.TCPConn, head []byte) {
 	defer p.wg.Done()
-	sc, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	network, addr := "tcp", p.target
+	if path, ok := strings.CutPrefix(p.target, "unix:"); ok {
+		network, addr = "unix", path
+	}
+	sc, err := net.DialTimeout(network, addr, 5*time.Second)
+	if err == nil && len(head) > 0 {
+		_, err = sc.Write(head)
+	}
 	if err != nil {
+		if sc != nil {
+			sc.Close()
+		}
 		client.SetLinger(0)
 		client.Close()
 		return
 	}
-	c := &pipe{client: client, server: sc.(*net.TCPConn)}
+	c := &pipe{client: client, server: sc.(halfCloser)}
 	l.mu.Lock()
 	l.conns[c] = struct{}{}
 	l.mu.Unlock()
@@ -190,7 +243,7 @@ func (p *proxy) serve(l *link, client *net.TCPConn) {
 // copyLink copies src to dst, applying the direction's mode and delay to
 // each chunk as it is read. A delayed chunk keeps its order: chunks wait in
 // a queue and are written when their time comes.
-func copyLink(dst, src *net.TCPConn, mode *atomic.Int32, delay *atomic.Int64) {
+func copyLink(dst, src halfCloser, mode *atomic.Int32, delay *atomic.Int64) {
 	type chunk struct {
 		b  []byte
 		at time.Time
@@ -225,7 +278,7 @@ func copyLink(dst, src *net.TCPConn, mode *atomic.Int32, delay *atomic.Int64) {
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				src.SetLinger(0)
+				setLinger0(src)
 			}
 			close(q)
 			<-writerDone

@@ -39,19 +39,22 @@ const nemesisTTL = "2s"
 // ready and to agree with the others on every sampled conversation's owner.
 const healBound = 30 * time.Second
 
-// nemesisCluster is 3 real nodes on one PostgreSQL; node i reaches the
-// database through db[i] and its peers reach it through peer[i] (its
+// nemesisCluster is 3 real nodes on one database (PostgreSQL unless
+// startNemesisClusterOn names another store); node i reaches the database
+// through db[i] (and, on Citus, each worker through workers[k]'s link
+// from nodeSource(i+1)) and its peers reach it through peer[i] (its
 // --cluster-advertise), dialing from nodeSource(i+1).
 type nemesisCluster struct {
-	t     *testing.T
-	dsn   string
-	nodes []*proc
-	db    []*proxy
-	peer  []*proxy
-	convs []string
-	sdk   *client.Client
-	led   *ledger
-	load  *load
+	t       *testing.T
+	dsn     string
+	nodes   []*proc
+	db      []*proxy
+	peer    []*proxy
+	workers []*proxy
+	convs   []string
+	sdk     *client.Client
+	led     *ledger
+	load    *load
 	// internalDups counts duplicate:true answers to a raw client's first
 	// send of a key while no other send of it was under way (the client had
 	// not resent it: the node did).
@@ -94,10 +97,16 @@ func proxiedDSN(t *testing.T, dsn, addr string) (string, string) {
 	return dsn + " host=" + host + " port=" + port, target
 }
 
-// startNemesisCluster starts n nodes; with steppedClocks each node's wall
-// clock follows an offset file (stepClock), else the real clock.
+// startNemesisCluster starts n nodes on a new PostgreSQL database; with
+// steppedClocks each node's wall clock follows an offset file (stepClock),
+// else the real clock.
 func startNemesisCluster(t *testing.T, n int, steppedClocks bool) *nemesisCluster {
-	c := &nemesisCluster{t: t, dsn: pgtest.NewDatabase(t), convs: convNames(120), killedAt: map[int]time.Time{}}
+	return startNemesisClusterOn(t, pgNemesisStore(t, pgtest.NewDatabase(t)), n, steppedClocks)
+}
+
+// startNemesisClusterOn is startNemesisCluster on st (nemesis_store_test.go).
+func startNemesisClusterOn(t *testing.T, st nemesisStore, n int, steppedClocks bool) *nemesisCluster {
+	c := &nemesisCluster{t: t, dsn: st.dsn, workers: st.workers, convs: convNames(120), killedAt: map[int]time.Time{}}
 	if steppedClocks {
 		dir := t.TempDir()
 		for i := 1; i <= n; i++ {
@@ -106,12 +115,11 @@ func startNemesisCluster(t *testing.T, n int, steppedClocks bool) *nemesisCluste
 		c.offsets = make([]time.Duration, n)
 	}
 	for i := 1; i <= n; i++ {
-		_, target := proxiedDSN(t, c.dsn, "127.0.0.1:1")
-		db, err := newProxy(fmt.Sprintf("n%d->db", i), target, false)
+		db, err := newProxy(fmt.Sprintf("n%d->db", i), st.target, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dsn, _ := proxiedDSN(t, c.dsn, db.Addr())
+		dsn := st.nodeDSN(i, db.Addr())
 		listen := freeAddr(t)
 		peer, err := newProxy(fmt.Sprintf("->n%d", i), listen, true)
 		if err != nil {
@@ -241,7 +249,7 @@ func (c *nemesisCluster) finish() {
 // heal puts every link back to pass with no delay and steps every clock
 // that is off back to the host's.
 func (c *nemesisCluster) heal() {
-	for _, ps := range [][]*proxy{c.db, c.peer} {
+	for _, ps := range [][]*proxy{c.db, c.peer, c.workers} {
 		for _, p := range ps {
 			p.all(func(l *link) { l.delay.Store(0); l.set(pass, pass) })
 		}
@@ -296,6 +304,15 @@ type nemesisFault struct {
 	apply func(c *nemesisCluster, v int)
 }
 
+// dbLinks applies f to node v's links to the database: its proxy to the
+// database and, on Citus, its links to each worker.
+func (c *nemesisCluster) dbLinks(v int, f func(l *link)) {
+	c.db[v].all(f)
+	for _, w := range c.workers {
+		f(w.from(nodeSource(v + 1)))
+	}
+}
+
 // peerLinks applies f to every link between node v and another node, in
 // the directions asked: in (others -> v) and out (v -> others).
 func (c *nemesisCluster) peerLinks(v int, in, out bool, f func(l *link)) {
@@ -313,11 +330,11 @@ func (c *nemesisCluster) peerLinks(v int, in, out bool, f func(l *link)) {
 }
 
 var nemesisFaults = []nemesisFault{
-	{"db-blackhole", func(c *nemesisCluster, v int) { c.db[v].all(func(l *link) { l.set(blackhole, blackhole) }) }},
-	{"db-reset", func(c *nemesisCluster, v int) { c.db[v].all(func(l *link) { l.set(reset, reset) }) }},
-	{"db-answers-lost", func(c *nemesisCluster, v int) { c.db[v].all(func(l *link) { l.set(pass, blackhole) }) }},
+	{"db-blackhole", func(c *nemesisCluster, v int) { c.dbLinks(v, func(l *link) { l.set(blackhole, blackhole) }) }},
+	{"db-reset", func(c *nemesisCluster, v int) { c.dbLinks(v, func(l *link) { l.set(reset, reset) }) }},
+	{"db-answers-lost", func(c *nemesisCluster, v int) { c.dbLinks(v, func(l *link) { l.set(pass, blackhole) }) }},
 	{"db-slow-150ms", func(c *nemesisCluster, v int) {
-		c.db[v].all(func(l *link) { l.delay.Store(int64(150 * time.Millisecond)) })
+		c.dbLinks(v, func(l *link) { l.delay.Store(int64(150 * time.Millisecond)) })
 	}},
 	{"peers-blackhole", func(c *nemesisCluster, v int) {
 		c.peerLinks(v, true, true, func(l *link) { l.set(blackhole, blackhole) })
@@ -329,7 +346,7 @@ var nemesisFaults = []nemesisFault{
 		c.peerLinks(v, true, true, func(l *link) { l.delay.Store(int64(150 * time.Millisecond)) })
 	}},
 	{"db-and-peers-blackhole", func(c *nemesisCluster, v int) {
-		c.db[v].all(func(l *link) { l.set(blackhole, blackhole) })
+		c.dbLinks(v, func(l *link) { l.set(blackhole, blackhole) })
 		c.peerLinks(v, true, true, func(l *link) { l.set(blackhole, blackhole) })
 	}},
 }
