@@ -93,8 +93,9 @@ func (s *holdStore) Commit(ctx context.Context, bs []persist.ConvBatch) error {
 	return s.Store.Commit(ctx, bs)
 }
 
-// Two recalls of one message that wait for the same batch: the writer
-// judges the second against the first; exactly one commits.
+// Two recalls of one message that wait for the same batch: the second
+// waits for the first's outcome and is then judged against it; exactly
+// one commits.
 func TestTwoRecallsInOneBatch(t *testing.T) {
 	st := &holdStore{Store: memstore.New()}
 	n := newNode(t, Config{Store: st})

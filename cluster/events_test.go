@@ -13,14 +13,7 @@ import (
 // travel with it, the owner's writer judges it (a refusal keeps its code
 // across the hop), and the event and the target's update land together.
 func TestInProcessForwardedEditAndRecall(t *testing.T) {
-	pc := newProcCluster(t)
-	var ct *countingTransport
-	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
-		ct = &countingTransport{Transport: tr}
-		return ct
-	}})
-	b := pc.startInProcess("b", ipOptions{})
-	pc.waitInProcess(a, b)
+	_, a, b, ct := countedPair(t, ipOptions{})
 	conv := convsOwnedBy(t, a, "b", "ev", 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -240,17 +240,10 @@ func (c *countingTransport) Forward(ctx context.Context, addr string, req *clust
 // get seqs in item order, the forwards went out in batches, and every acked
 // message is stored at its seq with seqs 1..head.
 func TestInProcessForwardBatches(t *testing.T) {
-	pc := newProcCluster(t)
-	var ct *countingTransport
 	// 6 MiB through one node's bound (ForwardTimeout) takes more than the
 	// default 10 s with -race on a busy 2-core machine: this test is about
 	// batching, not the bound.
-	a := pc.startInProcess("a", ipOptions{forwardTimeout: 60 * time.Second, wrap: func(tr Transport) Transport {
-		ct = &countingTransport{Transport: tr}
-		return ct
-	}})
-	b := pc.startInProcess("b", ipOptions{})
-	pc.waitInProcess(a, b)
+	pc, a, _, ct := countedPair(t, ipOptions{forwardTimeout: 60 * time.Second})
 	acks := map[string]acked{}
 	var acksMu sync.Mutex
 	ack := func(req sequencer.SendRequest, res sequencer.SendResult) {
@@ -346,14 +339,7 @@ func TestInProcessForwardBatches(t *testing.T) {
 // with the same keys until it is answered; it is never answered
 // unavailable, and each message is stored once.
 func TestInProcessForwardRetriesWithoutAnswer(t *testing.T) {
-	pc := newProcCluster(t)
-	var ct *countingTransport
-	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
-		ct = &countingTransport{Transport: tr}
-		return ct
-	}})
-	b := pc.startInProcess("b", ipOptions{})
-	pc.waitInProcess(a, b)
+	pc, a, _, ct := countedPair(t, ipOptions{})
 	convs := convsOwnedBy(t, a, "b", "q", 3)
 	acks := map[string]acked{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -593,6 +579,20 @@ func TestInProcessSlowLinkRedirects(t *testing.T) {
 	pc.checkStored(acks)
 }
 
+// countedPair starts nodes a (with options o, its forwards counted) and b
+// on a fresh database and waits until they hold their partitions.
+func countedPair(t *testing.T, o ipOptions) (pc *procCluster, a, b *ipNode, ct *countingTransport) {
+	pc = newProcCluster(t)
+	o.wrap = func(tr Transport) Transport {
+		ct = &countingTransport{Transport: tr}
+		return ct
+	}
+	a = pc.startInProcess("a", o)
+	b = pc.startInProcess("b", ipOptions{})
+	pc.waitInProcess(a, b)
+	return pc, a, b, ct
+}
+
 // proxiedOwner starts nodes a and b, b's cluster link behind a holeProxy,
 // and returns a conversation (named with prefix) that b owns.
 func proxiedOwner(t *testing.T, prefix string) (*procCluster, *ipNode, *holeProxy, string) {
@@ -620,14 +620,7 @@ func freeLoopback(t *testing.T) string {
 // membership, the forward is abandoned and the send is retried at the new
 // owner (this node), not answered unavailable.
 func TestInProcessOwnerCrashesMidForward(t *testing.T) {
-	pc := newProcCluster(t)
-	var ct *countingTransport
-	a := pc.startInProcess("a", ipOptions{wrap: func(tr Transport) Transport {
-		ct = &countingTransport{Transport: tr}
-		return ct
-	}})
-	b := pc.startInProcess("b", ipOptions{})
-	pc.waitInProcess(a, b)
+	pc, a, b, ct := countedPair(t, ipOptions{})
 	conv := convsOwnedBy(t, a, "b", "crash", 1)[0]
 	ct.hang.Store(true)
 	type result struct {

@@ -644,6 +644,12 @@ func (c *Core) Formed(f Formation) {
 				break
 			}
 			if err := CheckEvent(&e.req, t, now, c.cfg.Windows); err != nil {
+				if slices.ContainsFunc(overlay, func(o Target) bool { return o.MsgID == t.MsgID }) {
+					// Refused for an event of this batch (a recall), which
+					// may not land: it waits for the batch's outcome (it is
+					// judged again in the next batch).
+					break
+				}
 				e.refused = err
 				c.ev.refused = append(c.ev.refused, e)
 				taken++

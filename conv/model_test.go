@@ -58,6 +58,7 @@ func (m modelStore) byKey(key sequencer.ClientKey) (sequencer.Message, error) {
 type sendRec struct {
 	conv    string
 	key     sequencer.ClientKey
+	req     sequencer.SendRequest // what was sent (the rapid model)
 	replies []Reply
 }
 

@@ -10,7 +10,9 @@ import (
 // Recall"): which events may change which message. They are pure: the core
 // applies them to the target's state as the store holds it, overlaid with
 // the events of the batch being formed, so two events of one batch see each
-// other (a second recall of one target fails, never both commit).
+// other (a second recall of one target never commits with the first). An
+// event that only an earlier event of its batch refuses waits for the next
+// batch: a refusal never rests on an event that may not land.
 
 // Target is what the rules need of an event's target message: its state
 // in the conversation's writer.

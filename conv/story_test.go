@@ -54,12 +54,12 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	h := &harness{t: t, ids: &fakeIDs{next: 1000}, clk: clock.NewFake(start), start: start, cancels: map[string]func(error){}}
-	h.newCore("c1", 0, 0, 0, 0)
+	h.newCore(Config{ConvID: "c1"})
 	return h
 }
 
-func (h *harness) newCore(conv string, maxQueue, maxBatch, memo int, floor uint64) {
-	c, err := New(Config{ConvID: conv, MaxQueue: maxQueue, MaxBatch: maxBatch, MemoSize: memo, Floor: floor})
+func (h *harness) newCore(cfg Config) {
+	c, err := New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -81,7 +81,10 @@ func (h *harness) do(line string) string {
 	c := h.core
 	switch cmd {
 	case "new":
-		h.newCore(or(kv["conv"], "c1"), h.atoi(kv["max-queue"]), h.atoi(kv["max-batch"]), h.atoi(kv["memo"]), uint64(h.atoi(kv["floor"])))
+		// new [conv=X] [max-queue=N] [max-batch=N] [memo=N] [floor=N] [target-cache=N] [edit-window=D] [recall-window=D]
+		h.newCore(Config{ConvID: or(kv["conv"], "c1"), MaxQueue: h.atoi(kv["max-queue"]), MaxBatch: h.atoi(kv["max-batch"]), MemoSize: h.atoi(kv["memo"]),
+			Floor: uint64(h.atoi(kv["floor"])), TargetCache: h.atoi(kv["target-cache"]),
+			Windows: Windows{Edit: h.duration(kv["edit-window"]), Recall: h.duration(kv["recall-window"])}})
 		return ""
 	case "send":
 		// send <token> <client> [uid=N] [conv=X] [ctx=done]
@@ -102,6 +105,49 @@ func (h *harness) do(line string) string {
 			// shell tells the core right after it).
 			h.cancels[tok](context.Canceled)
 		}
+	case "edit", "recall":
+		// edit <token> <client> target=<msgid> [uid=N] [body=X] [mod=true]
+		// recall <token> <client> target=<msgid> [uid=N] [mod=true]
+		uid := uint64(1)
+		if v := kv["uid"]; v != "" {
+			uid = uint64(h.atoi(v))
+		}
+		kind := sequencer.KindEdit
+		if cmd == "recall" {
+			kind = sequencer.KindRecall
+		}
+		tok := pos[0]
+		req := sequencer.SendRequest{ConvID: c.ConvID(), FromUID: uid, ClientMsgID: pos[1], MsgType: 1, Body: []byte(kv["body"]),
+			Kind: kind, TargetMsgID: uint64(h.atoi(kv["target"])), AsModerator: kv["mod"] == "true"}
+		h.cancels[tok] = func(cause error) { c.Cancel(tok, req.Key(), cause) }
+		c.Send(tok, req)
+	case "targets-loaded":
+		// targets-loaded <msgid>=msg:<from_uid>[:recalled] | event | elsewhere | notfound | <store error>, in any order
+		var rs []TargetResult
+		for _, a := range args {
+			id, v, _ := strings.Cut(a, "=")
+			parts := strings.Split(v, ":")
+			r := TargetResult{MsgID: uint64(h.atoi(id))}
+			m := sequencer.Message{MsgID: r.MsgID, ConvID: c.ConvID(), Seq: 1, MsgType: 1, ServerAt: h.start}
+			switch parts[0] {
+			case "msg":
+				m.FromUID = uint64(h.atoi(parts[1]))
+				m.Recalled = len(parts) > 2 && parts[2] == "recalled"
+				r.Msg = m
+			case "event":
+				m.FromUID, m.Kind, m.TargetMsgID = 1, sequencer.KindEdit, 1
+				r.Msg = m
+			case "elsewhere":
+				m.FromUID, m.ConvID = 1, "elsewhere"
+				r.Msg = m
+			case "notfound":
+				r.Err = fmt.Errorf("get: %w", sequencer.ErrNotFound)
+			default:
+				r.Err = h.storeErr(parts[0])
+			}
+			rs = append(rs, r)
+		}
+		c.TargetsLoaded(rs)
 	case "cancel":
 		// cancel <token>... [cause=deadline]
 		cause := context.Canceled
@@ -190,11 +236,7 @@ func (h *harness) do(line string) string {
 		}
 		return ""
 	case "tick":
-		d, err := time.ParseDuration(pos[0])
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		h.clk.Advance(d)
+		h.clk.Advance(h.duration(pos[0]))
 		return ""
 	case "idle":
 		return strconv.FormatBool(c.Idle())
@@ -247,6 +289,9 @@ func (h *harness) printReady() string {
 	if rd.LoadHead {
 		b.WriteString("load-head\n")
 	}
+	if len(rd.Targets) > 0 {
+		fmt.Fprintf(&b, "targets %v\n", rd.Targets)
+	}
 	if rd.Commit != nil {
 		h.batch = rd.Commit
 		fence := "-"
@@ -255,7 +300,11 @@ func (h *harness) printReady() string {
 		}
 		fmt.Fprintf(&b, "commit conv=%s prev=%d fence=%s\n", rd.Commit.ConvID, rd.Commit.PrevHead, fence)
 		for _, m := range rd.Commit.Messages {
-			fmt.Fprintf(&b, "  seq=%d msg=%d key=%d/%s at=+%s\n", m.Seq, m.MsgID, m.FromUID, m.ClientMsgID, m.ServerAt.Sub(h.start))
+			fmt.Fprintf(&b, "  seq=%d msg=%d key=%d/%s at=+%s", m.Seq, m.MsgID, m.FromUID, m.ClientMsgID, m.ServerAt.Sub(h.start))
+			if m.Kind != sequencer.KindMessage {
+				fmt.Fprintf(&b, " %s of %d", m.Kind, m.TargetMsgID)
+			}
+			b.WriteString("\n")
 		}
 	}
 	if rd.Resolve != nil {
@@ -342,15 +391,22 @@ func (h *harness) storeErr(kind string) error {
 	return nil
 }
 
-func (h *harness) atoi(s string) int {
+func (h *harness) atoi(s string) int { return parse(h.t, s, strconv.Atoi) }
+
+func (h *harness) duration(s string) time.Duration { return parse(h.t, s, time.ParseDuration) }
+
+// parse returns s parsed by p, the zero value for "" (a story's typo fails
+// the test).
+func parse[T any](t *testing.T, s string, p func(string) (T, error)) T {
+	var v T
 	if s == "" {
-		return 0
+		return v
 	}
-	n, err := strconv.Atoi(s)
+	v, err := p(s)
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
-	return n
+	return v
 }
 
 func or(s, def string) string {

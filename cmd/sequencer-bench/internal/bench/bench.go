@@ -227,8 +227,8 @@ same PostgreSQL and the same im_message table, in one run:
   a-sqlite, e-sqlite, e-json-sqlite, e-batch-sqlite: the same on the embedded store
   r-mark, r-state (and -sqlite): read positions through the Go SDK, one MarkRead or one
            GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
-  x-edit, x-recall: edits and recalls through the Go SDK, one Edit or one Recall of a
-           seeded message per operation (opt-in; compare with e)
+  x-edit, x-recall (and -sqlite): edits and recalls through the Go SDK, one Edit or one Recall of a
+           seeded message per operation (opt-in; compare with e, e-sqlite)
   a-mysql, e-batch-mysql, b-mysql, c-mysql: a, e-batch, b and c on MySQL / MariaDB
            (--mysql; a fresh database per scenario; run only when named in --engines)
   e-sub, e-batch-sub: e and e-batch with a Subscribe stream on every conversation of the

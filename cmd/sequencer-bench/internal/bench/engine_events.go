@@ -10,26 +10,21 @@ import (
 	"github.com/sequencer-im/sequencer/client"
 )
 
-// The event engines (issue 32) measure Edit and Recall through the Go SDK
-// (unary gRPC, like engine e, on PostgreSQL) against a 'sequencer serve':
+// The event engines (issue 32) measure Edit and Recall (engine_sdkops.go):
 // each operation is one Edit or one Recall of a message of the picked
 // conversation, as its sender (uid 1). Before the load they seed every
-// conversation (Seeder, not measured) with eventTargets messages from uid
-// 1. x-edit edits the conversation's first message over and over (each
-// edit is a new event and a new seq); x-recall recalls the conversation's
-// next message not yet recalled, and fails when a conversation ran out of
-// them (keep --messages below about eventTargets/2 per conversation). They
-// are opt-in: --engines e,x-edit,x-recall compares them with a Send.
+// conversation with eventTargets messages from uid 1. x-edit edits the
+// conversation's first message over and over (each edit is a new event
+// and a new seq); x-recall recalls the conversation's next message not yet
+// recalled, and fails when a conversation ran out of them (keep --messages
+// below about eventTargets/2 per conversation). --engines e,x-edit,x-recall
+// compares them with a Send (e-sqlite,x-edit-sqlite,x-recall-sqlite on the
+// embedded store).
 func init() {
-	for _, recall := range []bool{false, true} {
-		key, name, what := "x-edit", "Edit, SDK unary", "one Edit of the picked conversation's first message (a new body, as its sender)"
-		if recall {
-			key, name, what = "x-recall", "Recall, SDK unary", "one Recall of the picked conversation's next message not yet recalled (as its sender)"
-		}
-		s := remoteSpec(key, name, false, what+" through the Go SDK to a 'sequencer serve' on PostgreSQL, after seeding every conversation", newEventClient(recall))
-		s.OptIn = true
-		registerEngine(s)
-	}
+	registerOpEngines("x-edit", "Edit, SDK unary", "one Edit of the picked conversation's first message (a new body, as its sender; every conversation seeded with 16 messages first)",
+		func(c *client.Client) Engine { return newEventClient(c, false) })
+	registerOpEngines("x-recall", "Recall, SDK unary", "one Recall of the picked conversation's next message not yet recalled (as its sender; every conversation seeded with 16 messages first)",
+		func(c *client.Client) Engine { return newEventClient(c, true) })
 }
 
 // eventTargets is how many messages the event engines seed per
@@ -45,67 +40,25 @@ type eventClient struct {
 	next    map[string]*atomic.Uint32 // conv -> the next target x-recall takes
 }
 
-func newEventClient(recall bool) func(env Env) (Engine, error) {
-	return func(env Env) (Engine, error) {
-		proto := client.ProtocolGRPC
-		if env.Protocol == "connect" {
-			proto = client.ProtocolConnect
-		}
-		c, err := client.New(client.Config{
-			Addrs: []string{env.Target}, Protocol: proto, DisableRouting: true,
-			Retry: client.RetryPolicy{MaxAttempts: 1},
-		})
-		if err != nil {
-			return nil, err
-		}
-		return &eventClient{c: c, recall: recall, targets: map[string][]uint64{}, next: map[string]*atomic.Uint32{}}, nil
-	}
+func newEventClient(c *client.Client, recall bool) *eventClient {
+	return &eventClient{c: c, recall: recall, targets: map[string][]uint64{}, next: map[string]*atomic.Uint32{}}
 }
 
-// Seed stores eventTargets messages from uid 1 in every conversation
-// (SendMany, batched) and keeps their msg_ids.
+// Seed stores eventTargets messages from uid 1 in every conversation and
+// keeps their msg_ids.
 func (e *eventClient) Seed(ctx context.Context, convPfx string, convs, senders int) error {
-	type item struct {
-		conv string
-		i    int
-	}
-	var reqs []client.SendRequest
-	var items []item
-	flush := func() error {
-		res, errs := e.c.SendMany(ctx, reqs)
+	return seedMessages(ctx, e.c, convPfx, convs, eventTargets, func(k, i int, msgID uint64) {
+		c := convID(convPfx, k)
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		for j, err := range errs {
-			if err != nil {
-				return fmt.Errorf("seed messages: %w", err)
-			}
-			t := e.targets[items[j].conv]
-			if t == nil {
-				t = make([]uint64, eventTargets)
-				e.targets[items[j].conv] = t
-				e.next[items[j].conv] = new(atomic.Uint32)
-			}
-			t[items[j].i] = res[j].MsgID
+		t := e.targets[c]
+		if t == nil {
+			t = make([]uint64, eventTargets)
+			e.targets[c] = t
+			e.next[c] = new(atomic.Uint32)
 		}
-		reqs, items = reqs[:0], items[:0]
-		return nil
-	}
-	for i := range eventTargets {
-		for k := range convs {
-			c := convID(convPfx, k)
-			reqs = append(reqs, client.SendRequest{ConvID: c, FromUID: 1, ClientMsgID: fmt.Sprintf("%sseed-%d-%d", convPfx, k, i), Body: []byte("seed")})
-			items = append(items, item{c, i})
-			if len(reqs) == seedChunk {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if len(reqs) > 0 {
-		return flush()
-	}
-	return nil
+		t[i] = msgID
+	})
 }
 
 // Send is one operation: an Edit or a Recall of a seeded message of the

@@ -93,19 +93,25 @@ func openRemote(ctx context.Context, env Env, newClient func(env Env) (Engine, e
 // being retried away.
 func newSDKClient(batching bool) func(env Env) (Engine, error) {
 	return func(env Env) (Engine, error) {
-		proto := client.ProtocolGRPC
-		if env.Protocol == "connect" {
-			proto = client.ProtocolConnect
-		}
-		c, err := client.New(client.Config{
-			Addrs: []string{env.Target}, Protocol: proto, DisableRouting: true,
-			Retry:    client.RetryPolicy{MaxAttempts: 1},
-			Batching: client.BatchPolicy{Disabled: !batching, MaxInFlight: env.BatchesInFlight},
-		})
+		c, err := client.New(sdkConfig(env, batching))
 		if err != nil {
 			return nil, err
 		}
 		return sdkClient{c}, nil
+	}
+}
+
+// sdkConfig is the Go SDK's configuration of the SDK engines: env's target
+// and protocol, no routing, one attempt, batching or not.
+func sdkConfig(env Env, batching bool) client.Config {
+	proto := client.ProtocolGRPC
+	if env.Protocol == "connect" {
+		proto = client.ProtocolConnect
+	}
+	return client.Config{
+		Addrs: []string{env.Target}, Protocol: proto, DisableRouting: true,
+		Retry:    client.RetryPolicy{MaxAttempts: 1},
+		Batching: client.BatchPolicy{Disabled: !batching, MaxInFlight: env.BatchesInFlight},
 	}
 }
 

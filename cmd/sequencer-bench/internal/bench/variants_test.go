@@ -198,17 +198,18 @@ func TestReadPositionEngines(t *testing.T) {
 }
 
 // The event engines seed their conversations and then answer every
-// operation without an error; the store holds exactly that many edit or
-// recall events, and recalled targets; they are not in the default list.
+// operation without an error, on PostgreSQL and on the embedded store; the
+// PostgreSQL store holds exactly that many edit or recall events, and
+// recalled targets; they are not in the default list.
 func TestEventEngines(t *testing.T) {
 	admin := pgtest.AdminDSN(t)
 	bin := buildSequencer(t)
 	report := filepath.Join(t.TempDir(), "x.md")
-	engines := []string{"x-edit", "x-recall"}
+	engines := []string{"x-edit", "x-recall", "x-edit-sqlite", "x-recall-sqlite"}
 	const n, convs = 200, 100
 	var stdout, stderr bytes.Buffer
 	args := []string{"--engines", strings.Join(engines, ","), "--scenarios", "light", "--messages", fmt.Sprint(n), "--senders", "4", "--convs", fmt.Sprint(convs),
-		"--serve-bin", bin, "--pg", admin, "--keep", "--progress", "-1s", "--report", report}
+		"--serve-bin", bin, "--sqlite-dir", t.TempDir(), "--pg", admin, "--keep", "--progress", "-1s", "--report", report}
 	if err := Main(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("Main: %v\nstderr:\n%s", err, stderr.String())
 	}
