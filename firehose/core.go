@@ -26,13 +26,14 @@ import (
 type CoreConfig struct {
 	Partitions  int // the ring's partition count (required)
 	MaxInflight int // publishes and reads in flight at once
+	MaxReads    int // store reads in flight at once (a drain must not queue thousands on the store's pool)
 	MaxQueued   int // live messages held in memory; past it Live drops (they are read back from the store)
 	ReadLimit   int // messages per store read
 }
 
 // DefaultCoreConfig returns the defaults.
 func DefaultCoreConfig() CoreConfig {
-	return CoreConfig{MaxInflight: 4096, MaxQueued: 200_000, ReadLimit: 500}
+	return CoreConfig{MaxInflight: 4096, MaxReads: 8, MaxQueued: 200_000, ReadLimit: 500}
 }
 
 // Kind is what an Action asks the runner to do.
@@ -85,6 +86,8 @@ type Core struct {
 	owed     map[moveKey]uint64    // acknowledged seqs not yet stored
 	idle     map[moveKey]time.Time // rows published in full, since when: swept later
 	inflight int
+	reads    int          // Read actions in flight
+	parked   []*convState // conversations waiting for a read slot, in order
 	queued   int
 	token    uint64
 	skipped  uint64 // seqs retention removed before they were published
@@ -109,6 +112,7 @@ type convState struct {
 	queue       []sequencer.Message
 	busy        uint64 // the token of the action in flight, 0 if none
 	listed      bool   // in Core.ready
+	parked      bool   // in Core.parked
 	provisional bool   // created by Live before its partition's scan ended
 	behindSince time.Time
 }
@@ -118,6 +122,9 @@ func NewCore(cfg CoreConfig) *Core {
 	d := DefaultCoreConfig()
 	if cfg.MaxInflight <= 0 {
 		cfg.MaxInflight = d.MaxInflight
+	}
+	if cfg.MaxReads <= 0 {
+		cfg.MaxReads = d.MaxReads
 	}
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = d.MaxQueued
@@ -278,9 +285,10 @@ func (c *Core) touch(cv *convState) {
 }
 
 // Next returns the next action, or false when there is none (nothing
-// runnable, or MaxInflight actions in flight).
+// runnable, or MaxInflight actions in flight). A conversation that needs a
+// read while MaxReads are in flight waits for one to end (parked).
 func (c *Core) Next() (Action, bool) {
-	for c.inflight < c.cfg.MaxInflight && len(c.ready) > 0 {
+	for c.inflight < c.cfg.MaxInflight && (len(c.ready) > 0 || c.unpark()) {
 		cv := c.ready[0]
 		c.ready[0] = nil
 		c.ready = c.ready[1:]
@@ -288,12 +296,21 @@ func (c *Core) Next() (Action, bool) {
 		if !c.runnable(cv) {
 			continue
 		}
+		publish := len(cv.queue) > 0 && cv.queue[0].Seq == cv.next
+		if !publish && c.reads >= c.cfg.MaxReads {
+			if !cv.parked {
+				cv.parked = true
+				c.parked = append(c.parked, cv)
+			}
+			continue
+		}
 		c.token++
 		cv.busy = c.token
 		c.inflight++
-		if len(cv.queue) > 0 && cv.queue[0].Seq == cv.next {
+		if publish {
 			return Action{Kind: Publish, Token: c.token, Part: cv.part, ConvID: cv.id, Msg: cv.queue[0]}, true
 		}
+		c.reads++
 		limit := c.cfg.ReadLimit
 		if len(cv.queue) > 0 {
 			limit = min(limit, int(cv.queue[0].Seq-cv.next))
@@ -303,10 +320,30 @@ func (c *Core) Next() (Action, bool) {
 	return Action{}, false
 }
 
+// unpark lists parked conversations, in order, for the read slots free;
+// it reports whether it listed any.
+func (c *Core) unpark() bool {
+	n := 0
+	for len(c.parked) > 0 && c.reads+n < c.cfg.MaxReads {
+		cv := c.parked[0]
+		c.parked[0] = nil
+		c.parked = c.parked[1:]
+		cv.parked = false
+		if c.runnable(cv) && !cv.listed {
+			c.touch(cv)
+			n++
+		}
+	}
+	return n > 0
+}
+
 // answer finds the conversation an action's answer is for (nil: dropped or
 // superseded) and ends the action.
 func (c *Core) answer(a Action) *convState {
 	c.inflight--
+	if a.Kind == Read {
+		c.reads--
+	}
 	cv := c.convs[a.ConvID]
 	if cv == nil || cv.busy != a.Token {
 		return nil

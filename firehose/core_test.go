@@ -250,3 +250,34 @@ func TestSweepOnlyRowsIdleForAWhile(t *testing.T) {
 		t.Fatalf("swept %+v of a partition handed off", k)
 	}
 }
+
+// TestReadsBoundedByMaxReads: conversations that need a store read wait
+// for a read slot (a drain of thousands of conversations must not queue
+// thousands of reads on the store's pool); publishes do not wait.
+func TestReadsBoundedByMaxReads(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 1, MaxReads: 1})
+	c.Own([]uint32{0})
+	c.Scanned(0, []persist.OutboxRow{{ConvID: "a", Head: 2}, {ConvID: "b", Head: 1}}, true, t0)
+	c.Live("c", msgs("c", 1, 1))
+	var reads []Action
+	for a, ok := c.Next(); ok; a, ok = c.Next() {
+		switch a.Kind {
+		case Read:
+			reads = append(reads, a)
+		case Publish:
+			wantPublish(t, a, "c", 1)
+		}
+	}
+	if len(reads) != 1 {
+		t.Fatalf("%d reads in flight, want 1 (MaxReads)", len(reads))
+	}
+	heads := map[string]uint64{"a": 2, "b": 1}
+	c.Filled(reads[0], msgs(reads[0].ConvID, 1, heads[reads[0].ConvID]), nil)
+	got := map[Kind]int{}
+	for a, ok := c.Next(); ok; a, ok = c.Next() {
+		got[a.Kind]++
+	}
+	if got[Read] != 1 || got[Publish] != 1 {
+		t.Fatalf("after the read: %v, want the parked conversation's read and the read one's publish", got)
+	}
+}
