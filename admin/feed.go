@@ -47,7 +47,10 @@ func (a *Admin) Feed(ctx context.Context) (FeedBacklog, error) {
 				return FeedBacklog{}, fmt.Errorf("feed: partition %d: %w", p, err)
 			}
 			for _, r := range rows {
-				n := r.Head - min(r.Published, r.Head)
+				if r.Head <= r.Published {
+					continue // published in full, not yet swept
+				}
+				n := r.Head - r.Published
 				fp.Conversations++
 				fp.Messages += n
 				if n > fp.WorstCount {

@@ -26,13 +26,14 @@ import (
 type CoreConfig struct {
 	Partitions  int // the ring's partition count (required)
 	MaxInflight int // publishes and reads in flight at once
+	MaxReads    int // store reads in flight at once (a drain must not queue thousands on the store's pool)
 	MaxQueued   int // live messages held in memory; past it Live drops (they are read back from the store)
 	ReadLimit   int // messages per store read
 }
 
 // DefaultCoreConfig returns the defaults.
 func DefaultCoreConfig() CoreConfig {
-	return CoreConfig{MaxInflight: 4096, MaxQueued: 200_000, ReadLimit: 500}
+	return CoreConfig{MaxInflight: 4096, MaxReads: 8, MaxQueued: 200_000, ReadLimit: 500}
 }
 
 // Kind is what an Action asks the runner to do.
@@ -72,7 +73,9 @@ type Action struct {
 //     batch starts;
 //   - the cursor (persist.OutboxMove) of a conversation moves to seq n
 //     only when the broker acknowledged every seq up to n;
-//   - a conversation is forgotten once its cursor is stored at its head.
+//   - a conversation is forgotten once its cursor is stored at its head;
+//     its outbox row is kept (the next commit then writes nothing to the
+//     outbox) and swept (Sweepable) once no batch of it came for a while.
 //
 // Not safe for concurrent use: the runner holds a lock around it.
 type Core struct {
@@ -80,8 +83,11 @@ type Core struct {
 	parts    map[uint32]*partState
 	convs    map[string]*convState
 	ready    []*convState
-	owed     map[moveKey]uint64 // acknowledged seqs not yet stored
+	owed     map[moveKey]uint64    // acknowledged seqs not yet stored
+	idle     map[moveKey]time.Time // rows published in full, since when: swept later
 	inflight int
+	reads    int          // Read actions in flight
+	parked   []*convState // conversations waiting for a read slot, in order
 	queued   int
 	token    uint64
 	skipped  uint64 // seqs retention removed before they were published
@@ -106,6 +112,7 @@ type convState struct {
 	queue       []sequencer.Message
 	busy        uint64 // the token of the action in flight, 0 if none
 	listed      bool   // in Core.ready
+	parked      bool   // in Core.parked
 	provisional bool   // created by Live before its partition's scan ended
 	behindSince time.Time
 }
@@ -116,6 +123,9 @@ func NewCore(cfg CoreConfig) *Core {
 	if cfg.MaxInflight <= 0 {
 		cfg.MaxInflight = d.MaxInflight
 	}
+	if cfg.MaxReads <= 0 {
+		cfg.MaxReads = d.MaxReads
+	}
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = d.MaxQueued
 	}
@@ -125,13 +135,15 @@ func NewCore(cfg CoreConfig) *Core {
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 1
 	}
-	return &Core{cfg: cfg, parts: map[uint32]*partState{}, convs: map[string]*convState{}, owed: map[moveKey]uint64{}}
+	return &Core{cfg: cfg, parts: map[uint32]*partState{}, convs: map[string]*convState{}, owed: map[moveKey]uint64{},
+		idle: map[moveKey]time.Time{}}
 }
 
 // Own sets the partitions this node owns. It returns the partitions newly
 // owned: the runner scans their outbox (Scanned). Partitions no longer
 // owned are dropped at once (their acknowledged cursors are still owed:
-// Moves returns them); answers to their actions in flight are ignored.
+// Moves returns them; their rows to sweep are left to the new owner's
+// scan); answers to their actions in flight are ignored.
 func (c *Core) Own(parts []uint32) (added []uint32) {
 	now := make(map[uint32]bool, len(parts))
 	for _, p := range parts {
@@ -151,6 +163,11 @@ func (c *Core) Own(parts []uint32) (added []uint32) {
 		}
 		delete(c.parts, p)
 	}
+	for k := range c.idle {
+		if !now[k.part] {
+			delete(c.idle, k)
+		}
+	}
 	slices.Sort(added)
 	return added
 }
@@ -169,6 +186,7 @@ func (c *Core) Live(convID string, msgs []sequencer.Message) {
 	if ps == nil {
 		return
 	}
+	delete(c.idle, moveKey{p, convID}) // written again: its row is kept
 	cv := c.convs[convID]
 	if cv == nil {
 		first := msgs[0].Seq
@@ -195,14 +213,21 @@ func (c *Core) Live(convID string, msgs []sequencer.Message) {
 }
 
 // Scanned merges a page of partition p's outbox rows; done says the scan
-// reached its end, after which the partition publishes.
+// reached its end, after which the partition publishes. A row published in
+// full is to be swept, unless its conversation is being published.
 func (c *Core) Scanned(p uint32, rows []persist.OutboxRow, done bool, now time.Time) {
 	ps := c.parts[p]
 	if ps == nil {
 		return
 	}
 	for _, r := range rows {
-		if r.Partition != p || r.Head <= r.Published {
+		if r.Partition != p {
+			continue
+		}
+		if r.Head <= r.Published {
+			if k := (moveKey{p, r.ConvID}); c.convs[r.ConvID] == nil && c.idle[k].IsZero() {
+				c.idle[k] = now
+			}
 			continue
 		}
 		cv := c.convs[r.ConvID]
@@ -260,9 +285,10 @@ func (c *Core) touch(cv *convState) {
 }
 
 // Next returns the next action, or false when there is none (nothing
-// runnable, or MaxInflight actions in flight).
+// runnable, or MaxInflight actions in flight). A conversation that needs a
+// read while MaxReads are in flight waits for one to end (parked).
 func (c *Core) Next() (Action, bool) {
-	for c.inflight < c.cfg.MaxInflight && len(c.ready) > 0 {
+	for c.inflight < c.cfg.MaxInflight && (len(c.ready) > 0 || c.unpark()) {
 		cv := c.ready[0]
 		c.ready[0] = nil
 		c.ready = c.ready[1:]
@@ -270,12 +296,21 @@ func (c *Core) Next() (Action, bool) {
 		if !c.runnable(cv) {
 			continue
 		}
+		publish := len(cv.queue) > 0 && cv.queue[0].Seq == cv.next
+		if !publish && c.reads >= c.cfg.MaxReads {
+			if !cv.parked {
+				cv.parked = true
+				c.parked = append(c.parked, cv)
+			}
+			continue
+		}
 		c.token++
 		cv.busy = c.token
 		c.inflight++
-		if len(cv.queue) > 0 && cv.queue[0].Seq == cv.next {
+		if publish {
 			return Action{Kind: Publish, Token: c.token, Part: cv.part, ConvID: cv.id, Msg: cv.queue[0]}, true
 		}
+		c.reads++
 		limit := c.cfg.ReadLimit
 		if len(cv.queue) > 0 {
 			limit = min(limit, int(cv.queue[0].Seq-cv.next))
@@ -285,10 +320,30 @@ func (c *Core) Next() (Action, bool) {
 	return Action{}, false
 }
 
+// unpark lists parked conversations, in order, for the read slots free;
+// it reports whether it listed any.
+func (c *Core) unpark() bool {
+	n := 0
+	for len(c.parked) > 0 && c.reads+n < c.cfg.MaxReads {
+		cv := c.parked[0]
+		c.parked[0] = nil
+		c.parked = c.parked[1:]
+		cv.parked = false
+		if c.runnable(cv) && !cv.listed {
+			c.touch(cv)
+			n++
+		}
+	}
+	return n > 0
+}
+
 // answer finds the conversation an action's answer is for (nil: dropped or
 // superseded) and ends the action.
 func (c *Core) answer(a Action) *convState {
 	c.inflight--
+	if a.Kind == Read {
+		c.reads--
+	}
 	cv := c.convs[a.ConvID]
 	if cv == nil || cv.busy != a.Token {
 		return nil
@@ -412,8 +467,9 @@ func compare(a, b string) int {
 }
 
 // Advanced answers Moves: on error they are owed again; on success the
-// conversations whose cursor reached their head are forgotten.
-func (c *Core) Advanced(moves []persist.OutboxMove, err error) {
+// conversations whose cursor reached their head are forgotten, and their
+// rows are to be swept from now on.
+func (c *Core) Advanced(moves []persist.OutboxMove, err error, now time.Time) {
 	for _, m := range moves {
 		if err != nil {
 			c.owe(m.Partition, m.ConvID, m.To)
@@ -427,6 +483,57 @@ func (c *Core) Advanced(moves []persist.OutboxMove, err error) {
 		if cv.busy == 0 && len(cv.queue) == 0 && cv.stored >= cv.head && cv.next > cv.head {
 			delete(c.convs, cv.id)
 			delete(c.parts[cv.part].convs, cv.id)
+			c.idle[moveKey{cv.part, cv.id}] = now
+		}
+	}
+}
+
+// Sweepable returns up to limit outbox rows published in full that saw no
+// batch since before now-after (the oldest first) and forgets them; the
+// runner sweeps them (persist.Outbox.OutboxSweep) and gives them back to
+// Swept. A row that is written again in the meantime is not deleted by the
+// sweep (its published seq is below the head) or is created again by the
+// commit: sweeping too much costs an insert, never a message.
+func (c *Core) Sweepable(now time.Time, after time.Duration, limit int) []persist.OutboxKey {
+	type aged struct {
+		k     moveKey
+		since time.Time
+	}
+	var due []aged
+	for k, since := range c.idle {
+		if !since.After(now.Add(-after)) {
+			due = append(due, aged{k, since})
+		}
+	}
+	slices.SortFunc(due, func(a, b aged) int {
+		if d := a.since.Compare(b.since); d != 0 {
+			return d
+		}
+		if a.k.part != b.k.part {
+			return int(a.k.part) - int(b.k.part)
+		}
+		return compare(a.k.conv, b.k.conv)
+	})
+	if len(due) > limit {
+		due = due[:limit]
+	}
+	out := make([]persist.OutboxKey, len(due))
+	for i, d := range due {
+		out[i] = persist.OutboxKey{Partition: d.k.part, ConvID: d.k.conv}
+		delete(c.idle, d.k)
+	}
+	return out
+}
+
+// Swept answers Sweepable: on error the rows of partitions still owned are
+// to be swept again (as of now).
+func (c *Core) Swept(keys []persist.OutboxKey, err error, now time.Time) {
+	if err == nil {
+		return
+	}
+	for _, k := range keys {
+		if mk := (moveKey{k.Partition, k.ConvID}); c.parts[k.Partition] != nil && c.convs[k.ConvID] == nil && c.idle[mk].IsZero() {
+			c.idle[mk] = now
 		}
 	}
 }
@@ -440,12 +547,13 @@ type Lag struct {
 	Inflight int
 	Skipped  uint64 // seqs retention removed before they were published
 	Syncing  int    // owned partitions whose outbox scan has not ended
+	Idle     int    // outbox rows published in full, not yet swept
 }
 
 // Lag returns the backlog over all owned partitions, and per partition
 // (messages).
 func (c *Core) Lag() (Lag, map[uint32]uint64) {
-	l := Lag{Queued: c.queued, Inflight: c.inflight, Skipped: c.skipped}
+	l := Lag{Queued: c.queued, Inflight: c.inflight, Skipped: c.skipped, Idle: len(c.idle)}
 	per := make(map[uint32]uint64, len(c.parts))
 	for p, ps := range c.parts {
 		per[p] = 0

@@ -88,7 +88,7 @@ func TestCursorMovesOnlyOverAcknowledgedSeqs(t *testing.T) {
 	if len(mv) != 1 || mv[0] != (persist.OutboxMove{Partition: 0, ConvID: "a", To: 1}) {
 		t.Fatalf("moves = %+v, want a to 1", mv)
 	}
-	c.Advanced(mv, errors.New("store down"))
+	c.Advanced(mv, errors.New("store down"), t0)
 	if mv2 := c.Moves(); len(mv2) != 1 || mv2[0].To != 1 {
 		t.Fatalf("a failed advance is not owed again: %+v", mv2)
 	}
@@ -98,7 +98,7 @@ func TestCursorMovesOnlyOverAcknowledgedSeqs(t *testing.T) {
 		a := next(t, c)
 		c.Published(a, nil)
 	}
-	c.Advanced(c.Moves(), nil)
+	c.Advanced(c.Moves(), nil, t0)
 	if l, _ := c.Lag(); l.Messages != 0 || len(c.convs) != 0 {
 		t.Fatalf("lag %+v, %d conversations kept, want none", l, len(c.convs))
 	}
@@ -211,4 +211,73 @@ func TestInflightBound(t *testing.T) {
 	c.Published(acts[0], nil)
 	next(t, c)
 	none(t, c)
+}
+
+// TestSweepOnlyRowsIdleForAWhile: a conversation published in full is
+// swept after SweepAfter without a batch; a batch in between keeps its row;
+// a row the scan finds published in full is swept too; a failed sweep is
+// retried; a partition handed off is left to its new owner.
+func TestSweepOnlyRowsIdleForAWhile(t *testing.T) {
+	c := ownedCore(CoreConfig{})
+	publishAll := func(conv string, from, to uint64, at time.Time) {
+		c.Live(conv, msgs(conv, from, to))
+		for s := from; s <= to; s++ {
+			c.Published(next(t, c), nil)
+		}
+		c.Advanced(c.Moves(), nil, at)
+	}
+	publishAll("a", 1, 2, t0)
+	publishAll("b", 1, 1, t0)
+	if k := c.Sweepable(t0.Add(5*time.Second), 10*time.Second, 100); len(k) != 0 {
+		t.Fatalf("swept %+v after 5 s, want nothing before 10 s", k)
+	}
+	c.Live("b", msgs("b", 2, 2)) // written again: kept
+	c.Scanned(0, []persist.OutboxRow{{ConvID: "c", Published: 4, Head: 4}, {ConvID: "d", Published: 1, Head: 3}}, true, t0)
+	k := c.Sweepable(t0.Add(10*time.Second), 10*time.Second, 100)
+	want := []persist.OutboxKey{{ConvID: "a"}, {ConvID: "c"}}
+	if fmt.Sprint(k) != fmt.Sprint(want) {
+		t.Fatalf("swept %+v, want %+v (b was written again, d owes 2 and 3)", k, want)
+	}
+	if k := c.Sweepable(t0.Add(20*time.Second), 10*time.Second, 100); len(k) != 0 {
+		t.Fatalf("swept %+v again before Swept answered", k)
+	}
+	c.Swept(want, errors.New("store down"), t0.Add(10*time.Second))
+	if k := c.Sweepable(t0.Add(20*time.Second), 10*time.Second, 1); len(k) != 1 || k[0].ConvID != "a" {
+		t.Fatalf("after a failed sweep, limit 1: %+v, want a", k)
+	}
+	c.Own(nil)
+	if k := c.Sweepable(t0.Add(time.Hour), 10*time.Second, 100); len(k) != 0 {
+		t.Fatalf("swept %+v of a partition handed off", k)
+	}
+}
+
+// TestReadsBoundedByMaxReads: conversations that need a store read wait
+// for a read slot (a drain of thousands of conversations must not queue
+// thousands of reads on the store's pool); publishes do not wait.
+func TestReadsBoundedByMaxReads(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 1, MaxReads: 1})
+	c.Own([]uint32{0})
+	c.Scanned(0, []persist.OutboxRow{{ConvID: "a", Head: 2}, {ConvID: "b", Head: 1}}, true, t0)
+	c.Live("c", msgs("c", 1, 1))
+	var reads []Action
+	for a, ok := c.Next(); ok; a, ok = c.Next() {
+		switch a.Kind {
+		case Read:
+			reads = append(reads, a)
+		case Publish:
+			wantPublish(t, a, "c", 1)
+		}
+	}
+	if len(reads) != 1 {
+		t.Fatalf("%d reads in flight, want 1 (MaxReads)", len(reads))
+	}
+	heads := map[string]uint64{"a": 2, "b": 1}
+	c.Filled(reads[0], msgs(reads[0].ConvID, 1, heads[reads[0].ConvID]), nil)
+	got := map[Kind]int{}
+	for a, ok := c.Next(); ok; a, ok = c.Next() {
+		got[a.Kind]++
+	}
+	if got[Read] != 1 || got[Publish] != 1 {
+		t.Fatalf("after the read: %v, want the parked conversation's read and the read one's publish", got)
+	}
 }

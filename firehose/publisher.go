@@ -44,6 +44,8 @@ type Config struct {
 	ObserveLag func(seconds float64)
 
 	FlushEvery  time.Duration // how often acknowledged cursors are stored (default 100 ms)
+	SweepAfter  time.Duration // how long an outbox row published in full is kept for the next commit (default 10 s)
+	SweepEvery  time.Duration // how often such rows are swept (default 1 s)
 	OwnEvery    time.Duration // how often Owned is asked (default 250 ms)
 	RescanEvery time.Duration // how often owned partitions' outboxes are scanned again, a safety net (default 30 s)
 	ScanPage    int           // outbox rows per page (default 1000)
@@ -54,6 +56,12 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.FlushEvery <= 0 {
 		c.FlushEvery = 100 * time.Millisecond
+	}
+	if c.SweepAfter <= 0 {
+		c.SweepAfter = 10 * time.Second
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = time.Second
 	}
 	if c.OwnEvery <= 0 {
 		c.OwnEvery = 250 * time.Millisecond
@@ -144,8 +152,13 @@ func (p *Publisher) Stats() Stats {
 		Publishing: p.publishing, PerPartition: per}
 }
 
+// sweepBatch bounds the rows of one OutboxSweep.
+const sweepBatch = 1000
+
 // Run publishes until ctx ends, then stores the cursors it owes (bounded
-// by OpTimeout) and returns.
+// by OpTimeout) and returns. The cursors are stored and the outbox swept
+// beside the loop (one store call at a time), so a slow store never holds
+// up a publish.
 func (p *Publisher) Run(ctx context.Context) {
 	own := time.NewTicker(p.cfg.OwnEvery)
 	defer own.Stop()
@@ -154,9 +167,12 @@ func (p *Publisher) Run(ctx context.Context) {
 	rescan := time.NewTicker(p.cfg.RescanEvery)
 	defer rescan.Stop()
 	sem := make(chan struct{}, p.cfg.ScanWorkers)
-	var scans sync.WaitGroup
+	var scans, bg sync.WaitGroup
+	storing := make(chan struct{}, 1) // a flush (and sweep) in flight
+	nextSweep := time.Now().Add(p.cfg.SweepEvery)
 	defer func() {
 		scans.Wait()
+		bg.Wait()
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.OpTimeout)
 		p.flush(fctx)
 		cancel()
@@ -172,8 +188,24 @@ func (p *Publisher) Run(ctx context.Context) {
 			p.refreshOwnership(ctx, sem, &scans, false)
 		case <-rescan.C:
 			p.refreshOwnership(ctx, sem, &scans, true)
-		case <-flush.C:
-			p.flush(ctx)
+		case now := <-flush.C:
+			select {
+			case storing <- struct{}{}:
+				sweep := !now.Before(nextSweep)
+				if sweep {
+					nextSweep = now.Add(p.cfg.SweepEvery)
+				}
+				bg.Add(1)
+				go func() {
+					defer bg.Done()
+					defer func() { <-storing }()
+					p.flush(ctx)
+					if sweep {
+						p.sweep(ctx)
+					}
+				}()
+			default: // the last one is still running
+			}
 		}
 		if wait := p.dispatch(ctx); wait > 0 && pause == nil {
 			pause = time.AfterFunc(wait, func() { p.poke() })
@@ -341,22 +373,44 @@ func (p *Publisher) read(ctx context.Context, a Action) {
 
 // flush stores the cursors the core owes.
 func (p *Publisher) flush(ctx context.Context) {
-	p.mu.Lock()
-	moves := p.core.Moves()
-	p.mu.Unlock()
-	if len(moves) == 0 {
-		return
+	storeCall(p, ctx, "storing the published cursors", p.core.Moves, p.cfg.Store.OutboxAdvance,
+		func(moves []persist.OutboxMove, err error) { p.core.Advanced(moves, err, time.Now()) })
+}
+
+// sweep deletes the outbox rows published in full that saw no commit for
+// SweepAfter (persist.Outbox.OutboxSweep), sweepBatch at a time.
+func (p *Publisher) sweep(ctx context.Context) {
+	take := func() []persist.OutboxKey { return p.core.Sweepable(time.Now(), p.cfg.SweepAfter, sweepBatch) }
+	answer := func(keys []persist.OutboxKey, err error) { p.core.Swept(keys, err, time.Now()) }
+	for ctx.Err() == nil {
+		if n, err := storeCall(p, ctx, "sweeping the outbox", take, p.cfg.Store.OutboxSweep, answer); err != nil || n < sweepBatch {
+			return
+		}
 	}
-	fctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
-	err := p.cfg.Store.OutboxAdvance(fctx, moves)
+}
+
+// storeCall takes work from the core (under p.mu), hands it to the store
+// (bounded by OpTimeout) and the answer back to the core; it returns how
+// much work there was.
+func storeCall[T any](p *Publisher, ctx context.Context, what string, take func() []T,
+	call func(context.Context, []T) error, answer func([]T, error)) (int, error) {
+	p.mu.Lock()
+	work := take()
+	p.mu.Unlock()
+	if len(work) == 0 {
+		return 0, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+	err := call(cctx, work)
 	cancel()
 	p.mu.Lock()
-	p.core.Advanced(moves, err)
+	answer(work, err)
 	if err != nil {
 		p.storeErrs++
 	}
 	p.mu.Unlock()
 	if err != nil && ctx.Err() == nil {
-		p.log.Warn("firehose: storing the published cursors failed; retrying", "err", fmt.Sprint(err))
+		p.log.Warn("firehose: "+what+" failed; retrying", "err", fmt.Sprint(err))
 	}
+	return len(work), err
 }

@@ -14,38 +14,60 @@ type OutboxMark = sequencer.OutboxMark
 // Outbox is an optional ability of a Store: the firehose's durable cursor
 // (package firehose; docs/FEED.md). Every store persist/open returns has it.
 //
-// The outbox holds one small row per conversation that has messages not yet
-// published to the broker: (partition, conv_id, published, head). A Commit
-// of a batch whose Outbox.On is set writes it in the same transaction as the
-// messages: a missing row is created with published = PrevHead (everything
-// before this batch was published, or predates the firehose), an existing
-// row keeps its published seq and takes head = LastSeq. So the rows are
-// exactly the conversations with a backlog, keyed and ordered by
-// (partition, conv_id): finding what is unpublished costs in proportion to
-// the backlog, never to the number of conversations.
+// The outbox holds one small row per recently written conversation:
+// (partition, conv_id, published); its head is the conversation's head
+// (conv_head), read with it. A Commit of a batch whose Outbox.On is set
+// makes sure the row exists in the same transaction as the messages, after
+// the head moved: a missing row is created with published = PrevHead
+// (everything before this batch was published, or predates the firehose),
+// an existing row is left alone. So a commit on a conversation that has a
+// row writes nothing to the outbox (a key lookup), and the rows are the
+// conversations with a backlog plus the ones published in full but not yet
+// swept, keyed and ordered by (partition, conv_id): finding what is
+// unpublished costs in proportion to the backlog and to the conversations
+// written in the last sweep period, never to the number of conversations.
+//
+// The publisher raises published after the broker's acks (OutboxAdvance)
+// and deletes the rows published in full some seconds later
+// (OutboxSweep). A sweep never deletes a row whose conversation's head is
+// past its published seq, and skips a conversation whose commit is in
+// progress (its head row is locked): the commit either finds the row gone
+// and creates it at its PrevHead, or keeps it.
 //
 // The rules of the rows are here and in package firehose; a driver holds
 // only the SQL.
 type Outbox interface {
 	// OutboxPending returns up to limit rows of partition part whose
 	// conv_id sorts after `after` ("" starts), in conv_id order (the
-	// store's byte order).
+	// store's byte order), with Head the conversation's head. Rows
+	// published in full (Published >= Head) are returned too: the
+	// publisher sweeps them.
 	OutboxPending(ctx context.Context, part uint32, after string, limit int) ([]OutboxRow, error)
 	// OutboxAdvance moves each named row's published seq up to To (never
-	// down: a row already at or past To is left alone), then deletes the
-	// rows among them whose published seq reached their head, all in one
-	// transaction. A row that does not exist is not created. It is called
-	// only for seqs the broker acknowledged.
+	// down: a row already at or past To is left alone), in one
+	// transaction. A row that does not exist is not created; no row is
+	// deleted. It is called only for seqs the broker acknowledged.
 	OutboxAdvance(ctx context.Context, moves []OutboxMove) error
+	// OutboxSweep deletes the named rows that are published in full
+	// (OutboxSwept): a row whose published seq is below its
+	// conversation's head stays, and so does a row whose conversation
+	// has a commit in progress (it is skipped, not waited for).
+	OutboxSweep(ctx context.Context, keys []OutboxKey) error
 }
 
-// OutboxRow is one conversation with unpublished messages: seqs
-// Published+1..Head.
+// OutboxRow is one conversation of the outbox: seqs Published+1..Head are
+// not yet published (none when Published >= Head).
 type OutboxRow struct {
 	Partition uint32
 	ConvID    string
 	Published uint64
 	Head      uint64
+}
+
+// OutboxKey names an outbox row.
+type OutboxKey struct {
+	Partition uint32
+	ConvID    string
 }
 
 // OutboxMove raises a conversation's published seq to To.
@@ -55,10 +77,12 @@ type OutboxMove struct {
 	To        uint64
 }
 
-// OutboxRowsOf returns the outbox upserts of a commit's batches: the
-// batches with Outbox.On and at least one message, as rows (Published =
-// PrevHead, Head = LastSeq), in the order given. A driver inserts each row
-// or, when its (partition, conv_id) exists, sets only its head.
+// OutboxRowsOf returns the outbox rows of a commit's batches: the batches
+// with Outbox.On and at least one message, as rows (Published = PrevHead,
+// Head = LastSeq), in the order given. A driver inserts each row whose
+// (partition, conv_id) is missing and leaves an existing one alone
+// (OutboxUpsert), after the commit's head update (which locks the
+// conversation's head row against a sweep).
 func OutboxRowsOf(batches []ConvBatch) []OutboxRow {
 	var rows []OutboxRow
 	for i := range batches {
@@ -72,23 +96,25 @@ func OutboxRowsOf(batches []ConvBatch) []OutboxRow {
 }
 
 // OutboxUpsert applies a commit's row to a stored row (the in-memory
-// store's version of the drivers' upsert): a new row as given, an existing
-// one keeps its published seq and takes the new head.
+// store's version of the drivers' insert): a new row as given, an existing
+// one unchanged.
 func OutboxUpsert(stored *OutboxRow, row OutboxRow) OutboxRow {
 	if stored == nil {
 		return row
 	}
-	r := *stored
-	r.Head = row.Head
-	return r
+	return *stored
 }
 
 // OutboxAdvanced applies a move to a stored row: the published seq only
-// rises; keep is false when the row is to be deleted (published >= head).
-func OutboxAdvanced(stored OutboxRow, to uint64) (row OutboxRow, keep bool) {
+// rises.
+func OutboxAdvanced(stored OutboxRow, to uint64) OutboxRow {
 	stored.Published = max(stored.Published, to)
-	return stored, stored.Published < stored.Head
+	return stored
 }
+
+// OutboxSwept reports whether a sweep deletes a row whose conversation's
+// head is head: only when everything up to the head was published.
+func OutboxSwept(published, head uint64) bool { return published >= head }
 
 // ErrNoOutbox is the answer of a store that cannot keep the outbox in its
 // commits (Citus's distributed mode, for now): the firehose refuses to

@@ -36,3 +36,12 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 	}
 	return o.OutboxAdvance(ctx, moves)
 }
+
+// OutboxSweep passes through to the inner store.
+func (s *Store) OutboxSweep(ctx context.Context, keys []persist.OutboxKey) error {
+	o, err := s.outbox()
+	if err != nil {
+		return err
+	}
+	return o.OutboxSweep(ctx, keys)
+}

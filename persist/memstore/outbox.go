@@ -36,6 +36,7 @@ func (s *Store) OutboxPending(ctx context.Context, part uint32, after string, li
 	var rows []persist.OutboxRow
 	for k, r := range s.outbox {
 		if k.part == part && k.conv > after {
+			r.Head = s.head(k.conv)
 			rows = append(rows, r)
 		}
 	}
@@ -54,13 +55,23 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 	defer s.mu.Unlock()
 	for _, m := range moves {
 		k := outboxKey{m.Partition, m.ConvID}
-		r, ok := s.outbox[k]
-		if !ok {
-			continue
+		if r, ok := s.outbox[k]; ok {
+			s.outbox[k] = persist.OutboxAdvanced(r, m.To)
 		}
-		if r, keep := persist.OutboxAdvanced(r, m.To); keep {
-			s.outbox[k] = r
-		} else {
+	}
+	return nil
+}
+
+// OutboxSweep implements persist.Outbox (commits hold s.mu: none is in
+// progress during a sweep).
+func (s *Store) OutboxSweep(ctx context.Context, keys []persist.OutboxKey) error {
+	if err := s.enter(ctx, "outbox sweep"); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	for _, key := range keys {
+		k := outboxKey{key.Partition, key.ConvID}
+		if r, ok := s.outbox[k]; ok && persist.OutboxSwept(r.Published, s.head(k.conv)) {
 			delete(s.outbox, k)
 		}
 	}

@@ -10,42 +10,66 @@ import (
 
 var _ persist.Outbox = (*Store)(nil)
 
-// outboxUpsertSQL records a commit's conversations in the outbox
-// (persist.Outbox: a new row as given, an existing one takes only the new
-// head), in (part, conv_id) order like outboxRaiseSQL, so the two never
-// wait for each other's rows in opposite orders.
-const outboxUpsertSQL = `INSERT INTO feed_outbox (part, conv_id, published, head)
-SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[]) ORDER BY 1, 2
-ON CONFLICT (part, conv_id) DO UPDATE SET head = excluded.head`
+// The outbox's SQL (persist.Outbox), shared by every PostgreSQL store
+// that keeps the outbox beside conv_head.
+const (
+	// OutboxInsertSQL records a commit's conversations in the outbox: a
+	// missing row is inserted, an existing one is left alone (a key
+	// lookup, no write, no lock). It must follow the commit's head update,
+	// whose row lock keeps OutboxSweepSQL away from the conversation.
+	OutboxInsertSQL = `INSERT INTO feed_outbox (part, conv_id, published)
+SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) ORDER BY 1, 2
+ON CONFLICT (part, conv_id) DO NOTHING`
 
-// outboxLockSQL locks the rows an advance touches in (part, conv_id)
-// order, the order of a commit's upsert (outboxUpsertSQL): the UPDATE and
-// DELETE that follow lock in whatever order their join takes, which
-// deadlocked with commits under load.
-const outboxLockSQL = `SELECT 1 FROM feed_outbox
+	// OutboxPendingSQL reads a page of a partition's rows with their
+	// conversations' heads.
+	OutboxPendingSQL = `SELECT o.part, o.conv_id, o.published, coalesce(h.head, 0) FROM feed_outbox AS o
+LEFT JOIN conv_head AS h ON h.conv_id = o.conv_id
+WHERE o.part = $1 AND o.conv_id > $2 ORDER BY o.conv_id LIMIT $3`
+
+	// OutboxLockSQL locks the rows an advance raises in (part, conv_id)
+	// order (an UPDATE locks in whatever order its join takes: two
+	// advances of one row, during a handoff, could deadlock).
+	OutboxLockSQL = `SELECT 1 FROM feed_outbox
 WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[]))
 ORDER BY part, conv_id FOR UPDATE`
 
-const outboxRaiseSQL = `UPDATE feed_outbox AS o SET published = m.pub
+	// OutboxRaiseSQL raises published seqs (an update of an unindexed
+	// column: HOT, beside the row, with the table's fillfactor).
+	OutboxRaiseSQL = `UPDATE feed_outbox AS o SET published = m.pub
 FROM (SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) AS m(part, conv_id, pub) ORDER BY 1, 2) AS m
 WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub`
 
-const outboxDeleteSQL = `DELETE FROM feed_outbox AS o
-USING unnest($1::int8[], $2::text[]) AS m(part, conv_id)
-WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published >= o.head`
+	// OutboxSweepSQL deletes the named rows published up to their
+	// conversation's head. The heads are read with FOR SHARE SKIP LOCKED:
+	// a conversation whose commit holds its head row is skipped, and a
+	// commit that comes later waits for the sweep, then finds the row
+	// gone and inserts it at its PrevHead (OutboxInsertSQL). A head row
+	// locked after the statement began is read in its newest committed
+	// version (READ COMMITTED).
+	OutboxSweepSQL = `WITH l AS MATERIALIZED (SELECT conv_id, head FROM conv_head
+  WHERE conv_id = ANY($2::text[]) ORDER BY conv_id FOR SHARE SKIP LOCKED)
+DELETE FROM feed_outbox AS o USING unnest($1::int8[], $2::text[]) AS m(part, conv_id), l
+WHERE o.part = m.part AND o.conv_id = m.conv_id AND l.conv_id = o.conv_id AND o.published >= l.head`
+)
 
-// queueOutbox queues the commit's outbox upsert on b (nothing when no
-// batch asks for it).
+// queueOutbox queues the commit's outbox insert on b (nothing when no
+// batch asks for it), after the head update.
 func queueOutbox(b *pgx.Batch, batches []persist.ConvBatch) {
+	if parts, convs, pubs := OutboxInsertArgs(batches); len(parts) > 0 {
+		b.Queue(OutboxInsertSQL, parts, convs, pubs)
+	}
+}
+
+// OutboxInsertArgs are OutboxInsertSQL's arguments for a commit's batches
+// (empty when no batch asks for the outbox).
+func OutboxInsertArgs(batches []persist.ConvBatch) (parts []int64, convs []string, pubs []int64) {
 	rows := persist.OutboxRowsOf(batches)
-	if len(rows) == 0 {
-		return
-	}
-	parts, convs, pubs, heads := make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows))
+	parts, convs, pubs = make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows))
 	for i, r := range rows {
-		parts[i], convs[i], pubs[i], heads[i] = int64(r.Partition), r.ConvID, int64(r.Published), int64(r.Head)
+		parts[i], convs[i], pubs[i] = int64(r.Partition), r.ConvID, int64(r.Published)
 	}
-	b.Queue(outboxUpsertSQL, parts, convs, pubs, heads)
+	return parts, convs, pubs
 }
 
 // OutboxPending implements persist.Outbox.
@@ -53,8 +77,7 @@ func (s *Store) OutboxPending(ctx context.Context, part uint32, after string, li
 	if s.dist != nil {
 		return nil, persist.ErrNoOutbox
 	}
-	rows, err := s.pool.Query(ctx, `SELECT part, conv_id, published, head FROM feed_outbox
-WHERE part = $1 AND conv_id > $2 ORDER BY conv_id LIMIT $3`, int64(part), after, limit)
+	rows, err := s.pool.Query(ctx, OutboxPendingSQL, int64(part), after, limit)
 	if err != nil {
 		return nil, unavailable("outbox pending", err)
 	}
@@ -70,7 +93,7 @@ WHERE part = $1 AND conv_id > $2 ORDER BY conv_id LIMIT $3`, int64(part), after,
 	return out, nil
 }
 
-// OutboxAdvance implements persist.Outbox: the raise and the delete in one
+// OutboxAdvance implements persist.Outbox: the lock and the raise in one
 // pipelined transaction, committed without waiting for the WAL flush.
 func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) error {
 	if s.dist != nil {
@@ -89,13 +112,37 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 		// those messages again (JetStream drops them by Nats-Msg-Id): it
 		// need not wait for the WAL's flush.
 		b.Queue("SET LOCAL synchronous_commit = off")
-		b.Queue(outboxLockSQL, parts, convs)
-		b.Queue(outboxRaiseSQL, parts, convs, tos)
-		b.Queue(outboxDeleteSQL, parts, convs)
+		b.Queue(OutboxLockSQL, parts, convs)
+		b.Queue(OutboxRaiseSQL, parts, convs, tos)
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return unavailable("outbox advance", err)
+	}
+	return nil
+}
+
+// OutboxSweep implements persist.Outbox, committed without waiting for
+// the WAL flush (a deletion lost in a crash is swept again).
+func (s *Store) OutboxSweep(ctx context.Context, keys []persist.OutboxKey) error {
+	if s.dist != nil {
+		return persist.ErrNoOutbox
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	parts, convs := make([]int64, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		parts[i], convs[i] = int64(k.Partition), k.ConvID
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(OutboxSweepSQL, parts, convs)
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return unavailable("outbox sweep", err)
 	}
 	return nil
 }
