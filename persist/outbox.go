@@ -2,7 +2,6 @@ package persist
 
 import (
 	"context"
-	"errors"
 
 	"github.com/sequencer-im/sequencer"
 )
@@ -89,8 +88,3 @@ func OutboxAdvanced(stored OutboxRow, to uint64) (row OutboxRow, keep bool) {
 	stored.Published = max(stored.Published, to)
 	return stored, stored.Published < stored.Head
 }
-
-// ErrNoOutbox is the answer of a store that cannot keep the outbox in its
-// commits (Citus's distributed mode, for now): the firehose refuses to
-// start on it.
-var ErrNoOutbox = errors.New("this store cannot keep the firehose's outbox (distributed mode): the firehose needs PostgreSQL, MySQL or the embedded store")

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,45 +16,69 @@ var _ persist.Outbox = (*Store)(nil)
 // (persist.Outbox: a new row as given, an existing one takes only the new
 // head), in (part, conv_id) order like outboxRaiseSQL, so the two never
 // wait for each other's rows in opposite orders.
-const outboxUpsertSQL = `INSERT INTO feed_outbox (part, conv_id, published, head)
-SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[]) ORDER BY 1, 2
+var outboxUpsertSQL = outboxUpsertInto("feed_outbox", 1)
+
+// outboxUpsertInto is outboxUpsertSQL on table (feed_outbox, or one of its
+// shard tables on a Citus worker: direct writes), its four arrays from
+// parameter $first on.
+func outboxUpsertInto(table string, first int) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	return `INSERT INTO ` + table + ` (part, conv_id, published, head)
+SELECT * FROM unnest(` + p(0) + `::int8[], ` + p(1) + `::text[], ` + p(2) + `::int8[], ` + p(3) + `::int8[]) ORDER BY 1, 2
 ON CONFLICT (part, conv_id) DO UPDATE SET head = excluded.head`
+}
+
+// outboxShardsSQL is outboxUpsertInto on several shard tables of
+// feed_outbox (Citus, direct writes) in one statement: four arrays per
+// table, in the order of tables, empty for a table the commit does not
+// touch.
+func outboxShardsSQL(tables []pgx.Identifier) string {
+	ctes := make([]string, len(tables))
+	for k, t := range tables {
+		ctes[k] = "o" + strconv.Itoa(k) + " AS (" + outboxUpsertInto(t.Sanitize(), 1+4*k) + ")"
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
+}
 
 // outboxLockSQL locks the rows an advance touches in (part, conv_id)
 // order, the order of a commit's upsert (outboxUpsertSQL): the UPDATE and
 // DELETE that follow lock in whatever order their join takes, which
-// deadlocked with commits under load.
+// deadlocked with commits under load. The three statements also name the
+// conversations by conv_id = ANY, which lets Citus route an advance of one
+// shard's conversations to that shard (persist/citus).
 const outboxLockSQL = `SELECT 1 FROM feed_outbox
-WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[]))
+WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[])) AND conv_id = ANY($2::text[])
 ORDER BY part, conv_id FOR UPDATE`
 
 const outboxRaiseSQL = `UPDATE feed_outbox AS o SET published = m.pub
 FROM (SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) AS m(part, conv_id, pub) ORDER BY 1, 2) AS m
-WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub`
+WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub AND o.conv_id = ANY($2::text[])`
 
 const outboxDeleteSQL = `DELETE FROM feed_outbox AS o
 USING unnest($1::int8[], $2::text[]) AS m(part, conv_id)
-WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published >= o.head`
+WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published >= o.head AND o.conv_id = ANY($2::text[])`
 
 // queueOutbox queues the commit's outbox upsert on b (nothing when no
 // batch asks for it).
 func queueOutbox(b *pgx.Batch, batches []persist.ConvBatch) {
-	rows := persist.OutboxRowsOf(batches)
-	if len(rows) == 0 {
-		return
+	if args, n := outboxArgs(batches); n > 0 {
+		b.Queue(outboxUpsertSQL, args...)
 	}
+}
+
+// outboxArgs are outboxUpsertSQL's four arrays for the batches' outbox
+// rows (empty arrays when none), and the number of rows.
+func outboxArgs(batches []persist.ConvBatch) ([]any, int) {
+	rows := persist.OutboxRowsOf(batches)
 	parts, convs, pubs, heads := make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows)), make([]int64, len(rows))
 	for i, r := range rows {
 		parts[i], convs[i], pubs[i], heads[i] = int64(r.Partition), r.ConvID, int64(r.Published), int64(r.Head)
 	}
-	b.Queue(outboxUpsertSQL, parts, convs, pubs, heads)
+	return []any{parts, convs, pubs, heads}, len(rows)
 }
 
 // OutboxPending implements persist.Outbox.
 func (s *Store) OutboxPending(ctx context.Context, part uint32, after string, limit int) ([]persist.OutboxRow, error) {
-	if s.dist != nil {
-		return nil, persist.ErrNoOutbox
-	}
 	rows, err := s.pool.Query(ctx, `SELECT part, conv_id, published, head FROM feed_outbox
 WHERE part = $1 AND conv_id > $2 ORDER BY conv_id LIMIT $3`, int64(part), after, limit)
 	if err != nil {
@@ -73,9 +99,6 @@ WHERE part = $1 AND conv_id > $2 ORDER BY conv_id LIMIT $3`, int64(part), after,
 // OutboxAdvance implements persist.Outbox: the raise and the delete in one
 // pipelined transaction, committed without waiting for the WAL flush.
 func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) error {
-	if s.dist != nil {
-		return persist.ErrNoOutbox
-	}
 	if len(moves) == 0 {
 		return nil
 	}
