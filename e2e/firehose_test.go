@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sequencer-im/sequencer/internal/natstest"
+	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
@@ -183,6 +184,11 @@ func TestFirehoseClusterPostgres(t *testing.T) { firehoseCluster(t, pgtest.NewDa
 
 // TestFirehoseClusterMySQL is TestFirehoseClusterPostgres on MySQL.
 func TestFirehoseClusterMySQL(t *testing.T) { firehoseCluster(t, mysqltest.NewDatabase(t)) }
+
+// TestFirehoseClusterCitus is TestFirehoseClusterPostgres on Citus (a
+// coordinator and two workers): the outbox rows are written in the commits'
+// transactions on the workers' shards (migrations_citus/0008).
+func TestFirehoseClusterCitus(t *testing.T) { firehoseCluster(t, citustest.NewDatabase(t).DSN()) }
 
 func firehoseCluster(t *testing.T, dsn string) {
 	ns := natstest.Start(t)

@@ -2,7 +2,6 @@ package persist
 
 import (
 	"context"
-	"errors"
 
 	"github.com/sequencer-im/sequencer"
 )
@@ -115,8 +114,3 @@ func OutboxAdvanced(stored OutboxRow, to uint64) OutboxRow {
 // OutboxSwept reports whether a sweep deletes a row whose conversation's
 // head is head: only when everything up to the head was published.
 func OutboxSwept(published, head uint64) bool { return published >= head }
-
-// ErrNoOutbox is the answer of a store that cannot keep the outbox in its
-// commits (Citus's distributed mode, for now): the firehose refuses to
-// start on it.
-var ErrNoOutbox = errors.New("this store cannot keep the firehose's outbox (distributed mode): the firehose needs PostgreSQL, MySQL or the embedded store")

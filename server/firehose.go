@@ -63,9 +63,6 @@ func (s *Server) openFirehose(ctx context.Context, st persist.Store) (*firehoseR
 		return nil, errors.New("--feed-nats: this store has no outbox")
 	}
 	if _, err := ob.OutboxPending(ctx, 0, "", 1); err != nil {
-		if errors.Is(err, persist.ErrNoOutbox) {
-			return nil, fmt.Errorf("--feed-nats: %w", err)
-		}
 		return nil, fmt.Errorf("--feed-nats: reading the outbox: %w (run `sequencer migrate`?)", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

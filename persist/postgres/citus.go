@@ -102,9 +102,20 @@ type shardRange struct {
 	node     string // host:port
 	group    int32  // the worker's pg_dist_node.groupid
 	msgShard int64  // im_message's shard of the same range (0: none found)
+	// read_position's and feed_outbox's shards of the same range (0: none
+	// found: a schema older than migrations_citus/0008, or the outbox a
+	// coordinator table not yet distributed).
+	posShard, outShard int64
 	// The shard tables on the worker (schema-qualified), which a commit
 	// writes directly (commitOn, "Direct writes").
-	headTable, msgTable pgx.Identifier
+	headTable, msgTable, posTable, outTable pgx.Identifier
+}
+
+// extras reports whether the shard's read_position and feed_outbox shards
+// are known, so that a direct commit can write the senders' read
+// positions and the outbox rows in its own transaction.
+func (sh *shardRange) extras() bool {
+	return sh.posShard != 0 && sh.outShard != 0 && len(sh.posTable) > 0 && len(sh.outTable) > 0
 }
 
 // LeaseTTL is how long the lease cache is trusted before a commit re-reads
@@ -159,17 +170,23 @@ func (s *Store) DistStats() DistStats {
 // metadata, and opens a pool for each new worker.
 func (s *Store) loadPlacements(ctx context.Context) error {
 	d := s.dist
-	// conv_head's shards, each with im_message's shard of the same hash
-	// range (co-located: same worker) and both shard tables' qualified
-	// names (shard_name, split by parse_ident).
+	// conv_head's shards, each with im_message's, read_position's and
+	// feed_outbox's shards of the same hash range (co-located: same
+	// worker) and the shard tables' qualified names (shard_name, split by
+	// parse_ident). feed_outbox may be missing or not distributed (a
+	// schema before migrations_citus/0008): its shards are then 0.
 	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, n.groupid,
-			coalesce(m.shardid, 0),
+			coalesce(m.shardid, 0), coalesce(r.shardid, 0), coalesce(o.shardid, 0),
 			parse_ident(shard_name('conv_head'::regclass, s.shardid, false)),
-			CASE WHEN m.shardid IS NOT NULL THEN parse_ident(shard_name('im_message'::regclass, m.shardid, false)) END
+			CASE WHEN m.shardid IS NOT NULL THEN parse_ident(shard_name(m.logicalrelid, m.shardid, false)) END,
+			CASE WHEN r.shardid IS NOT NULL THEN parse_ident(shard_name(r.logicalrelid, r.shardid, false)) END,
+			CASE WHEN o.shardid IS NOT NULL THEN parse_ident(shard_name(o.logicalrelid, o.shardid, false)) END
 		FROM pg_dist_shard s
 		JOIN pg_dist_placement p ON p.shardid = s.shardid
 		JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'
 		LEFT JOIN pg_dist_shard m ON m.logicalrelid = 'im_message'::regclass AND m.shardminvalue = s.shardminvalue
+		LEFT JOIN pg_dist_shard r ON r.logicalrelid = to_regclass('read_position') AND r.shardminvalue = s.shardminvalue
+		LEFT JOIN pg_dist_shard o ON o.logicalrelid = to_regclass('feed_outbox') AND o.shardminvalue = s.shardminvalue
 		WHERE s.logicalrelid = 'conv_head'::regclass
 		ORDER BY s.shardminvalue::int4`)
 	if err != nil {
@@ -179,10 +196,10 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		var sh shardRange
 		var host string
 		var port int32
-		var head, msgs []string
-		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port, &sh.group, &sh.msgShard, &head, &msgs)
+		var head, msgs, pos, out []string
+		err := r.Scan(&sh.id, &sh.min, &sh.max, &host, &port, &sh.group, &sh.msgShard, &sh.posShard, &sh.outShard, &head, &msgs, &pos, &out)
 		sh.node = host + ":" + strconv.Itoa(int(port))
-		sh.headTable, sh.msgTable = head, msgs
+		sh.headTable, sh.msgTable, sh.posTable, sh.outTable = head, msgs, pos, out
 		return sh, err
 	})
 	if err != nil {
@@ -370,14 +387,21 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 		}
 		plan.of[i] = j
 	}
+	// A commit that raises read positions or records outbox rows writes
+	// them in its transaction, in the co-located shards of read_position
+	// and feed_outbox: directly only when those are known.
+	extras := needsExtras(batches)
 	direct := d.directWrites()
 	for _, sh := range plan.shards {
-		direct = direct && sh.msgShard != 0 && len(sh.headTable) > 0 && len(sh.msgTable) > 0
+		direct = direct && sh.msgShard != 0 && len(sh.headTable) > 0 && len(sh.msgTable) > 0 && (!extras || sh.extras())
 	}
 	switch {
 	case direct:
 		if len(plan.shards) > fewShards {
 			plan.all = d.byWorker[node]
+			if plan.all != nil && extras && plan.all.outbox == "" {
+				plan.all = nil // a statement pair per shard instead
+			}
 		}
 		return d.workers[node], node, plan, nil
 	case len(plan.shards) == 1:
@@ -385,6 +409,18 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 	default:
 		return s.commits, "", nil, nil
 	}
+}
+
+// needsExtras reports whether a commit writes read positions (the
+// own-send rule) or outbox rows besides its messages.
+func needsExtras(batches []persist.ConvBatch) bool {
+	for i := range batches {
+		b := &batches[i]
+		if len(b.Messages) > 0 && (b.MarkSendersRead || b.Outbox.On) {
+			return true
+		}
+	}
+	return false
 }
 
 // directPlan is a commit's direct writes: the shards it touches (all on one
@@ -406,12 +442,16 @@ type directPlan struct {
 // per shard cost the workers twice the CPU per message of 2 shards.
 const fewShards = 2
 
-// workerTables are every shard of one worker, by shard id, and the two
+// workerTables are every shard of one worker, by shard id, and the
 // statements that write all of their tables (casShardsSQL,
-// insertShardsSQL; a shard the commit does not touch gets empty arrays).
+// insertShardsSQL, and the senders' read positions and outbox rows:
+// senderMarksShardsSQL, outboxShardsSQL; "" when a shard's read_position
+// or feed_outbox table is not known); a shard the commit does not touch
+// gets empty arrays.
 type workerTables struct {
-	shards      []shardRange
-	cas, insert string
+	shards        []shardRange
+	cas, insert   string
+	marks, outbox string
 }
 
 // workerTablesOf builds the workerTables of every worker whose shards'
@@ -437,10 +477,17 @@ func workerTablesOf(shards []shardRange) map[string]*workerTables {
 		slices.SortFunc(wt.shards, func(a, b shardRange) int { return cmp.Compare(a.id, b.id) })
 		heads := make([]pgx.Identifier, len(wt.shards))
 		msgs := make([]pgx.Identifier, len(wt.shards))
+		pos := make([]pgx.Identifier, len(wt.shards))
+		outs := make([]pgx.Identifier, len(wt.shards))
+		extras := true
 		for i, sh := range wt.shards {
-			heads[i], msgs[i] = sh.headTable, sh.msgTable
+			heads[i], msgs[i], pos[i], outs[i] = sh.headTable, sh.msgTable, sh.posTable, sh.outTable
+			extras = extras && sh.extras()
 		}
 		wt.cas, wt.insert = casShardsSQL(heads), insertShardsSQL(msgs)
+		if extras {
+			wt.marks, wt.outbox = senderMarksShardsSQL(pos), outboxShardsSQL(outs)
+		}
 	}
 	return out
 }
@@ -468,7 +515,7 @@ func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
 	}
 	for k := range out {
 		sh := &shards[k]
-		out[k].msgTable = sh.msgTable
+		out[k].msgTable, out[k].posTable, out[k].outTable = sh.msgTable, sh.posTable, sh.outTable
 		if p.all == nil {
 			out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
 			out[k].cas = casShardSQL(sh.headTable)
@@ -488,11 +535,15 @@ func (p *directPlan) lockIDs() []int64 {
 	return ids
 }
 
-// shardIDs are every shard the commit writes (conv_head's and im_message's).
+// shardIDs are every shard the commit may write (conv_head's,
+// im_message's, and read_position's and feed_outbox's when known).
 func (p *directPlan) shardIDs() []int64 {
-	ids := make([]int64, 0, 2*len(p.shards))
+	ids := make([]int64, 0, 4*len(p.shards))
 	for _, sh := range p.shards {
 		ids = append(ids, sh.id, sh.msgShard)
+		if sh.extras() {
+			ids = append(ids, sh.posShard, sh.outShard)
+		}
 	}
 	return ids
 }
@@ -698,6 +749,32 @@ func citusHash(k []byte) int32 {
 	return int32(c)
 }
 
+// distributeOutbox distributes feed_outbox when it is a plain coordinator
+// table: a Citus database migrated before migrations_citus/0008 existed
+// took migrations/0008 as it is. Such a table is empty (no commit on
+// Citus wrote it then), so distributing it moves no rows. Under the
+// migration lock, like a migration.
+func (s *Store) distributeOutbox(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
+			return classify("migrate: lock", err)
+		}
+		var plain bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('feed_outbox') IS NOT NULL
+			AND NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('feed_outbox'))`).Scan(&plain); err != nil {
+			return classify("migrate: look for feed_outbox", err)
+		}
+		if !plain {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `SELECT create_distributed_table('feed_outbox', 'conv_id', colocate_with => 'conv_head')`); err != nil {
+			return fmt.Errorf("postgres: distribute feed_outbox: %w", err)
+		}
+		s.log.Info("citus: feed_outbox distributed by conv_id, co-located with conv_head")
+		return nil
+	})
+}
+
 // closeWorkers stops the refresher and closes the worker pools.
 func (d *dist) closeWorkers() {
 	if d.stop != nil {
@@ -831,9 +908,6 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 	}
 	if err != nil && persist.OutcomeOf(err) != persist.NotLanded || errors.Is(err, sequencer.ErrStoreUnavailable) {
 		d.wantReload.Store(true)
-	}
-	if err == nil && plan != nil {
-		s.markSendersAfter(ctx, batches)
 	}
 	return err
 }

@@ -414,17 +414,21 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 				args = append(args, h.convs, h.prevs, h.heads, h.epochs)
 			}
 			b.Queue(plan.all.cas, args...)
-			break
+		} else {
+			for i := range pieces {
+				h := &pieces[i].heads
+				b.Queue(pieces[i].cas, h.convs, h.prevs, h.heads, h.epochs)
+			}
 		}
-		for i := range pieces {
-			h := &pieces[i].heads
-			b.Queue(pieces[i].cas, h.convs, h.prevs, h.heads, h.epochs)
-		}
+		// The outbox rows in the co-located shards of feed_outbox, in
+		// this transaction.
+		outboxWrite.queue(b, pieces, plan.all)
 	case s.dist != nil:
 		// Citus, through its own path (several workers, or a shard that
 		// moved): the same rules in seq_cas_heads.
 		h := &pieces[0].heads
 		b.Queue(casHeadsSQL, h.convs, h.prevs, h.heads, h.epochs)
+		queueOutbox(b, batches)
 	default:
 		if len(fences) > 0 {
 			b.Queue(fenceCheckSQL, parts, owners, epochs)
@@ -457,9 +461,7 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		for i := range pieces {
 			pieces[i].queueEvents(b)
 		}
-		if plan == nil {
-			queueSenderMarks(b, batches)
-		}
+		queueMarks(b, pieces, plan, batches)
 		commitAt = b.Len()
 		b.Queue("COMMIT")
 	}
@@ -545,15 +547,12 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		for i := range pieces {
 			pieces[i].queueEvents(ev)
 		}
+		queueMarks(ev, pieces, plan, batches)
 		if ev.Len() > 0 {
 			if err := conn.SendBatch(ctx, ev).Close(); err != nil {
 				rollback(conn)
-				return classify("commit: update the targets of edits and recalls", err)
+				return classify("commit: the targets of edits and recalls, the senders' read positions", err)
 			}
-		}
-		if err := execSenderMarks(ctx, conn, batches, plan); err != nil {
-			rollback(conn)
-			return classify("commit: senders' read positions", err)
 		}
 		tag, err = conn.Exec(ctx, "COMMIT")
 		if err != nil {
@@ -575,6 +574,9 @@ type commitPiece struct {
 	msgTable pgx.Identifier // im_message, or the shard's table
 	insert   string         // the rows' INSERT into msgTable
 	cas      string         // direct writes: the head compare-and-set on the shard's conv_head table
+	// Direct writes: the shard's tables of read_position and feed_outbox
+	// (the own-send rule and the outbox, in the commit's transaction).
+	posTable, outTable pgx.Identifier
 
 	heads headArrays
 	rows  *rowArrays
@@ -631,6 +633,64 @@ func (p *commitPiece) queueEvents(b *pgx.Batch) {
 					WHERE conv_id = $1 AND target_msg_id = $2 AND target_msg_id <> 0 AND kind = 1`, m.ConvID, int64(m.TargetMsgID))
 			}
 		}
+	}
+}
+
+// queueMarks queues the own-send rule (persist.SenderMarks) of a commit:
+// senderMarksSQL (plain PostgreSQL, or Citus's own path), or with direct
+// writes into the co-located shards of read_position.
+func queueMarks(b *pgx.Batch, pieces []commitPiece, plan *directPlan, batches []persist.ConvBatch) {
+	if plan == nil {
+		queueSenderMarks(b, batches)
+		return
+	}
+	marksWrite.queue(b, pieces, plan.all)
+}
+
+// shardWrite is a per-shard write of a commit besides its messages (Citus,
+// direct writes): the outbox rows or the senders' read positions, into
+// the piece's co-located shard table.
+type shardWrite struct {
+	args  func([]persist.ConvBatch) ([]any, int) // a piece's arrays and row count
+	into  func(table string, first int) string   // the statement on one table
+	table func(*commitPiece) pgx.Identifier
+	all   func(*workerTables) string // the statement on the worker's every shard
+}
+
+var outboxWrite = shardWrite{
+	args:  outboxArgs,
+	into:  outboxInsertInto,
+	table: func(p *commitPiece) pgx.Identifier { return p.outTable },
+	all:   func(w *workerTables) string { return w.outbox },
+}
+
+var marksWrite = shardWrite{
+	args: func(bs []persist.ConvBatch) ([]any, int) {
+		marks := persist.SenderMarks(bs)
+		return senderMarksArrays(marks), len(marks)
+	},
+	into:  senderMarksInto,
+	table: func(p *commitPiece) pgx.Identifier { return p.posTable },
+	all:   func(w *workerTables) string { return w.marks },
+}
+
+// queue queues the write of the pieces: with all (the worker's every
+// shard) one statement with each piece's arrays in shard order, else a
+// statement per piece that has rows.
+func (w shardWrite) queue(b *pgx.Batch, pieces []commitPiece, all *workerTables) {
+	var every []any
+	n := 0
+	for i := range pieces {
+		a, k := w.args(pieces[i].batches)
+		n += k
+		if all != nil {
+			every = append(every, a...)
+		} else if k > 0 {
+			b.Queue(w.into(w.table(&pieces[i]).Sanitize(), 1), a...)
+		}
+	}
+	if all != nil && n > 0 {
+		b.Queue(w.all(all), every...)
 	}
 }
 

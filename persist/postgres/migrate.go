@@ -99,6 +99,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 	}
 	if s.dist != nil {
+		if err := s.distributeOutbox(ctx); err != nil {
+			return err
+		}
 		if err := s.loadPlacements(ctx); err != nil {
 			return err
 		}

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,7 +13,9 @@ import (
 var _ persist.Outbox = (*Store)(nil)
 
 // The outbox's SQL (persist.Outbox), shared by every PostgreSQL store
-// that keeps the outbox beside conv_head.
+// that keeps the outbox beside conv_head (Citus too). The statements of an
+// advance and a sweep also name the conversations by conv_id = ANY, which
+// lets Citus route one shard's conversations to that shard (persist/citus).
 const (
 	// OutboxInsertSQL records a commit's conversations in the outbox: a
 	// missing row is inserted, an existing one is left alone (a key
@@ -31,14 +35,14 @@ WHERE o.part = $1 AND o.conv_id > $2 ORDER BY o.conv_id LIMIT $3`
 	// order (an UPDATE locks in whatever order its join takes: two
 	// advances of one row, during a handoff, could deadlock).
 	OutboxLockSQL = `SELECT 1 FROM feed_outbox
-WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[]))
+WHERE (part, conv_id) IN (SELECT * FROM unnest($1::int8[], $2::text[])) AND conv_id = ANY($2::text[])
 ORDER BY part, conv_id FOR UPDATE`
 
 	// OutboxRaiseSQL raises published seqs (an update of an unindexed
 	// column: HOT, beside the row, with the table's fillfactor).
 	OutboxRaiseSQL = `UPDATE feed_outbox AS o SET published = m.pub
 FROM (SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) AS m(part, conv_id, pub) ORDER BY 1, 2) AS m
-WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub`
+WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub AND o.conv_id = ANY($2::text[])`
 
 	// OutboxSweepSQL deletes the named rows published up to their
 	// conversation's head. The heads are read with FOR SHARE SKIP LOCKED:
@@ -50,33 +54,53 @@ WHERE o.part = m.part AND o.conv_id = m.conv_id AND o.published < m.pub`
 	OutboxSweepSQL = `WITH l AS MATERIALIZED (SELECT conv_id, head FROM conv_head
   WHERE conv_id = ANY($2::text[]) ORDER BY conv_id FOR SHARE SKIP LOCKED)
 DELETE FROM feed_outbox AS o USING unnest($1::int8[], $2::text[]) AS m(part, conv_id), l
-WHERE o.part = m.part AND o.conv_id = m.conv_id AND l.conv_id = o.conv_id AND o.published >= l.head`
+WHERE o.part = m.part AND o.conv_id = m.conv_id AND l.conv_id = o.conv_id AND o.published >= l.head
+  AND o.conv_id = ANY($2::text[])`
 )
+
+// outboxInsertInto is OutboxInsertSQL on table (feed_outbox, or one of its
+// shard tables on a Citus worker: direct writes), its three arrays from
+// parameter $first on.
+func outboxInsertInto(table string, first int) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	return `INSERT INTO ` + table + ` (part, conv_id, published)
+SELECT * FROM unnest(` + p(0) + `::int8[], ` + p(1) + `::text[], ` + p(2) + `::int8[]) ORDER BY 1, 2
+ON CONFLICT (part, conv_id) DO NOTHING`
+}
+
+// outboxShardsSQL is outboxInsertInto on several shard tables of
+// feed_outbox (Citus, direct writes) in one statement: three arrays per
+// table, in the order of tables, empty for a table the commit does not
+// touch.
+func outboxShardsSQL(tables []pgx.Identifier) string {
+	ctes := make([]string, len(tables))
+	for k, t := range tables {
+		ctes[k] = "o" + strconv.Itoa(k) + " AS (" + outboxInsertInto(t.Sanitize(), 1+3*k) + ")"
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
+}
 
 // queueOutbox queues the commit's outbox insert on b (nothing when no
 // batch asks for it), after the head update.
 func queueOutbox(b *pgx.Batch, batches []persist.ConvBatch) {
-	if parts, convs, pubs := OutboxInsertArgs(batches); len(parts) > 0 {
-		b.Queue(OutboxInsertSQL, parts, convs, pubs)
+	if args, n := outboxArgs(batches); n > 0 {
+		b.Queue(OutboxInsertSQL, args...)
 	}
 }
 
-// OutboxInsertArgs are OutboxInsertSQL's arguments for a commit's batches
-// (empty when no batch asks for the outbox).
-func OutboxInsertArgs(batches []persist.ConvBatch) (parts []int64, convs []string, pubs []int64) {
+// outboxArgs are OutboxInsertSQL's three arrays for the batches' outbox
+// rows (empty arrays when none), and the number of rows.
+func outboxArgs(batches []persist.ConvBatch) ([]any, int) {
 	rows := persist.OutboxRowsOf(batches)
-	parts, convs, pubs = make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows))
+	parts, convs, pubs := make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows))
 	for i, r := range rows {
 		parts[i], convs[i], pubs[i] = int64(r.Partition), r.ConvID, int64(r.Published)
 	}
-	return parts, convs, pubs
+	return []any{parts, convs, pubs}, len(rows)
 }
 
 // OutboxPending implements persist.Outbox.
 func (s *Store) OutboxPending(ctx context.Context, part uint32, after string, limit int) ([]persist.OutboxRow, error) {
-	if s.dist != nil {
-		return nil, persist.ErrNoOutbox
-	}
 	rows, err := s.pool.Query(ctx, OutboxPendingSQL, int64(part), after, limit)
 	if err != nil {
 		return nil, unavailable("outbox pending", err)
@@ -96,9 +120,6 @@ func (s *Store) OutboxPending(ctx context.Context, part uint32, after string, li
 // OutboxAdvance implements persist.Outbox: the lock and the raise in one
 // pipelined transaction, committed without waiting for the WAL flush.
 func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) error {
-	if s.dist != nil {
-		return persist.ErrNoOutbox
-	}
 	if len(moves) == 0 {
 		return nil
 	}
@@ -125,9 +146,6 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 // OutboxSweep implements persist.Outbox, committed without waiting for
 // the WAL flush (a deletion lost in a crash is swept again).
 func (s *Store) OutboxSweep(ctx context.Context, keys []persist.OutboxKey) error {
-	if s.dist != nil {
-		return persist.ErrNoOutbox
-	}
 	if len(keys) == 0 {
 		return nil
 	}

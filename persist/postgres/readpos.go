@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -135,9 +136,29 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 // (persist.SenderMarks: distinct (conv_id, uid) in key order, so concurrent
 // commits lock rows in one order): each sender's position raised to their
 // last seq, never lowered.
-const senderMarksSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
-ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(read_position.read_seq, EXCLUDED.read_seq)`
+var senderMarksSQL = senderMarksInto("read_position", 1)
+
+// senderMarksInto is senderMarksSQL on table (read_position, or one of its
+// shard tables on a Citus worker: direct writes), its three arrays from
+// parameter $first on.
+func senderMarksInto(table string, first int) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	return `INSERT INTO ` + table + ` AS r (conv_id, uid, read_seq)
+SELECT * FROM unnest(` + p(0) + `::text[], ` + p(1) + `::bigint[], ` + p(2) + `::bigint[])
+ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(r.read_seq, EXCLUDED.read_seq)`
+}
+
+// senderMarksShardsSQL is senderMarksInto on several shard tables of
+// read_position (Citus, direct writes) in one statement: three arrays per
+// table, in the order of tables, empty for a table the commit does not
+// touch.
+func senderMarksShardsSQL(tables []pgx.Identifier) string {
+	ctes := make([]string, len(tables))
+	for k, t := range tables {
+		ctes[k] = "r" + strconv.Itoa(k) + " AS (" + senderMarksInto(t.Sanitize(), 1+3*k) + ")"
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
+}
 
 // senderMarksArgs are senderMarksSQL's arguments, nil when the commit
 // raises no position.
@@ -146,6 +167,12 @@ func senderMarksArgs(batches []persist.ConvBatch) []any {
 	if len(marks) == 0 {
 		return nil
 	}
+	return senderMarksArrays(marks)
+}
+
+// senderMarksArrays are senderMarksSQL's three arrays for marks (empty
+// arrays for none).
+func senderMarksArrays(marks []persist.Mark) []any {
 	convs := make([]string, len(marks))
 	uids := make([]int64, len(marks))
 	seqs := make([]int64, len(marks))
@@ -160,36 +187,6 @@ func senderMarksArgs(batches []persist.ConvBatch) []any {
 func queueSenderMarks(b *pgx.Batch, batches []persist.ConvBatch) {
 	if args := senderMarksArgs(batches); args != nil {
 		b.Queue(senderMarksSQL, args...)
-	}
-}
-
-// execSenderMarks runs senderMarksSQL in a commit's transaction on the COPY
-// path (plan nil: the tables of plain PostgreSQL, or Citus's own routing).
-func execSenderMarks(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, plan *directPlan) error {
-	if plan != nil {
-		return nil
-	}
-	if args := senderMarksArgs(batches); args != nil {
-		_, err := conn.Exec(ctx, senderMarksSQL, args...)
-		return err
-	}
-	return nil
-}
-
-// markSendersAfter is the own-send rule of a Citus commit written directly
-// to a worker's shard tables (direct writes): the positions go through the
-// coordinator right after the commit, before it is answered, as a second
-// transaction (their shards' tables are not among the direct write's).
-// Its failure is logged, not returned: the messages are stored and the
-// answer must say so; the position catches up at the sender's next send or
-// MarkRead (docs/API.md, "Own messages are read").
-func (s *Store) markSendersAfter(ctx context.Context, batches []persist.ConvBatch) {
-	args := senderMarksArgs(batches)
-	if args == nil {
-		return
-	}
-	if _, err := s.pool.Exec(ctx, senderMarksSQL, args...); err != nil {
-		s.log.Warn("citus: raising the senders' read positions after a direct commit failed", "err", err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/sequencer-im/sequencer/persist"
@@ -19,24 +18,14 @@ var outboxCases = []struct {
 	{"OutboxCommitRacesAdvanceAndSweep", testOutboxRace},
 }
 
-// outbox returns the store's Outbox, or nil after checking that a store
-// without one says so (persist.ErrNoOutbox) and runs distributed.
+// outbox returns the store's Outbox (every store has one).
 func (x *suite) outbox() persist.Outbox {
 	x.t.Helper()
 	o, ok := x.s.(persist.Outbox)
 	if !ok {
 		x.t.Fatalf("store %T does not implement persist.Outbox", x.s)
 	}
-	_, err := o.OutboxPending(x.ctx, 0, "", 1)
-	if errors.Is(err, persist.ErrNoOutbox) {
-		if sh, ok := x.s.(persist.Sharded); ok {
-			if dist, _, _ := sh.Distributed(); dist {
-				return nil // checked: it refuses, and the firehose refuses to start on it
-			}
-		}
-		x.t.Fatalf("a store that is not distributed refuses the outbox: %v", err)
-	}
-	if err != nil {
+	if _, err := o.OutboxPending(x.ctx, 0, "", 1); err != nil {
 		x.t.Fatalf("OutboxPending: %v", err)
 	}
 	return o
@@ -82,9 +71,6 @@ func (x *suite) advance(o persist.Outbox, moves ...persist.OutboxMove) {
 func testOutboxRecords(x *suite) {
 	t := x.t
 	o := x.outbox()
-	if o == nil {
-		return
-	}
 	a, b, c := x.conv(), x.conv(), x.conv()
 	x.mustCommit(batch(c, 0, 2)) // no mark: not recorded
 	x.mustCommit(outboxed(batch(a, 0, 3), 7), outboxed(batch(b, 0, 1), 7), outboxed(batch(c, 2, 1), 7))
@@ -125,9 +111,6 @@ func (x *suite) sweep(o persist.Outbox, keys ...persist.OutboxKey) {
 func testOutboxAdvance(x *suite) {
 	t := x.t
 	o := x.outbox()
-	if o == nil {
-		return
-	}
 	a, b := x.conv(), x.conv()
 	x.mustCommit(outboxed(batch(a, 0, 5), 3), outboxed(batch(b, 0, 2), 3))
 	x.advance(o, persist.OutboxMove{Partition: 3, ConvID: a, To: 3})
@@ -171,9 +154,6 @@ func testOutboxAdvance(x *suite) {
 func testOutboxPages(x *suite) {
 	t := x.t
 	o := x.outbox()
-	if o == nil {
-		return
-	}
 	var bs []persist.ConvBatch
 	for i := 0; i < 7; i++ {
 		bs = append(bs, outboxed(batch(x.conv(), 0, 1), uint32(i%2)))
@@ -192,9 +172,6 @@ func testOutboxPages(x *suite) {
 func testOutboxRace(x *suite) {
 	t := x.t
 	o := x.outbox()
-	if o == nil {
-		return
-	}
 	c := x.conv()
 	const commits = 60
 	var wg sync.WaitGroup
