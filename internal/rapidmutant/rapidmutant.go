@@ -6,6 +6,8 @@ package rapidmutant
 import (
 	"flag"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -35,11 +37,18 @@ func (f *tb) SkipNow()                     {}
 
 // Fails runs prop with *mutation set to name and fails t unless rapid
 // reports a failure whose output contains property (the invariant's name,
-// which the property's failure messages start with). No fail file is
+// which the property's failure messages start with; "a|b": either). No fail file is
 // written, shrinking is cut short, and up to 500 runs are tried.
 func Fails(t *testing.T, mutation *string, name, property string, prop func(*rapid.T)) {
 	t.Helper()
-	for f, v := range map[string]string{"rapid.nofailfile": "true", "rapid.shrinktime": "2s", "rapid.checks": "500"} {
+	FailsWithin(t, 500, mutation, name, property, prop)
+}
+
+// FailsWithin is Fails with up to checks runs, for a mutation that only
+// a rarer sequence of actions meets.
+func FailsWithin(t *testing.T, checks int, mutation *string, name, property string, prop func(*rapid.T)) {
+	t.Helper()
+	for f, v := range map[string]string{"rapid.nofailfile": "true", "rapid.shrinktime": "2s", "rapid.checks": strconv.Itoa(checks)} {
 		fl := flag.Lookup(f)
 		if fl == nil {
 			t.Fatalf("no flag %s", f)
@@ -57,7 +66,7 @@ func Fails(t *testing.T, mutation *string, name, property string, prop func(*rap
 	if !r.failed {
 		t.Fatalf("mutation %s: rapid found no failure", name)
 	}
-	if !strings.Contains(r.out.String(), property) {
+	if !slices.ContainsFunc(strings.Split(property, "|"), func(p string) bool { return strings.Contains(r.out.String(), p) }) {
 		t.Fatalf("mutation %s: rapid failed, but not on %q:\n%s", name, property, r.out.String())
 	}
 	t.Logf("mutation %s: rapid reports %q as expected", name, property)
