@@ -59,7 +59,45 @@ func BenchmarkCommitMany(b *testing.B) { benchCommit(b, 95, 1, false) }
 //	go test -run '^$' -bench 'CommitMany(Marks)?$' -benchtime 400x -count 5 ./persist/postgres/
 func BenchmarkCommitManyMarks(b *testing.B) { benchCommit(b, 95, 1, true) }
 
+// BenchmarkCommitManyEdits and BenchmarkCommitManyRecalls are
+// BenchmarkCommitMany with every row an event: an edit (a 100-byte body) or
+// a recall of a message of the conversation that no event of the run
+// targeted before (issue 32: an event costs no more than a send). The
+// targets are seeded before the timer starts.
+//
+//	go test -run '^$' -bench 'CommitMany(Edits|Recalls)?$' -benchtime 400x -count 5 ./persist/postgres/
+func BenchmarkCommitManyEdits(b *testing.B) {
+	benchCommitKind(b, 95, 1, false, sequencer.KindEdit)
+}
+
+func BenchmarkCommitManyRecalls(b *testing.B) {
+	benchCommitKind(b, 95, 1, false, sequencer.KindRecall)
+}
+
 func benchCommit(b *testing.B, convs, perConv int, marks bool) {
+	benchCommitKind(b, convs, perConv, marks, sequencer.KindMessage)
+}
+
+// asEvents turns the rows of bs into events of kind, each on the next
+// message of targets[i] (conversation i's seeded messages, taken in turn);
+// recalls carry no body.
+func asEvents(bs []persist.ConvBatch, kind sequencer.Kind, targets [][]uint64) {
+	if kind == sequencer.KindMessage {
+		return
+	}
+	for i := range bs {
+		for j := range bs[i].Messages {
+			m := &bs[i].Messages[j]
+			m.Kind, m.TargetMsgID = kind, targets[i][0]
+			targets[i] = targets[i][1:]
+			if kind == sequencer.KindRecall {
+				m.Body = nil
+			}
+		}
+	}
+}
+
+func benchCommitKind(b *testing.B, convs, perConv int, marks bool, kind sequencer.Kind) {
 	body := make([]byte, 100)
 	for _, writers := range []int{1, 4} {
 		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
@@ -76,8 +114,26 @@ func benchCommit(b *testing.B, convs, perConv int, marks bool) {
 					b.Fatal(err)
 				}
 			}
-			// Pre-build every transaction so the timing is the store's.
 			per := (b.N + writers - 1) / writers
+			// The events' targets: perConv messages per conversation and
+			// commit to come.
+			targets := make([][][]uint64, writers)
+			for w := range targets {
+				targets[w] = make([][]uint64, convs)
+				if kind == sequencer.KindMessage {
+					continue
+				}
+				seed := benchBatches(fmt.Sprintf("w%d", w), heads[w], per*perConv, &nextID, body, time.Now())
+				for i := range seed {
+					for _, m := range seed[i].Messages {
+						targets[w][i] = append(targets[w][i], m.MsgID)
+					}
+				}
+				if err := s.Commit(ctx, seed); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// Pre-build every transaction so the timing is the store's.
 			work := make([][][]persist.ConvBatch, writers)
 			for w := range work {
 				for i := 0; i < per; i++ {
@@ -85,6 +141,7 @@ func benchCommit(b *testing.B, convs, perConv int, marks bool) {
 					for i := range bs {
 						bs[i].MarkSendersRead = marks
 					}
+					asEvents(bs, kind, targets[w])
 					work[w] = append(work[w], bs)
 				}
 			}

@@ -608,32 +608,91 @@ func (p *commitPiece) prepare() {
 }
 
 // queueEvents queues the target updates of the piece's edits and recalls
-// (persist/events.go) on its message table, one statement per event in seq
-// order, after its rows.
+// (persist/events.go) on its message table, after its rows: at most three
+// statements whatever the number of events (issue 32: an event costs no
+// more than a send), each over arrays with one element per target. An
+// edited target gets its last edit's body and time and its edit_count
+// raised by its number of edits; a recalled target, and its edit events
+// (those of this commit too: they are inserted before), lose their bodies.
+// The edits go first: a recall in the same commit leaves its target
+// recalled, as the events in seq order would (the rules refuse an edit of a
+// recalled message, so no edit follows a recall of its target).
 func (p *commitPiece) queueEvents(b *pgx.Batch) {
 	if p.rows.events == 0 {
 		return
 	}
+	ev := eventArraysOf(p.batches)
 	t := p.msgTable.Sanitize()
-	for i := range p.batches {
-		for j := range p.batches[i].Messages {
-			m := &p.batches[i].Messages[j]
+	if len(ev.edit.convs) > 0 {
+		b.Queue(`UPDATE `+t+` AS m SET body = u.body, edit_count = m.edit_count + u.n, edited_at = u.at
+			FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::timestamptz[], $5::int[]) AS u(conv_id, msg_id, body, at, n)
+			WHERE m.conv_id = u.conv_id AND m.msg_id = u.msg_id AND m.kind = 0`,
+			ev.edit.convs, ev.edit.ids, ev.edit.bodies, ev.edit.ats, ev.edit.counts)
+	}
+	if len(ev.recall.convs) > 0 {
+		b.Queue(`UPDATE `+t+` AS m SET body = '\x', recalled = true
+			FROM unnest($1::text[], $2::bigint[]) AS u(conv_id, msg_id)
+			WHERE m.conv_id = u.conv_id AND m.msg_id = u.msg_id AND m.kind = 0`, ev.recall.convs, ev.recall.ids)
+		b.Queue(`UPDATE `+t+` AS m SET body = '\x', recalled = true
+			FROM unnest($1::text[], $2::bigint[]) AS u(conv_id, msg_id)
+			WHERE m.conv_id = u.conv_id AND m.target_msg_id = u.msg_id AND m.target_msg_id <> 0 AND m.kind = 1`,
+			ev.recall.convs, ev.recall.ids)
+	}
+}
+
+// eventArrays are a commit's target updates, one element per target.
+type eventArrays struct {
+	edit struct {
+		convs  []string
+		ids    []int64
+		bodies [][]byte
+		ats    []time.Time
+		counts []int32
+	}
+	recall struct {
+		convs []string
+		ids   []int64
+	}
+}
+
+// eventArraysOf folds the events of batches into one update per target.
+func eventArraysOf(batches []persist.ConvBatch) *eventArrays {
+	ev := &eventArrays{}
+	type key struct {
+		conv string
+		id   uint64
+	}
+	edited := map[key]int{}
+	recalled := map[key]bool{}
+	for i := range batches {
+		for j := range batches[i].Messages {
+			m := &batches[i].Messages[j]
+			k := key{m.ConvID, m.TargetMsgID}
 			switch m.Kind {
 			case sequencer.KindEdit:
 				body := m.Body
 				if body == nil {
 					body = []byte{}
 				}
-				b.Queue(`UPDATE `+t+` SET body = $3, edit_count = edit_count + 1, edited_at = $4
-					WHERE conv_id = $1 AND msg_id = $2 AND kind = 0`, m.ConvID, int64(m.TargetMsgID), body, storedTime(m.ServerAt))
+				e := &ev.edit
+				if at, ok := edited[k]; ok {
+					e.bodies[at], e.ats[at] = body, storedTime(m.ServerAt)
+					e.counts[at]++
+					continue
+				}
+				edited[k] = len(e.convs)
+				e.convs, e.ids = append(e.convs, m.ConvID), append(e.ids, int64(m.TargetMsgID))
+				e.bodies, e.ats, e.counts = append(e.bodies, body), append(e.ats, storedTime(m.ServerAt)), append(e.counts, 1)
 			case sequencer.KindRecall:
-				b.Queue(`UPDATE `+t+` SET body = '\x', recalled = true WHERE conv_id = $1 AND msg_id = $2 AND kind = 0`,
-					m.ConvID, int64(m.TargetMsgID))
-				b.Queue(`UPDATE `+t+` SET body = '\x', recalled = true
-					WHERE conv_id = $1 AND target_msg_id = $2 AND target_msg_id <> 0 AND kind = 1`, m.ConvID, int64(m.TargetMsgID))
+				if recalled[k] {
+					continue
+				}
+				recalled[k] = true
+				ev.recall.convs, ev.recall.ids = append(ev.recall.convs, m.ConvID), append(ev.recall.ids, int64(m.TargetMsgID))
 			}
 		}
 	}
+	return ev
 }
 
 // queueMarks queues the own-send rule (persist.SenderMarks) of a commit:

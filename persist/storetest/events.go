@@ -14,6 +14,7 @@ var eventCases = []struct {
 	fn   func(x *suite)
 }{
 	{"EditAndRecall", testEditAndRecall},
+	{"EditsAndRecallOfOneTargetInOneBatch", testEventsOnOneTarget},
 	{"EventTargetsOwnConversationOnly", testEventOwnConversation},
 	{"EventAndTargetAllOrNothing", testEventAllOrNothing},
 	{"EventsTrimmedLikeMessages", testEventsTrimmed},
@@ -69,6 +70,41 @@ func testEditAndRecall(x *suite) {
 	e1.Body, e1.Recalled = []byte{}, true
 	e2.Body, e2.Recalled = []byte{}, true
 	x.expectStored(c, 7, []sequencer.Message{want, want2, e1, e2, e3, m6, r})
+}
+
+// Events on one target in one batch leave it as the events in seq order
+// would: two edits count twice and leave the last body and time; a recall
+// after them empties the target and both edit events, stored in the same
+// transaction.
+func testEventsOnOneTarget(x *suite) {
+	c := x.conv()
+	b := batch(c, 0, 2)
+	x.mustCommit(b)
+	m1, m2 := b.Messages[0], b.Messages[1]
+	t1, t2 := serverAt.Add(time.Minute), serverAt.Add(2*time.Minute)
+	e3 := event(c, 3, sequencer.KindEdit, m1, "first", t1)
+	e4 := event(c, 4, sequencer.KindEdit, m2, "other", t1)
+	e5 := event(c, 5, sequencer.KindEdit, m1, "second", t2)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 2, Messages: []sequencer.Message{e3, e4, e5}})
+	want1 := m1
+	want1.Body, want1.EditCount, want1.EditedAt = []byte("second"), 2, t2
+	want2 := m2
+	want2.Body, want2.EditCount, want2.EditedAt = []byte("other"), 1, t1
+	sameMessage(x.t, x.get(m1.MsgID), want1)
+	sameMessage(x.t, x.get(m2.MsgID), want2)
+
+	// Two edits and a recall of m2, and an edit of m1, in one batch.
+	e6 := event(c, 6, sequencer.KindEdit, m2, "again", t1)
+	e7 := event(c, 7, sequencer.KindEdit, m1, "third", t2)
+	e8 := event(c, 8, sequencer.KindEdit, m2, "and again", t2)
+	r9 := event(c, 9, sequencer.KindRecall, m2, "", t2)
+	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 5, Messages: []sequencer.Message{e6, e7, e8, r9}})
+	want1.Body, want1.EditCount = []byte("third"), 3
+	want2.Body, want2.EditCount, want2.EditedAt, want2.Recalled = []byte{}, 3, t2, true
+	for _, e := range []*sequencer.Message{&e4, &e6, &e8} {
+		e.Body, e.Recalled = []byte{}, true
+	}
+	x.expectStored(c, 9, []sequencer.Message{want1, want2, e3, e4, e5, e6, e7, e8, r9})
 }
 
 // An event names its target by msg_id; the store updates that msg_id in
