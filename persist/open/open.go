@@ -31,11 +31,17 @@ package open
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/sequencer-im/sequencer"
 
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/citus"
@@ -236,7 +242,7 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}
 		if !opts.NoMigrate {
-			if err := s.Migrate(ctx); err != nil {
+			if err := migrate(ctx, s, opts.Logger); err != nil {
 				s.Close()
 				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
 			}
@@ -253,7 +259,7 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
 		}
 		if !opts.NoMigrate {
-			if err := s.Migrate(ctx); err != nil {
+			if err := migrate(ctx, s, opts.Logger); err != nil {
 				s.Close()
 				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
 			}
@@ -272,4 +278,44 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 		}
 		return s, nil
 	}
+}
+
+// MigrateRetryFor bounds how long migrate tries again a shared store that
+// did not answer (the caller's context may end it sooner).
+const MigrateRetryFor = 30 * time.Second
+
+// migrate applies a shared store's schema, trying again while the store only
+// failed to answer (sequencer.ErrStoreUnavailable: a node restarted on a
+// loaded store, a connection the server closed mid-migration for idling in
+// its transaction), with exponential backoff (cenkalti/backoff) for at most
+// MigrateRetryFor. Each migration is one transaction that re-checks the
+// recorded versions under its lock, so a retry applies each migration once.
+// Any other error (a refused migration, a newer schema) is returned at once.
+func migrate(ctx context.Context, m persist.Migrator, log *slog.Logger) error {
+	var last error
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		err := m.Migrate(ctx)
+		if err != nil && !errors.Is(err, sequencer.ErrStoreUnavailable) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		last = err
+		return struct{}{}, err
+	}, backoff.WithBackOff(migrateBackOff()), backoff.WithMaxElapsedTime(MigrateRetryFor),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			if log != nil {
+				log.Warn("migrate: the store did not answer; retrying", "in", wait, "err", err)
+			}
+		}))
+	if err != nil && last != nil && !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		// The context or the bound ended the retries: the store's own
+		// error says more.
+		return last
+	}
+	return err
+}
+
+func migrateBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 2*time.Second
+	return b
 }

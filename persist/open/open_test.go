@@ -3,10 +3,13 @@ package open
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -172,4 +175,45 @@ func TestMySQLURLOpensMySQL(t *testing.T) {
 		t.Fatalf("mysql:// opened %T", s)
 	}
 	roundTrip(t, s)
+}
+
+// migrations answers Migrate with the errors in turn, then nil.
+type migrations struct {
+	persist.Migrator
+	errs  []error
+	calls int
+}
+
+func (m *migrations) Migrate(context.Context) error {
+	m.calls++
+	if len(m.errs) == 0 {
+		return nil
+	}
+	err := m.errs[0]
+	m.errs = m.errs[1:]
+	return err
+}
+
+// A restart on a loaded store: the migration's session ended (the store
+// did not answer) twice, and the open goes on; a refused migration stops it
+// at once; a store that never answers stops it when the context ends, with
+// the store's error.
+func TestMigrateRetriesOnlyAStoreThatDidNotAnswer(t *testing.T) {
+	ctx := context.Background()
+	lost := fmt.Errorf("postgres: migrate: 0010_x: %w (FATAL: terminating connection due to idle-in-transaction timeout)", sequencer.ErrStoreUnavailable)
+	m := &migrations{errs: []error{lost, lost}}
+	if err := migrate(ctx, m, nil); err != nil || m.calls != 3 {
+		t.Fatalf("migrate: %v after %d calls, want nil after 3", err, m.calls)
+	}
+	refused := errors.New("postgres: migration 0010_x: permission denied")
+	m = &migrations{errs: []error{refused, nil}}
+	if err := migrate(ctx, m, nil); !errors.Is(err, refused) || m.calls != 1 {
+		t.Fatalf("migrate: %v after %d calls, want the refusal after 1", err, m.calls)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	m = &migrations{errs: slices.Repeat([]error{lost}, 1000)}
+	if err := migrate(short, m, nil); !errors.Is(err, sequencer.ErrStoreUnavailable) || m.calls < 2 {
+		t.Fatalf("migrate: %v after %d calls, want the store's error after retries", err, m.calls)
+	}
 }

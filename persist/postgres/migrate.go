@@ -3,12 +3,15 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -110,8 +113,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// apply runs migration m in its own transaction. Its errors wrap
+// sequencer.ErrStoreUnavailable when the database did not answer or closed
+// the connection (open retries those), not when it refused the migration.
 func (s *Store) apply(ctx context.Context, m Migration) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	var refused error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
 			return classify("migrate: lock", err)
 		}
@@ -137,7 +144,11 @@ func (s *Store) apply(ctx context.Context, m Migration) error {
 		}
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
-				return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+				if !connectionLost(err) {
+					refused = fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+					return refused
+				}
+				return unavailable("migration "+m.Name, err)
 			}
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
@@ -145,6 +156,24 @@ func (s *Store) apply(ctx context.Context, m Migration) error {
 		}
 		return nil
 	})
+	if err == nil || (refused != nil && errors.Is(err, refused)) || errors.Is(err, sequencer.ErrStoreUnavailable) || errors.Is(err, persist.ErrRejected) {
+		return err
+	}
+	// BEGIN or COMMIT: the transaction did not happen, or its outcome is
+	// unknown; a retry re-checks the recorded version under the lock.
+	return unavailable("migrate: "+m.Name, err)
+}
+
+// connectionLost reports whether err says the database did not answer or
+// ended the session (a network error, a timeout, a FATAL such as
+// idle_in_transaction_session_timeout or a shutdown), not that it refused
+// the statement.
+func connectionLost(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return true
+	}
+	return pg.Severity == "FATAL" || pg.Severity == "PANIC" || strings.HasPrefix(pg.Code, "08") || strings.HasPrefix(pg.Code, "57")
 }
 
 // SchemaVersion returns the highest applied migration version (0 if none).

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -724,5 +725,27 @@ func TestFrozenTransactionIsTerminated(t *testing.T) {
 	}
 	if _, err := tx.Exec(ctx, `SELECT 1`); err == nil {
 		t.Fatal("the terminated transaction still answers")
+	}
+}
+
+// A migration whose session the server ends (here: the backend terminates
+// itself, as idle_in_transaction_session_timeout or a restart would) fails
+// as unavailable, which persist/open retries; one the server refuses does
+// not, and neither is recorded.
+func TestMigrationErrorsSayWhetherToRetry(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	lost := Migration{Version: 9001, Name: "9001_session_ends", SQL: "SELECT pg_terminate_backend(pg_backend_pid())"}
+	err := s.apply(ctx, lost)
+	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
+		t.Fatalf("a migration whose session ended: %v, want store unavailable", err)
+	}
+	refused := Migration{Version: 9002, Name: "9002_refused", SQL: "SELECT 1/0"}
+	err = s.apply(ctx, refused)
+	if err == nil || errors.Is(err, sequencer.ErrStoreUnavailable) || !strings.Contains(err.Error(), "9002_refused") {
+		t.Fatalf("a refused migration: %v, want its error, not unavailable", err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v >= 9001 {
+		t.Fatalf("schema version %d (%v): a failed migration was recorded", v, err)
 	}
 }
