@@ -8,6 +8,7 @@
 # sequencer_feed_publish_lag_seconds histogram (metrics.txt).
 # usage: scripts/firehose-bench.sh NAME on|off SENDERS(0: the scenario's) [outage]
 # env: B (dir of sequencer and sequencer-bench, default ./bin), DUR (default 15s),
+#      MSGS (if set: the load sends exactly this many messages instead of running DUR),
 #      PROF=1 (a CPU profile of the node), OUT (default /tmp/firehose-bench)
 set -e
 B=${B:-./bin}; NAME=$1; FEED=$2; SENDERS=$3; OUTAGE=$4
@@ -28,7 +29,8 @@ for i in $(seq 1 100); do curl -sf http://127.0.0.1:$APORT/readyz >/dev/null && 
 if [ "$OUTAGE" = outage ]; then kill -9 $(cat $D/nats.pid); fi
 ( [ -n "$PROF" ] && sleep 6 && curl -s -o $D/cpu.pprof "http://127.0.0.1:$APORT/debug/pprof/profile?seconds=8" ) &
 SF=""; [ "$SENDERS" != 0 ] && SF="--senders $SENDERS"
-$B/sequencer-bench --target http://127.0.0.1:$APORT --engines e-batch --scenarios many --duration ${DUR:-15s} --warmup 3s $SF --progress -1s > $D/bench.txt 2>&1 || true
+LOAD="--duration ${DUR:-15s} --warmup 3s"; [ -n "$MSGS" ] && LOAD="--messages $MSGS"
+$B/sequencer-bench --target http://127.0.0.1:$APORT --engines e-batch --scenarios many $LOAD $SF --progress -1s > $D/bench.txt 2>&1 || true
 grep -E 'e-batch|msgs/s|many' $D/bench.txt | head -5
 if [ "$OUTAGE" = outage ]; then
   LAG=$(curl -s http://127.0.0.1:$APORT/metrics | awk '/^sequencer_feed_lag_messages /{print $2}')
