@@ -14,7 +14,7 @@
 //   - commits straight to the worker holding their shards, into the shard
 //     tables (store.go, commit.go: "Direct writes"), the fences checked
 //     against a cached copy of partition_lease and carried by the head rows'
-//     epochs (store.go: "Fencing on Citus");
+//     epochs (fence.go: "Fencing on Citus");
 //   - single-shard reads on the worker (LoadHead, ReadRange, ReadBefore,
 //     ReadMany: pages.go);
 //   - the shard and worker views (persist.Sharded, views.go), read

@@ -180,7 +180,7 @@ func (p *directPlan) Pieces(batches []persist.ConvBatch) []postgres.CommitPiece 
 
 func (p *directPlan) QueueChecks(b *pgx.Batch, _ []persist.ConvBatch, pieces []postgres.CommitPiece) {
 	// The fences were checked against the cached lease table
-	// (checkFences), the head rows carry the epochs (store.go, "Fencing
+	// (checkFences), the head rows carry the epochs (fence.go, "Fencing
 	// on Citus").
 	b.Queue(lockShardSQL, p.lockIDs())
 	b.Queue(shardHereSQL, p.shardIDs())
