@@ -264,8 +264,7 @@ type Head struct {
 	Worker string `json:"worker,omitempty"`
 }
 
-// sharded is a distributed store's placement lookup (persist/postgres on
-// Citus).
+// sharded is a distributed store's placement lookup (persist/citus).
 type sharded interface {
 	ShardOf(conv string) (shard int64, worker string, ok bool)
 }

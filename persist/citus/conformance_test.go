@@ -33,7 +33,7 @@ type hooked struct{ *citus.Store }
 var _ storetest.Hooks = hooked{}
 
 // PutPartitionLeaseForTest writes the lease on the coordinator, then waits
-// out the store's lease cache (postgres.LeaseTTL), so that the next commit
+// out the store's lease cache (citus.LeaseTTL), so that the next commit
 // sees the lease as written.
 func (h hooked) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) error {
 	_, err := h.Pool().Exec(ctx, `INSERT INTO partition_lease (partition, owner, epoch) VALUES ($1, $2, $3)

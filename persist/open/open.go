@@ -157,7 +157,11 @@ func DefaultOptions() Options {
 
 func (o Options) postgres() postgres.Options {
 	return postgres.Options{MaxConns: int32(o.Pools.Read), CommitConns: int32(o.Pools.Commit),
-		ControlConns: int32(o.Pools.Control), Logger: o.Logger, NoLeaseCheck: o.Citus.NoLeaseCheck}
+		ControlConns: int32(o.Pools.Control), Logger: o.Logger}
+}
+
+func (o Options) citus() citus.Options {
+	return citus.Options{Options: o.postgres(), NoLeaseCheck: o.Citus.NoLeaseCheck}
 }
 
 func (o Options) mysql() mysql.Options {
@@ -237,20 +241,30 @@ func Store(ctx context.Context, spec string, opts Options) (persist.Store, error
 	case KindPostgres:
 		// A driver error may echo the DSN: every spelling of its password
 		// is scrubbed from the text.
-		s, err := postgres.Open(ctx, sp.DSN, opts.postgres())
+		ps, err := postgres.Open(ctx, sp.DSN, opts.postgres())
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
+		}
+		// A Citus coordinator's database (the citus extension found) is
+		// a Citus store (persist/citus), with its own schema, commits and
+		// shard views.
+		var s interface {
+			persist.Store
+			persist.Migrator
+		} = ps
+		cs, isCitus, err := citus.Of(ctx, ps, opts.citus())
+		if err != nil {
+			ps.Close()
+			return nil, fmt.Errorf("open %s: %w", sp, ScrubError(sp.DSN, err))
+		}
+		if isCitus {
+			s = cs
 		}
 		if !opts.NoMigrate {
 			if err := migrate(ctx, s, opts.Logger); err != nil {
 				s.Close()
 				return nil, fmt.Errorf("open %s: migrate: %w", sp, ScrubError(sp.DSN, err))
 			}
-		}
-		// A Citus coordinator's database (the citus extension found) is
-		// a Citus store (persist/citus), with its shard views.
-		if cs, ok := citus.Of(s); ok {
-			return cs, nil
 		}
 		return s, nil
 	case KindMySQL:

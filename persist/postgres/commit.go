@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,25 +45,25 @@ HAVING count(*) > 0`
 // match; DETAIL is the JSON array of those conv_ids, ascending. A
 // conversation with PrevHead 0 matches when it has no row yet (rows are
 // created at the first non-empty commit, so a head row is never 0).
-var headCheckSQL = headCASSQL("conv_head", false, sqlHeadMismatch, "head mismatch")
+var headCheckSQL = HeadCASSQL("conv_head", false, sqlHeadMismatch, "head mismatch")
 
-// headCASSQL is a commit's head compare-and-set on table, raising code
+// HeadCASSQL is a commit's head compare-and-set on table, raising code
 // (DETAIL: the JSON array of the conversations that did not match,
 // ascending) when one did not: headCheckSQL, and with epochs the one of
-// Citus's direct writes (casShardSQL), whose head rows carry the fence
+// Citus's direct writes (persist/citus), whose head rows carry the fence
 // epochs (a head moves only when its row's epoch is at most the batch's,
 // or the batch's is 0: unfenced, and takes the larger).
-func headCASSQL(table string, epochs bool, code, message string) string {
-	return "WITH " + headCASCTEs(table, "", 1, epochs) + `
+func HeadCASSQL(table string, epochs bool, code, message string) string {
+	return "WITH " + HeadCASCTEs(table, "", 1, epochs) + `
 SELECT seq_raise('` + code + `', '` + message + `', json_agg(u.conv_id ORDER BY u.conv_id)::text)
 FROM u WHERE NOT EXISTS (SELECT 1 FROM matched m WHERE m.conv_id = u.conv_id)
 HAVING count(*) > 0`
 }
 
-// headCASCTEs are the CTEs of headCASSQL for one table: u, upd, ins and
+// HeadCASCTEs are the CTEs of HeadCASSQL for one table: u, upd, ins and
 // matched, each name followed by sfx, reading their arrays from parameter
 // $first on (3 arrays, 4 with epochs).
-func headCASCTEs(table, sfx string, first int, epochs bool) string {
+func HeadCASCTEs(table, sfx string, first int, epochs bool) string {
 	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
 	cols, set, check, ins := "", "", "", ""
 	if epochs {
@@ -100,32 +99,30 @@ func headCASCTEs(table, sfx string, first int, epochs bool) string {
 const unfencedCheckSQL = `SELECT seq_raise('SQ003', 'unfenced commit in a cluster database', '')
 WHERE EXISTS (SELECT 1 FROM partition_lease WHERE owner <> '')`
 
-// SQLSTATEs raised by fenceCheckSQL, headCheckSQL and unfencedCheckSQL.
+// SQLSTATEs raised by fenceCheckSQL, headCheckSQL and unfencedCheckSQL
+// (SQ004 and on: persist/citus's).
 const (
 	sqlStaleFence   = "SQ001" // DETAIL: 1-based positions of the stale fences, comma-separated
 	sqlHeadMismatch = "SQ002" // DETAIL: JSON array of the mismatched conv_ids
 	sqlUnfenced     = "SQ003"
-	sqlStaleEpoch   = "SQ004" // Citus: DETAIL: JSON array of conv_ids whose head row has a newer epoch
-	sqlNotHere      = "SQ005" // Citus, direct writes: the shard is not (only) on this worker
-	sqlNotMoved     = "SQ006" // Citus, direct writes: DETAIL: JSON array of conv_ids whose head did not move
-
-	sqlUndefinedTable = "42P01"
-	sqlNoPrivilege    = "42501"
 )
 
-// casHeadsSQL is the distributed mode's head compare-and-set with the fence
-// epochs (migrations_citus/0003_commit_check.sql).
-const casHeadsSQL = `SELECT seq_cas_heads($1::text[], $2::int8[], $3::int8[], $4::int8[])`
+// SQLHeadMismatch is the SQLSTATE of a head compare-and-set that did not
+// match (headCheckSQL, and persist/citus's compare-and-set through Citus).
+const SQLHeadMismatch = sqlHeadMismatch
 
 // insertSQL writes all rows of a commit in one statement.
-var insertSQL = `INSERT INTO im_message (` + strings.Join(imMessageColumns, ", ") + `)
-` + insertRowsSQL
+var insertSQL = InsertInto("im_message")
 
-var insertRowsSQL = unnestRowsSQL(1)
+// InsertInto is the INSERT of a commit's rows (RowArrays.Args) into table:
+// im_message, or one of its shard tables (persist/citus).
+func InsertInto(table string) string {
+	return "INSERT INTO " + table + " (" + strings.Join(InsertColumns, ", ") + ")\n" + UnnestRowsSQL(1)
+}
 
-// unnestRowsSQL selects rows of im_message from rowCols arrays (the columns
-// of imMessageColumns), parameters $first to $first+rowCols-1.
-func unnestRowsSQL(first int) string {
+// UnnestRowsSQL selects rows of im_message from RowCols arrays (the columns
+// of InsertColumns), parameters $first to $first+RowCols-1.
+func UnnestRowsSQL(first int) string {
 	types := []string{"int8", "text", "int8", "int8", "int2", "bytea", "text", "timestamptz", "int2", "int8"}
 	args := make([]string, len(types))
 	for i, t := range types {
@@ -133,88 +130,6 @@ func unnestRowsSQL(first int) string {
 	}
 	return "SELECT * FROM unnest(" + strings.Join(args, ", ") + ")"
 }
-
-// Direct writes (Citus). A transaction whose conversations are all in one
-// shard runs on the worker holding it; there, every statement on a
-// distributed table goes through Citus's planner and local executor (the
-// profile in docs/BENCHMARKS.md: an INSERT ... SELECT is planned as "pull
-// to coordinator", its rows collected and copied into the shard; the
-// head update re-planned per shard task), which cost the worker about
-// twice plain PostgreSQL's CPU per message. So the commit writes the
-// shard's own tables (conv_head_NNN, im_message_NNN) with the plain
-// statements, guarded the way Citus guards its own writes:
-//
-//  1. lockShardSQL takes the shard's metadata lock in ShareLock, as
-//     Citus's executor does before every write (AcquireMetadataLocks). A
-//     shard move or split takes it in ExclusiveLock on every node
-//     (BlockWritesToShardList) before it switches the placement, and holds
-//     it until its transaction commits; one co-located shard's lock blocks
-//     the whole group's move.
-//  2. shardHereSQL, a later statement (so with a snapshot taken after the
-//     lock), checks in the worker's copy of Citus's metadata that both
-//     shards have exactly one placement, active, on this worker, and
-//     raises sqlNotHere otherwise: after a move the old worker's tables
-//     are orphans awaiting deferred drop, and writing them would lose the
-//     commit. Then nothing is written; the store runs the commit through
-//     Citus on the same connection and reloads the placements
-//     (commitDist).
-//  3. casShardSQL (the head compare-and-set, as headCheckSQL with the
-//     epochs of seq_cas_heads) and the rows' INSERT into the shard
-//     tables, then COMMIT: no Citus planning, no local executor.
-//
-// Still one pipelined round trip; a move cannot switch the placement
-// between the check and COMMIT, because the lock is held until then.
-const lockShardSQL = `SELECT lock_shard_metadata(5, $1::int8[])` // 5: ShareLock
-
-const shardHereSQL = `SELECT seq_raise('SQ005', 'shard not on this worker', $1::int8[]::text)
-FROM (SELECT count(*) AS n,
-        count(*) FILTER (WHERE p.shardstate = 1 AND p.groupid = (SELECT groupid FROM pg_dist_local_group)) AS here
-      FROM pg_dist_placement p WHERE p.shardid = ANY($1::int8[])) c
-WHERE c.n <> cardinality($1::int8[]) OR c.here <> c.n`
-
-// casShardSQL moves the heads of one shard's conversations by
-// compare-and-set with the fence epochs (the rules of seq_cas_heads,
-// migrations_citus/0003) on the shard's conv_head table; it raises
-// sqlNotMoved naming the conversations that did not move, which the store
-// then classifies as stale epoch or head mismatch (casRefusal).
-func casShardSQL(table pgx.Identifier) string {
-	return headCASSQL(table.Sanitize(), true, sqlNotMoved, "head not moved")
-}
-
-// casShardsSQL is casShardSQL on several shard tables in one statement
-// (4 arrays per table, in the order of tables; empty arrays for a table
-// the commit does not touch), raising sqlNotMoved once for all of them.
-func casShardsSQL(tables []pgx.Identifier) string {
-	var ctes, unmoved []string
-	for k, t := range tables {
-		sfx := strconv.Itoa(k)
-		ctes = append(ctes, headCASCTEs(t.Sanitize(), sfx, 1+4*k, true))
-		unmoved = append(unmoved, "SELECT u.conv_id FROM u"+sfx+" AS u WHERE NOT EXISTS (SELECT 1 FROM matched"+sfx+" m WHERE m.conv_id = u.conv_id)")
-	}
-	return "WITH " + strings.Join(ctes, ", ") + `
-SELECT seq_raise('` + sqlNotMoved + `', 'head not moved', json_agg(x.conv_id ORDER BY x.conv_id)::text)
-FROM (` + strings.Join(unmoved, "\n  UNION ALL ") + `) AS x
-HAVING count(*) > 0`
-}
-
-// insertShardsSQL inserts rows into several shard tables of im_message in
-// one statement (rowCols arrays per table, as insertRowsSQL's, in the order of
-// tables; empty arrays for a table the commit does not touch).
-func insertShardsSQL(tables []pgx.Identifier) string {
-	var ctes []string
-	for k, t := range tables {
-		ctes = append(ctes, "i"+strconv.Itoa(k)+" AS (INSERT INTO "+t.Sanitize()+" ("+strings.Join(imMessageColumns, ", ")+")\n  "+unnestRowsSQL(1+rowCols*k)+")")
-	}
-	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
-}
-
-// headEpochsSQL reads the head rows' epochs of conversations of one worker
-// (through Citus, pruned to their shards by conv_id = ANY).
-const headEpochsSQL = `SELECT conv_id, epoch FROM conv_head WHERE conv_id = ANY($1::text[])`
-
-// errShardNotHere: a direct write found its shard gone from the worker
-// (shardHereSQL), or the worker refused it; nothing was written.
-var errShardNotHere = errors.New("citus: the shard is not on this worker")
 
 // conflictSQL finds the stored rows holding any unique key of a failed batch.
 const conflictSQL = `SELECT 1, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
@@ -226,30 +141,14 @@ UNION ALL
 SELECT 3, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
   JOIN unnest($4::int8[], $5::text[]) AS u(from_uid, client_msg_id) ON m.from_uid = u.from_uid AND m.client_msg_id = u.client_msg_id`
 
-// conflictDistSQL is conflictSQL on Citus, where every unique key holds
-// conv_id: (conv_id, msg_id), (conv_id, seq), (conv_id, from_uid,
-// client_msg_id). Every branch names the commit's conversations, so it
-// runs on their shard.
-const conflictDistSQL = `SELECT 1, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
-  JOIN unnest($1::int8[], $2::text[]) AS u(msg_id, conv_id) ON m.conv_id = u.conv_id AND m.msg_id = u.msg_id
-  WHERE m.conv_id = ANY($2::text[])
-UNION ALL
-SELECT 2, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
-  JOIN unnest($2::text[], $3::int8[]) AS u(conv_id, seq) ON m.conv_id = u.conv_id AND m.seq = u.seq
-  WHERE m.conv_id = ANY($2::text[])
-UNION ALL
-SELECT 3, m.msg_id, m.conv_id, m.seq, m.from_uid, m.client_msg_id FROM im_message m
-  JOIN unnest($2::text[], $4::int8[], $5::text[]) AS u(conv_id, from_uid, client_msg_id)
-    ON m.conv_id = u.conv_id AND m.from_uid = u.from_uid AND m.client_msg_id = u.client_msg_id
-  WHERE m.conv_id = ANY($2::text[])`
+// InsertColumns are the columns of im_message a commit writes (RowArrays.Args).
+var InsertColumns = []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at", "kind", "target_msg_id"}
 
-var imMessageColumns = []string{"msg_id", "conv_id", "seq", "from_uid", "msg_type", "body", "client_msg_id", "server_at", "kind", "target_msg_id"}
+// RowCols is the number of columns a commit writes per row (InsertColumns).
+const RowCols = 10
 
-// rowCols is the number of columns a commit writes per row (imMessageColumns).
-const rowCols = 10
-
-// rowArrays is a commit's rows as column arrays (for unnest or COPY).
-type rowArrays struct {
+// RowArrays is a commit's rows as column arrays (for unnest or COPY).
+type RowArrays struct {
 	msgID    []int64
 	convID   []string
 	seq      []int64
@@ -263,17 +162,20 @@ type rowArrays struct {
 	events   int // rows of kind edit or recall
 }
 
-// args returns the arrays in the order of imMessageColumns.
-func (r *rowArrays) args() []any {
+// Args returns the arrays in the order of InsertColumns.
+func (r *RowArrays) Args() []any {
 	return []any{r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt, r.kind, r.target}
 }
 
-func buildRows(batches []persist.ConvBatch) *rowArrays {
+// Len is the number of rows.
+func (r *RowArrays) Len() int { return len(r.msgID) }
+
+func buildRows(batches []persist.ConvBatch) *RowArrays {
 	n := 0
 	for i := range batches {
 		n += len(batches[i].Messages)
 	}
-	r := &rowArrays{
+	r := &RowArrays{
 		msgID: make([]int64, 0, n), convID: make([]string, 0, n), seq: make([]int64, 0, n),
 		fromUID: make([]int64, 0, n), msgType: make([]int16, 0, n), body: make([][]byte, 0, n),
 		clientID: make([]string, 0, n), serverAt: make([]time.Time, 0, n),
@@ -308,7 +210,7 @@ func buildRows(batches []persist.ConvBatch) *rowArrays {
 // TIMESTAMPTZ(3), which would round instead).
 func storedTime(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
-func (r *rowArrays) copySource() pgx.CopyFromSource {
+func (r *RowArrays) copySource() pgx.CopyFromSource {
 	i := -1
 	return pgx.CopyFromFunc(func() ([]any, error) {
 		i++
@@ -334,33 +236,47 @@ func (r *rowArrays) copySource() pgx.CopyFromSource {
 // BEGIN and the checks, then COPY, then COMMIT (three round trips); failures
 // before COMMIT is sent are ErrStoreUnavailable.
 func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	check := persist.CheckBatches
-	if s.dist != nil {
-		check = persist.CheckBatchesKeysPerConv
-	}
-	if err := check(batches); err != nil {
+	if err := persist.CheckBatches(batches); err != nil {
 		return err
 	}
 	if len(batches) == 0 {
 		return nil
 	}
-	if s.dist != nil {
-		return s.commitDist(ctx, batches)
-	}
-	conn, err := s.commits.Acquire(ctx)
+	return s.RunCommit(ctx, s.commits, nil, "", func(conn *pgxpool.Conn) error {
+		return s.CommitOn(ctx, conn, batches, plainPlan{})
+	}, batches)
+}
+
+// CommitGroup implements commit.Grouper: every conversation can share a
+// transaction with every other (one group), so the group-commit writer
+// fills a commit in queue order, passing over a batch that does not fit.
+func (s *Store) CommitGroup(string) uint64 { return 0 }
+
+// RunCommit takes a connection of pool and runs commit on it (a CommitOn).
+// When the outcome is unknown the transaction may still commit on the
+// server: the connection's backend is remembered for Settle (on settleOn,
+// the pool of that server; nil: the store's own) and the connection is
+// closed, never reused. node names the server in an acquire error ("": the
+// store's own).
+func (s *Store) RunCommit(ctx context.Context, pool, settleOn *pgxpool.Pool, node string, commit func(*pgxpool.Conn) error, batches []persist.ConvBatch) error {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return unavailable("commit: acquire connection", err)
+		op := "commit: acquire connection"
+		if node != "" {
+			op += " " + node
+		}
+		return unavailable(op, err)
 	}
 	defer conn.Release() // destroys the connection if a transaction is left open
 	backend := backendOf(conn.Conn().PgConn())
 	if s.commitBackend != nil {
 		s.commitBackend(backend.pid)
 	}
-	err = s.commitOn(ctx, conn, batches, nil)
+	err = commit(conn)
 	if errors.Is(err, sequencer.ErrUnknownOutcome) {
 		// The transaction may still commit on the server: Settle must end
 		// it before anyone re-reads. Never reuse this connection.
-		s.unsettle(backend, nil, batches)
+		s.unsettle(backend, settleOn, batches)
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Conn().Close(cctx)
 		cancel()
@@ -368,100 +284,123 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 	return err
 }
 
-// commitOn runs the commit on conn. plan (Citus only) names the shards
-// whose tables it writes directly ("Direct writes"); nil: the tables of
-// plain PostgreSQL, or the distributed tables through Citus.
-func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, plan *directPlan) error {
+// A CommitPlan is where and how CommitOn writes a commit: which tables
+// (CommitPieces), which checks, and how the server's refusals read. The
+// plain one (plainPlan) is this package's: the fence check on
+// partition_lease, the head compare-and-set on conv_head, one piece in
+// im_message. persist/citus has its own (the shard tables of a worker, or
+// the distributed tables with the fence epochs on the head rows).
+type CommitPlan interface {
+	// Pieces splits batches by the tables they are written to.
+	Pieces(batches []persist.ConvBatch) []CommitPiece
+	// QueueChecks queues, after BEGIN, the checks that refuse the commit
+	// inside the server (fences, head compare-and-set) and the writes
+	// that must follow the head update (the outbox rows).
+	QueueChecks(b *pgx.Batch, batches []persist.ConvBatch, pieces []CommitPiece)
+	// QueueRows queues the rows' INSERT (the pipelined path; the COPY path
+	// copies each piece into its MsgTable).
+	QueueRows(b *pgx.Batch, pieces []CommitPiece)
+	// QueueMarks queues the senders' read positions (persist.SenderMarks),
+	// after the rows and the edits' and recalls' target updates.
+	QueueMarks(b *pgx.Batch, batches []persist.ConvBatch, pieces []CommitPiece)
+	// Refusal is the error of a server refusal pg of a statement before
+	// COMMIT (nothing was written, the transaction is rolled back; conn
+	// may be used for reads), nil when pg is not one of the plan's.
+	Refusal(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, pg *pgconn.PgError) error
+	// ConflictLookup is the statement that finds the stored rows holding
+	// a failed commit's unique keys (conflictSQL's parameters and
+	// answer), and whether the resend key is unique per conversation.
+	ConflictLookup() (sql string, keysPerConv bool)
+}
+
+// plainPlan is the CommitPlan of plain PostgreSQL.
+type plainPlan struct{}
+
+func (plainPlan) Pieces(batches []persist.ConvBatch) []CommitPiece {
+	return []CommitPiece{{Batches: batches, MsgTable: pgx.Identifier{"im_message"}, Insert: insertSQL}}
+}
+
+func (plainPlan) QueueChecks(b *pgx.Batch, batches []persist.ConvBatch, pieces []CommitPiece) {
 	// Distinct non-zero fences, in partition order.
 	fences, unfenced := persist.Fences(batches)
-	parts := make([]int64, len(fences))
-	owners := make([]string, len(fences))
-	epochs := make([]int64, len(fences))
-	for i, f := range fences {
-		parts[i], owners[i], epochs[i] = int64(f.Partition), f.Owner, int64(f.Epoch)
+	if len(fences) > 0 {
+		parts := make([]int64, len(fences))
+		owners := make([]string, len(fences))
+		epochs := make([]int64, len(fences))
+		for i, f := range fences {
+			parts[i], owners[i], epochs[i] = int64(f.Partition), f.Owner, int64(f.Epoch)
+		}
+		b.Queue(fenceCheckSQL, parts, owners, epochs)
 	}
-	// The commit's pieces: one, or one per shard with direct writes.
-	var pieces []commitPiece
-	if plan != nil {
-		pieces = plan.pieces(batches)
-	} else {
-		pieces = []commitPiece{{batches: batches, msgTable: pgx.Identifier{"im_message"}, insert: insertSQL}}
+	if unfenced {
+		b.Queue(unfencedCheckSQL)
 	}
-	var all *rowArrays // every row, for the conflict lookup
+	h := &pieces[0].Heads
+	b.Queue(headCheckSQL, h.Convs, h.Prevs, h.Heads)
+	QueueOutbox(b, batches)
+}
+
+func (plainPlan) QueueRows(b *pgx.Batch, pieces []CommitPiece) { QueueRows(b, pieces) }
+
+func (plainPlan) QueueMarks(b *pgx.Batch, batches []persist.ConvBatch, _ []CommitPiece) {
+	QueueSenderMarks(b, batches)
+}
+
+func (plainPlan) Refusal(_ context.Context, _ *pgxpool.Conn, batches []persist.ConvBatch, pg *pgconn.PgError) error {
+	switch pg.Code {
+	case sqlStaleFence:
+		fences, _ := persist.Fences(batches)
+		return staleFences(fences, pg)
+	case sqlHeadMismatch:
+		return HeadMismatch(pg)
+	case sqlUnfenced:
+		return persist.ErrUnfenced
+	}
+	return nil
+}
+
+func (plainPlan) ConflictLookup() (string, bool) { return conflictSQL, false }
+
+// QueueRows queues each piece's Insert with its rows (pieces without rows
+// send nothing).
+func QueueRows(b *pgx.Batch, pieces []CommitPiece) {
+	for i := range pieces {
+		if r := pieces[i].Rows; r.Len() > 0 {
+			b.Queue(pieces[i].Insert, r.Args()...)
+		}
+	}
+}
+
+// CommitOn runs a commit of batches on conn, in one transaction, as plan
+// says: BEGIN, the plan's checks, the rows (pipelined INSERT, or COPY from
+// copyMinRows rows), the edits' and recalls' target updates, the senders'
+// read positions, COMMIT; then it classifies the outcome (see Commit).
+func (s *Store) CommitOn(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, plan CommitPlan) error {
+	pieces := plan.Pieces(batches)
+	var all *RowArrays // every row, for the conflict lookup
 	nrows := 0
 	for i := range pieces {
 		pieces[i].prepare()
-		nrows += len(pieces[i].rows.msgID)
+		nrows += pieces[i].Rows.Len()
 	}
 	if len(pieces) == 1 {
-		all = pieces[0].rows
+		all = pieces[0].Rows
 	}
 	useCopy := nrows > 0 && (s.mode == insertCopy || (s.mode == insertAuto && nrows >= copyMinRows))
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	switch {
-	case plan != nil:
-		// Citus, direct writes; the fences were checked against the cached
-		// lease table (checkFences), the head rows carry the epochs
-		// (citus.go, "Fencing on Citus").
-		b.Queue(lockShardSQL, plan.lockIDs())
-		b.Queue(shardHereSQL, plan.shardIDs())
-		if plan.all != nil {
-			args := make([]any, 0, 4*len(pieces))
-			for i := range pieces {
-				h := &pieces[i].heads
-				args = append(args, h.convs, h.prevs, h.heads, h.epochs)
-			}
-			b.Queue(plan.all.cas, args...)
-		} else {
-			for i := range pieces {
-				h := &pieces[i].heads
-				b.Queue(pieces[i].cas, h.convs, h.prevs, h.heads, h.epochs)
-			}
-		}
-		// The outbox rows in the co-located shards of feed_outbox, in
-		// this transaction.
-		outboxWrite.queue(b, pieces, plan.all)
-	case s.dist != nil:
-		// Citus, through its own path (several workers, or a shard that
-		// moved): the same rules in seq_cas_heads.
-		h := &pieces[0].heads
-		b.Queue(casHeadsSQL, h.convs, h.prevs, h.heads, h.epochs)
-		queueOutbox(b, batches)
-	default:
-		if len(fences) > 0 {
-			b.Queue(fenceCheckSQL, parts, owners, epochs)
-		}
-		if unfenced {
-			b.Queue(unfencedCheckSQL)
-		}
-		h := &pieces[0].heads
-		b.Queue(headCheckSQL, h.convs, h.prevs, h.heads)
-		queueOutbox(b, batches)
-	}
+	plan.QueueChecks(b, batches, pieces)
 	insertFrom, commitAt := -1, -1
 	if !useCopy {
 		insertFrom = b.Len()
-		switch {
-		case nrows == 0:
-		case plan != nil && plan.all != nil:
-			args := make([]any, 0, rowCols*len(pieces))
-			for i := range pieces {
-				args = append(args, pieces[i].rows.args()...)
-			}
-			b.Queue(plan.all.insert, args...)
-		default:
-			for i := range pieces {
-				if r := pieces[i].rows; len(r.msgID) > 0 {
-					b.Queue(pieces[i].insert, r.args()...)
-				}
-			}
+		if nrows > 0 {
+			plan.QueueRows(b, pieces)
 		}
 		for i := range pieces {
 			pieces[i].queueEvents(b)
 		}
-		queueMarks(b, pieces, plan, batches)
+		plan.QueueMarks(b, batches, pieces)
 		commitAt = b.Len()
 		b.Queue("COMMIT")
 	}
@@ -469,7 +408,7 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		if all == nil {
 			all = concatRows(pieces)
 		}
-		return s.conflicts(ctx, conn, all, err)
+		return s.conflicts(ctx, conn, plan, all, err)
 	}
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
@@ -505,24 +444,10 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		// commit was sent.
 		rollback(conn)
 		if isPg {
-			switch {
-			case plan != nil && (pg.Code == sqlNotHere || pg.Code == sqlUndefinedTable || pg.Code == sqlNoPrivilege):
-				// A shard left this worker (its tables are gone or
-				// orphans), or the worker refused the metadata lock (it
-				// does not see the store's user as the tables' owner):
-				// nothing was written.
-				return fmt.Errorf("%w: %w", errShardNotHere, unavailable("commit", err))
-			case pg.Code == sqlNotMoved:
-				return s.casRefusal(ctx, conn, batches, pg)
-			case pg.Code == sqlStaleFence:
-				return staleFences(fences, pg)
-			case pg.Code == sqlHeadMismatch:
-				return headMismatch(pg)
-			case pg.Code == sqlStaleEpoch:
-				return staleEpochs(batches, pg)
-			case pg.Code == sqlUnfenced:
-				return persist.ErrUnfenced
-			case insertFrom >= 0 && failedAt >= insertFrom && isUniqueViolation(err):
+			if rerr := plan.Refusal(ctx, conn, batches, pg); rerr != nil {
+				return rerr
+			}
+			if insertFrom >= 0 && failedAt >= insertFrom && isUniqueViolation(err) {
 				return conflicts(err)
 			}
 		}
@@ -532,10 +457,10 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		// COPY path: the checks passed; rows, then COMMIT.
 		for i := range pieces {
 			p := &pieces[i]
-			if len(p.rows.msgID) == 0 {
+			if p.Rows.Len() == 0 {
 				continue
 			}
-			if _, err := conn.Conn().CopyFrom(ctx, p.msgTable, imMessageColumns, p.rows.copySource()); err != nil {
+			if _, err := conn.Conn().CopyFrom(ctx, p.MsgTable, InsertColumns, p.Rows.copySource()); err != nil {
 				rollback(conn)
 				if isUniqueViolation(err) {
 					return conflicts(err)
@@ -547,7 +472,7 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 		for i := range pieces {
 			pieces[i].queueEvents(ev)
 		}
-		queueMarks(ev, pieces, plan, batches)
+		plan.QueueMarks(ev, batches, pieces)
 		if ev.Len() > 0 {
 			if err := conn.SendBatch(ctx, ev).Close(); err != nil {
 				rollback(conn)
@@ -567,44 +492,41 @@ func (s *Store) commitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 	return nil
 }
 
-// commitPiece is the part of a commit written to one pair of tables: all of
-// it, or one shard's conversations with direct writes (Citus).
-type commitPiece struct {
-	batches  []persist.ConvBatch
-	msgTable pgx.Identifier // im_message, or the shard's table
-	insert   string         // the rows' INSERT into msgTable
-	cas      string         // direct writes: the head compare-and-set on the shard's conv_head table
-	// Direct writes: the shard's tables of read_position and feed_outbox
-	// (the own-send rule and the outbox, in the commit's transaction).
-	posTable, outTable pgx.Identifier
+// CommitPiece is the part of a commit written to one message table: all of
+// it, or one shard's conversations (persist/citus's direct writes).
+// CommitOn fills Heads and Rows.
+type CommitPiece struct {
+	Batches  []persist.ConvBatch
+	MsgTable pgx.Identifier // im_message, or a shard's table
+	Insert   string         // the rows' INSERT into MsgTable (InsertInto)
 
-	heads headArrays
-	rows  *rowArrays
+	Heads HeadArrays
+	Rows  *RowArrays
 }
 
-// headArrays are the head compare-and-set's arguments, in conv_id order.
-type headArrays struct {
-	convs                []string
-	prevs, heads, epochs []int64
+// HeadArrays are the head compare-and-set's arguments, in conv_id order.
+type HeadArrays struct {
+	Convs                []string
+	Prevs, Heads, Epochs []int64
 }
 
 // prepare builds the piece's head arrays (in conv_id order) and rows.
-func (p *commitPiece) prepare() {
-	order := make([]int, len(p.batches))
+func (p *CommitPiece) prepare() {
+	order := make([]int, len(p.Batches))
 	for i := range order {
 		order[i] = i
 	}
-	sort.Slice(order, func(a, b int) bool { return p.batches[order[a]].ConvID < p.batches[order[b]].ConvID })
-	h := headArrays{
-		convs: make([]string, len(order)), prevs: make([]int64, len(order)),
-		heads: make([]int64, len(order)), epochs: make([]int64, len(order)),
+	sort.Slice(order, func(a, b int) bool { return p.Batches[order[a]].ConvID < p.Batches[order[b]].ConvID })
+	h := HeadArrays{
+		Convs: make([]string, len(order)), Prevs: make([]int64, len(order)),
+		Heads: make([]int64, len(order)), Epochs: make([]int64, len(order)),
 	}
 	for k, i := range order {
-		b := &p.batches[i]
-		h.convs[k], h.prevs[k], h.heads[k], h.epochs[k] = b.ConvID, int64(b.PrevHead), int64(b.LastSeq()), int64(b.Fence.Epoch)
+		b := &p.Batches[i]
+		h.Convs[k], h.Prevs[k], h.Heads[k], h.Epochs[k] = b.ConvID, int64(b.PrevHead), int64(b.LastSeq()), int64(b.Fence.Epoch)
 	}
-	p.heads = h
-	p.rows = buildRows(p.batches)
+	p.Heads = h
+	p.Rows = buildRows(p.Batches)
 }
 
 // queueEvents queues the target updates of the piece's edits and recalls
@@ -617,12 +539,12 @@ func (p *commitPiece) prepare() {
 // The edits go first: a recall in the same commit leaves its target
 // recalled, as the events in seq order would (the rules refuse an edit of a
 // recalled message, so no edit follows a recall of its target).
-func (p *commitPiece) queueEvents(b *pgx.Batch) {
-	if p.rows.events == 0 {
+func (p *CommitPiece) queueEvents(b *pgx.Batch) {
+	if p.Rows.events == 0 {
 		return
 	}
-	ev := eventArraysOf(p.batches)
-	t := p.msgTable.Sanitize()
+	ev := eventArraysOf(p.Batches)
+	t := p.MsgTable.Sanitize()
 	if len(ev.edit.convs) > 0 {
 		b.Queue(`UPDATE `+t+` AS m SET body = u.body, edit_count = m.edit_count + u.n, edited_at = u.at
 			FROM unnest($1::text[], $2::bigint[], $3::bytea[], $4::timestamptz[], $5::int[]) AS u(conv_id, msg_id, body, at, n)
@@ -695,69 +617,11 @@ func eventArraysOf(batches []persist.ConvBatch) *eventArrays {
 	return ev
 }
 
-// queueMarks queues the own-send rule (persist.SenderMarks) of a commit:
-// senderMarksSQL (plain PostgreSQL, or Citus's own path), or with direct
-// writes into the co-located shards of read_position.
-func queueMarks(b *pgx.Batch, pieces []commitPiece, plan *directPlan, batches []persist.ConvBatch) {
-	if plan == nil {
-		queueSenderMarks(b, batches)
-		return
-	}
-	marksWrite.queue(b, pieces, plan.all)
-}
-
-// shardWrite is a per-shard write of a commit besides its messages (Citus,
-// direct writes): the outbox rows or the senders' read positions, into
-// the piece's co-located shard table.
-type shardWrite struct {
-	args  func([]persist.ConvBatch) ([]any, int) // a piece's arrays and row count
-	into  func(table string, first int) string   // the statement on one table
-	table func(*commitPiece) pgx.Identifier
-	all   func(*workerTables) string // the statement on the worker's every shard
-}
-
-var outboxWrite = shardWrite{
-	args:  outboxArgs,
-	into:  outboxInsertInto,
-	table: func(p *commitPiece) pgx.Identifier { return p.outTable },
-	all:   func(w *workerTables) string { return w.outbox },
-}
-
-var marksWrite = shardWrite{
-	args: func(bs []persist.ConvBatch) ([]any, int) {
-		marks := persist.SenderMarks(bs)
-		return senderMarksArrays(marks), len(marks)
-	},
-	into:  senderMarksInto,
-	table: func(p *commitPiece) pgx.Identifier { return p.posTable },
-	all:   func(w *workerTables) string { return w.marks },
-}
-
-// queue queues the write of the pieces: with all (the worker's every
-// shard) one statement with each piece's arrays in shard order, else a
-// statement per piece that has rows.
-func (w shardWrite) queue(b *pgx.Batch, pieces []commitPiece, all *workerTables) {
-	var every []any
-	n := 0
-	for i := range pieces {
-		a, k := w.args(pieces[i].batches)
-		n += k
-		if all != nil {
-			every = append(every, a...)
-		} else if k > 0 {
-			b.Queue(w.into(w.table(&pieces[i]).Sanitize(), 1), a...)
-		}
-	}
-	if all != nil && n > 0 {
-		b.Queue(w.all(all), every...)
-	}
-}
-
 // concatRows returns the rows of every piece as one set.
-func concatRows(pieces []commitPiece) *rowArrays {
-	out := &rowArrays{}
+func concatRows(pieces []CommitPiece) *RowArrays {
+	out := &RowArrays{}
 	for i := range pieces {
-		r := pieces[i].rows
+		r := pieces[i].Rows
 		out.msgID = append(out.msgID, r.msgID...)
 		out.convID = append(out.convID, r.convID...)
 		out.seq = append(out.seq, r.seq...)
@@ -771,48 +635,6 @@ func concatRows(pieces []commitPiece) *rowArrays {
 		out.events += r.events
 	}
 	return out
-}
-
-// casRefusal classifies a casShardSQL refusal (sqlNotMoved, DETAIL: the
-// conversations whose head did not move) as seq_cas_heads does: the
-// conversations whose head row carries a newer epoch than their batch's
-// fence make a *StaleFenceError; otherwise all of them a
-// *HeadMismatchError. The epochs are read after the rollback: an epoch
-// only grows, so a later read can only find a stale owner staler.
-func (s *Store) casRefusal(ctx context.Context, conn *pgxpool.Conn, batches []persist.ConvBatch, pg *pgconn.PgError) error {
-	var convs []string
-	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
-		return unavailable("commit: unreadable compare-and-set report", pg)
-	}
-	rows, err := conn.Query(ctx, headEpochsSQL, convs)
-	if err != nil {
-		return unavailable("commit: read head epochs", errors.Join(pg, err))
-	}
-	epochs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
-		conv  string
-		epoch int64
-	}, error) {
-		var v struct {
-			conv  string
-			epoch int64
-		}
-		err := r.Scan(&v.conv, &v.epoch)
-		return v, err
-	})
-	if err != nil {
-		return unavailable("commit: read head epochs", errors.Join(pg, err))
-	}
-	stored := make(map[string]int64, len(epochs))
-	for _, e := range epochs {
-		stored[e.conv] = e.epoch
-	}
-	if err := staleByHead(batches, func(b *persist.ConvBatch) bool {
-		e, ok := stored[b.ConvID]
-		return ok && b.Fence.Epoch > 0 && e > int64(b.Fence.Epoch)
-	}); err != nil {
-		return err
-	}
-	return persist.HeadsMismatched(convs)
 }
 
 // sentNothing reports whether err is a failure that happened before anything
@@ -840,42 +662,15 @@ func staleFences(fences []persist.Fence, pg *pgconn.PgError) error {
 	return membership.CheckFences(stale, false, membership.NotIn(stale), nil)
 }
 
-// headMismatch builds the *HeadMismatchError of a headCheckSQL refusal:
-// DETAIL is the JSON array of the conversations whose head did not match.
-func headMismatch(pg *pgconn.PgError) error {
+// HeadMismatch builds the *HeadMismatchError of a headCheckSQL refusal
+// (or persist/citus's, SQLHeadMismatch): DETAIL is the JSON array of the
+// conversations whose head did not match.
+func HeadMismatch(pg *pgconn.PgError) error {
 	var convs []string
 	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
 		return unavailable("commit: unreadable head-mismatch report", pg)
 	}
 	return persist.HeadsMismatched(convs)
-}
-
-// staleEpochs builds the *StaleFenceError of a seq_cas_heads refusal (Citus):
-// DETAIL is the JSON array of the conversations whose head row carries a
-// newer epoch; the error names their batches' fences.
-func staleEpochs(batches []persist.ConvBatch, pg *pgconn.PgError) error {
-	var convs []string
-	if err := json.Unmarshal([]byte(pg.Detail), &convs); err != nil || len(convs) == 0 {
-		return unavailable("commit: unreadable stale-epoch report", pg)
-	}
-	named := map[string]bool{}
-	for _, c := range convs {
-		named[c] = true
-	}
-	return staleByHead(batches, func(b *persist.ConvBatch) bool { return named[b.ConvID] })
-}
-
-// staleByHead is the head-row fence (Citus: the head carries its owner's
-// epoch): the distinct fences of the batches whose head row is newer, in
-// batch order, as membership.CheckFences refuses them; nil if none.
-func staleByHead(batches []persist.ConvBatch, newer func(*persist.ConvBatch) bool) error {
-	var stale []persist.Fence
-	for i := range batches {
-		if f := batches[i].Fence; newer(&batches[i]) && !slices.Contains(stale, f) {
-			stale = append(stale, f)
-		}
-	}
-	return membership.CheckFences(stale, false, membership.NotIn(stale), nil)
 }
 
 // commitError classifies an error of the COMMIT statement: not sent at all,
@@ -915,7 +710,8 @@ func isUniqueViolation(err error) bool {
 // conflicts builds the *ConflictError of a batch whose insert hit a unique
 // key, by looking up which of its keys stored rows hold (the transaction is
 // already rolled back; this is a read).
-func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays, cause error) error {
+func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, plan CommitPlan, r *RowArrays, cause error) error {
+	q, perConv := plan.ConflictLookup()
 	type convSeq struct {
 		conv string
 		seq  int64
@@ -928,8 +724,8 @@ func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays,
 	}
 	keyOf := func(conv string, from int64, client string) convKey {
 		k := convKey{key: sequencer.ClientKey{FromUID: uint64(from), ClientMsgID: client}}
-		if s.dist != nil {
-			k.conv = conv // unique per conversation on Citus
+		if perConv {
+			k.conv = conv // unique per conversation (Citus)
 		}
 		return k
 	}
@@ -938,10 +734,6 @@ func (s *Store) conflicts(ctx context.Context, conn *pgxpool.Conn, r *rowArrays,
 		byMsgID[r.msgID[i]] = i
 		bySeq[convSeq{r.convID[i], r.seq[i]}] = i
 		byKey[keyOf(r.convID[i], r.fromUID[i], r.clientID[i])] = i
-	}
-	q := conflictSQL
-	if s.dist != nil {
-		q = conflictDistSQL
 	}
 	rs, err := conn.Query(ctx, q, r.msgID, r.convID, r.seq, r.fromUID, r.clientID)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -22,41 +21,9 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// On Citus (distributed mode, citus.go) a file of migrations_citus/
-// replaces the file of migrations/ with the same version (the distributed
-// schema); the other versions are applied as they are.
-//
-//go:embed migrations_citus/*.sql
-var citusMigrationFS embed.FS
-
-// CitusMigrations returns the migrations applied on a Citus database.
-func CitusMigrations() ([]Migration, error) {
-	ms, err := Migrations()
-	if err != nil {
-		return nil, err
-	}
-	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	byVersion := map[int]Migration{}
-	for _, m := range ms {
-		byVersion[m.Version] = m
-	}
-	for _, m := range over {
-		byVersion[m.Version] = m
-	}
-	out := make([]Migration, 0, len(byVersion))
-	for _, m := range byVersion {
-		out = append(out, m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out, nil
-}
-
-// migrationLock is the pg_advisory_xact_lock key that serializes Migrate
-// across processes sharing the database.
-const migrationLock int64 = 0x5E9_0E1C_E000_0001
+// MigrationLock is the pg_advisory_xact_lock key that serializes Migrate
+// across processes sharing the database (persist/citus takes it too).
+const MigrationLock int64 = 0x5E9_0E1C_E000_0001
 
 // Migration is one embedded schema change.
 type Migration = persist.Migration
@@ -70,45 +37,34 @@ func Migrations() ([]Migration, error) {
 	return ms, nil
 }
 
-// AvailableMigrations are the migrations Migrate applies to this store
-// (CitusMigrations on Citus), in version order (persist.Migrator).
-func (s *Store) AvailableMigrations() ([]Migration, error) {
-	if s.dist != nil {
-		return CitusMigrations()
-	}
-	return Migrations()
-}
+// AvailableMigrations are the migrations Migrate applies to this store, in
+// version order (persist.Migrator).
+func (s *Store) AvailableMigrations() ([]Migration, error) { return Migrations() }
 
 // Migrate applies every embedded migration the database lacks. It is safe
 // when several processes migrate at once: each migration runs in a
 // transaction holding a pg_advisory_xact_lock, and re-checks schema_version
 // under it. Versions the database has beyond the embedded ones (a newer
 // binary migrated) are left alone.
-//
-// On Citus it applies CitusMigrations (the distributed schema), then loads
-// the shard placements and logs "distributed: N workers, M shards".
 func (s *Store) Migrate(ctx context.Context) error {
-	load := Migrations
-	if s.dist != nil {
-		load = CitusMigrations
-	}
-	ms, err := load()
+	ms, err := Migrations()
 	if err != nil {
 		return err
 	}
+	return s.ApplyMigrations(ctx, ms, false)
+}
+
+// ApplyMigrations applies the migrations of ms the database lacks, in
+// order, as Migrate does, recording each (version, name) in
+// schema_version. With oneByOne each statement of a migration is sent
+// alone (Citus refuses some of its functions inside a multi-statement
+// query string: "cannot insert multiple commands into a prepared
+// statement"); else a migration is one query string.
+func (s *Store) ApplyMigrations(ctx context.Context, ms []Migration, oneByOne bool) error {
 	for _, m := range ms {
-		if err := s.apply(ctx, m); err != nil {
+		if err := s.apply(ctx, m, oneByOne); err != nil {
 			return err
 		}
-	}
-	if s.dist != nil {
-		if err := s.distributeOutbox(ctx); err != nil {
-			return err
-		}
-		if err := s.loadPlacements(ctx); err != nil {
-			return err
-		}
-		s.logDistributed()
 	}
 	return nil
 }
@@ -116,10 +72,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 // apply runs migration m in its own transaction. Its errors wrap
 // sequencer.ErrStoreUnavailable when the database did not answer or closed
 // the connection (open retries those), not when it refused the migration.
-func (s *Store) apply(ctx context.Context, m Migration) error {
+func (s *Store) apply(ctx context.Context, m Migration, oneByOne bool) error {
 	var refused error
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", MigrationLock); err != nil {
 			return classify("migrate: lock", err)
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
@@ -136,11 +92,8 @@ func (s *Store) apply(ctx context.Context, m Migration) error {
 			return nil
 		}
 		stmts := []string{m.SQL}
-		if s.dist != nil {
-			// Citus refuses some of its functions inside a multi-statement
-			// query string ("cannot insert multiple commands into a
-			// prepared statement"): one statement at a time.
-			stmts = splitSQL(m.SQL)
+		if oneByOne {
+			stmts = SplitSQL(m.SQL)
 		}
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
@@ -216,9 +169,9 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]persist.AppliedMigrati
 	return out, nil
 }
 
-// splitSQL splits a migration into its statements at the semicolons outside
+// SplitSQL splits a migration into its statements at the semicolons outside
 // comments, quotes and dollar-quoted bodies.
-func splitSQL(sql string) []string {
+func SplitSQL(sql string) []string {
 	var out []string
 	start := 0
 	for i := 0; i < len(sql); i++ {

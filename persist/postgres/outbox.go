@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,39 +57,27 @@ WHERE o.part = m.part AND o.conv_id = m.conv_id AND l.conv_id = o.conv_id AND o.
   AND o.conv_id = ANY($2::text[])`
 )
 
-// outboxInsertInto is OutboxInsertSQL on table (feed_outbox, or one of its
-// shard tables on a Citus worker: direct writes), its three arrays from
-// parameter $first on.
-func outboxInsertInto(table string, first int) string {
+// OutboxInsertInto is OutboxInsertSQL on table (feed_outbox, or one of its
+// shard tables on a Citus worker: persist/citus's direct writes), its
+// three arrays from parameter $first on.
+func OutboxInsertInto(table string, first int) string {
 	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
 	return `INSERT INTO ` + table + ` (part, conv_id, published)
 SELECT * FROM unnest(` + p(0) + `::int8[], ` + p(1) + `::text[], ` + p(2) + `::int8[]) ORDER BY 1, 2
 ON CONFLICT (part, conv_id) DO NOTHING`
 }
 
-// outboxShardsSQL is outboxInsertInto on several shard tables of
-// feed_outbox (Citus, direct writes) in one statement: three arrays per
-// table, in the order of tables, empty for a table the commit does not
-// touch.
-func outboxShardsSQL(tables []pgx.Identifier) string {
-	ctes := make([]string, len(tables))
-	for k, t := range tables {
-		ctes[k] = "o" + strconv.Itoa(k) + " AS (" + outboxInsertInto(t.Sanitize(), 1+3*k) + ")"
-	}
-	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
-}
-
-// queueOutbox queues the commit's outbox insert on b (nothing when no
+// QueueOutbox queues the commit's outbox insert on b (nothing when no
 // batch asks for it), after the head update.
-func queueOutbox(b *pgx.Batch, batches []persist.ConvBatch) {
-	if args, n := outboxArgs(batches); n > 0 {
+func QueueOutbox(b *pgx.Batch, batches []persist.ConvBatch) {
+	if args, n := OutboxArgs(batches); n > 0 {
 		b.Queue(OutboxInsertSQL, args...)
 	}
 }
 
-// outboxArgs are OutboxInsertSQL's three arrays for the batches' outbox
+// OutboxArgs are OutboxInsertSQL's three arrays for the batches' outbox
 // rows (empty arrays when none), and the number of rows.
-func outboxArgs(batches []persist.ConvBatch) ([]any, int) {
+func OutboxArgs(batches []persist.ConvBatch) ([]any, int) {
 	rows := persist.OutboxRowsOf(batches)
 	parts, convs, pubs := make([]int64, len(rows)), make([]string, len(rows)), make([]int64, len(rows))
 	for i, r := range rows {

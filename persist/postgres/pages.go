@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -14,17 +16,22 @@ import (
 // ReadBefore implements persist.PageReader: the newest limit rows below
 // beforeSeq, read backwards and returned ascending.
 func (s *Store) ReadBefore(ctx context.Context, convID string, afterSeq, beforeSeq uint64, limit int) ([]sequencer.Message, error) {
+	return ReadBeforeOn(ctx, s.pool, convID, afterSeq, beforeSeq, limit)
+}
+
+// ReadBeforeOn is ReadBefore on pool (persist/citus: a worker's).
+func ReadBeforeOn(ctx context.Context, pool *pgxpool.Pool, convID string, afterSeq, beforeSeq uint64, limit int) ([]sequencer.Message, error) {
 	if limit <= 0 || afterSeq >= math.MaxInt64 || beforeSeq <= afterSeq+1 {
 		return nil, nil
 	}
-	rows, err := s.reader(convID).Query(ctx, `SELECT `+messageColumns+` FROM im_message
+	rows, err := pool.Query(ctx, `SELECT `+MessageColumns+` FROM im_message
 		WHERE conv_id = $1 AND seq > $2 AND seq < $3 ORDER BY seq DESC LIMIT $4`,
 		convID, int64(afterSeq), int64(min(beforeSeq, math.MaxInt64)), limit)
 	if err != nil {
 		return nil, unavailable("read before", err)
 	}
 	defer rows.Close()
-	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return ScanMessage(r) })
 	if err != nil {
 		return nil, unavailable("read before", err)
 	}
@@ -32,28 +39,24 @@ func (s *Store) ReadBefore(ctx context.Context, convID string, afterSeq, beforeS
 	return out, nil
 }
 
-// readManyHeadsSQL and readManySQL are ReadMany's two statements, sent in
+// ReadManyHeadsSQL and ReadManySQL are ReadMany's two statements, sent in
 // one batch (one round trip): the cursors go in as arrays, unnest WITH
 // ORDINALITY numbers them, and each cursor's range is a LATERAL index scan
-// of uk_conv_seq.
+// of uk_conv_seq. persist/citus sends them on a worker's shard tables
+// (ReplaceTable).
 const (
-	readManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
+	ReadManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
 FROM unnest($1::text[]) WITH ORDINALITY AS c(conv_id, ord)
 LEFT JOIN conv_head h ON h.conv_id = c.conv_id`
-	readManySQL = `SELECT c.ord, m.msg_id, m.conv_id, m.seq, m.from_uid, m.msg_type, m.body, m.client_msg_id, m.server_at
+	ReadManySQL = `SELECT c.ord, m.msg_id, m.conv_id, m.seq, m.from_uid, m.msg_type, m.body, m.client_msg_id, m.server_at
 FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(conv_id, after_seq, ord)
-CROSS JOIN LATERAL (SELECT ` + messageColumns + ` FROM im_message
+CROSS JOIN LATERAL (SELECT ` + MessageColumns + ` FROM im_message
 	WHERE conv_id = c.conv_id AND seq > c.after_seq ORDER BY seq LIMIT $3) m
 ORDER BY c.ord, m.seq LIMIT $4`
 )
 
 // ReadMany implements persist.PageReader: two statements in one round trip.
-// On Citus (distributed mode) it reads each worker's shards in one round
-// trip per worker (citus_pages.go).
 func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
-	if s.dist != nil {
-		return s.readManyDist(ctx, cursors, limit, total)
-	}
 	pages := make([]persist.Page, len(cursors))
 	convs := make([]string, len(cursors))
 	afters := make([]int64, len(cursors))
@@ -62,22 +65,22 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 		convs[i], afters[i], idx[i] = c.ConvID, int64(min(c.AfterSeq, math.MaxInt64)), i
 	}
 	b := &pgx.Batch{}
-	b.Queue(readManyHeadsSQL, convs)
-	b.Queue(readManySQL, convs, afters, max(limit, 0), max(total, 0))
+	b.Queue(ReadManyHeadsSQL, convs)
+	b.Queue(ReadManySQL, convs, afters, max(limit, 0), max(total, 0))
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
-	if err := scanHeads(br, pages, idx); err != nil {
+	if err := ScanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
-	if err := scanMessages(br, pages, idx); err != nil {
+	if err := ScanMessages(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
 	return pages, nil
 }
 
-// replaceTable names with instead of table in stmt (its first occurrence
+// ReplaceTable names with instead of table in stmt (its first occurrence
 // as a word between white space).
-func replaceTable(stmt, table, with string) string {
+func ReplaceTable(stmt, table, with string) string {
 	for i := 0; i+len(table)+2 <= len(stmt); i++ {
 		j := i + 1 + len(table)
 		if isSpace(stmt[i]) && stmt[i+1:j] == table && isSpace(stmt[j]) {
@@ -88,3 +91,48 @@ func replaceTable(stmt, table, with string) string {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' }
+
+// ScanHeads reads a ReadManyHeadsSQL answer: ordinal k is pages[idx[k-1]].
+func ScanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ord, head int64
+		if err := rows.Scan(&ord, &head); err != nil {
+			return err
+		}
+		if ord < 1 || int(ord) > len(idx) {
+			return fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(idx))
+		}
+		pages[idx[ord-1]].Head = uint64(head)
+	}
+	return rows.Err()
+}
+
+// ScanMessages reads a ReadManySQL answer into pages[idx[ord-1]].
+func ScanMessages(br pgx.BatchResults, pages []persist.Page, idx []int) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m sequencer.Message
+		var ord, msgID, seq, from int64
+		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
+			return err
+		}
+		if ord < 1 || int(ord) > len(idx) {
+			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
+		}
+		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
+		if m.Body == nil {
+			m.Body = []byte{}
+		}
+		pages[idx[ord-1]].Messages = append(pages[idx[ord-1]].Messages, m)
+	}
+	return rows.Err()
+}

@@ -19,6 +19,11 @@
 // It never assigns seqs or msg_ids and never decides ownership; it only
 // refuses commits that would break contiguity, uniqueness or fencing.
 //
+// It is also the PostgreSQL dialect that persist/citus composes (pools,
+// error mapping, CommitOn over a CommitPlan, the SQL pieces, reads on a
+// chosen pool, ApplyMigrations: README.md lists them); it never branches
+// on Citus itself.
+//
 // Ids are uint64 in Go and BIGINT in SQL; they are always below 2^63
 // (persist.CheckBatches refuses larger ones). server_at is stored with
 // millisecond precision and returned in UTC.
@@ -84,20 +89,8 @@ type Options struct {
 	// membership TTL. The store's own transactions never wait on the client
 	// that long. Default 1s; a value in the DSN's options wins.
 	IdleInTxTimeout time.Duration
-	// Logger receives the store's rare notices (distributed mode: the
-	// workers and shards found). Optional.
+	// Logger receives the store's rare notices. Optional.
 	Logger *slog.Logger
-	// CommitBackend, when set, is called with the backend pid of the
-	// connection a commit runs on, after the connection is taken from its
-	// pool and before anything is sent: for fault injection (a test stops
-	// that backend to stall the commit) and tracing. Optional.
-	CommitBackend func(pid uint32)
-	// NoLeaseCheck (distributed mode only) skips the lease-cache check
-	// before a commit (checkFences), so a stale owner's commits reach the
-	// workers and only the head row's epoch fences them: for tests of that
-	// fence. Never set it in production: the check refuses a stale owner
-	// without a round trip to a worker.
-	NoLeaseCheck bool
 }
 
 // DefaultOptions returns the default pool sizes (every other zero field
@@ -157,10 +150,10 @@ type Store struct {
 	settleMu  sync.Mutex
 	unsettled map[backendKey]unsettledCommit // backends of commits whose outcome is unknown (settle.go)
 
-	dist *dist // distributed mode (citus.go), nil on plain PostgreSQL
+	base *pgxpool.Config // the DSN's config without the failover hooks (DSNConfig)
 	log  *slog.Logger
 
-	commitBackend func(pid uint32) // Options.CommitBackend
+	commitBackend func(pid uint32) // tests: called with a commit's backend pid before it is sent (export_test.go)
 
 	markOnce sync.Once
 	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
@@ -192,12 +185,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		cfg.ConnConfig.RuntimeParams[idleInTxParam] = strconv.FormatInt(opts.IdleInTxTimeout.Milliseconds(), 10)
 	}
 	cfg.PingTimeout = opts.PingTimeout
-	workerCfg := cfg.Copy() // Citus worker pools (citus.go): without the failover hooks
+	base := cfg.Copy() // DSNConfig: without the failover hooks
 	primary := newPrimaryTracker()
 	forFailover(cfg, primary)
 	// The three pools share the hooks (and with them the host preference
 	// and the current server).
-	s := &Store{primary: primary}
+	s := &Store{primary: primary, base: base}
 	for _, p := range []struct {
 		pool **pgxpool.Pool
 		name string
@@ -218,25 +211,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 			return nil, unavailable("ping", err)
 		}
 	}
-	s.commitBackend = opts.CommitBackend
 	s.log = opts.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
-	}
-	citus, err := detectCitus(ctx, s.control)
-	if err != nil {
-		s.Close()
-		return nil, unavailable("detect citus", err)
-	}
-	if citus {
-		s.dist = &dist{base: workerCfg, conns: opts.CommitConns, reads: opts.MaxConns, noLeaseCheck: opts.NoLeaseCheck}
-		if s.dist.noLeaseCheck {
-			s.log.Warn("citus: NoLeaseCheck is set: commits skip the lease check (tests only)")
-		}
-		if err := s.startDist(ctx); err != nil {
-			s.Close()
-			return nil, err
-		}
 	}
 	return s, nil
 }
@@ -276,7 +253,7 @@ func forFailover(cfg *pgxpool.Config, primary *primaryTracker) {
 	cfg.ConnConfig.LookupFunc = pref.lookup(cfg.ConnConfig.LookupFunc)
 	cfg.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
 		pref.order(&cc.Config)
-		noCancelRequests(&cc.Config)
+		NoCancelRequests(&cc.Config)
 		return nil
 	}
 	// After target_session_attrs' check (if any), per host tried: read the
@@ -332,7 +309,7 @@ func forFailover(cfg *pgxpool.Config, primary *primaryTracker) {
 	}
 }
 
-// noCancelRequests makes the connection about to be made with cc never send
+// NoCancelRequests makes the connection about to be made with cc never send
 // a cancel request. pgx sends one whenever a connection breaks (a timeout,
 // a context cancel), and with synchronous replication that is unsafe: a
 // backend whose COMMIT waits for the standby has already committed
@@ -344,7 +321,8 @@ func forFailover(cfg *pgxpool.Config, primary *primaryTracker) {
 // the transaction stays invisible until a standby confirms it, and our
 // side just closes the socket. The only dial pgx makes on a connection
 // after it is established is the cancel request's; it is refused here.
-func noCancelRequests(cc *pgconn.Config) {
+// Pools to other servers of the same cluster (Citus's workers) use it too.
+func NoCancelRequests(cc *pgconn.Config) {
 	st := &dialState{}
 	dial := cc.DialFunc
 	cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -364,7 +342,7 @@ var errNoCancelRequest = errors.New("postgres: cancel requests are not sent (the
 // dialState is shared by the sockets dialed for one pool connection.
 type dialState struct{ established atomic.Bool }
 
-// dialedConn is a socket dialed by noCancelRequests' DialFunc.
+// dialedConn is a socket dialed by NoCancelRequests' DialFunc.
 type dialedConn struct {
 	net.Conn
 	state *dialState
@@ -381,8 +359,23 @@ func established(c net.Conn) {
 	}
 }
 
-// Pool exposes the read pool (tests read the tables through it).
+// Pool is the read pool (Options.MaxConns).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// CommitPool is the commit pool (Options.CommitConns).
+func (s *Store) CommitPool() *pgxpool.Pool { return s.commits }
+
+// ControlPool is the control pool (Options.ControlConns).
+func (s *Store) ControlPool() *pgxpool.Pool { return s.control }
+
+// DSNConfig returns a copy of the pool config parsed from the DSN, with
+// the store's connection settings (timeouts, session parameters, the
+// backend_start tag) but none of its failover hooks: for pools to other
+// servers of the same cluster (persist/citus: one per worker).
+func (s *Store) DSNConfig() *pgxpool.Config { return s.base.Copy() }
+
+// Logger is Options.Logger (a discarding logger when none was given).
+func (s *Store) Logger() *slog.Logger { return s.log }
 
 // PoolNames are the store's connection pools, as StorePool names them.
 var PoolNames = []string{"read", "commit", "control"}
@@ -423,9 +416,6 @@ func (s *Store) Close() error {
 			p.Close()
 		}
 	}
-	if s.dist != nil {
-		s.dist.closeWorkers()
-	}
 	return nil
 }
 
@@ -458,7 +448,7 @@ func classify(op string, err error) error {
 	return unavailable(op, err)
 }
 
-// The abilities a PostgreSQL (or Citus) store has beyond persist.Store.
+// The abilities a PostgreSQL store has beyond persist.Store.
 var (
 	_ persist.Migrator     = (*Store)(nil)
 	_ persist.PoolReporter = (*Store)(nil)

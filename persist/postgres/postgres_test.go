@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -38,7 +37,6 @@ func (s *Store) PutPartitionLeaseForTest(ctx context.Context, f persist.Fence) e
 	_, err := s.pool.Exec(ctx, `INSERT INTO partition_lease (partition, owner, epoch) VALUES ($1, $2, $3)
 		ON CONFLICT (partition) DO UPDATE SET owner = EXCLUDED.owner, epoch = EXCLUDED.epoch`,
 		int64(f.Partition), f.Owner, int64(f.Epoch))
-	s.forgetLeases()
 	return err
 }
 
@@ -231,14 +229,7 @@ func TestOpenUnreachableIsUnavailable(t *testing.T) {
 }
 
 func msgs(conv string, prev uint64, n int, firstID uint64) persist.ConvBatch {
-	b := persist.ConvBatch{ConvID: conv, PrevHead: prev}
-	for i := 0; i < n; i++ {
-		id := firstID + uint64(i)
-		b.Messages = append(b.Messages, sequencer.Message{MsgID: id, ConvID: conv, Seq: prev + uint64(i) + 1,
-			FromUID: 1, MsgType: 1, Body: []byte("x"), ClientMsgID: fmt.Sprintf("%s-%d", conv, id),
-			ServerAt: time.Now()})
-	}
-	return b
+	return storetest.Rows(conv, prev, n, firstID)
 }
 
 // TestFenceWaitsForEpochBump: while another transaction is moving a
@@ -641,45 +632,7 @@ func TestConflictReportIsComplete(t *testing.T) {
 // ConflictError naming that row, with nothing written.
 func TestLargeCommit(t *testing.T) {
 	s, _ := newStore(t)
-	largeCommits(t, s, []string{"big-0", "big-1", "big-2"})
-}
-
-// largeCommits commits copyMinRows/2 rows to each of three conversations
-// twice (by COPY), the second time first with one resend-key conflict.
-func largeCommits(t *testing.T, s *Store, convs []string) {
-	t.Helper()
-	ctx := context.Background()
-	var bs []persist.ConvBatch
-	for i, c := range convs {
-		bs = append(bs, msgs(c, 0, copyMinRows/2, uint64(1+i*copyMinRows)))
-	}
-	if err := s.Commit(ctx, bs); err != nil {
-		t.Fatal(err)
-	}
-	var next []persist.ConvBatch
-	for i, c := range convs {
-		next = append(next, msgs(c, copyMinRows/2, copyMinRows/2, uint64(100_000+i*copyMinRows)))
-	}
-	dup := &next[2].Messages[7]
-	dup.ClientMsgID = bs[2].Messages[3].ClientMsgID
-	dup.FromUID = bs[2].Messages[3].FromUID
-	ce, ok := persist.AsConflict(s.Commit(ctx, next))
-	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID || ce.Conflicts[0].MsgID != dup.MsgID {
-		t.Fatalf("conflict in a large commit: %+v", ce)
-	}
-	for _, c := range convs {
-		if h, err := s.LoadHead(ctx, c); err != nil || h != copyMinRows/2 {
-			t.Fatalf("head of %s = %d, %v", c, h, err)
-		}
-	}
-	dup.ClientMsgID = "fresh"
-	if err := s.Commit(ctx, next); err != nil {
-		t.Fatal(err)
-	}
-	ms, err := s.ReadRange(ctx, convs[2], 0, 2000)
-	if err != nil || len(ms) != copyMinRows {
-		t.Fatalf("%s holds %d rows, %v", convs[2], len(ms), err)
-	}
+	storetest.LargeCommits(t, s, []string{"big-0", "big-1", "big-2"}, copyMinRows/2)
 }
 
 // A session left idle inside a transaction (its process frozen mid-way) is
@@ -736,12 +689,12 @@ func TestMigrationErrorsSayWhetherToRetry(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
 	lost := Migration{Version: 9001, Name: "9001_session_ends", SQL: "SELECT pg_terminate_backend(pg_backend_pid())"}
-	err := s.apply(ctx, lost)
+	err := s.apply(ctx, lost, false)
 	if !errors.Is(err, sequencer.ErrStoreUnavailable) {
 		t.Fatalf("a migration whose session ended: %v, want store unavailable", err)
 	}
 	refused := Migration{Version: 9002, Name: "9002_refused", SQL: "SELECT 1/0"}
-	err = s.apply(ctx, refused)
+	err = s.apply(ctx, refused, false)
 	if err == nil || errors.Is(err, sequencer.ErrStoreUnavailable) || !strings.Contains(err.Error(), "9002_refused") {
 		t.Fatalf("a refused migration: %v, want its error, not unavailable", err)
 	}

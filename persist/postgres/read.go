@@ -8,22 +8,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
-const messageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at,
+// MessageColumns are the columns of im_message a read scans (ScanMessage).
+const MessageColumns = `msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at,
 	kind, target_msg_id, recalled, edit_count, edited_at`
 
 // LoadHead returns conv's head from conv_head (0 if none). It never derives
 // the head from the rows: retention may have deleted them.
 func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
-	if h, done, err := s.loadHeadDirect(ctx, convID); done {
-		return h, err
-	}
+	return LoadHeadOn(ctx, s.pool, convID)
+}
+
+// LoadHeadOn is LoadHead on pool (persist/citus: a worker's).
+func LoadHeadOn(ctx context.Context, pool *pgxpool.Pool, convID string) (uint64, error) {
 	var head int64
-	err := s.reader(convID).QueryRow(ctx, `SELECT head FROM conv_head WHERE conv_id = $1`, convID).Scan(&head)
+	err := pool.QueryRow(ctx, `SELECT head FROM conv_head WHERE conv_id = $1`, convID).Scan(&head)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -36,12 +40,12 @@ func (s *Store) LoadHead(ctx context.Context, convID string) (uint64, error) {
 // FindByClientKey returns the message stored under key, or ErrNotFound.
 func (s *Store) FindByClientKey(ctx context.Context, key sequencer.ClientKey) (sequencer.Message, error) {
 	if key.FromUID > math.MaxInt64 {
-		return sequencer.Message{}, notFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
+		return sequencer.Message{}, NotFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
 	}
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message
+	m, err := ScanMessage(s.pool.QueryRow(ctx, `SELECT `+MessageColumns+` FROM im_message
 		WHERE from_uid = $1 AND client_msg_id = $2`, int64(key.FromUID), key.ClientMsgID))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sequencer.Message{}, notFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
+		return sequencer.Message{}, NotFound("client key (%d, %q)", key.FromUID, key.ClientMsgID)
 	}
 	if err != nil {
 		return sequencer.Message{}, unavailable("find by client key", err)
@@ -52,11 +56,11 @@ func (s *Store) FindByClientKey(ctx context.Context, key sequencer.ClientKey) (s
 // GetMessage returns the message with msgID, or ErrNotFound.
 func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message, error) {
 	if msgID > math.MaxInt64 {
-		return sequencer.Message{}, notFound("msg_id %d", msgID)
+		return sequencer.Message{}, NotFound("msg_id %d", msgID)
 	}
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message WHERE msg_id = $1`, int64(msgID)))
+	m, err := ScanMessage(s.pool.QueryRow(ctx, `SELECT `+MessageColumns+` FROM im_message WHERE msg_id = $1`, int64(msgID)))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sequencer.Message{}, notFound("msg_id %d", msgID)
+		return sequencer.Message{}, NotFound("msg_id %d", msgID)
 	}
 	if err != nil {
 		return sequencer.Message{}, unavailable("get message", err)
@@ -67,16 +71,21 @@ func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message
 // ReadRange returns up to limit messages of conv with seq > afterSeq, in
 // seq order. A limit <= 0 returns none.
 func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
+	return ReadRangeOn(ctx, s.pool, convID, afterSeq, limit)
+}
+
+// ReadRangeOn is ReadRange on pool (persist/citus: a worker's).
+func ReadRangeOn(ctx context.Context, pool *pgxpool.Pool, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {
 	if limit <= 0 || afterSeq >= math.MaxInt64 {
 		return nil, nil
 	}
-	rows, err := s.reader(convID).Query(ctx, `SELECT `+messageColumns+` FROM im_message
+	rows, err := pool.Query(ctx, `SELECT `+MessageColumns+` FROM im_message
 		WHERE conv_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`, convID, int64(afterSeq), limit)
 	if err != nil {
 		return nil, unavailable("read range", err)
 	}
 	defer rows.Close()
-	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return ScanMessage(r) })
 	if err != nil {
 		return nil, unavailable("read range", err)
 	}
@@ -94,7 +103,8 @@ func (s *Store) Trim(ctx context.Context, convID string, throughSeq uint64) erro
 	return nil
 }
 
-func scanMessage(row pgx.Row) (sequencer.Message, error) {
+// ScanMessage reads a row of MessageColumns.
+func ScanMessage(row pgx.Row) (sequencer.Message, error) {
 	var m sequencer.Message
 	var msgID, seq, from, target int64
 	var kind int16
@@ -116,6 +126,7 @@ func scanMessage(row pgx.Row) (sequencer.Message, error) {
 	return m, nil
 }
 
-func notFound(format string, args ...any) error {
+// NotFound is sequencer.ErrNotFound with what was not found.
+func NotFound(format string, args ...any) error {
 	return fmt.Errorf("postgres: %s: %w", fmt.Sprintf(format, args...), sequencer.ErrNotFound)
 }

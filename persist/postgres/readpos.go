@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,28 +135,16 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 // (persist.SenderMarks: distinct (conv_id, uid) in key order, so concurrent
 // commits lock rows in one order): each sender's position raised to their
 // last seq, never lowered.
-var senderMarksSQL = senderMarksInto("read_position", 1)
+var senderMarksSQL = SenderMarksInto("read_position", 1)
 
-// senderMarksInto is senderMarksSQL on table (read_position, or one of its
-// shard tables on a Citus worker: direct writes), its three arrays from
-// parameter $first on.
-func senderMarksInto(table string, first int) string {
+// SenderMarksInto is senderMarksSQL on table (read_position, or one of its
+// shard tables on a Citus worker: persist/citus's direct writes), its three
+// arrays from parameter $first on.
+func SenderMarksInto(table string, first int) string {
 	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
 	return `INSERT INTO ` + table + ` AS r (conv_id, uid, read_seq)
 SELECT * FROM unnest(` + p(0) + `::text[], ` + p(1) + `::bigint[], ` + p(2) + `::bigint[])
 ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = GREATEST(r.read_seq, EXCLUDED.read_seq)`
-}
-
-// senderMarksShardsSQL is senderMarksInto on several shard tables of
-// read_position (Citus, direct writes) in one statement: three arrays per
-// table, in the order of tables, empty for a table the commit does not
-// touch.
-func senderMarksShardsSQL(tables []pgx.Identifier) string {
-	ctes := make([]string, len(tables))
-	for k, t := range tables {
-		ctes[k] = "r" + strconv.Itoa(k) + " AS (" + senderMarksInto(t.Sanitize(), 1+3*k) + ")"
-	}
-	return "WITH " + strings.Join(ctes, ",\n") + "\nSELECT 1"
 }
 
 // senderMarksArgs are senderMarksSQL's arguments, nil when the commit
@@ -167,12 +154,12 @@ func senderMarksArgs(batches []persist.ConvBatch) []any {
 	if len(marks) == 0 {
 		return nil
 	}
-	return senderMarksArrays(marks)
+	return SenderMarksArrays(marks)
 }
 
-// senderMarksArrays are senderMarksSQL's three arrays for marks (empty
+// SenderMarksArrays are senderMarksSQL's three arrays for marks (empty
 // arrays for none).
-func senderMarksArrays(marks []persist.Mark) []any {
+func SenderMarksArrays(marks []persist.Mark) []any {
 	convs := make([]string, len(marks))
 	uids := make([]int64, len(marks))
 	seqs := make([]int64, len(marks))
@@ -182,9 +169,9 @@ func senderMarksArrays(marks []persist.Mark) []any {
 	return []any{convs, uids, seqs}
 }
 
-// queueSenderMarks adds senderMarksSQL to a commit's pipelined batch
+// QueueSenderMarks adds senderMarksSQL to a commit's pipelined batch
 // (before its COMMIT).
-func queueSenderMarks(b *pgx.Batch, batches []persist.ConvBatch) {
+func QueueSenderMarks(b *pgx.Batch, batches []persist.ConvBatch) {
 	if args := senderMarksArgs(batches); args != nil {
 		b.Queue(senderMarksSQL, args...)
 	}

@@ -82,7 +82,7 @@ const settlePoll = 20 * time.Millisecond
 // backend stopped by the OS (SIGSTOP) is gone only after it runs again, so
 // Settle can take as long as the stall; it returns ctx's error (wrapped as
 // unavailable) when ctx ends first, and the caller tries again later.
-func (s *Store) Settle(ctx context.Context) error { return s.settle(ctx, nil) }
+func (s *Store) Settle(ctx context.Context) error { return s.SettleThen(ctx, nil, nil) }
 
 // SettleConvs implements persist.ConvSettler: Settle for the unknown commits
 // that may hold rows of convIDs only. On Citus a commit touches only the
@@ -92,12 +92,15 @@ func (s *Store) SettleConvs(ctx context.Context, convIDs []string) error {
 	if len(convIDs) == 0 {
 		return nil
 	}
-	return s.settle(ctx, convIDs)
+	return s.SettleThen(ctx, convIDs, nil)
 }
 
-// settle settles the unknown commits that may hold rows of convIDs (nil:
-// every one).
-func (s *Store) settle(ctx context.Context, convIDs []string) error {
+// SettleThen settles the unknown commits that may hold rows of convIDs
+// (nil: every one). ended, if not nil, runs after a backend of the store's
+// own server is gone, before the commit counts as settled (persist/citus:
+// end the prepared transactions a commit through the coordinator left on
+// the workers).
+func (s *Store) SettleThen(ctx context.Context, convIDs []string, ended func(context.Context) error) error {
 	s.settleMu.Lock()
 	pending := make([]backendKey, 0, len(s.unsettled))
 	pools := make([]*pgxpool.Pool, 0, len(s.unsettled))
@@ -116,6 +119,11 @@ func (s *Store) settle(ctx context.Context, convIDs []string) error {
 		}
 		if err := s.settleOne(ctx, pool, b); err != nil {
 			return err
+		}
+		if ended != nil && pool == s.control {
+			if err := ended(ctx); err != nil {
+				return err
+			}
 		}
 		s.settleMu.Lock()
 		delete(s.unsettled, b)
@@ -146,15 +154,6 @@ func (s *Store) settleOne(ctx context.Context, pool *pgxpool.Pool, b backendKey)
 			return unavailable("settle: wait for the backend of an unknown commit", err)
 		}
 		if !alive {
-			if s.dist != nil && pool == s.control {
-				// A commit through the coordinator may have prepared
-				// transactions on workers: end them now (commit or
-				// abort, as the coordinator decided) rather than at
-				// Citus's next recovery round.
-				if _, err := s.control.Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
-					return unavailable("settle: recover prepared transactions", err)
-				}
-			}
 			return nil
 		}
 		t := time.NewTimer(settlePoll)

@@ -34,7 +34,8 @@ func (c *stallIDs) NextID() (uint64, error) { return c.n.Add(1), nil }
 func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 	stopped := make(chan int, 1)
 	var armed atomic.Bool
-	s, _ := newStoreWith(t, Options{CommitBackend: func(pid uint32) {
+	s, _ := newStore(t)
+	s.onCommitBackend(func(pid uint32) {
 		if armed.CompareAndSwap(true, false) {
 			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
 				t.Errorf("SIGSTOP backend %d: %v (the test must run as root or postgres)", pid, err)
@@ -42,7 +43,7 @@ func TestStalledBackendErrorAnswerIsFinal(t *testing.T) {
 			}
 			stopped <- int(pid)
 		}
-	}})
+	})
 	n, err := actor.NewConversations(actor.Config{Store: s, IDs: &stallIDs{}, Commit: commit.Config{Timeout: time.Second, Workers: 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +158,8 @@ func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
 	ctx := context.Background()
 	pids := make(chan int, 1)
 	var armed atomic.Bool
-	s, _ := newStoreWith(t, Options{CommitBackend: func(pid uint32) {
+	s, _ := newStore(t)
+	s.onCommitBackend(func(pid uint32) {
 		if armed.CompareAndSwap(true, false) {
 			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
 				t.Errorf("SIGSTOP backend %d: %v (the test must run as root or postgres)", pid, err)
@@ -165,7 +167,7 @@ func TestSettleConvsWaitsOnlyForItsOwnCommits(t *testing.T) {
 			}
 			pids <- int(pid)
 		}
-	}})
+	})
 	// Every commit connection prepares its statements on its first commit:
 	// open and prepare them all now (concurrent commits), so that the
 	// stalled commits below are sent whole.

@@ -1292,3 +1292,58 @@ func testReadPositionsSurviveRetention(x *suite) {
 	x.mark(a, 11, 4, 4, 4)
 	x.mark(b, 11, 1, 3, 3)
 }
+
+// LargeCommits commits n rows to each of convs (at least three
+// conversations) twice, in one commit each time (n times the conversations
+// from a store's large-commit threshold on: its COPY path), the second time
+// first with one resend-key conflict: a ConflictError naming that row, with
+// nothing written.
+func LargeCommits(t *testing.T, s persist.Store, convs []string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	msgs := func(conv string, prev uint64, firstID uint64) persist.ConvBatch { return Rows(conv, prev, n, firstID) }
+	var bs []persist.ConvBatch
+	for i, c := range convs {
+		bs = append(bs, msgs(c, 0, uint64(1+i*2*n)))
+	}
+	if err := s.Commit(ctx, bs); err != nil {
+		t.Fatal(err)
+	}
+	var next []persist.ConvBatch
+	for i, c := range convs {
+		next = append(next, msgs(c, uint64(n), uint64(100_000+i*2*n)))
+	}
+	dup := &next[2].Messages[7]
+	dup.ClientMsgID = bs[2].Messages[3].ClientMsgID
+	dup.FromUID = bs[2].Messages[3].FromUID
+	ce, ok := persist.AsConflict(s.Commit(ctx, next))
+	if !ok || len(ce.Conflicts) != 1 || ce.Conflicts[0].Key != persist.KeyClientMsgID || ce.Conflicts[0].MsgID != dup.MsgID {
+		t.Fatalf("conflict in a large commit: %+v", ce)
+	}
+	for _, c := range convs {
+		if h, err := s.LoadHead(ctx, c); err != nil || h != uint64(n) {
+			t.Fatalf("head of %s = %d, %v", c, h, err)
+		}
+	}
+	dup.ClientMsgID = "fresh"
+	if err := s.Commit(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := s.ReadRange(ctx, convs[2], 0, 4*n)
+	if err != nil || len(ms) != 2*n {
+		t.Fatalf("%s holds %d rows, %v", convs[2], len(ms), err)
+	}
+}
+
+// Rows is a batch of n messages of conv after prev, msg_ids from firstID
+// on, each with its own resend key.
+func Rows(conv string, prev uint64, n int, firstID uint64) persist.ConvBatch {
+	b := persist.ConvBatch{ConvID: conv, PrevHead: prev}
+	for i := 0; i < n; i++ {
+		id := firstID + uint64(i)
+		b.Messages = append(b.Messages, sequencer.Message{MsgID: id, ConvID: conv, Seq: prev + uint64(i) + 1,
+			FromUID: 1, MsgType: 1, Body: []byte("x"), ClientMsgID: fmt.Sprintf("%s-%d", conv, id),
+			ServerAt: time.Now()})
+	}
+	return b
+}

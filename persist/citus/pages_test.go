@@ -1,4 +1,4 @@
-package postgres
+package citus
 
 import (
 	"context"
@@ -58,21 +58,4 @@ func TestCitusReadManyOneRoundTripPerWorker(t *testing.T) {
 			}
 		}
 	}
-}
-
-func TestReplaceTable(t *testing.T) {
-	if got := replaceTable("SELECT 1 FROM im_message\n\tWHERE x", "im_message", `"s"."im_message_102"`); got != "SELECT 1 FROM \"s\".\"im_message_102\"\n\tWHERE x" {
-		t.Fatalf("got %q", got)
-	}
-	for _, c := range []struct{ stmt, table string }{{readManySQL, "im_message"}, {readManyHeadsSQL, "conv_head"}} {
-		if replaceTable(c.stmt, c.table, "x") == c.stmt {
-			t.Fatalf("%s not replaced in %s", c.table, c.stmt)
-		}
-	}
-	defer func() {
-		if recover() == nil {
-			t.Fatal("a statement without the table did not panic")
-		}
-	}()
-	replaceTable("SELECT 1 FROM im_message_x", "im_message", "x")
 }

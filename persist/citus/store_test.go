@@ -1,4 +1,4 @@
-package postgres
+package citus
 
 import (
 	"context"
@@ -23,6 +23,8 @@ import (
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/citustest"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
+	"github.com/sequencer-im/sequencer/persist/postgres"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 // newCitusStore opens a migrated store on a fresh Citus database.
@@ -30,9 +32,6 @@ func newCitusStore(t testing.TB) (*Store, *citustest.Database) {
 	t.Helper()
 	db := citustest.NewDatabase(t)
 	s := openStore(t, db.DSN())
-	if s.dist == nil {
-		t.Fatal("the store did not detect Citus")
-	}
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -65,7 +64,7 @@ func TestCitusHash(t *testing.T) {
 		convs = append(convs, fmt.Sprintf("conv-%d-%x", i, i*7919))
 	}
 	groupWorker := map[uint64]string{}
-	rows, err := s.pool.Query(ctx, `SELECT c, get_shard_id_for_distribution_column('conv_head', c) FROM unnest($1::text[]) AS c`, convs)
+	rows, err := s.Pool().Query(ctx, `SELECT c, get_shard_id_for_distribution_column('conv_head', c) FROM unnest($1::text[]) AS c`, convs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,11 +86,11 @@ func TestCitusHash(t *testing.T) {
 			t.Fatalf("CommitGroup(%q) = %x, the group of %s and %s", c, g, w, worker)
 		}
 		groupWorker[g] = worker
-		s.dist.routedOnly.Store(true)
+		s.routeOnly(true)
 		if g := s.CommitGroup(c); g != uint64(id) {
 			t.Fatalf("CommitGroup(%q) through Citus = %d, want its shard %d", c, g, id)
 		}
-		s.dist.routedOnly.Store(false)
+		s.routeOnly(false)
 		n++
 	}
 	if err := rows.Err(); err != nil || n != len(convs) {
@@ -207,7 +206,7 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 	convs, worker := convsOfWorker(t, s, "direct", 40, 2)
 	before := s.DistStats()
 	var dtx0 int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx0); err != nil {
 		t.Fatal(err)
 	}
 	const rounds = 25
@@ -255,7 +254,7 @@ func TestCitusCommitsGoStraightToTheShard(t *testing.T) {
 		}
 	}
 	var dtx int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx); err != nil {
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_dist_transaction`).Scan(&dtx); err != nil {
 		t.Fatal(err)
 	}
 	if dtx != dtx0 {
@@ -323,8 +322,7 @@ func TestCitusMultiShardCommit(t *testing.T) {
 func TestCitusZombieFencedByHeadEpoch(t *testing.T) {
 	s, db := newCitusStore(t)
 	ctx := context.Background()
-	zombie := openStore(t, db.DSN())
-	zombie.dist.noLeaseCheck = true
+	zombie := openStoreWith(t, db.DSN(), Options{NoLeaseCheck: true})
 	put := func(f persist.Fence) {
 		if err := s.PutPartitionLeaseForTest(ctx, f); err != nil {
 			t.Fatal(err)
@@ -419,19 +417,15 @@ func TestCitusShardCountFromDSN(t *testing.T) {
 	}
 }
 
-// splitSQL keeps dollar-quoted bodies, quotes and comments whole.
-func TestSplitSQL(t *testing.T) {
-	got := splitSQL("-- a; comment\nSELECT 'x;y';\nCREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN\n  PERFORM 1;\nEND\n$fn$;\n-- tail;\n")
-	want := []string{"-- a; comment\nSELECT 'x;y'", "CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN\n  PERFORM 1;\nEND\n$fn$"}
-	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Fatalf("splitSQL = %q", got)
-	}
-	ms, err := CitusMigrations()
+// No statement of the Citus migrations (applied one at a time:
+// postgres.SplitSQL) splits a function body.
+func TestCitusMigrationsSplitWhole(t *testing.T) {
+	ms, err := Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
-		for _, q := range splitSQL(m.SQL) {
+		for _, q := range postgres.SplitSQL(m.SQL) {
 			if strings.Count(q, "$fn$")%2 != 0 {
 				t.Fatalf("%s: a statement splits a function body: %q", m.Name, q)
 			}
@@ -443,11 +437,11 @@ func TestSplitSQL(t *testing.T) {
 // every Citus version has a plain one, so a new plain migration can never
 // be shadowed on Citus by accident.
 func TestCitusMigrationsReplacePlainOnes(t *testing.T) {
-	over, err := persist.LoadMigrations(citusMigrationFS, "migrations_citus")
+	over, err := persist.LoadMigrations(migrationFS, "migrations_citus")
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, err := Migrations()
+	plain, err := postgres.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,13 +464,13 @@ func TestCitusResendKeyMigration(t *testing.T) {
 	db := citustest.NewDatabase(t)
 	s := openStore(t, db.DSN())
 	ctx := context.Background()
-	ms, err := CitusMigrations()
+	ms, err := Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
 		if m.Version < 6 {
-			if err := s.apply(ctx, m); err != nil {
+			if err := s.ApplyMigrations(ctx, []Migration{m}, true); err != nil {
 				t.Fatalf("%s: %v", m.Name, err)
 			}
 		}
@@ -487,18 +481,18 @@ func TestCitusResendKeyMigration(t *testing.T) {
 	// The row as a store of that version wrote it: today's Commit writes
 	// columns later migrations add (kind, target_msg_id, ...).
 	first := msgAt("mig", 1)
-	if _, err := s.pool.Exec(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, int64(first.MsgID), first.ConvID, int64(first.Seq), int64(first.FromUID),
 		first.MsgType, first.Body, first.ClientMsgID, first.ServerAt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.pool.Exec(ctx, `INSERT INTO conv_head (conv_id, head) VALUES ($1, 1)`, first.ConvID); err != nil {
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO conv_head (conv_id, head) VALUES ($1, 1)`, first.ConvID); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("migrate to 0006: %v", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
+	rows, err := s.Pool().Query(ctx, `SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index
 		WHERE indrelid = 'im_message'::regclass ORDER BY 1`)
 	if err != nil {
 		t.Fatal(err)
@@ -605,7 +599,7 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 	for s.DistStats().Direct < 20 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := s.pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+	if _, err := s.Pool().Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
 		shard, src.Host, src.Port, to.Host, to.Port); err != nil {
 		close(stop)
 		wg.Wait()
@@ -689,7 +683,7 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 	if err := commit(0, convs...); err != nil {
 		t.Fatal(err)
 	}
-	s.dist.frozen.Store(true)
+	s.stopRefresher() // the placements stay as they are
 	s.dist.mu.RLock()
 	moved := s.dist.shards[s.dist.shardOf(convs[0])]
 	s.dist.mu.RUnlock()
@@ -717,7 +711,7 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 	if rows0 != 2 || head0 != 1 {
 		t.Fatalf("old worker's shard before the move: %d rows, head %d", rows0, head0)
 	}
-	if _, err := s.pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+	if _, err := s.Pool().Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
 		shard, src.Host, src.Port, dst.Host, dst.Port); err != nil {
 		t.Fatalf("move shard %d: %v", shard, err)
 	}
@@ -746,7 +740,6 @@ func TestCitusDirectWriteNeverLandsInAMovedShard(t *testing.T) {
 		}
 	}
 	// Reloaded, the store writes the moved shard straight on the new worker.
-	s.dist.frozen.Store(false)
 	if err := s.loadPlacements(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -875,7 +868,7 @@ func TestCitusDirectWriteRefusedGoesThroughCitus(t *testing.T) {
 func TestCitusLargeCommitDirect(t *testing.T) {
 	s, _ := newCitusStore(t)
 	convs, _ := convsOfWorker(t, s, "big", 3, 3)
-	largeCommits(t, s, convs)
+	storetest.LargeCommits(t, s, convs, 500) // 1,500 rows: COPY
 	if st := s.DistStats(); st.Direct != 3 || st.ViaCoordinator != 0 || st.Rerouted != 0 {
 		t.Fatalf("stats %+v: want 3 direct commits", st)
 	}
@@ -1096,13 +1089,8 @@ func (s *Store) PutPartitionLeaseForTestRetry(ctx context.Context, f persist.Fen
 func TestCitusLeaseCacheKeptOnABrokenConnection(t *testing.T) {
 	_, db := newCitusStore(t)
 	ctx := context.Background()
-	s, err := Open(ctx, db.DSN(), Options{ControlConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.dist.stop()
-	<-s.dist.stopped
+	s := openStoreWith(t, db.DSN(), Options{Options: postgres.Options{ControlConns: 1}})
+	s.stopRefresher()
 	f := persist.Fence{Partition: 3, Owner: "node-a", Epoch: 1}
 	if err := s.PutPartitionLeaseForTest(ctx, f); err != nil {
 		t.Fatal(err)
@@ -1111,7 +1099,7 @@ func TestCitusLeaseCacheKeptOnABrokenConnection(t *testing.T) {
 		t.Fatalf("lease view: %v, %v", l, err)
 	}
 	var pid uint32
-	if err := s.control.AcquireFunc(ctx, func(c *pgxpool.Conn) error { pid = c.Conn().PgConn().PID(); return nil }); err != nil {
+	if err := s.ControlPool().AcquireFunc(ctx, func(c *pgxpool.Conn) error { pid = c.Conn().PgConn().PID(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	execDSN(t, db.DSN(), fmt.Sprintf(`SELECT pg_terminate_backend(%d, 5000)`, pid))

@@ -1,9 +1,8 @@
-package postgres
+package citus
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"sync"
 
@@ -11,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
 // ReadMany on Citus: one round trip per worker (a shard group's home),
@@ -20,7 +19,7 @@ import (
 // cannot be pushed down by Citus's planner, so the store does what its
 // direct commits do: it groups the cursors by the worker holding their
 // shard and, on a connection to that worker, reads each shard's own tables
-// (readManyHeadsSQL and readManySQL on the shard tables) in one
+// (postgres.ReadManyHeadsSQL and ReadManySQL on the shard tables) in one
 // REPEATABLE READ transaction sent as one batch, which also checks that
 // the worker still holds each shard (a moved shard's old tables may linger
 // until Citus cleans them up). A shard not held there (moved), a missing
@@ -41,7 +40,9 @@ type shardRead struct {
 	idx []int
 }
 
-func (s *Store) readManyDist(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+// ReadMany implements persist.PageReader: one round trip per worker (see
+// above).
+func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
 	d := s.dist
 	byNode := map[string][]*shardRead{}
 	pools := map[string]*pgxpool.Pool{}
@@ -64,7 +65,7 @@ func (s *Store) readManyDist(ctx context.Context, cursors []persist.Cursor, limi
 		r.idx = append(r.idx, i)
 	}
 	d.mu.RUnlock()
-	if !placed || d.routedOnly.Load() {
+	if !placed {
 		return s.readManyEach(ctx, cursors, limit, total)
 	}
 	pages := make([]persist.Page, len(cursors))
@@ -95,7 +96,7 @@ func (s *Store) readManyDist(ctx context.Context, cursors []persist.Cursor, limi
 		}
 	}
 	if len(errs) > 0 {
-		return nil, unavailable("read many", errs[0])
+		return nil, postgres.Unavailable("read many", errs[0])
 	}
 	// The total bound, over the whole call in request order (each worker
 	// applied it to its own part).
@@ -128,8 +129,8 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 			convs[j], afters[j] = cursors[i].ConvID, int64(min(cursors[i].AfterSeq, math.MaxInt64))
 		}
 		b.Queue(shardPlacedSQL, r.sh.id)
-		b.Queue(shardSQL(readManyHeadsSQL, "conv_head", r.sh.headTable), convs)
-		b.Queue(shardSQL(readManySQL, "im_message", r.sh.msgTable), convs, afters, max(limit, 0), max(total, 0))
+		b.Queue(shardSQL(postgres.ReadManyHeadsSQL, "conv_head", r.sh.headTable), convs)
+		b.Queue(shardSQL(postgres.ReadManySQL, "im_message", r.sh.msgTable), convs, afters, max(limit, 0), max(total, 0))
 	}
 	b.Queue("COMMIT")
 	br := pool.SendBatch(ctx, b)
@@ -145,10 +146,10 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 		if !here {
 			return errNotPlaced
 		}
-		if err := scanHeads(br, pages, r.idx); err != nil {
+		if err := postgres.ScanHeads(br, pages, r.idx); err != nil {
 			return err
 		}
-		if err := scanMessages(br, pages, r.idx); err != nil {
+		if err := postgres.ScanMessages(br, pages, r.idx); err != nil {
 			return err
 		}
 	}
@@ -159,50 +160,5 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 // shardSQL is a ReadMany statement on a shard's table instead of the
 // distributed one.
 func shardSQL(stmt, table string, shard pgx.Identifier) string {
-	return replaceTable(stmt, table, shard.Sanitize())
-}
-
-// scanHeads reads a readManyHeadsSQL answer: ordinal k is pages[idx[k-1]].
-func scanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var ord, head int64
-		if err := rows.Scan(&ord, &head); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(idx))
-		}
-		pages[idx[ord-1]].Head = uint64(head)
-	}
-	return rows.Err()
-}
-
-// scanMessages reads a readManySQL answer into pages[idx[ord-1]].
-func scanMessages(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var m sequencer.Message
-		var ord, msgID, seq, from int64
-		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
-		}
-		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
-		if m.Body == nil {
-			m.Body = []byte{}
-		}
-		pages[idx[ord-1]].Messages = append(pages[idx[ord-1]].Messages, m)
-	}
-	return rows.Err()
+	return postgres.ReplaceTable(stmt, table, shard.Sanitize())
 }

@@ -1,11 +1,9 @@
-package postgres
+package citus
 
-// Distributed mode: the DSN names a Citus coordinator's database (one with
-// the citus extension). See docs/CITUS.md. The Citus store is persist/citus
-// (a *Store in this mode, with the shard views, read positions and retention
-// of Citus); what is here is the part not yet moved there.
+// The distributed store: the DSN names a Citus coordinator's database (one
+// with the citus extension). See docs/CITUS.md.
 //
-//   - Schema: migrations_citus/ replaces the files of migrations/ with the
+//   - Schema: migrations_citus/ replaces the files of persist/postgres's migrations/ with the
 //     same version: conv_head and im_message (and read_position) are
 //     distributed by conv_id and co-located; the control tables
 //     (cluster_member, cluster_version, partition_lease, worker_lease,
@@ -26,7 +24,7 @@ package postgres
 //     on the same connection (Citus routes it) and makes the store reload
 //     the placements. LoadHead reads the shard table the same way
 //     (shardHeadSQL).
-//   - Fencing without a cross-node read: see fencing below and commitDist.
+//   - Fencing without a cross-node read: fence.go ("Fencing on Citus") and Commit.
 
 import (
 	"cmp"
@@ -34,11 +32,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +44,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
+	"github.com/sequencer-im/sequencer/persist/postgres"
 )
 
 // dist is the distributed mode's state: placements, worker pools and the
@@ -72,13 +68,11 @@ type dist struct {
 	leasesAt    time.Time
 	refreshedAt time.Time
 
-	noLeaseCheck bool        // tests: skip checkFences (a zombie whose cache is stale)
-	routedOnly   atomic.Bool // tests: never write the shard tables directly (Citus's own path)
-	frozen       atomic.Bool // tests: the refresher never reloads the placements
+	noLeaseCheck bool // Options.NoLeaseCheck: skip checkFences
 
 	// ownsTables: the store's user owns conv_head (or is a superuser), as
 	// lock_shard_metadata requires; without it commits take Citus's own
-	// path (commitDist).
+	// path (Commit).
 	ownsTables bool
 
 	wantReload atomic.Bool // a commit failed on a worker: reload the placements soon
@@ -90,7 +84,7 @@ type dist struct {
 	viaCoord  int64 // commits sent through the coordinator (several shards)
 	rerouted  int64 // direct commits that found their shard gone and went through Citus
 	refreshes int64 // placement reloads
-	manyReads int64 // ReadMany round trips to workers (citus_pages.go)
+	manyReads int64 // ReadMany round trips to workers (pages.go)
 	manyEach  int64 // ReadManys read one conversation at a time instead
 }
 
@@ -107,7 +101,7 @@ type shardRange struct {
 	// coordinator table not yet distributed).
 	posShard, outShard int64
 	// The shard tables on the worker (schema-qualified), which a commit
-	// writes directly (commitOn, "Direct writes").
+	// writes directly (commit.go, "Direct writes").
 	headTable, msgTable, posTable, outTable pgx.Identifier
 }
 
@@ -132,9 +126,6 @@ func detectCitus(ctx context.Context, p *pgxpool.Pool) (bool, error) {
 // Distributed reports whether the store runs on Citus, and then its
 // workers and shards (0, 0 before the schema exists).
 func (s *Store) Distributed() (distributed bool, workers, shards int) {
-	if s.dist == nil {
-		return false, 0, 0
-	}
 	s.dist.mu.RLock()
 	defer s.dist.mu.RUnlock()
 	nodes := map[string]bool{}
@@ -155,11 +146,8 @@ type DistStats struct {
 	ManyWorkerReads, ManyEach                          int64
 }
 
-// DistStats returns the counters (zero on plain PostgreSQL).
+// DistStats returns the counters.
 func (s *Store) DistStats() DistStats {
-	if s.dist == nil {
-		return DistStats{}
-	}
 	s.dist.statMu.Lock()
 	defer s.dist.statMu.Unlock()
 	return DistStats{Direct: s.dist.direct, ViaCoordinator: s.dist.viaCoord, PlacementReloads: s.dist.refreshes, Rerouted: s.dist.rerouted,
@@ -175,7 +163,7 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 	// worker) and the shard tables' qualified names (shard_name, split by
 	// parse_ident). feed_outbox may be missing or not distributed (a
 	// schema before migrations_citus/0008): its shards are then 0.
-	rows, err := s.control.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, n.groupid,
+	rows, err := s.ControlPool().Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, n.groupid,
 			coalesce(m.shardid, 0), coalesce(r.shardid, 0), coalesce(o.shardid, 0),
 			parse_ident(shard_name('conv_head'::regclass, s.shardid, false)),
 			CASE WHEN m.shardid IS NOT NULL THEN parse_ident(shard_name(m.logicalrelid, m.shardid, false)) END,
@@ -190,7 +178,7 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		WHERE s.logicalrelid = 'conv_head'::regclass
 		ORDER BY s.shardminvalue::int4`)
 	if err != nil {
-		return unavailable("citus: read placements", err)
+		return postgres.Unavailable("citus: read placements", err)
 	}
 	shards, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (shardRange, error) {
 		var sh shardRange
@@ -203,13 +191,13 @@ func (s *Store) loadPlacements(ctx context.Context) error {
 		return sh, err
 	})
 	if err != nil {
-		return unavailable("citus: read placements", err)
+		return postgres.Unavailable("citus: read placements", err)
 	}
-	// lock_shard_metadata (commitOn, "Direct writes") wants the tables'
+	// lock_shard_metadata (commit.go, "Direct writes") wants the tables'
 	// owner (or a superuser).
 	var owns bool
-	if err := s.control.QueryRow(ctx, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'conv_head'::regclass`).Scan(&owns); err != nil {
-		return unavailable("citus: read the tables' owner", err)
+	if err := s.ControlPool().QueryRow(ctx, `SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'conv_head'::regclass`).Scan(&owns); err != nil {
+		return postgres.Unavailable("citus: read the tables' owner", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -254,25 +242,21 @@ func (d *dist) workerPool(ctx context.Context, node string, size int32) (*pgxpoo
 	// As on the store's own pools: no cancel requests (they would end a
 	// synchronous-replication wait of a worker with a standby).
 	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		noCancelRequests(&cc.Config)
+		postgres.NoCancelRequests(&cc.Config)
 		return nil
 	}
 	pc.MaxConns = size
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, unavailable("citus: open worker pool "+node, err)
+		return nil, postgres.Unavailable("citus: open worker pool "+node, err)
 	}
 	return pool, nil
 }
 
 // reader returns the pool for a single-shard read of conv: the worker
 // holding its shard (Citus runs the query locally there), or the
-// coordinator's read pool on plain PostgreSQL or before the placements are
-// known.
+// coordinator's read pool before the placements are known.
 func (s *Store) reader(conv string) *pgxpool.Pool {
-	if s.dist == nil {
-		return s.pool
-	}
 	d := s.dist
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -281,7 +265,7 @@ func (s *Store) reader(conv string) *pgxpool.Pool {
 			return p
 		}
 	}
-	return s.pool
+	return s.Pool()
 }
 
 func cutLast(s, sep string) (string, string, bool) {
@@ -307,15 +291,12 @@ func (d *dist) shardOf(conv string) int {
 // CommitGroup implements commit.Grouper: conversations whose commits can
 // share a transaction have the same group. With direct writes (the
 // store's user owns the tables) that is every conversation of one worker
-// (the transaction writes each shard's tables on that worker: commitOn,
+// (the transaction writes each shard's tables on that worker: commit.go,
 // "Direct writes"), so a transaction holds as many conversations as on one
 // PostgreSQL whatever the shard count; through Citus's own path, the
-// conversations of one shard. 0 on plain PostgreSQL, or before the
-// placements are known: one group.
+// conversations of one shard. 0 before the placements are known: one
+// group.
 func (s *Store) CommitGroup(conv string) uint64 {
-	if s.dist == nil {
-		return 0
-	}
 	d := s.dist
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -336,15 +317,12 @@ const workerGroupBit = 1 << 63
 
 // directWrites reports whether commits may write the shard tables directly
 // (d.mu held).
-func (d *dist) directWrites() bool { return d.ownsTables && !d.routedOnly.Load() }
+func (d *dist) directWrites() bool { return d.ownsTables }
 
 // ShardOf returns the id of the shard holding conv and the worker
 // (host:port) holding it, as the store knows them; ok false when it does
-// not know them (plain PostgreSQL, placements not loaded).
+// not know them (placements not loaded).
 func (s *Store) ShardOf(conv string) (shard int64, worker string, ok bool) {
-	if s.dist == nil {
-		return 0, "", false
-	}
 	s.dist.mu.RLock()
 	defer s.dist.mu.RUnlock()
 	i := s.dist.shardOf(conv)
@@ -376,7 +354,7 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 	for i := range batches {
 		k := d.shardOf(batches[i].ConvID)
 		if k < 0 || (node != "" && d.shards[k].node != node) {
-			return s.commits, "", nil, nil
+			return s.CommitPool(), "", nil, nil
 		}
 		node = d.shards[k].node
 		j, ok := at[k]
@@ -407,7 +385,7 @@ func (s *Store) route(ctx context.Context, batches []persist.ConvBatch) (*pgxpoo
 	case len(plan.shards) == 1:
 		return d.workers[node], node, nil, nil
 	default:
-		return s.commits, "", nil, nil
+		return s.CommitPool(), "", nil, nil
 	}
 }
 
@@ -494,12 +472,11 @@ func workerTablesOf(shards []shardRange) map[string]*workerTables {
 
 // pieces splits batches (those route was given) by shard: per touched
 // shard, or with p.all per shard of the worker (most of them empty when
-// few are touched).
-func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
-	shards := p.shards
+// few are touched); piece k is written to pieceShards()[k].
+func (p *directPlan) pieces(batches []persist.ConvBatch) []postgres.CommitPiece {
+	shards := p.pieceShards()
 	of := p.of
 	if p.all != nil {
-		shards = p.all.shards
 		at := make(map[int64]int, len(shards))
 		for k, sh := range shards {
 			at[sh.id] = k
@@ -509,19 +486,26 @@ func (p *directPlan) pieces(batches []persist.ConvBatch) []commitPiece {
 			of[i] = at[p.shards[p.of[i]].id]
 		}
 	}
-	out := make([]commitPiece, len(shards))
+	out := make([]postgres.CommitPiece, len(shards))
 	for i := range batches {
-		out[of[i]].batches = append(out[of[i]].batches, batches[i])
+		out[of[i]].Batches = append(out[of[i]].Batches, batches[i])
 	}
 	for k := range out {
-		sh := &shards[k]
-		out[k].msgTable, out[k].posTable, out[k].outTable = sh.msgTable, sh.posTable, sh.outTable
+		out[k].MsgTable = shards[k].msgTable
 		if p.all == nil {
-			out[k].insert = "INSERT INTO " + sh.msgTable.Sanitize() + " (" + strings.Join(imMessageColumns, ", ") + ")\n" + insertRowsSQL
-			out[k].cas = casShardSQL(sh.headTable)
+			out[k].Insert = postgres.InsertInto(shards[k].msgTable.Sanitize())
 		}
 	}
 	return out
+}
+
+// pieceShards are the shards of the commit's pieces, in order: the
+// touched ones, or with p.all every shard of the worker.
+func (p *directPlan) pieceShards() []shardRange {
+	if p.all != nil {
+		return p.all.shards
+	}
+	return p.shards
 }
 
 // lockIDs are the shards whose metadata lock the commit takes (conv_head's;
@@ -548,221 +532,20 @@ func (p *directPlan) shardIDs() []int64 {
 	return ids
 }
 
-// Fencing on Citus (the argument; docs/CITUS.md repeats it).
-//
-// On one PostgreSQL a commit locks its partition leases FOR SHARE and checks
-// them in its transaction. On Citus partition_lease is a coordinator table,
-// so that check would be a cross-node read (and a distributed transaction)
-// on every commit. Instead the fence travels with the conversation: its
-// head row carries the epoch of the owner that last moved it, and a commit
-// moves a head only by compare-and-set: head = expected AND epoch <= mine,
-// setting epoch = mine (seq_cas_heads, migrations_citus/0003). Epochs of a
-// partition only grow, and each conversation belongs to one partition
-// (the ring's partition count is fixed for a cluster).
-//
-//   - A stale owner (epoch e) can never commit after a newer owner (epoch
-//     e' > e) wrote the conversation: that write set the row's epoch to e',
-//     and every later compare-and-set with e fails (epoch <= e is false):
-//     the stale owner gets StaleFenceError (never HeadMismatch, so it does
-//     not re-read and retry), and nothing of its commit is written.
-//   - A stale owner committing before the newer owner's first write is
-//     harmless: its commit is an ordinary compare-and-set on the head row,
-//     serialized by the row lock, so its seqs are contiguous and durable;
-//     the newer owner's own compare-and-set then fails (head mismatch), it
-//     re-reads the head and the rows (which include the stale owner's
-//     messages, answered to their senders as stored: they are), and goes
-//     on from there. Contiguity never depended on the lease: the head
-//     compare-and-set alone keeps every stored seq gap-free and unique.
-//   - The lease table still decides routing and liveness, and the store
-//     refuses early, without sending anything, a fence its cached copy of
-//     partition_lease (read from the coordinator at most every LeaseTTL,
-//     off the commit, and at once when a fence does not match it) says is
-//     not held: the common stale case costs no worker round trip.
-//   - A node without a cluster (zero fence) on a database a cluster uses:
-//     refused with persist.ErrUnfenced when the cached lease table shows a
-//     held lease (re-read every LeaseTTL, so a node started without
-//     --cluster-listen is refused from its first commit). Within the cache
-//     window, or for a conversation no cluster node wrote, an unfenced
-//     commit that lands is again an ordinary compare-and-set: contiguous,
-//     and the owner's next compare-and-set re-reads.
-
-// leaseView returns the cached partition leases, re-reading them when older
-// than LeaseTTL or when force.
-func (s *Store) leaseView(ctx context.Context, force bool) (map[uint32]persist.Fence, bool, error) {
-	d := s.dist
-	d.leaseMu.Lock()
-	defer d.leaseMu.Unlock()
-	if !force && d.leases != nil && time.Since(d.leasesAt) < LeaseTTL {
-		return d.leases, d.leasesHeld, nil
-	}
-	m, held, err := s.readLeases(ctx)
-	if err != nil {
-		if d.leases != nil {
-			// The coordinator does not answer (or closed the connection
-			// mid-read: a cached prepared statement reports that in the
-			// rows, not in Query): the cached copy still refuses what it
-			// knows is stale; the head rows' epochs fence the rest (see
-			// above).
-			return d.leases, d.leasesHeld, nil
-		}
-		return nil, false, unavailable("citus: read partition leases", err)
-	}
-	d.leases, d.leasesHeld, d.leasesAt = m, held, time.Now()
-	return m, held, nil
-}
-
-// readLeases reads partition_lease from the coordinator.
-func (s *Store) readLeases(ctx context.Context) (map[uint32]persist.Fence, bool, error) {
-	rows, err := s.control.Query(ctx, `SELECT partition, owner, epoch FROM partition_lease`)
-	if err != nil {
-		return nil, false, err
-	}
-	defer rows.Close()
-	m := map[uint32]persist.Fence{}
-	held := false
-	for rows.Next() {
-		var p, e int64
-		var o string
-		if err := rows.Scan(&p, &o, &e); err != nil {
-			return nil, false, err
-		}
-		m[uint32(p)] = persist.Fence{Partition: uint32(p), Owner: o, Epoch: uint64(e)}
-		held = held || o != ""
-	}
-	return m, held, rows.Err()
-}
-
-// forgetLeases drops the lease cache (tests that change leases directly).
-func (s *Store) forgetLeases() {
-	if s.dist == nil {
-		return
-	}
-	s.dist.leaseMu.Lock()
-	s.dist.leases = nil
-	s.dist.leaseMu.Unlock()
-}
-
-// checkFences refuses, before anything is sent, fences the lease table (as
-// cached, re-read once when it disagrees) says are not held, and unfenced
-// batches while a cluster holds leases.
-func (s *Store) checkFences(ctx context.Context, batches []persist.ConvBatch) error {
-	if s.dist.noLeaseCheck {
-		return nil
-	}
-	leases, held, err := s.leaseView(ctx, false)
-	if err != nil {
-		return err
-	}
-	fences, unfenced := persist.Fences(batches)
-	check := func(leases map[uint32]persist.Fence, held bool) error {
-		return membership.CheckFences(fences, unfenced, membership.InLeases(leases), func() (bool, error) { return held, nil })
-	}
-	if check(leases, held) == nil {
-		return nil
-	}
-	if leases, held, err = s.leaseView(ctx, true); err != nil {
-		return err
-	}
-	return check(leases, held)
-}
-
-// citusHash is the hash Citus distributes a VARCHAR/TEXT column by:
-// PostgreSQL's hashtext (hash_bytes, Bob Jenkins' lookup3, as in
-// src/common/hashfn.c) of the value's bytes, as int32. TestCitusHash checks
-// it against get_shard_id_for_distribution_column.
-func citusHash(k []byte) int32 {
-	rot := bits.RotateLeft32
-	a := 0x9e3779b9 + uint32(len(k)) + 3923095
-	b, c := a, a
-	for len(k) >= 12 {
-		a += uint32(k[0]) | uint32(k[1])<<8 | uint32(k[2])<<16 | uint32(k[3])<<24
-		b += uint32(k[4]) | uint32(k[5])<<8 | uint32(k[6])<<16 | uint32(k[7])<<24
-		c += uint32(k[8]) | uint32(k[9])<<8 | uint32(k[10])<<16 | uint32(k[11])<<24
-		a -= c
-		a ^= rot(c, 4)
-		c += b
-		b -= a
-		b ^= rot(a, 6)
-		a += c
-		c -= b
-		c ^= rot(b, 8)
-		b += a
-		a -= c
-		a ^= rot(c, 16)
-		c += b
-		b -= a
-		b ^= rot(a, 19)
-		a += c
-		c -= b
-		c ^= rot(b, 4)
-		b += a
-		k = k[12:]
-	}
-	n := len(k)
-	if n >= 11 {
-		c += uint32(k[10]) << 24
-	}
-	if n >= 10 {
-		c += uint32(k[9]) << 16
-	}
-	if n >= 9 {
-		c += uint32(k[8]) << 8
-	}
-	if n >= 8 {
-		b += uint32(k[7]) << 24
-	}
-	if n >= 7 {
-		b += uint32(k[6]) << 16
-	}
-	if n >= 6 {
-		b += uint32(k[5]) << 8
-	}
-	if n >= 5 {
-		b += uint32(k[4])
-	}
-	if n >= 4 {
-		a += uint32(k[3]) << 24
-	}
-	if n >= 3 {
-		a += uint32(k[2]) << 16
-	}
-	if n >= 2 {
-		a += uint32(k[1]) << 8
-	}
-	if n >= 1 {
-		a += uint32(k[0])
-	}
-	c ^= b
-	c -= rot(b, 14)
-	a ^= c
-	a -= rot(c, 11)
-	b ^= a
-	b -= rot(a, 25)
-	c ^= b
-	c -= rot(b, 16)
-	a ^= c
-	a -= rot(c, 4)
-	b ^= a
-	b -= rot(a, 14)
-	c ^= b
-	c -= rot(b, 24)
-	return int32(c)
-}
-
 // distributeOutbox distributes feed_outbox when it is a plain coordinator
 // table: a Citus database migrated before migrations_citus/0008 existed
 // took migrations/0008 as it is. Such a table is empty (no commit on
 // Citus wrote it then), so distributing it moves no rows. Under the
 // migration lock, like a migration.
 func (s *Store) distributeOutbox(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
-			return classify("migrate: lock", err)
+	return pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", postgres.MigrationLock); err != nil {
+			return postgres.Classify("migrate: lock", err)
 		}
 		var plain bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass('feed_outbox') IS NOT NULL
 			AND NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('feed_outbox'))`).Scan(&plain); err != nil {
-			return classify("migrate: look for feed_outbox", err)
+			return postgres.Classify("migrate: look for feed_outbox", err)
 		}
 		if !plain {
 			return nil
@@ -770,7 +553,7 @@ func (s *Store) distributeOutbox(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT create_distributed_table('feed_outbox', 'conv_id', colocate_with => 'conv_head')`); err != nil {
 			return fmt.Errorf("postgres: distribute feed_outbox: %w", err)
 		}
-		s.log.Info("citus: feed_outbox distributed by conv_id, co-located with conv_head")
+		s.Logger().Info("citus: feed_outbox distributed by conv_id, co-located with conv_head")
 		return nil
 	})
 }
@@ -796,8 +579,8 @@ func (d *dist) closeWorkers() {
 // migrated has none; Migrate loads them) and starts the refresher.
 func (s *Store) startDist(ctx context.Context) error {
 	var exists bool
-	if err := s.control.QueryRow(ctx, `SELECT to_regclass('conv_head') IS NOT NULL`).Scan(&exists); err != nil {
-		return unavailable("citus: look for the schema", err)
+	if err := s.ControlPool().QueryRow(ctx, `SELECT to_regclass('conv_head') IS NOT NULL`).Scan(&exists); err != nil {
+		return postgres.Unavailable("citus: look for the schema", err)
 	}
 	if exists {
 		if err := s.loadPlacements(ctx); err != nil {
@@ -813,7 +596,7 @@ func (s *Store) startDist(ctx context.Context) error {
 
 func (s *Store) logDistributed() {
 	_, workers, shards := s.Distributed()
-	s.log.Info(fmt.Sprintf("distributed: %d workers, %d shards", workers, shards), "workers", workers, "shards", shards)
+	s.Logger().Info(fmt.Sprintf("distributed: %d workers, %d shards", workers, shards), "workers", workers, "shards", shards)
 }
 
 // placementTTL is how often the refresher re-reads the placements (a shard
@@ -836,7 +619,7 @@ func (s *Store) refreshDist(ctx context.Context) {
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, _, _ = s.leaseView(qctx, true)
-		if !s.dist.frozen.Load() && (time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false)) {
+		if time.Since(last) >= placementTTL || s.dist.wantReload.Swap(false) {
 			last = time.Now()
 			if s.hasShards() {
 				_ = s.loadPlacements(qctx)
@@ -852,20 +635,27 @@ func (s *Store) hasShards() bool {
 	return len(s.dist.shards) > 0
 }
 
-// commitDist is Commit in distributed mode: checkFences (no round trip when
-// the cached leases agree), then ONE transaction on the worker holding the
+// Commit implements persist.Store: checkFences (no round trip when the
+// cached leases agree), then ONE transaction on the worker holding the
 // batches' shard (or through the coordinator when they span shards), with
-// the same pipelined statements and error kinds as on one PostgreSQL, the
-// head compare-and-set carrying the fence epochs. On the worker it writes
-// the shards' tables directly (commitOn, "Direct writes"); when the worker
-// no longer holds one of them (nothing was written), the same commit runs
-// at once through Citus's own path on the same connection (Citus routes it
-// to the shards' workers) and the placements are reloaded.
-func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) error {
+// the same pipelined statements and error kinds as persist/postgres's
+// (postgres.CommitOn), the head compare-and-set carrying the fence epochs.
+// On the worker it writes the shards' tables directly (directPlan,
+// "Direct writes"); when the worker no longer holds one of them (nothing
+// was written), the same commit runs at once through Citus's own path on
+// the same connection (Citus routes it to the shards' workers) and the
+// placements are reloaded.
+func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	if err := persist.CheckBatchesKeysPerConv(batches); err != nil {
+		return err
+	}
+	if len(batches) == 0 {
+		return nil
+	}
 	if err := s.checkFences(ctx, batches); err != nil {
 		return err
 	}
-	pool, node, plan, err := s.route(ctx, batches)
+	pool, node, direct, err := s.route(ctx, batches)
 	if err != nil {
 		return err
 	}
@@ -879,35 +669,26 @@ func (s *Store) commitDist(ctx context.Context, batches []persist.ConvBatch) err
 		d.viaCoord++
 	}
 	d.statMu.Unlock()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		d.wantReload.Store(true) // a worker gone: maybe replaced or its shards moved
-		return unavailable("commit: acquire connection "+node, err)
+	var plan postgres.CommitPlan = routedPlan{}
+	if direct != nil {
+		plan = direct
 	}
-	defer conn.Release()
-	backend := backendOf(conn.Conn().PgConn())
-	if s.commitBackend != nil {
-		s.commitBackend(backend.pid)
-	}
-	err = s.commitOn(ctx, conn, batches, plan)
-	if errors.Is(err, errShardNotHere) {
-		d.wantReload.Store(true)
-		d.statMu.Lock()
-		d.rerouted++
-		d.statMu.Unlock()
-		// Through Citus on the same connection: it routes the statements
-		// to the shards' workers from here (two-phase commit if they are
-		// now on several).
-		err = s.commitOn(ctx, conn, batches, nil)
-	}
-	if errors.Is(err, sequencer.ErrUnknownOutcome) {
-		s.unsettle(backend, settleOn, batches)
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
-	}
+	err = s.RunCommit(ctx, pool, settleOn, node, func(conn *pgxpool.Conn) error {
+		err := s.CommitOn(ctx, conn, batches, plan)
+		if errors.Is(err, errShardNotHere) {
+			d.wantReload.Store(true)
+			d.statMu.Lock()
+			d.rerouted++
+			d.statMu.Unlock()
+			// Through Citus on the same connection: it routes the
+			// statements to the shards' workers from here (two-phase
+			// commit if they are now on several).
+			err = s.CommitOn(ctx, conn, batches, routedPlan{})
+		}
+		return err
+	}, batches)
 	if err != nil && persist.OutcomeOf(err) != persist.NotLanded || errors.Is(err, sequencer.ErrStoreUnavailable) {
-		d.wantReload.Store(true)
+		d.wantReload.Store(true) // a worker gone or its shards moved, maybe
 	}
 	return err
 }
@@ -926,12 +707,9 @@ const shardHeadSQL = `SELECT EXISTS (SELECT 1 FROM pg_dist_placement p
   (SELECT head FROM %s WHERE conv_id = $1)`
 
 // loadHeadDirect is LoadHead from the shard table (shardHeadSQL); done is
-// false when the store should ask Citus (or plain PostgreSQL) instead.
+// false when the store should ask Citus instead.
 func (s *Store) loadHeadDirect(ctx context.Context, convID string) (head uint64, done bool, err error) {
 	d := s.dist
-	if d == nil || d.routedOnly.Load() {
-		return 0, false, nil
-	}
 	d.mu.RLock()
 	i := d.shardOf(convID)
 	var sh shardRange
@@ -952,43 +730,37 @@ func (s *Store) loadHeadDirect(ctx context.Context, convID string) (head uint64,
 		d.wantReload.Store(true) // the shard left this worker
 		return 0, false, nil
 	case err != nil:
-		return 0, true, unavailable("load head", err)
+		return 0, true, postgres.Unavailable("load head", err)
 	case h == nil:
 		return 0, true, nil
 	}
 	return uint64(*h), true, nil
 }
 
-// ClientKeysPerConversation implements persist.ConvScopedKeys: true on
-// Citus, where the resend key is (conv_id, from_uid, client_msg_id).
-func (s *Store) ClientKeysPerConversation() bool { return s.dist != nil }
+// ClientKeysPerConversation implements persist.ConvScopedKeys: true, the
+// resend key is (conv_id, from_uid, client_msg_id) on Citus.
+func (s *Store) ClientKeysPerConversation() bool { return true }
 
 // FindByClientKeyIn implements persist.ConvScopedKeys: convID's message with
 // this resend key (one shard's index on Citus), or ErrNotFound.
 func (s *Store) FindByClientKeyIn(ctx context.Context, convID string, key sequencer.ClientKey) (sequencer.Message, error) {
 	if key.FromUID > math.MaxInt64 {
-		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
+		return sequencer.Message{}, postgres.NotFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
 	}
-	m, err := scanMessage(s.reader(convID).QueryRow(ctx, `SELECT `+messageColumns+` FROM im_message
+	m, err := postgres.ScanMessage(s.reader(convID).QueryRow(ctx, `SELECT `+postgres.MessageColumns+` FROM im_message
 		WHERE conv_id = $1 AND from_uid = $2 AND client_msg_id = $3`, convID, int64(key.FromUID), key.ClientMsgID))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sequencer.Message{}, notFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
+		return sequencer.Message{}, postgres.NotFound("client key (%d, %q) in %q", key.FromUID, key.ClientMsgID, convID)
 	}
 	if err != nil {
-		return sequencer.Message{}, unavailable("find by client key", err)
+		return sequencer.Message{}, postgres.Unavailable("find by client key", err)
 	}
 	return m, nil
 }
 
-// errNotDistributed: a Citus view asked of a store on plain PostgreSQL.
-var errNotDistributed = errors.New("postgres: the store is not distributed (no citus extension in its database): shards are a Citus thing (docs/CITUS.md)")
-
 // ShardsByWorker counts conv_head's shards per worker (host:port), as the
-// store last loaded the placements (nil on plain PostgreSQL).
+// store last loaded the placements.
 func (s *Store) ShardsByWorker() map[string]int {
-	if s.dist == nil {
-		return nil
-	}
 	held := map[string]int{}
 	s.dist.mu.RLock()
 	defer s.dist.mu.RUnlock()
@@ -1000,11 +772,8 @@ func (s *Store) ShardsByWorker() map[string]int {
 
 // OnWorker runs f on a connection to the Citus worker at addr: one of the
 // store's read pool for it when it has one, else a connection of its own
-// (same DSN settings, that host), closed after. Not distributed: an error.
+// (same DSN settings, that host), closed after.
 func (s *Store) OnWorker(ctx context.Context, addr string, f func(*pgx.Conn) error) error {
-	if s.dist == nil {
-		return errNotDistributed
-	}
 	s.dist.mu.RLock()
 	pool := s.dist.readers[addr]
 	s.dist.mu.RUnlock()
@@ -1025,7 +794,7 @@ func (s *Store) OnWorker(ctx context.Context, addr string, f func(*pgx.Conn) err
 	}
 	cc.Port = uint16(p)
 	cc.Fallbacks = nil
-	noCancelRequests(&cc.Config)
+	postgres.NoCancelRequests(&cc.Config)
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return err
