@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sequencer-im/sequencer"
@@ -145,6 +146,12 @@ func startNemesisClusterOn(t *testing.T, st nemesisStore, n int, steppedClocks b
 		})
 		c.nodes = append(c.nodes, p)
 	}
+	// Registered after the nodes': runs before they are killed.
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.logStoreActivity()
+		}
+	})
 	var addrs []string
 	for _, p := range c.nodes {
 		addrs = append(addrs, p.Addr)
@@ -244,6 +251,45 @@ func (c *nemesisCluster) finish() {
 	}
 	c.led.verify(t, openStore(t, c.dsn), c.convs)
 	t.Logf("duplicate:true on a raw client's first send of a key (an internal resend): %d", c.internalDups.Load())
+}
+
+// logStoreActivity logs what the PostgreSQL store's sessions of this
+// test's database are doing, and what blocks them, straight from the
+// server (not through the proxies): when every node lost the store at
+// once (two soak runs), was it the server, a lock or the proxies?
+func (c *nemesisCluster) logStoreActivity() {
+	if !strings.HasPrefix(c.dsn, "postgres") {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.dsn)
+	if err != nil {
+		c.t.Logf("store activity: connect: %v", err)
+		return
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid, coalesce(application_name, ''), coalesce(client_addr::text, ''),
+		coalesce(state, ''), coalesce(wait_event_type || ':' || wait_event, ''),
+		coalesce(round(extract(epoch FROM now() - xact_start)::numeric, 1)::text, '-'),
+		pg_blocking_pids(pid)::text, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		ORDER BY xact_start NULLS LAST`)
+	if err != nil {
+		c.t.Logf("store activity: %v", err)
+		return
+	}
+	var b strings.Builder
+	for rows.Next() {
+		var pid int
+		var app, addr, state, wait, xact, blockers, query string
+		if err := rows.Scan(&pid, &app, &addr, &state, &wait, &xact, &blockers, &query); err != nil {
+			c.t.Logf("store activity: %v", err)
+			return
+		}
+		fmt.Fprintf(&b, "  pid %d %s %s %s wait=%s xact=%ss blocked_by=%s: %s\n", pid, app, addr, state, wait, xact, blockers, query)
+	}
+	c.t.Logf("--- the store's sessions at the failure (pg_stat_activity) ---\n%s", b.String())
 }
 
 // heal puts every link back to pass with no delay and steps every clock
