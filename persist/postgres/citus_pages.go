@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"sync"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -148,7 +146,7 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 		if err := scanHeads(br, pages, r.idx); err != nil {
 			return err
 		}
-		if err := scanMessages(br, pages, r.idx); err != nil {
+		if err := scanMessages(br, pages, r.idx, limit); err != nil {
 			return err
 		}
 	}
@@ -160,49 +158,4 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 // distributed one.
 func shardSQL(stmt, table string, shard pgx.Identifier) string {
 	return replaceTable(stmt, table, shard.Sanitize())
-}
-
-// scanHeads reads a readManyHeadsSQL answer: ordinal k is pages[idx[k-1]].
-func scanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var ord, head int64
-		if err := rows.Scan(&ord, &head); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(idx))
-		}
-		pages[idx[ord-1]].Head = uint64(head)
-	}
-	return rows.Err()
-}
-
-// scanMessages reads a readManySQL answer into pages[idx[ord-1]].
-func scanMessages(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var m sequencer.Message
-		var ord, msgID, seq, from int64
-		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
-		}
-		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
-		if m.Body == nil {
-			m.Body = []byte{}
-		}
-		pages[idx[ord-1]].Messages = append(pages[idx[ord-1]].Messages, m)
-	}
-	return rows.Err()
 }

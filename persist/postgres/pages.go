@@ -40,7 +40,7 @@ const (
 	readManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
 FROM unnest($1::text[]) WITH ORDINALITY AS c(conv_id, ord)
 LEFT JOIN conv_head h ON h.conv_id = c.conv_id`
-	readManySQL = `SELECT c.ord, m.msg_id, m.conv_id, m.seq, m.from_uid, m.msg_type, m.body, m.client_msg_id, m.server_at
+	readManySQL = `SELECT c.ord, m.*
 FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(conv_id, after_seq, ord)
 CROSS JOIN LATERAL (SELECT ` + messageColumns + ` FROM im_message
 	WHERE conv_id = c.conv_id AND seq > c.after_seq ORDER BY seq LIMIT $3) m
@@ -69,7 +69,7 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 	if err := scanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
-	if err := scanMessages(br, pages, idx); err != nil {
+	if err := scanMessages(br, pages, idx, limit); err != nil {
 		return nil, unavailable("read many", err)
 	}
 	return pages, nil
