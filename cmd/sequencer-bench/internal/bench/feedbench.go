@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,8 @@ func feedMain(ctx context.Context, args []string, stdout, stderr io.Writer) (ok 
 		return true, fanoutMain(ctx, args[1:], stdout, stderr)
 	case "pullmany":
 		return true, pullManyMain(ctx, args[1:], stdout, stderr)
+	case "subscribers":
+		return true, subscribersMain(ctx, args[1:], os.Stdin, stdout, stderr)
 	}
 	return false, nil
 }
