@@ -84,12 +84,16 @@ func (protoCodec) Unmarshal(data []byte, message any) error {
 }
 
 // sendEvent sends one feed event on a Subscribe stream: a live message as
-// its shared encoding, anything else as a SubscribeResponse built in out.
-func sendEvent(st *connect.ServerStream[sequencerv1.SubscribeResponse], out *sequencerv1.SubscribeResponse, e feed.Event) error {
+// its shared encoding (in shared, which the stream reuses: Send encodes it
+// before it returns), anything else as a SubscribeResponse built in out.
+func sendEvent(st *connect.ServerStream[sequencerv1.SubscribeResponse], out *sequencerv1.SubscribeResponse, shared *sharedEvent, e feed.Event) error {
 	switch e.Kind {
 	case feed.KindMessage:
 		if e.Wire != nil {
-			return st.Conn().Send(&sharedEvent{msg: e.Msg, wire: e.Wire})
+			*shared = sharedEvent{msg: e.Msg, wire: e.Wire}
+			err := st.Conn().Send(shared)
+			*shared = sharedEvent{}
+			return err
 		}
 		out.Event = &sequencerv1.SubscribeResponse_Message{Message: messageProto(e.Msg)}
 	case feed.KindTruncated:

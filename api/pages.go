@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
@@ -98,23 +99,32 @@ func (s *Service) PullMany(ctx context.Context, req *connect.Request[sequencerv1
 	if err != nil {
 		return nil, s.fail(ctx, methodPullMany, fmt.Errorf("read many: %w", err), "conversations", len(cursors))
 	}
+	// The answer's messages are made in three allocations, not three per
+	// message (a call answers up to 1,000 x limit of them).
+	n := 0
+	for _, p := range pages {
+		n += len(p.Messages)
+	}
+	protos := newMessageProtos(n)
+	answers := make([]sequencerv1.PullResponse, len(pages))
 	out := make([]*sequencerv1.PullResponse, len(pages))
 	size, sent, spent := 0, 0, false
 	for i, p := range pages {
-		page := &sequencerv1.PullResponse{HeadSeq: p.Head}
+		page := &answers[i]
+		page.HeadSeq = p.Head
 		cut := spent
 		if !spent {
-			for k := range p.Messages {
-				m := &p.Messages[k]
-				n := messageSize(m)
+			k := 0
+			for ; k < len(p.Messages); k++ {
+				n := messageSize(&p.Messages[k])
 				if sent > 0 && size+n > q.MaxBytes {
 					cut, spent = true, true
 					break
 				}
 				size += n
 				sent++
-				page.Messages = append(page.Messages, messageProto(m))
 			}
+			page.Messages = protos.next(p.Messages[:k])
 		}
 		after := cursors[i].AfterSeq
 		if n := len(page.Messages); n > 0 {
@@ -128,4 +138,37 @@ func (s *Service) PullMany(ctx context.Context, req *connect.Request[sequencerv1
 	}
 	s.ok(methodPullMany)
 	return connect.NewResponse(&sequencerv1.PullManyResponse{Pages: out}), nil
+}
+
+// messageProtos hands out the wire forms of many messages from shared
+// arrays (messageProto's fields, without its allocations per message).
+type messageProtos struct {
+	ptrs   []*sequencerv1.Message
+	msgs   []sequencerv1.Message
+	stamps []timestamppb.Timestamp
+}
+
+func newMessageProtos(n int) *messageProtos {
+	return &messageProtos{ptrs: make([]*sequencerv1.Message, n), msgs: make([]sequencerv1.Message, n), stamps: make([]timestamppb.Timestamp, n)}
+}
+
+// next returns ms's wire forms (nil for none), from the next len(ms)
+// entries of the arrays.
+func (p *messageProtos) next(ms []sequencer.Message) []*sequencerv1.Message {
+	if len(ms) == 0 {
+		return nil
+	}
+	out := p.ptrs[:len(ms):len(ms)]
+	for i := range ms {
+		pm, m := &p.msgs[i], &ms[i]
+		fillMessageProto(pm, m)
+		if !m.ServerAt.IsZero() {
+			ts := &p.stamps[i]
+			ts.Seconds, ts.Nanos = m.ServerAt.Unix(), int32(m.ServerAt.Nanosecond())
+			pm.ServerAt = ts
+		}
+		out[i] = pm
+	}
+	p.ptrs, p.msgs, p.stamps = p.ptrs[len(ms):], p.msgs[len(ms):], p.stamps[len(ms):]
+	return out
 }

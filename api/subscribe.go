@@ -58,8 +58,9 @@ func (s *Service) Subscribe(ctx context.Context, req *connect.Request[sequencerv
 		flush = ctl.flushHeld
 	}
 	var out sequencerv1.SubscribeResponse
+	var shared sharedEvent
 	err = s.feed.Serve(ctx, feed.Subscription{Cursors: cursors, Store: s.reader, Cut: cut, Flush: flush, ReadPositions: req.Msg.GetReadPositions(), Send: func(e feed.Event) error {
-		return sendEvent(st, &out, e) // a live message encoded once for all streams (feedcodec.go)
+		return sendEvent(st, &out, &shared, e) // a live message encoded once for all streams (feedcodec.go)
 	}})
 	if ctx.Err() != nil && !errors.Is(err, feed.ErrBehind) {
 		s.count(methodSubscribe, "canceled") // the client's own end

@@ -74,7 +74,8 @@ func (h *Hub) Totals() Totals {
 type stream struct {
 	mu     sync.Mutex
 	queue  []published
-	queued int // messages in queue
+	queued int         // messages in queue
+	spare  []published // the loop's emptied queue, handed back at the next take (the loop's own)
 	max    int
 	behind bool
 	resync []string
@@ -294,8 +295,9 @@ func (s *stream) isBehind() bool {
 func (s *stream) take(t *Tail) error {
 	s.mu.Lock()
 	q, rs, behind, closed := s.queue, s.resync, s.behind, s.closed
-	s.queue, s.queued, s.resync = nil, 0, nil
+	s.queue, s.queued, s.resync = s.spare, 0, nil
 	s.mu.Unlock()
+	s.spare = nil
 	switch {
 	case behind:
 		return ErrBehind
@@ -308,5 +310,9 @@ func (s *stream) take(t *Tail) error {
 	for _, p := range q {
 		t.LiveShared(p.convID, p.msgs, p.wires)
 	}
+	// The Tail keeps the messages, not the queue: the queue's array comes
+	// back as the next one (a live message costs no queue allocation).
+	clear(q)
+	s.spare = q[:0]
 	return nil
 }

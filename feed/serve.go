@@ -198,6 +198,7 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			}
 			lastSent = clk.Now()
 		}
+		t.Reuse(evs)
 		if t.ReadDue() {
 			continue
 		}

@@ -277,6 +277,15 @@ func (t *Tail) Take() []Event {
 	return out
 }
 
+// Reuse gives back a slice Take returned, once its events were sent: the
+// next events go into its array.
+func (t *Tail) Reuse(evs []Event) {
+	if t.out == nil {
+		clear(evs)
+		t.out = evs[:0]
+	}
+}
+
 // Overflow reports that more live messages arrived than the Tail may hold:
 // the stream must end (resource_exhausted) and the subscriber resume.
 func (t *Tail) Overflow() bool { return t.over }

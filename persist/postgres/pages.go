@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"slices"
 
@@ -48,7 +47,7 @@ const (
 	ReadManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
 FROM unnest($1::text[]) WITH ORDINALITY AS c(conv_id, ord)
 LEFT JOIN conv_head h ON h.conv_id = c.conv_id`
-	ReadManySQL = `SELECT c.ord, m.msg_id, m.conv_id, m.seq, m.from_uid, m.msg_type, m.body, m.client_msg_id, m.server_at
+	ReadManySQL = `SELECT c.ord, m.*
 FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(conv_id, after_seq, ord)
 CROSS JOIN LATERAL (SELECT ` + MessageColumns + ` FROM im_message
 	WHERE conv_id = c.conv_id AND seq > c.after_seq ORDER BY seq LIMIT $3) m
@@ -72,7 +71,7 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 	if err := ScanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
-	if err := ScanMessages(br, pages, idx); err != nil {
+	if err := ScanMessages(br, pages, idx, limit); err != nil {
 		return nil, unavailable("read many", err)
 	}
 	return pages, nil
@@ -91,48 +90,3 @@ func ReplaceTable(stmt, table, with string) string {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' }
-
-// ScanHeads reads a ReadManyHeadsSQL answer: ordinal k is pages[idx[k-1]].
-func ScanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var ord, head int64
-		if err := rows.Scan(&ord, &head); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: head for ordinal %d of %d", ord, len(idx))
-		}
-		pages[idx[ord-1]].Head = uint64(head)
-	}
-	return rows.Err()
-}
-
-// ScanMessages reads a ReadManySQL answer into pages[idx[ord-1]].
-func ScanMessages(br pgx.BatchResults, pages []persist.Page, idx []int) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var m sequencer.Message
-		var ord, msgID, seq, from int64
-		if err := rows.Scan(&ord, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt); err != nil {
-			return err
-		}
-		if ord < 1 || int(ord) > len(idx) {
-			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
-		}
-		m.MsgID, m.Seq, m.FromUID, m.ServerAt = uint64(msgID), uint64(seq), uint64(from), m.ServerAt.UTC()
-		if m.Body == nil {
-			m.Body = []byte{}
-		}
-		pages[idx[ord-1]].Messages = append(pages[idx[ord-1]].Messages, m)
-	}
-	return rows.Err()
-}

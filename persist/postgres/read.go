@@ -104,14 +104,17 @@ func (s *Store) Trim(ctx context.Context, convID string, throughSeq uint64) erro
 }
 
 // ScanMessage reads a row of MessageColumns.
-func ScanMessage(row pgx.Row) (sequencer.Message, error) {
+func ScanMessage(row pgx.Row) (sequencer.Message, error) { return scanAfter(row) }
+
+// scanAfter scans dest's columns, then MessageColumns.
+func scanAfter(row pgx.Row, dest ...any) (sequencer.Message, error) {
 	var m sequencer.Message
 	var msgID, seq, from, target int64
 	var kind int16
 	var edits int32
 	var editedAt *time.Time
-	if err := row.Scan(&msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt,
-		&kind, &target, &m.Recalled, &edits, &editedAt); err != nil {
+	if err := row.Scan(append(dest, &msgID, &m.ConvID, &seq, &from, &m.MsgType, &m.Body, &m.ClientMsgID, &m.ServerAt,
+		&kind, &target, &m.Recalled, &edits, &editedAt)...); err != nil {
 		return sequencer.Message{}, err
 	}
 	m.MsgID, m.Seq, m.FromUID = uint64(msgID), uint64(seq), uint64(from)

@@ -128,6 +128,14 @@ func (x *suite) expectStored(conv string, head uint64, want []sequencer.Message)
 	for i := range want {
 		sameMessage(x.t, got[i], want[i])
 	}
+	// ReadMany (PullMany, the feed's backlog) answers the same rows.
+	page := x.readMany([]persist.Cursor{{ConvID: conv}}, 10000, 10000)[0]
+	if page.Head != head || len(page.Messages) != len(want) {
+		x.t.Fatalf("ReadMany of %q: head %d, %d messages; want %d, %d", conv, page.Head, len(page.Messages), head, len(want))
+	}
+	for i := range want {
+		sameMessage(x.t, page.Messages[i], want[i])
+	}
 }
 
 // commitFails commits bs, expects an error, and checks nothing of bs was

@@ -94,6 +94,8 @@ type Config struct {
 	// BatchesInFlight is the most SendBatch requests the e-batch engines'
 	// SDK keeps in flight (0: the SDK's default).
 	BatchesInFlight int
+	// SubsProcess: the feed engines' streams in a child process.
+	SubsProcess bool
 	// SQLiteDir is where the SQLite engines' files go: a directory
 	// seqbench-<run id> inside it, removed at the end unless Keep. Default
 	// the system's temporary directory.
@@ -283,6 +285,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.ServeBin, "serve-bin", "", "without --target: the sequencer binary the e engines start as 'serve' on a fresh store per scenario (default: sequencer beside this executable)")
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
 	fs.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the e-batch engines: most SendBatch requests in flight to the node (0: the Go SDK's default, client.DefaultBatchMaxInFlight)")
+	fs.BoolVar(&cfg.SubsProcess, "subs-process", false, "the feed engines (e-sub, e-batch-sub): open the Subscribe streams in a child process of the bench instead of beside the senders (the feed's latency is then not measured)")
 	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
 	fs.IntVar(&cfg.Pool, "pool", 32, "database connections of engines b and c (PostgreSQL) and b-mysql and c-mysql (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
@@ -546,7 +549,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
-		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, SubsProcess: r.cfg.SubsProcess, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, KeepReadPositions: r.cfg.KeepReadPositions, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,
@@ -753,8 +756,13 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	if hasFeed {
 		if f := feedMeter.FeedStats(res.Seconds); f.Streams > 0 {
 			res.Feed = &f
-			r.logf("engine %s %s: %s streams received %s messages (%.0f/s); latency from the Send's answer to the receipt p50 %.2f ms, p99 %.2f ms",
-				spec.Key, sc.Name, fmtInt(int64(f.Streams)), fmtInt(f.Delivered), f.PerSecond, f.Latency.P50, f.Latency.P99)
+			if f.InChild {
+				r.logf("engine %s %s: %s streams (in a child process) received %s messages (%.0f/s)",
+					spec.Key, sc.Name, fmtInt(int64(f.Streams)), fmtInt(f.Delivered), f.PerSecond)
+			} else {
+				r.logf("engine %s %s: %s streams received %s messages (%.0f/s); latency from the Send's answer to the receipt p50 %.2f ms, p99 %.2f ms",
+					spec.Key, sc.Name, fmtInt(int64(f.Streams)), fmtInt(f.Delivered), f.PerSecond, f.Latency.P50, f.Latency.P99)
+			}
 		}
 	}
 	res.Messages = l.ok.Load()

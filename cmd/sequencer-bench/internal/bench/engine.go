@@ -76,6 +76,9 @@ type Env struct {
 	// BatchesInFlight is e-batch's client.BatchPolicy.MaxInFlight (0: the
 	// SDK's default).
 	BatchesInFlight int
+	// SubsProcess: the feed engines open their Subscribe streams in a
+	// child process (--subs-process; subs_child.go).
+	SubsProcess bool
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
 	CopyWriters int

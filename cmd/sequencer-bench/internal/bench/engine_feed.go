@@ -37,8 +37,10 @@ type FeedResult struct {
 	PerSecond float64 `json:"delivered_per_second"`
 	// Latency from the Send's answer to the receipt (0 when the message
 	// arrived before the answer), of the messages sent and received in the
-	// measurement.
+	// measurement; not measured when InChild.
 	Latency LatencySummary `json:"latency"`
+	// InChild: the streams ran in a child process (--subs-process).
+	InChild bool `json:"in_child,omitempty"`
 }
 
 // FeedMeter is implemented by the feed engines: FeedStart when the
@@ -55,10 +57,8 @@ const streamsPerFeedClient = 100
 type feedClient struct {
 	sdkClient
 	env      Env
-	subs     []*client.Client
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	streams  int
+	streams  *feedStreams // in this process (nil with SubsProcess)
+	child    *subsChild   // in a child process (SubsProcess)
 	measured atomic.Bool
 	got      atomic.Int64
 	lat      *Latency
@@ -91,32 +91,55 @@ func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) err
 			return fmt.Errorf("seed messages: %w", firstErr(errs))
 		}
 	}
+	if f.env.SubsProcess {
+		c, err := startSubsChild(ctx, f.env.Target, convPfx, convs)
+		f.child = c
+		return err
+	}
+	var err error
+	f.streams, err = openFeedStreams(ctx, f.env.Target, convPfx, convs, f.received)
+	return err
+}
+
+// feedStreams is one Subscribe stream (Go SDK, gRPC) on each conversation,
+// streamsPerFeedClient to an SDK client.
+type feedStreams struct {
+	subs   []*client.Client
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	n      int
+}
+
+// openFeedStreams opens the streams and returns once each received its
+// conversation's first message (the seed); received gets every later one.
+func openFeedStreams(ctx context.Context, target, convPfx string, convs int, received func(k int, msgID uint64)) (*feedStreams, error) {
 	sctx, cancel := context.WithCancel(context.Background())
-	f.cancel = cancel
+	s := &feedStreams{cancel: cancel}
 	var ready sync.WaitGroup
 	for k0 := 0; k0 < convs; k0 += streamsPerFeedClient {
-		c, err := client.New(client.Config{Addrs: []string{f.env.Target}, DisableRouting: true})
+		c, err := client.New(client.Config{Addrs: []string{target}, DisableRouting: true})
 		if err != nil {
-			return err
+			s.Close()
+			return nil, err
 		}
-		f.subs = append(f.subs, c)
+		s.subs = append(s.subs, c)
 		for k := k0; k < min(convs, k0+streamsPerFeedClient); k++ {
 			ready.Add(1)
-			f.wg.Add(1)
-			f.streams++
+			s.wg.Add(1)
+			s.n++
 			go func() {
-				defer f.wg.Done()
+				defer s.wg.Done()
 				first := true
 				for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: convID(convPfx, k)}}) {
 					if err != nil {
-						return
+						break
 					}
 					if first {
 						first = false
 						ready.Done()
 						continue
 					}
-					f.received(k, ev.Message.MsgID)
+					received(k, ev.Message.MsgID)
 				}
 				if first {
 					ready.Done()
@@ -128,10 +151,20 @@ func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) err
 	go func() { ready.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
+		return s, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		s.Close()
+		return nil, ctx.Err()
 	}
+}
+
+// Close ends the streams.
+func (s *feedStreams) Close() {
+	s.cancel()
+	for _, c := range s.subs {
+		c.Close()
+	}
+	s.wg.Wait()
 }
 
 func firstErr(errs []error) error {
@@ -168,11 +201,22 @@ func (f *feedClient) Send(ctx context.Context, req sequencer.SendRequest) (seque
 	return r, err
 }
 
-func (f *feedClient) FeedStart() { f.measured.Store(true) }
+func (f *feedClient) FeedStart() {
+	f.measured.Store(true)
+	if f.child != nil {
+		f.child.start()
+	}
+}
 
 func (f *feedClient) FeedStats(seconds float64) FeedResult {
 	f.measured.Store(false)
-	r := FeedResult{Streams: f.streams, Delivered: f.got.Load(), Latency: Summarize(f.lat.Snapshot())}
+	var r FeedResult
+	if f.child != nil {
+		r.Streams, r.Delivered = f.child.stats()
+		r.InChild = true
+	} else if f.streams != nil {
+		r = FeedResult{Streams: f.streams.n, Delivered: f.got.Load(), Latency: Summarize(f.lat.Snapshot())}
+	}
 	if seconds > 0 {
 		r.PerSecond = float64(r.Delivered) / seconds
 	}
@@ -180,13 +224,12 @@ func (f *feedClient) FeedStats(seconds float64) FeedResult {
 }
 
 func (f *feedClient) Close() error {
-	if f.cancel != nil {
-		f.cancel()
+	if f.streams != nil {
+		f.streams.Close()
 	}
-	for _, c := range f.subs {
-		c.Close()
+	if f.child != nil {
+		f.child.close()
 	}
-	f.wg.Wait()
 	return f.sdkClient.Close()
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -48,6 +49,8 @@ func feedMain(ctx context.Context, args []string, stdout, stderr io.Writer) (ok 
 		return true, fanoutMain(ctx, args[1:], stdout, stderr)
 	case "pullmany":
 		return true, pullManyMain(ctx, args[1:], stdout, stderr)
+	case "subscribers":
+		return true, subscribersMain(ctx, args[1:], os.Stdin, stdout, stderr)
 	}
 	return false, nil
 }
@@ -235,7 +238,16 @@ func pullManyMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	var took []time.Duration
 	got := 0
+	// CPU per measured call: this process's (the SDK: receive, gunzip,
+	// decode) and the server's (its /metrics, when it serves them).
+	srv := &remoteEngine{base: base, http: &http.Client{}}
+	var ownCPU0, srvCPU0 float64
+	var srvErr error
 	for i := 0; i < *calls+5; i++ {
+		if i == 5 {
+			ownCPU0, _ = procCPUSeconds(os.Getpid())
+			srvCPU0, srvErr = srv.CPUSeconds(ctx)
+		}
 		t0 := time.Now()
 		pages, err := c.PullMany(ctx, cursors, *msgs, 64<<20)
 		d := time.Since(t0)
@@ -250,8 +262,16 @@ func pullManyMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			took = append(took, d)
 		}
 	}
+	ownCPU, _ := procCPUSeconds(os.Getpid())
+	srvCPU := "not read"
+	if srvErr == nil {
+		if v, err := srv.CPUSeconds(ctx); err == nil {
+			srvCPU = fmt.Sprintf("%.1f ms", (v-srvCPU0)*1000/float64(len(took)))
+		}
+	}
 	slices.Sort(took)
-	fmt.Fprintf(stdout, "PullMany of %d conversations x %d messages (%d returned per call, %d-byte bodies): %d calls, p50 %v, p99 %v\n",
-		*convs, *msgs, got, *bodySize, len(took), took[len(took)/2].Round(10*time.Microsecond), took[(len(took)-1)*99/100].Round(10*time.Microsecond))
+	fmt.Fprintf(stdout, "PullMany of %d conversations x %d messages (%d returned per call, %d-byte bodies): %d calls, p50 %v, p99 %v; CPU per call: server %s, this client %.1f ms\n",
+		*convs, *msgs, got, *bodySize, len(took), took[len(took)/2].Round(10*time.Microsecond), took[(len(took)-1)*99/100].Round(10*time.Microsecond),
+		srvCPU, (ownCPU-ownCPU0)*1000/float64(len(took)))
 	return nil
 }
