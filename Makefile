@@ -8,7 +8,7 @@ VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo 
 COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
 LDFLAGS := -X github.com/sequencer-im/sequencer/buildinfo.version=$(VERSION) -X github.com/sequencer-im/sequencer/buildinfo.commit=$(COMMIT)
 # Packages that hold no cgo-free races to skip; -race runs everywhere.
-TESTFLAGS ?= -race -count=1 -timeout 30m
+TESTFLAGS ?= -race -count=1 -timeout 60m
 
 .PHONY: availability help build run test test-short test-ts test-console lint proto proto-check model bench bench-micro clean image image-test deploy-check grpc-tools soak
 
