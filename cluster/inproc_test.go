@@ -277,13 +277,22 @@ func TestInProcessForwardBatches(t *testing.T) {
 		next[reqs[i].ConvID] = o.Result.Seq
 		ack(reqs[i], o.Result)
 	}
-	if ct.batches.Load() != 1 || ct.items.Load() != int64(len(remote)*40) {
-		t.Fatalf("one SendBatch forwarded %d items in %d batches, want %d in 1", ct.items.Load(), ct.batches.Load(), len(remote)*40)
+	// Batched: one forward carried every remote item. On a loaded machine
+	// the owner may answer a few items unavailable (a commit past its
+	// timeout), and those alone are forwarded again (answered once each:
+	// the order check above holds, the stored check below too).
+	want := int64(len(remote) * 40)
+	if m := ct.maxItems.Load(); m != want || ct.items.Load() < want {
+		t.Fatalf("one SendBatch forwarded %d items in %d batches, the largest of %d; want all %d in one", ct.items.Load(), ct.batches.Load(), m, want)
+	}
+	if n := ct.batches.Load(); n != 1 {
+		t.Logf("%d items were forwarded again, in %d more batches (retries)", ct.items.Load()-want, n-1)
 	}
 
 	// A call past the batch limits (here 6 MiB for one conversation) goes
 	// out in pieces, one after the other, in item order.
 	before := ct.batches.Load()
+	ct.maxItems.Store(0)
 	big := make([]sequencer.SendRequest, 100)
 	for i := range big {
 		big[i] = sequencer.SendRequest{ConvID: remote[0], FromUID: 7, ClientMsgID: fmt.Sprintf("big-%d", i), MsgType: 1, Body: make([]byte, 60<<10)}
@@ -296,8 +305,12 @@ func TestInProcessForwardBatches(t *testing.T) {
 		}
 		ack(big[i], o.Result)
 	}
-	if n := ct.batches.Load() - before; n != 2 {
-		t.Fatalf("6 MiB forwarded in %d batches, want 2 (4 MiB each at most)", n)
+	// Two pieces of 4 MiB at most (68 items of 60 KiB): the largest holds
+	// at least half; retries under load add batches, never larger ones.
+	if n, m := ct.batches.Load()-before, ct.maxItems.Load(); n < 2 || m > 68 || m < 50 {
+		t.Fatalf("6 MiB forwarded in %d batches, the largest of %d items; want 2 (4 MiB each at most)", n, m)
+	} else if n != 2 {
+		t.Logf("6 MiB forwarded in %d batches (retries)", n)
 	}
 
 	// Concurrent unary sends through a: what queues while a batch is in
