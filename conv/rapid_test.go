@@ -515,7 +515,7 @@ func (m *convMachine) checkRefused(s *sendRec, err error) {
 		if !otherSent {
 			t.Fatalf("resend idempotent: %v answered already_exists, and no other content was sent with it", s.key)
 		}
-		if msg, err := m.st.s.FindByClientKey(context.Background(), s.key); err == nil && !otherPending && sameStored(&msg, &s.req) {
+		if msg, err := m.st.s.FindByClientKey(context.Background(), s.key); err == nil && !otherPending && m.holds(&msg, s) {
 			t.Fatalf("resend idempotent: %v answered already_exists, but its content is stored: %+v", s.key, msg)
 		}
 	}
@@ -572,6 +572,21 @@ func modelRule(req *sequencer.SendRequest, st modelTarget, at time.Time, w Windo
 		return sequencer.CodeFailedPrecondition
 	}
 	return sequencer.CodeOK
+}
+
+// holds reports whether the stored msg is known to hold s's content: its
+// body as sent (not edited or recalled since: sameStored cannot tell
+// those), or a send of s's content was acked with msg's id.
+func (m *convMachine) holds(msg *sequencer.Message, s *sendRec) bool {
+	if !msg.Recalled && msg.EditCount == 0 {
+		return sameStored(msg, &s.req)
+	}
+	for _, o := range m.sends {
+		if o.key == s.key && sameContent(&o.req, &s.req) && len(o.replies) > 0 && o.replies[0].Err == nil && o.replies[0].Result.MsgID == msg.MsgID {
+			return true
+		}
+	}
+	return false
 }
 
 // sameStored reports whether the stored row m holds what req sent: its
