@@ -600,7 +600,7 @@ func TestNemesisSchedule(t *testing.T) {
 		v := rng.Intn(len(c.nodes))
 		hold := time.Duration(1000+rng.Intn(5000)) * time.Millisecond
 		gap := time.Duration(500+rng.Intn(2500)) * time.Millisecond
-		t.Logf("fault %d: %s on n%d for %v", i, f.name, v+1, hold)
+		t.Logf("fault %d: %s on n%d for %v at %.1fs (%s UTC)", i, f.name, v+1, hold, c.led.hist.Now().Seconds(), time.Now().UTC().Format("15:04:05.000"))
 		span := faultSpan{name: f.name, node: v + 1, t1: c.led.hist.Now()}
 		f.apply(c, v)
 		injected[f.name]++
@@ -623,6 +623,7 @@ func TestNemesisSchedule(t *testing.T) {
 	sort.Strings(names)
 	ops := c.led.hist.Ops()
 	c.logSlowest(ops, 3)
+	c.keepNodeLogs()
 	counts := history.Count(ops)
 	t.Logf("soak summary: seed %d, %v, %d faults {%s}, slowest heal %v; %v; acked messages %d; raw first-send duplicates %d",
 		seed, length, total, strings.Join(names, " "), slowestHeal.Round(10*time.Millisecond), counts, c.led.count(), c.internalDups.Load())
@@ -655,8 +656,34 @@ func (c *nemesisCluster) logSlowest(ops []history.Op, n int) {
 				during = append(during, fmt.Sprintf("%s on n%d %.1f-%.1fs healed %.1fs", f.name, f.node, f.t1.Seconds(), f.t2.Seconds(), end.Seconds()))
 			}
 		}
-		c.t.Logf("slowest acked attempt %d: %v, %s, conv %s key %s seq %d, %.1f-%.1fs; faults overlapping (start to healed): %s",
-			i+1, (o.Return - o.Call).Round(time.Millisecond), who, o.Conv, o.Key, o.Seq, o.Call.Seconds(), o.Return.Seconds(), strings.Join(during, "; "))
+		c.t.Logf("slowest acked attempt %d: %v, %s, conv %s key %s seq %d, %.1f-%.1fs (%s-%s UTC); faults overlapping (start to healed): %s",
+			i+1, (o.Return - o.Call).Round(time.Millisecond), who, o.Conv, o.Key, o.Seq, o.Call.Seconds(), o.Return.Seconds(),
+			c.wall(o.Call), c.wall(o.Return), strings.Join(during, "; "))
+	}
+}
+
+// wall is the UTC wall-clock time of history time h, to find an attempt in
+// the node logs.
+func (c *nemesisCluster) wall(h time.Duration) string {
+	return time.Now().Add(h - c.led.hist.Now()).UTC().Format("15:04:05.000")
+}
+
+// keepNodeLogs writes every node's whole output (all its restarts) to the
+// artifacts directory, pass or fail, so that a soak's slowest attempt can be
+// read against what the nodes logged at the time.
+func (c *nemesisCluster) keepNodeLogs() {
+	dir := historyArtifacts()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		c.t.Logf("node logs not kept: %v", err)
+		return
+	}
+	for _, p := range c.nodes {
+		f := filepath.Join(dir, c.t.Name()+"-"+p.name+".log")
+		if err := os.WriteFile(f, []byte(p.Output()), 0o644); err != nil {
+			c.t.Logf("node logs not kept: %v", err)
+			return
+		}
+		c.t.Logf("node log: %s", f)
 	}
 }
 
