@@ -62,6 +62,7 @@ type nemesisCluster struct {
 	internalDups atomic.Int64
 	stop, done   chan struct{}
 	killedAt     map[int]time.Time // by node index, for the restart
+	beforeVerify func()            // finish: after the load stopped, before the checks
 	// clockFiles are the nodes' test clock offset files (clock_test.go),
 	// nil when the nodes run on the real clock; offsets what each holds.
 	clockFiles []string
@@ -248,6 +249,9 @@ func (c *nemesisCluster) finish() {
 	}
 	if n := c.load.errs.Load(); n != 0 {
 		t.Errorf("%d sends were never acked (clients resend until acked)", n)
+	}
+	if c.beforeVerify != nil {
+		c.beforeVerify()
 	}
 	c.led.verify(t, openStore(t, c.dsn), c.convs)
 	t.Logf("duplicate:true on a raw client's first send of a key (an internal resend): %d", c.internalDups.Load())
@@ -613,6 +617,13 @@ func TestNemesisSchedule(t *testing.T) {
 		c.faults = append(c.faults, span)
 		time.Sleep(gap)
 	}
+	// Before the history check, which takes minutes on a soak's
+	// history: what the slowest attempts waited through, and the logs to
+	// read it in, are kept whatever the check says.
+	c.beforeVerify = func() {
+		c.logSlowest(c.led.hist.Ops(), 3)
+		c.keepNodeLogs()
+	}
 	c.finish()
 	var names []string
 	total := 0
@@ -622,8 +633,6 @@ func TestNemesisSchedule(t *testing.T) {
 	}
 	sort.Strings(names)
 	ops := c.led.hist.Ops()
-	c.logSlowest(ops, 3)
-	c.keepNodeLogs()
 	counts := history.Count(ops)
 	t.Logf("soak summary: seed %d, %v, %d faults {%s}, slowest heal %v; %v; acked messages %d; raw first-send duplicates %d",
 		seed, length, total, strings.Join(names, " "), slowestHeal.Round(10*time.Millisecond), counts, c.led.count(), c.internalDups.Load())

@@ -227,3 +227,31 @@ func TestRecorderCounts(t *testing.T) {
 		t.Fatalf("counts %+v", c)
 	}
 }
+
+// Conversations are checked a few at a time (memory grows with the square
+// of a conversation's operations): every bad one is still found, whatever
+// the number of workers, and reported in conversation order.
+func TestPartsCheckedAFewAtATime(t *testing.T) {
+	var ops []Op
+	for c := 0; c < 40; c++ {
+		conv := fmt.Sprintf("c%02d", c)
+		part := new(b).ack(0, "a", 0, 10, 1).ack(1, "b", 11, 20, 2).ops
+		if c%13 == 5 { // c05, c18, c31: two keys acked at seq 1
+			part = new(b).ack(0, "x", 0, 10, 1).ack(1, "y", 11, 20, 1).ops
+		}
+		for i := range part {
+			part[i].Conv = conv
+		}
+		ops = append(ops, part...)
+	}
+	parts := Model.Partition(operations(ops))
+	for _, w := range []int{1, 3, 64} {
+		bad, timedOut := checkParts(parts, w, 10*time.Second)
+		if timedOut || fmt.Sprint(bad) != "[5 18 31]" {
+			t.Errorf("%d workers: bad %v, timed out %v; want [5 18 31]", w, bad, timedOut)
+		}
+	}
+	if _, timedOut := checkParts(parts, 2, 0); !timedOut {
+		t.Errorf("no time at all: not reported as timed out")
+	}
+}
