@@ -16,7 +16,7 @@ var layers = [][]string{
 	{"", "buildinfo", "clock", "internal/conf", "internal/netbuf", "internal/ratelog", "internal/reqid", "internal/storytest", "internal/testcert",
 		"internal/testwait", "internal/tmpfs", "internal/tracing", "internal/history", "internal/rapidmutant", "proto/sequencer/v1", "persist/internal/serverproc",
 		"persist/mysql/mysqlurl", "internal/natstest",
-		"deploy", "e2e"},
+		"deploy", "e2e", "scripts/gcstall"},
 	// 1: interfaces and pure building blocks.
 	// proto/cluster/v1 carries proto/sequencer/v1's Message (the feed between nodes).
 	{"persist", "ring", "metrics", "persist/pgtest", "persist/citustest", "proto/cluster/v1", "proto/sequencer/v1/sequencerv1connect"},
@@ -47,9 +47,14 @@ func TestImportsRunDownTheLayers(t *testing.T) {
 		gobin = "/usr/local/go/bin/go"
 	}
 	const mod = "github.com/sequencer-im/sequencer"
-	out, err := exec.Command(gobin, "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"/...").CombinedOutput()
+	// Only stdout is the listing: on a fresh module cache go list also
+	// writes "go: downloading ..." lines, to stderr.
+	var stderr strings.Builder
+	cmd := exec.Command(gobin, "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"/...")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
+		t.Fatalf("go list: %v\n%s%s", err, out, stderr.String())
 	}
 	rank := map[string]int{}
 	for r, pkgs := range layers {
