@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -70,11 +72,21 @@ type nemesisCluster struct {
 	// onError, when set before startLoad, sees every error a load client
 	// got.
 	onError func(err error)
-	// rawNode is the node of a raw client's latest attempt, by
-	// client_msg_id (the SDK picks its own); faults the schedule's faults,
-	// on the history's clock: both for the report of the slowest sends.
-	rawNode sync.Map
-	faults  []faultSpan
+	// raw is, by a 64-bit hash of the client_msg_id (pointer-free, like
+	// the ledger's counts: a soak sends millions of keys), how many raw
+	// sends of the key began and the node index of the latest (the SDK
+	// picks its own node); faults the schedule's faults, on the history's
+	// clock: both for the report of the slowest sends. A hash collision
+	// can only misreport a node or an internal duplicate, never a check.
+	rawMu  sync.Mutex
+	raw    map[uint64]rawSends
+	faults []faultSpan
+}
+
+// rawSends is what nemesisCluster.raw keeps of one key.
+type rawSends struct {
+	started int32
+	node    int8
 }
 
 // proxiedDSN is dsn with its host and port replaced by addr.
@@ -176,8 +188,7 @@ func rawClient(i int) bool { return i%4 == 3 }
 // until acked: "a retrying client gets every send acked".
 func (c *nemesisCluster) startLoad() {
 	c.led = newLedger()
-	var firstMu sync.Mutex
-	started := map[string]int{} // raw sends started per key
+	c.raw = map[uint64]rawSends{}
 	c.load = &load{convs: c.convs, clients: 48, led: c.led, readers: 3,
 		readVia: func(rng *rand.Rand) (string, sequencerv1connect.SequencerServiceClient) {
 			p := c.nodes[rng.Intn(len(c.nodes))]
@@ -191,19 +202,23 @@ func (c *nemesisCluster) startLoad() {
 				}
 				return res.MsgID, res.Seq, nil
 			}
-			firstMu.Lock()
-			started[cid]++
-			first := started[cid] == 1
-			firstMu.Unlock()
-			p := c.nodes[rand.Intn(len(c.nodes))]
-			c.rawNode.Store(cid, p.name)
+			h := xxhash.Sum64String(cid)
+			v := rand.Intn(len(c.nodes))
+			p := c.nodes[v]
+			c.rawMu.Lock()
+			r := c.raw[h]
+			r.started++
+			r.node = int8(v)
+			c.raw[h] = r
+			first := r.started == 1
+			c.rawMu.Unlock()
 			resp, err := send(ctx, p.jsonClient(), conv, from, cid, body)
 			if err != nil {
 				return 0, 0, err
 			}
-			firstMu.Lock()
-			alone := started[cid] == 1 // no other send of the key began meanwhile
-			firstMu.Unlock()
+			c.rawMu.Lock()
+			alone := c.raw[h].started == 1 // no other send of the key began meanwhile
+			c.rawMu.Unlock()
 			if first && alone && resp.Duplicate {
 				c.internalDups.Add(1)
 			}
@@ -593,6 +608,7 @@ func TestNemesisSchedule(t *testing.T) {
 	t.Logf("SOAK_SEED=%d (length %v): rerun with SOAK_SEED=%d SOAK_MINUTES=%g make soak", seed, length, seed, length.Minutes())
 	rng := rand.New(rand.NewSource(seed))
 	c := startNemesisCluster(t, 3, true)
+	stalls := watchStalls(t)
 	c.startLoad()
 	waitFor(t, 60*time.Second, "200 acks before the first fault", func() bool { return c.led.count() >= 200 })
 	all := append(append(append([]nemesisFault(nil), nemesisFaults...), processFaults...), clockFaults...)
@@ -621,6 +637,7 @@ func TestNemesisSchedule(t *testing.T) {
 	// history: what the slowest attempts waited through, and the logs to
 	// read it in, are kept whatever the check says.
 	c.beforeVerify = func() {
+		stalls.report()
 		c.logSlowest(c.led.hist.Ops(), 3)
 		c.keepNodeLogs()
 	}
@@ -641,6 +658,58 @@ func TestNemesisSchedule(t *testing.T) {
 	}
 }
 
+// stallWatch measures how late a goroutine of the test process wakes from
+// a 50 ms sleep: the test process runs the clients, whose latencies the
+// soak reports, and the proxies every node reaches the store through, so a
+// stall of it is a slow answer and a store outage for every node at once
+// (docs/TESTING.md "Soak", run 8).
+type stallWatch struct {
+	t     *testing.T
+	mu    sync.Mutex
+	worst time.Duration
+	at    time.Time
+	over  int // wakes more than 1 s late
+}
+
+func watchStalls(t *testing.T) *stallWatch {
+	w := &stallWatch{t: t}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := 50 * time.Millisecond
+		for {
+			before := time.Now()
+			select {
+			case <-stop:
+				return
+			case <-time.After(tick):
+			}
+			late := time.Since(before) - tick
+			w.mu.Lock()
+			if late > w.worst {
+				w.worst, w.at = late, before
+			}
+			if late > time.Second {
+				w.over++
+			}
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return w
+}
+
+// report logs the worst stall and the heap the collector had to mark.
+func (w *stallWatch) report() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Logf("test process: worst wake-up %v late (a 50 ms sleep begun %s UTC), %d wake-ups over 1 s late; heap in use %d MB, %d collections, %v paused in all",
+		w.worst.Round(time.Millisecond), w.at.UTC().Format("15:04:05.000"), w.over, ms.HeapAlloc>>20, ms.NumGC, time.Duration(ms.PauseTotalNs).Round(time.Millisecond))
+}
+
 // logSlowest logs the n slowest acked send attempts: who sent (SDK or raw
 // JSON, and then the node asked), when (history clock) and the faults that
 // overlapped the attempt, so that a soak's "slowest acked attempt" comes with
@@ -656,8 +725,10 @@ func (c *nemesisCluster) logSlowest(ops []history.Op, n int) {
 	for i, o := range acked[:min(n, len(acked))] {
 		who := fmt.Sprintf("SDK client %d", o.Client)
 		if rawClient(o.Client) {
-			node, _ := c.rawNode.Load(o.Key[strings.IndexByte(o.Key, '/')+1:])
-			who = fmt.Sprintf("raw JSON client %d via %v", o.Client, node)
+			c.rawMu.Lock()
+			r := c.raw[xxhash.Sum64String(o.Key[strings.IndexByte(o.Key, '/')+1:])]
+			c.rawMu.Unlock()
+			who = fmt.Sprintf("raw JSON client %d via %s", o.Client, c.nodes[r.node].name)
 		}
 		var during []string
 		for _, f := range c.faults {

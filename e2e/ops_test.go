@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/history"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -171,13 +174,23 @@ func TestAdminDrainUnderLoad(t *testing.T) {
 	}
 }
 
-// snapshot copies the acks recorded so far.
+// snapshot is the acks recorded so far (the first answer to each key),
+// read from the history.
 func (l *ledger) snapshot() map[sequencer.ClientKey]ack {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make(map[sequencer.ClientKey]ack, len(l.acks))
-	for k, a := range l.acks {
-		out[k] = a
+	out := map[sequencer.ClientKey]ack{}
+	for _, o := range l.hist.Ops() {
+		if o.Kind != history.Send || o.Outcome != history.OK {
+			continue
+		}
+		from, cid, ok := strings.Cut(o.Key, "/")
+		uid, err := strconv.ParseUint(from, 10, 64)
+		if !ok || err != nil {
+			panic(fmt.Sprintf("e2e: history key %q is not from_uid/client_msg_id", o.Key))
+		}
+		k := sequencer.ClientKey{FromUID: uid, ClientMsgID: cid}
+		if _, seen := out[k]; !seen {
+			out[k] = ack{conv: o.Conv, from: uid, cid: cid, msgID: o.MsgID, seq: o.Seq}
+		}
 	}
 	return out
 }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -254,4 +256,60 @@ func TestPartsCheckedAFewAtATime(t *testing.T) {
 	if _, timedOut := checkParts(parts, 2, 0); !timedOut {
 		t.Errorf("no time at all: not reported as timed out")
 	}
+}
+
+// A file recorder gives back exactly what was recorded, in order, from many
+// goroutines, and its history checks like the in-memory one's.
+func TestFileRecorderGivesBackWhatWasRecorded(t *testing.T) {
+	ops := new(b).ack(0, "a", 0, 10, 1).dup(0, "a", 11, 300, 1).fail(1, "b", 0, 1, "unavailable").lost(1, "c", 0, 1).ops
+	ops = append(ops,
+		Op{Kind: Pull, Conv: "x", Node: "n2", Client: 3, AfterSeq: 1, Call: ms(400), Return: ms(410), Keys: []string{"7/a"}, Seqs: []uint64{2}},
+		Op{Kind: Head, Conv: "x", Node: "n1", Client: 4, Call: ms(5), Return: ms(6), Head: 1},
+		Op{}, // every field zero still counts as one operation
+		Op{Kind: Pull, Conv: "x", Node: "store", Client: -1, Call: ms(900), Return: ms(900), Final: true, Keys: []string{"1/a", "7/a"}, Seqs: []uint64{1, 2}})
+	r, err := NewFileRecorder(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, o := range ops {
+		r.Add(o)
+	}
+	if got := r.Ops(); !reflect.DeepEqual(got, ops) {
+		t.Fatalf("read back\n%v\nwant\n%v", got, ops)
+	}
+	// Recording goes on after a read, concurrently.
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				r.Add(Op{Kind: Send, Conv: fmt.Sprintf("g%d", g), Client: g, Key: fmt.Sprintf("%d/%d", g, i), Call: time.Duration(i), Return: time.Duration(i + 1), Seq: uint64(i + 1)})
+			}
+		}(g)
+	}
+	wg.Wait()
+	got := r.Ops()
+	if len(got) != len(ops)+8*500 || r.Len() != len(got) {
+		t.Fatalf("%d operations read back (Len %d), want %d", len(got), r.Len(), len(ops)+8*500)
+	}
+	next := map[string]uint64{}
+	for _, o := range got[len(ops):] {
+		if next[o.Conv]++; o.Seq != next[o.Conv] || o.Key != fmt.Sprintf("%d/%d", o.Client, o.Seq-1) {
+			t.Fatalf("out of order or garbled: %v", o)
+		}
+	}
+	if res, err := Check(got[len(ops):], 10*time.Second, "", ""); err != nil || !res.OK() {
+		t.Fatalf("check: %v %v", res, err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Errorf("Ops after Close did not panic")
+		}
+	}()
+	r.Ops()
 }

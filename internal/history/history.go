@@ -19,7 +19,12 @@
 package history
 
 import (
+	"bufio"
+	"encoding/gob"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -146,14 +151,45 @@ func (o Op) String() string {
 
 // Recorder collects operations from many goroutines. Times are measured from
 // the recorder's creation on the monotonic clock.
+//
+// A recorder from NewFileRecorder keeps the operations in a file, not in
+// memory: an hour's soak records millions of them, and held on the heap of
+// the process that also runs the clients (and the proxies its nodes reach
+// the store through) they made every garbage collection mark gigabytes of
+// pointers, which stalled that process for seconds (docs/TESTING.md "Soak",
+// run 8).
 type Recorder struct {
 	start time.Time
 	mu    sync.Mutex
 	ops   []Op
+	// The file mode: the operations gob-encoded in f through w, n of them;
+	// err is the first write error, reported by Ops.
+	f   *os.File
+	w   *bufio.Writer
+	enc *gob.Encoder
+	n   int
+	err error
 }
 
-// NewRecorder starts an empty history.
+// NewRecorder starts an empty history held in memory.
 func NewRecorder() *Recorder { return &Recorder{start: time.Now()} }
+
+// NewFileRecorder starts an empty history kept in a new file in dir ("": the
+// system's temporary directory). The file is removed at once and read
+// through its open descriptor, so nothing is left behind; its space is
+// freed by Close, or when the process exits.
+func NewFileRecorder(dir string) (*Recorder, error) {
+	f, err := os.CreateTemp(dir, "history-*.gob")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, err
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	return &Recorder{start: time.Now(), f: f, w: w, enc: gob.NewEncoder(w)}, nil
+}
 
 // Now is the time to put in Op.Call and Op.Return.
 func (r *Recorder) Now() time.Duration { return time.Since(r.start) }
@@ -161,15 +197,80 @@ func (r *Recorder) Now() time.Duration { return time.Since(r.start) }
 // Add records one completed (or given up) operation.
 func (r *Recorder) Add(op Op) {
 	r.mu.Lock()
-	r.ops = append(r.ops, op)
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if r.f == nil {
+		r.ops = append(r.ops, op)
+		return
+	}
+	if r.err != nil {
+		return
+	}
+	if err := r.enc.Encode(&op); err != nil {
+		r.err = fmt.Errorf("history: recording operation %d: %w", r.n+1, err)
+		return
+	}
+	r.n++
 }
 
-// Ops returns a copy of the history, in the order recorded.
+// Ops returns a copy of the history, in the order recorded. A file
+// recorder that could not write or read its file panics: the history a
+// test would check is not the one its clients saw.
 func (r *Recorder) Ops() []Op {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Op(nil), r.ops...)
+	if r.f == nil {
+		return append([]Op(nil), r.ops...)
+	}
+	ops, err := r.readBack()
+	if err != nil {
+		panic(err)
+	}
+	return ops
+}
+
+func (r *Recorder) readBack() ([]Op, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	if err := r.w.Flush(); err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	size, err := r.f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	dec := gob.NewDecoder(bufio.NewReaderSize(io.NewSectionReader(r.f, 0, size), 1<<20))
+	ops := make([]Op, r.n)
+	for i := range ops {
+		if err := dec.Decode(&ops[i]); err != nil {
+			return nil, fmt.Errorf("history: reading operation %d of %d: %w", i+1, r.n, err)
+		}
+	}
+	return ops, nil
+}
+
+// Len is the number of operations recorded.
+func (r *Recorder) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.f == nil {
+		return len(r.ops)
+	}
+	return r.n
+}
+
+// Close frees a file recorder's file; the recorder records nothing more.
+// An in-memory recorder has nothing to free.
+func (r *Recorder) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.f == nil {
+		return nil
+	}
+	if r.err == nil {
+		r.err = errors.New("history: recorder closed")
+	}
+	return r.f.Close()
 }
 
 // Counts summarises a history for a report.
