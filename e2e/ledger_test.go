@@ -98,41 +98,55 @@ func (l *ledger) countIn(in map[string]bool) int {
 	return n
 }
 
+// promise is what a client was told of a key: the first answer to it.
+type promise struct {
+	conv       string
+	msgID, seq uint64
+}
+
+// promises reads from a history what clients were promised: the first
+// answer to each key, which every later answer to it must repeat (resends
+// counts those later answers, mismatches says which did not).
+func promises(ops []history.Op) (acks map[string]promise, resends int, mismatches []string) {
+	acks = map[string]promise{}
+	for _, o := range ops {
+		if o.Kind != history.Send || o.Outcome != history.OK {
+			continue
+		}
+		p := promise{o.Conv, o.MsgID, o.Seq}
+		prev, ok := acks[o.Key]
+		if !ok {
+			acks[o.Key] = p
+			continue
+		}
+		resends++
+		if p != prev {
+			mismatches = append(mismatches, fmt.Sprintf("resend of %s got (%d,%d) in %s, first ack was (%d,%d) in %s",
+				o.Key, p.msgID, p.seq, p.conv, prev.msgID, prev.seq, prev.conv))
+		}
+	}
+	return acks, resends, mismatches
+}
+
 // verify checks the invariants against the store: every acked message is
 // stored at its seq with its msg_id; each conversation's seqs are exactly
-// 1..head; no msg_id repeats; resends got the first ids.
-func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
+// 1..head; no msg_id repeats; resends got the first ids. It returns the
+// counts of the whole history it checked.
+func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) history.Counts {
 	t.Helper()
 	ctx := context.Background()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ops := l.hist.Ops()
-	// What clients were promised: the first answer to each key, which every
-	// later answer to it must repeat.
-	type promise struct {
-		conv       string
-		msgID, seq uint64
+	acks, resends, mismatches := promises(ops)
+	for _, m := range mismatches {
+		t.Error(m)
 	}
-	acks := map[string]promise{}
 	sent := map[string]bool{}
-	resends := 0
 	for _, o := range ops {
-		if o.Kind != history.Send {
-			continue
+		if o.Kind == history.Send {
+			sent[o.Key] = true
 		}
-		sent[o.Key] = true
-		if o.Outcome != history.OK {
-			continue
-		}
-		p := promise{o.Conv, o.MsgID, o.Seq}
-		if prev, ok := acks[o.Key]; ok {
-			resends++
-			if p != prev {
-				t.Errorf("resend of %s got (%d,%d) in %s, first ack was (%d,%d) in %s", o.Key, p.msgID, p.seq, p.conv, prev.msgID, prev.seq, prev.conv)
-			}
-			continue
-		}
-		acks[o.Key] = p
 	}
 	add := func(o history.Op) {
 		ops = append(ops, o)
@@ -187,7 +201,7 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 	if untracked > 0 {
 		t.Logf("history: %d stored rows were sent outside the recorded load", untracked)
 	}
-	checkHistory(t, ops)
+	counts := checkHistory(t, ops)
 	for k, a := range acks {
 		r, ok := stored[a.conv][a.seq]
 		if !ok {
@@ -199,6 +213,7 @@ func (l *ledger) verify(t *testing.T, st persist.Store, convs []string) {
 		}
 	}
 	t.Logf("verified %d acked messages (%d resend answers) over %d conversations, %d stored rows", len(acks), resends, len(convs), len(msgIDs))
+	return counts
 }
 
 func historyKey(from uint64, cid string) string { return fmt.Sprintf("%d/%s", from, cid) }
@@ -218,8 +233,8 @@ func historyTimeout() time.Duration {
 // checkHistory checks ops (every recorded operation) against the append-only log
 // model (internal/history); a failing history is written, with porcupine's
 // visualisation, to $SEQUENCER_TEST_ARTIFACTS (default test-artifacts/ at the
-// repository root).
-func checkHistory(t *testing.T, ops []history.Op) {
+// repository root). It returns the history's counts.
+func checkHistory(t *testing.T, ops []history.Op) history.Counts {
 	t.Helper()
 	for i := range ops {
 		if ops[i].Client < 0 { // the final store reads: a client of their own
@@ -233,9 +248,10 @@ func checkHistory(t *testing.T, ops []history.Op) {
 	}
 	if !res.OK() {
 		t.Errorf("%v", res)
-		return
+	} else {
+		t.Logf("%v", res)
 	}
-	t.Logf("%v", res)
+	return res.Counts
 }
 
 func historyArtifacts() string {

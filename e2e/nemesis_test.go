@@ -253,8 +253,8 @@ func (c *nemesisCluster) startLoad() {
 
 // finish stops the load (in-flight sends still go until acked), then checks
 // every invariant: no client gave up, and the history is linearizable
-// against the store's final rows.
-func (c *nemesisCluster) finish() {
+// against the store's final rows. It returns the history's counts.
+func (c *nemesisCluster) finish() history.Counts {
 	t := c.t
 	close(c.stop)
 	select {
@@ -268,8 +268,9 @@ func (c *nemesisCluster) finish() {
 	if c.beforeVerify != nil {
 		c.beforeVerify()
 	}
-	c.led.verify(t, openStore(t, c.dsn), c.convs)
+	counts := c.led.verify(t, openStore(t, c.dsn), c.convs)
 	t.Logf("duplicate:true on a raw client's first send of a key (an internal resend): %d", c.internalDups.Load())
+	return counts
 }
 
 // logStoreActivity logs what the PostgreSQL store's sessions of this
@@ -641,7 +642,7 @@ func TestNemesisSchedule(t *testing.T) {
 		c.logSlowest(c.led.hist.Ops(), 3)
 		c.keepNodeLogs()
 	}
-	c.finish()
+	counts := c.finish()
 	var names []string
 	total := 0
 	for k, n := range injected {
@@ -649,8 +650,6 @@ func TestNemesisSchedule(t *testing.T) {
 		total += n
 	}
 	sort.Strings(names)
-	ops := c.led.hist.Ops()
-	counts := history.Count(ops)
 	t.Logf("soak summary: seed %d, %v, %d faults {%s}, slowest heal %v; %v; acked messages %d; raw first-send duplicates %d",
 		seed, length, total, strings.Join(names, " "), slowestHeal.Round(10*time.Millisecond), counts, c.led.count(), c.internalDups.Load())
 	if fail := t.Failed(); !fail {

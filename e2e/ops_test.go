@@ -19,7 +19,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer"
-	"github.com/sequencer-im/sequencer/internal/history"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -177,20 +176,15 @@ func TestAdminDrainUnderLoad(t *testing.T) {
 // snapshot is the acks recorded so far (the first answer to each key),
 // read from the history.
 func (l *ledger) snapshot() map[sequencer.ClientKey]ack {
-	out := map[sequencer.ClientKey]ack{}
-	for _, o := range l.hist.Ops() {
-		if o.Kind != history.Send || o.Outcome != history.OK {
-			continue
-		}
-		from, cid, ok := strings.Cut(o.Key, "/")
+	acks, _, _ := promises(l.hist.Ops())
+	out := make(map[sequencer.ClientKey]ack, len(acks))
+	for key, p := range acks {
+		from, cid, ok := strings.Cut(key, "/")
 		uid, err := strconv.ParseUint(from, 10, 64)
 		if !ok || err != nil {
-			panic(fmt.Sprintf("e2e: history key %q is not from_uid/client_msg_id", o.Key))
+			panic(fmt.Sprintf("e2e: history key %q is not from_uid/client_msg_id", key))
 		}
-		k := sequencer.ClientKey{FromUID: uid, ClientMsgID: cid}
-		if _, seen := out[k]; !seen {
-			out[k] = ack{conv: o.Conv, from: uid, cid: cid, msgID: o.MsgID, seq: o.Seq}
-		}
+		out[sequencer.ClientKey{FromUID: uid, ClientMsgID: cid}] = ack{conv: p.conv, from: uid, cid: cid, msgID: p.msgID, seq: p.seq}
 	}
 	return out
 }

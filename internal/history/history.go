@@ -249,16 +249,6 @@ func (r *Recorder) readBack() ([]Op, error) {
 	return ops, nil
 }
 
-// Len is the number of operations recorded.
-func (r *Recorder) Len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
-		return len(r.ops)
-	}
-	return r.n
-}
-
 // Close frees a file recorder's file; the recorder records nothing more.
 // An in-memory recorder has nothing to free.
 func (r *Recorder) Close() error {
