@@ -170,10 +170,13 @@ func TestRemoteEnginesOverTheAPI(t *testing.T) {
 			if got[tc.want] == 0 || len(got) != 1 {
 				t.Errorf("server saw %v, want only %q", got, tc.want)
 			}
-			// Connections are kept alive: per scenario at most one per
-			// sender (HTTP/1.1) plus the /readyz and /metrics client's,
-			// not one per request.
-			if c := rpcs.conns.Load(); c > 2*(4+2) || int64(got[tc.want]) < 5*c {
+			// Connections are kept alive, not one per request: about one
+			// per sender (HTTP/1.1) and scenario plus the /readyz and
+			// /metrics client's. The bound leaves room for a few redials
+			// (a CI check saw 13 for 833 requests of e-json-grpc, on a
+			// machine running other tests); one per request would be
+			// hundreds.
+			if c := rpcs.conns.Load(); c > 4*(4+2) || int64(got[tc.want]) < 5*c {
 				t.Errorf("%d connections for %d requests; want them kept alive", c, got[tc.want])
 			}
 		})
