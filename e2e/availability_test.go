@@ -187,15 +187,7 @@ func (r availRow) String() string {
 func (l *availLoad) measureFault(name string, hold time.Duration, t0, t1, t2 time.Duration, healed time.Duration) availRow {
 	ops := l.c.led.hist.Ops()
 	r := availRow{fault: name, clients: map[bool]string{true: "raw", false: "SDK"}[l.raw], hold: hold, healed: healed}
-	count := func(from, to time.Duration) int {
-		n := 0
-		for _, o := range ops {
-			if o.Kind == history.Send && o.Outcome == history.OK && o.Return >= from && o.Return < to {
-				n++
-			}
-		}
-		return n
-	}
+	count := func(from, to time.Duration) int { return acksBetween(ops, from, to) }
 	r.before = float64(count(t1-3*time.Second, t1)) / 3
 	if d := t2 - t1 - 2*time.Second; d > 0 {
 		r.during = float64(count(t1+2*time.Second, t2)) / d.Seconds()
@@ -256,6 +248,17 @@ func (l *availLoad) measureFault(name string, hold time.Duration, t0, t1, t2 tim
 	return r
 }
 
+// acksBetween counts the acked sends of ops that returned in [from, to).
+func acksBetween(ops []history.Op, from, to time.Duration) int {
+	n := 0
+	for _, o := range ops {
+		if o.Kind == history.Send && o.Outcome == history.OK && o.Return >= from && o.Return < to {
+			n++
+		}
+	}
+	return n
+}
+
 // availFaults is the faults of a run: AVAIL_FAULTS (comma-separated names)
 // or every network fault of the nemesis.
 func availFaults(t *testing.T) []nemesisFault {
@@ -281,8 +284,10 @@ func availFaults(t *testing.T) []nemesisFault {
 // TestAvailability runs each network fault on n1 of 3 nodes for
 // AVAIL_HOLD (default 5s; the runs: 5s and 30s) under 32 clients of
 // one kind (AVAIL_CLIENTS raw, sdk or both; default both), over 300
-// conversations, and writes the table to test-artifacts/availability.md.
-// It asserts the invariants only; the figures go into docs/TESTING.md.
+// conversations, and writes the table to test-artifacts/availability-<hold>.md,
+// each row's timeline around its heal to availability-<hold>-timeline.md
+// (availability_timeline_test.go) and every node's log to
+// availability-<hold>-<clients>-<node>.log. It asserts the invariants only; the figures go into docs/TESTING.md.
 func TestAvailability(t *testing.T) {
 	if os.Getenv("SEQUENCER_AVAILABILITY") == "" {
 		t.Skip("the availability run (several minutes): SEQUENCER_AVAILABILITY=1 (make availability)")
@@ -303,10 +308,12 @@ func TestAvailability(t *testing.T) {
 		kinds = []bool{false}
 	}
 	var rows []availRow
+	var timelines strings.Builder
 	for _, raw := range kinds {
 		c := startNemesisCluster(t, 3, false)
 		c.convs = convNames(300)
 		l := c.startAvailLoad(raw)
+		sampler := startMetricSampler(c, c.led.hist.Now)
 		waitFor(t, 60*time.Second, "300 acks before the first fault", func() bool { return c.led.count() >= 300 })
 		type span struct {
 			f              nemesisFault
@@ -325,11 +332,14 @@ func TestAvailability(t *testing.T) {
 			s.hd = c.waitHealed("after " + f.name)
 			spans = append(spans, s)
 		}
-		time.Sleep(5 * time.Second) // the stretch after the last heal that the last row measures
+		time.Sleep(8 * time.Second) // the stretch after the last heal that the last row measures
+		sampler.close()
 		l.finish(t)
 		for _, s := range spans {
 			rows = append(rows, l.measureFault(s.f.name, hold, s.t0, s.t1, s.t2, s.hd))
+			l.timeline(&timelines, sampler, s.f.name, s.t1, s.t2)
 		}
+		saveNodeLogs(c, hold, map[bool]string{true: "raw", false: "sdk"}[raw])
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "availability: 3 nodes on one PostgreSQL, %d closed-loop clients of one kind over 300 conversations, member TTL %s, each fault on n1 for %v\n\n", availClients, nemesisTTL, hold)
@@ -341,6 +351,7 @@ func TestAvailability(t *testing.T) {
 	dir := historyArtifacts()
 	if err := os.MkdirAll(dir, 0o755); err == nil {
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("availability-%v.md", hold)), []byte(b.String()), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("availability-%v-timeline.md", hold)), []byte(timelines.String()), 0o644)
 	}
 }
 

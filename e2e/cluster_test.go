@@ -177,11 +177,11 @@ func clusterChurn(t *testing.T, dsn string, step int) {
 // (SIGCONT) it steps down, none of its pending commits lands (the store holds
 // exactly what clients were told), and the clients that were waiting on it
 // got a retryable error or an answer.
-func TestClusterZombie(t *testing.T) { clusterZombie(t, pgtest.NewDatabase(t), nil) }
+func TestClusterZombie(t *testing.T) { clusterZombie(t, pgtest.NewDatabase(t), nil, false) }
 
 // clusterZombie is TestClusterZombie on the database of dsn; zombieEnv is
 // added to the frozen node's environment.
-func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
+func clusterZombie(t *testing.T, dsn string, zombieEnv []string, freezeQueued bool) *proc {
 	var procs []*proc
 	nodes := &nodeSet{}
 	for i := 1; i <= 3; i++ {
@@ -263,6 +263,20 @@ func clusterZombie(t *testing.T, dsn string, zombieEnv []string) *proc {
 	go func() { l.run(ctx, t, stop); close(done) }()
 	waitFor(t, 90*time.Second, "300 acks before the freeze", func() bool { return l.led.count() >= 300 })
 
+	if freezeQueued {
+		// Freeze the zombie the moment a scrape shows a formed batch
+		// queued behind its one commit transaction (the stop follows the
+		// scrape by well under the commit's time), so a commit that passed
+		// its checks waits to be sent past the takeover. Up to 20 s of
+		// tries; then it freezes anyway, and the caller sees whether a
+		// commit was caught.
+		hc := &http.Client{Timeout: time.Second}
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+			if v, err := scrapeSums(hc, zombie.Addr); err == nil && v["sequencer_commit_queue_batches"] >= 1 {
+				break
+			}
+		}
+	}
 	t.Log("SIGSTOP z1")
 	if err := zombie.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)

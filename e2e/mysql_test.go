@@ -79,7 +79,7 @@ func TestMySQLRestartedMidLoad(t *testing.T) {
 // TestMySQLClusterZombie is TestClusterZombie on MariaDB: a node frozen
 // past its lease steps down when it resumes, and none of its pending
 // commits lands behind the new owners.
-func TestMySQLClusterZombie(t *testing.T) { clusterZombie(t, mysqltest.NewDatabase(t), nil) }
+func TestMySQLClusterZombie(t *testing.T) { clusterZombie(t, mysqltest.NewDatabase(t), nil, false) }
 
 // A node on MySQL exposes the store's redo counter and its pools on
 // /metrics, and `sequencer migrate` reports the schema applied.
