@@ -37,6 +37,13 @@ type ConvBatch struct {
 	// that this conversation has messages the firehose has not published
 	// yet (persist.Outbox; package firehose).
 	Outbox OutboxMark
+	// RecallsOfUnedited, when set, says that no recall in Messages targets
+	// a message with edit events (the writer's state of each target,
+	// including this batch's own edits, has no edits): the store may skip
+	// clearing edit events' bodies (issue 32: a recall of an unedited
+	// message costs one target update, like an edit). Unset (the zero
+	// value), the store clears them: always correct.
+	RecallsOfUnedited bool
 }
 
 // OutboxMark says whether a commit records its conversation in the

@@ -635,6 +635,7 @@ func (c *Core) Formed(f Formation) {
 	batch := make([]*entry, 0, n)
 	var overlay []Target // the targets' states after this batch's events so far
 	taken := 0           // queued entries consumed (in the batch or refused)
+	uneditedRecalls := true
 	for i, e := range c.queue[:n] {
 		if e.req.Kind != sequencer.KindMessage {
 			t, ok := c.target(e.req.TargetMsgID, overlay)
@@ -654,6 +655,9 @@ func (c *Core) Formed(f Formation) {
 				c.ev.refused = append(c.ev.refused, e)
 				taken++
 				continue
+			}
+			if e.req.Kind == sequencer.KindRecall && t.EditCount > 0 {
+				uneditedRecalls = false
 			}
 			e.after = t.Apply(&e.req, now)
 			overlay = append(overlay, e.after)
@@ -701,7 +705,8 @@ func (c *Core) Formed(f Formation) {
 		return
 	}
 	c.batch = batch
-	c.inflight = &sequencer.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs}
+	c.inflight = &sequencer.ConvBatch{ConvID: c.cfg.ConvID, PrevHead: c.head, Fence: f.Fence, Messages: msgs,
+		RecallsOfUnedited: uneditedRecalls}
 	c.op = opCommit
 	c.ready.Commit = c.inflight
 }

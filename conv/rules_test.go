@@ -1,6 +1,7 @@
 package conv_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -76,6 +77,10 @@ type eventStore struct {
 	head  uint64
 	rows  map[uint64]sequencer.Message
 	reads int // target reads (Ready.Targets msg_ids)
+	// unedited is RecallsOfUnedited of every commit with a recall; when
+	// set, the recalls' edit events keep their bodies, as a store that
+	// trusts the flag leaves them (so a wrong flag shows in the rows).
+	unedited []bool
 }
 
 func newEventStore() *eventStore { return &eventStore{rows: map[uint64]sequencer.Message{}} }
@@ -89,11 +94,33 @@ func (s *eventStore) commit(b *sequencer.ConvBatch) {
 				t.Body, t.EditCount, t.EditedAt = m.Body, t.EditCount+1, m.ServerAt
 			case sequencer.KindRecall:
 				t.Body, t.Recalled = nil, true
+				if !b.RecallsOfUnedited {
+					for id, e := range s.rows {
+						if e.Kind == sequencer.KindEdit && e.TargetMsgID == t.MsgID {
+							e.Body, e.Recalled = nil, true
+							s.rows[id] = e
+						}
+					}
+				}
 			}
 			s.rows[t.MsgID] = t
 		}
 	}
+	if slices.ContainsFunc(b.Messages, func(m sequencer.Message) bool { return m.Kind == sequencer.KindRecall }) {
+		s.unedited = append(s.unedited, b.RecallsOfUnedited)
+	}
 	s.head = b.LastSeq()
+}
+
+// editsKeptOf returns the edit events of target that still hold a body.
+func (s *eventStore) editsKeptOf(target uint64) []uint64 {
+	var out []uint64
+	for id, e := range s.rows {
+		if e.Kind == sequencer.KindEdit && e.TargetMsgID == target && len(e.Body) > 0 {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 type answer struct {
@@ -222,8 +249,13 @@ func TestCoreEvents(t *testing.T) {
 		t.Fatalf("target after the batch: %+v", tg)
 	}
 	ev := s.rows[got["e1"].res.MsgID]
-	if ev.Kind != sequencer.KindEdit || ev.TargetMsgID != m1 || string(ev.Body) != "hello!" || ev.Seq != 2 {
+	if ev.Kind != sequencer.KindEdit || ev.TargetMsgID != m1 || ev.Seq != 2 || !ev.Recalled {
 		t.Fatalf("edit event: %+v", ev)
+	}
+	// The recall follows edits of its target in its batch: the commit
+	// does not call it a recall of an unedited message.
+	if kept := s.editsKeptOf(m1); len(kept) > 0 || !slices.Equal(s.unedited, []bool{false}) {
+		t.Fatalf("edit events still holding a body: %v; RecallsOfUnedited of the commits with recalls: %v", kept, s.unedited)
 	}
 
 	// The resend of e1 (memo holds only the last key) is found by its key:
@@ -279,5 +311,50 @@ func TestCoreEventAfterOwnSend(t *testing.T) {
 	}
 	if tg := s.rows[m]; tg.EditCount != 1 || string(tg.Body) != "hi!" || !tg.EditedAt.Equal(now) {
 		t.Fatalf("target: %+v", tg)
+	}
+}
+
+// TestCoreRecallsOfUnedited: a commit says RecallsOfUnedited exactly when
+// none of its recalls' targets has edits, by the writer's knowledge of each
+// target (its own commits, or the target read from the store), so a store
+// may skip clearing edit events only where there are none.
+func TestCoreRecallsOfUnedited(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := newEventStore()
+	ids := &counter{}
+	c, _ := conv.New(conv.Config{ConvID: "c1"})
+	for _, k := range []string{"a", "b", "c"} {
+		c.Send(k, eventReq(0, 7, k, 0, k))
+	}
+	sent := runCore(t, c, s, ids, now)
+	a, b, cc := sent["a"].res.MsgID, sent["b"].res.MsgID, sent["c"].res.MsgID
+
+	c.Send("edit a", eventReq(sequencer.KindEdit, 7, "edit a", a, "a!"))
+	runCore(t, c, s, ids, now)
+	c.Send("recall b", eventReq(sequencer.KindRecall, 7, "recall b", b, "")) // never edited
+	runCore(t, c, s, ids, now)
+	c.Send("recall a", eventReq(sequencer.KindRecall, 7, "recall a", a, "")) // edited in an earlier commit
+	runCore(t, c, s, ids, now)
+	if !slices.Equal(s.unedited, []bool{true, false}) {
+		t.Fatalf("RecallsOfUnedited of the recall commits: %v, want [true false]", s.unedited)
+	}
+
+	// A new writer (another owner) knows c's state only from the store.
+	s.unedited = nil
+	c2, _ := conv.New(conv.Config{ConvID: "c1"})
+	c2.Send("edit c", eventReq(sequencer.KindEdit, 7, "edit c", cc, "c!"))
+	runCore(t, c2, s, ids, now)
+	c3, _ := conv.New(conv.Config{ConvID: "c1"})
+	c3.Send("recall c", eventReq(sequencer.KindRecall, 7, "recall c", cc, ""))
+	if r := runCore(t, c3, s, ids, now)["recall c"]; r.err != nil {
+		t.Fatalf("recall c: %v", r.err)
+	}
+	if !slices.Equal(s.unedited, []bool{false}) || s.reads == 0 {
+		t.Fatalf("RecallsOfUnedited %v after %d target reads, want [false] after a read", s.unedited, s.reads)
+	}
+	for _, id := range []uint64{a, b, cc} {
+		if kept := s.editsKeptOf(id); len(kept) > 0 || !s.rows[id].Recalled {
+			t.Fatalf("target %d: recalled %v, edit events still holding a body %v", id, s.rows[id].Recalled, kept)
+		}
 	}
 }

@@ -12,7 +12,10 @@ import "github.com/sequencer-im/sequencer"
 //     event's server_at;
 //   - recall: body emptied and recalled = true; the edit events of the
 //     target lose their bodies too and are marked recalled (the recalled
-//     text is gone for good, also from the edits that carried it).
+//     text is gone for good, also from the edits that carried it). When
+//     the batch says RecallsOfUnedited, its recalls' targets have no edit
+//     events (its writer knows each target's edit count), and a store may
+//     skip looking for them.
 //
 // The update names (conv_id, msg_id) and touches no row of another
 // conversation; a target that is gone (trimmed) is left alone: the event

@@ -434,9 +434,12 @@ func (s *Store) writeTrips(p *plan) []trip {
 				sqlb.WriteString(`UPDATE im_message SET body = ?, edit_count = edit_count + 1, edited_at = ? WHERE conv_id = ? AND msg_id = ? AND kind = 0;`)
 				cur.args = append(cur.args, body, storedTime(m.ServerAt), m.ConvID, m.TargetMsgID)
 			case sequencer.KindRecall:
-				sqlb.WriteString(`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND msg_id = ? AND kind = 0;` +
-					`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND target_msg_id = ? AND kind = 1;`)
-				cur.args = append(cur.args, m.ConvID, m.TargetMsgID, m.ConvID, m.TargetMsgID)
+				sqlb.WriteString(`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND msg_id = ? AND kind = 0;`)
+				cur.args = append(cur.args, m.ConvID, m.TargetMsgID)
+				if !p.batches[i].RecallsOfUnedited { // its edit events lose their bodies too
+					sqlb.WriteString(`UPDATE im_message SET body = '', recalled = true WHERE conv_id = ? AND target_msg_id = ? AND kind = 1;`)
+					cur.args = append(cur.args, m.ConvID, m.TargetMsgID)
+				}
 			}
 			size += rowBytes(m)
 		}

@@ -62,8 +62,9 @@ func BenchmarkCommitManyMarks(b *testing.B) { benchCommit(b, 95, 1, true) }
 // BenchmarkCommitManyEdits and BenchmarkCommitManyRecalls are
 // BenchmarkCommitMany with every row an event: an edit (a 100-byte body) or
 // a recall of a message of the conversation that no event of the run
-// targeted before (issue 32: an event costs no more than a send). The
-// targets are seeded before the timer starts.
+// targeted before (issue 32: an event costs no more than a send), the
+// batches saying so (RecallsOfUnedited), as the writer does. The targets
+// are seeded before the timer starts.
 //
 //	go test -run '^$' -bench 'CommitMany(Edits|Recalls)?$' -benchtime 400x -count 5 ./persist/postgres/
 func BenchmarkCommitManyEdits(b *testing.B) {
@@ -72,6 +73,13 @@ func BenchmarkCommitManyEdits(b *testing.B) {
 
 func BenchmarkCommitManyRecalls(b *testing.B) {
 	benchCommitKind(b, 95, 1, false, sequencer.KindRecall)
+}
+
+// BenchmarkCommitManyRecallsUnflagged is BenchmarkCommitManyRecalls with
+// the batches not saying RecallsOfUnedited (as if the writer did not know
+// its targets unedited): the store also looks for the targets' edit events.
+func BenchmarkCommitManyRecallsUnflagged(b *testing.B) {
+	benchCommitKind(b, 95, 1, false, -sequencer.KindRecall)
 }
 
 func benchCommit(b *testing.B, convs, perConv int, marks bool) {
@@ -85,7 +93,10 @@ func asEvents(bs []persist.ConvBatch, kind sequencer.Kind, targets [][]uint64) {
 	if kind == sequencer.KindMessage {
 		return
 	}
+	flagged := kind > 0 // -KindRecall: recalls without RecallsOfUnedited
+	kind = max(kind, -kind)
 	for i := range bs {
+		bs[i].RecallsOfUnedited = flagged
 		for j := range bs[i].Messages {
 			m := &bs[i].Messages[j]
 			m.Kind, m.TargetMsgID = kind, targets[i][0]

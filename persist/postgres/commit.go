@@ -535,7 +535,9 @@ func (p *CommitPiece) prepare() {
 // more than a send), each over arrays with one element per target. An
 // edited target gets its last edit's body and time and its edit_count
 // raised by its number of edits; a recalled target, and its edit events
-// (those of this commit too: they are inserted before), lose their bodies.
+// (those of this commit too: they are inserted before), lose their bodies;
+// the edit events' statement is left out for the targets that their
+// writer knows unedited (ConvBatch.RecallsOfUnedited).
 // The edits go first: a recall in the same commit leaves its target
 // recalled, as the events in seq order would (the rules refuse an edit of a
 // recalled message, so no edit follows a recall of its target).
@@ -555,10 +557,12 @@ func (p *CommitPiece) queueEvents(b *pgx.Batch) {
 		b.Queue(`UPDATE `+t+` AS m SET body = '\x', recalled = true
 			FROM unnest($1::text[], $2::bigint[]) AS u(conv_id, msg_id)
 			WHERE m.conv_id = u.conv_id AND m.msg_id = u.msg_id AND m.kind = 0`, ev.recall.convs, ev.recall.ids)
+	}
+	if len(ev.recallEdited.convs) > 0 {
 		b.Queue(`UPDATE `+t+` AS m SET body = '\x', recalled = true
 			FROM unnest($1::text[], $2::bigint[]) AS u(conv_id, msg_id)
 			WHERE m.conv_id = u.conv_id AND m.target_msg_id = u.msg_id AND m.target_msg_id <> 0 AND m.kind = 1`,
-			ev.recall.convs, ev.recall.ids)
+			ev.recallEdited.convs, ev.recallEdited.ids)
 	}
 }
 
@@ -571,7 +575,10 @@ type eventArrays struct {
 		ats    []time.Time
 		counts []int32
 	}
-	recall struct {
+	// recall is every recalled target; recallEdited those whose edit
+	// events must lose their bodies too (all but the targets of batches
+	// whose writer knows them unedited: ConvBatch.RecallsOfUnedited).
+	recall, recallEdited struct {
 		convs []string
 		ids   []int64
 	}
@@ -611,6 +618,10 @@ func eventArraysOf(batches []persist.ConvBatch) *eventArrays {
 				}
 				recalled[k] = true
 				ev.recall.convs, ev.recall.ids = append(ev.recall.convs, m.ConvID), append(ev.recall.ids, int64(m.TargetMsgID))
+				if !batches[i].RecallsOfUnedited {
+					r := &ev.recallEdited
+					r.convs, r.ids = append(r.convs, m.ConvID), append(r.ids, int64(m.TargetMsgID))
+				}
 			}
 		}
 	}

@@ -489,6 +489,10 @@ const (
 		WHERE conv_id = ? AND msg_id = ? AND kind = 0`
 	recallSQL = `UPDATE im_message SET body = x'', recalled = 1
 		WHERE conv_id = ? AND (msg_id = ? AND kind = 0 OR target_msg_id = ? AND target_msg_id <> 0 AND kind = 1)`
+	// recallUneditedSQL is recallSQL for a target its writer knows has no
+	// edit events (ConvBatch.RecallsOfUnedited).
+	recallUneditedSQL = `UPDATE im_message SET body = x'', recalled = 1
+		WHERE conv_id = ? AND msg_id = ? AND kind = 0`
 )
 
 func applyEvents(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
@@ -504,7 +508,11 @@ func applyEvents(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) e
 				}
 				_, err = tx.ExecContext(ctx, editSQL, body, storedMs(m.ServerAt), m.ConvID, int64(m.TargetMsgID))
 			case sequencer.KindRecall:
-				_, err = tx.ExecContext(ctx, recallSQL, m.ConvID, int64(m.TargetMsgID), int64(m.TargetMsgID))
+				if batches[i].RecallsOfUnedited {
+					_, err = tx.ExecContext(ctx, recallUneditedSQL, m.ConvID, int64(m.TargetMsgID))
+				} else {
+					_, err = tx.ExecContext(ctx, recallSQL, m.ConvID, int64(m.TargetMsgID), int64(m.TargetMsgID))
+				}
 			default:
 				continue
 			}

@@ -18,6 +18,7 @@ var eventCases = []struct {
 	{"EventTargetsOwnConversationOnly", testEventOwnConversation},
 	{"EventAndTargetAllOrNothing", testEventAllOrNothing},
 	{"EventsTrimmedLikeMessages", testEventsTrimmed},
+	{"RecallOfUneditedTargets", testRecallOfUnedited},
 }
 
 // event builds conv's event of kind at seq changing target.
@@ -162,4 +163,29 @@ func testEventsTrimmed(x *suite) {
 	r := event(c, 4, sequencer.KindRecall, b.Messages[0], "", serverAt)
 	x.mustCommit(persist.ConvBatch{ConvID: c, PrevHead: 3, Messages: []sequencer.Message{r}})
 	x.expectStored(c, 4, []sequencer.Message{r})
+}
+
+// A batch whose writer knows its recalls' targets unedited
+// (RecallsOfUnedited) recalls them as any other: target emptied and marked.
+// In the same commit, another conversation's batch without the flag
+// recalls an edited target, whose edit events still lose their bodies.
+func testRecallOfUnedited(x *suite) {
+	a, b := x.conv(), x.conv()
+	ba, bb := batch(a, 0, 2), batch(b, 0, 1)
+	x.mustCommit(ba, bb)
+	t1 := serverAt.Add(time.Minute)
+	eb := event(b, 2, sequencer.KindEdit, bb.Messages[0], "edited", t1)
+	x.mustCommit(persist.ConvBatch{ConvID: b, PrevHead: 1, Messages: []sequencer.Message{eb}})
+
+	ra := event(a, 3, sequencer.KindRecall, ba.Messages[0], "", t1)
+	rb := event(b, 3, sequencer.KindRecall, bb.Messages[0], "", t1)
+	x.mustCommit(persist.ConvBatch{ConvID: a, PrevHead: 2, Messages: []sequencer.Message{ra}, RecallsOfUnedited: true},
+		persist.ConvBatch{ConvID: b, PrevHead: 2, Messages: []sequencer.Message{rb}})
+	wantA := ba.Messages[0]
+	wantA.Body, wantA.Recalled = []byte{}, true
+	x.expectStored(a, 3, []sequencer.Message{wantA, ba.Messages[1], ra})
+	wantB := bb.Messages[0]
+	wantB.Body, wantB.Recalled, wantB.EditCount, wantB.EditedAt = []byte{}, true, 1, t1
+	eb.Body, eb.Recalled = []byte{}, true
+	x.expectStored(b, 3, []sequencer.Message{wantB, eb, rb})
 }
