@@ -15,6 +15,7 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/membership"
+	"github.com/sequencer-im/sequencer/metrics"
 	"github.com/sequencer-im/sequencer/ring"
 )
 
@@ -183,5 +184,59 @@ func TestStartRetriesAJoinTheStoreDidNotAnswer(t *testing.T) {
 	}
 	if err := m.Start(ctx, nopLocal{}); err == nil || !strings.Contains(err.Error(), "join refused") {
 		t.Fatalf("start with the join refused: %v, want that error", err)
+	}
+}
+
+// TestPartitionsHeldGaugeDropsWithTheLease: sequencer_cluster_partitions_held
+// shows the partitions the node holds while it may write them, and 0 once
+// its heartbeats fail past MemberTTL (a node cut from the store), where it
+// showed its last count before.
+func TestPartitionsHeldGaugeDropsWithTheLease(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Now())
+	mem := membership.NewMem(clk)
+	var down atomic.Bool
+	mem.Fail = func(op string) error {
+		if down.Load() {
+			return errors.New("test: store unreachable")
+		}
+		return nil
+	}
+	set := metrics.New()
+	n, err := New(Config{NodeID: "a", Store: mem, Transport: NewMemNetwork().Transport("mem://a"), Clock: clk, Logger: simLogger(),
+		Ring: ring.Config{Partitions: 7}, Metrics: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.start(ctx, nopLocal{}); err != nil {
+		t.Fatal(err)
+	}
+	n.reconcile(ctx)
+	gauge := func() float64 {
+		t.Helper()
+		mfs, err := set.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "sequencer_cluster_partitions_held" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no sequencer_cluster_partitions_held")
+		return 0
+	}
+	if g := gauge(); g != 7 {
+		t.Fatalf("partitions_held %v after acquiring 7, want 7", g)
+	}
+	down.Store(true)
+	n.beat(ctx)
+	if g := gauge(); g != 7 {
+		t.Fatalf("partitions_held %v after one failed heartbeat within the TTL, want 7", g)
+	}
+	clk.Advance(n.cfg.MemberTTL + time.Millisecond)
+	n.beat(ctx)
+	if g := gauge(); g != 0 {
+		t.Fatalf("partitions_held %v with the membership lease not renewed for more than MemberTTL, want 0", g)
 	}
 }

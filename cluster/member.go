@@ -207,6 +207,7 @@ func (n *member) update(event func(c *ownership.Core)) {
 	defer n.mu.Unlock()
 	event(n.core)
 	n.syncLocked()
+	n.met.held(n.heldGaugeLocked())
 }
 
 // syncLocked wakes everything waiting for a change if the core changed
@@ -216,8 +217,20 @@ func (n *member) syncLocked() {
 		n.seen = c
 		close(n.changed)
 		n.changed = make(chan struct{})
-		n.met.held(n.core.Held())
 	}
+}
+
+// heldGaugeLocked is sequencer_cluster_partitions_held: the partitions
+// held, or 0 while the node could not write any (not an active member, in
+// trouble, or its membership lease not renewed within MemberTTL), so a node
+// cut from the store does not go on showing the partitions that the others
+// take meanwhile. Every event refreshes it, failed heartbeats included (n.mu
+// held).
+func (n *member) heldGaugeLocked() int {
+	if n.core.NodeWritable(n.clk.Now()) != nil {
+		return 0
+	}
+	return n.core.Held()
 }
 
 // read answers a question of the core under n.mu (read-locked).

@@ -36,7 +36,7 @@ func newClusterMetrics(set *metrics.Set) *clusterMetrics {
 			Name: "sequencer_cluster_members", Help: "Live members in this node's membership view.",
 		}),
 		partsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sequencer_cluster_partitions_held", Help: "Partition leases this node holds.",
+			Name: "sequencer_cluster_partitions_held", Help: "Partition leases this node holds and may write by (0 while its membership lease is not renewed, e.g. cut from the store: the other nodes take its partitions).",
 		}),
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sequencer_cluster_partition_changes_total", Help: "Partition leases acquired and released by this node.",
