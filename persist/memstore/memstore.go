@@ -184,7 +184,7 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 			s.byID[m.MsgID] = m
 			s.byKey[m.Key()] = m.MsgID
 			if m.IsEvent() {
-				s.applyEvent(c, &m)
+				s.applyEvent(c, &m, b.RecallsOfUnedited)
 			}
 		}
 		c.head = b.LastSeq()
@@ -199,13 +199,17 @@ func (s *Store) write(batches []persist.ConvBatch) error {
 }
 
 // applyEvent updates the target of the event ev in c (persist.ApplyEvent).
-func (s *Store) applyEvent(c *conv, ev *sequencer.Message) {
+// With unedited (the batch's RecallsOfUnedited) a recall leaves edit events
+// alone, as the SQL stores do, which skip looking for them: so a writer
+// that sets the flag wrongly leaves bodies behind here too, where the
+// conv package's model tests see them.
+func (s *Store) applyEvent(c *conv, ev *sequencer.Message, unedited bool) {
 	for i := range c.rows {
 		r := &c.rows[i]
 		switch {
 		case r.MsgID == ev.TargetMsgID:
 			persist.ApplyEvent(r, ev)
-		case persist.RecallsEdit(ev, r):
+		case !unedited && persist.RecallsEdit(ev, r):
 			r.Body, r.Recalled = []byte{}, true
 		default:
 			continue
