@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer/feed"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -107,7 +108,14 @@ func TestSubscribeReadPositions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A message through both streams: both are attached after it.
+	// A message through both streams, once both are attached: the
+	// sender's read tick is live only (a stream attached after the write
+	// would get m1 from the backlog but never the tick; a CI run on a
+	// loaded machine wrote before the attach and waited out the deadline).
+	testwait.For(t, 5*time.Second, time.Millisecond, "both streams attached", func() bool {
+		streams, _ := hub.Stats()
+		return streams == 2
+	})
 	h.write(hub, "a", 0, 1)
 	receive := func(st *connect.ServerStreamForClient[sequencerv1.SubscribeResponse], n int) (got []string) {
 		t.Helper()
