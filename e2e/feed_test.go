@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,6 +42,9 @@ type feedSub struct {
 	bad     []string
 	resumes atomic.Int64
 	ends    map[string]int // stream ends by code
+	at      string         // the node of the stream open now ("" between streams)
+	atSince time.Time      // when it opened
+	lastEv  time.Time      // the last event it brought (a heartbeat too)
 }
 
 func newFeedSub(name string, home int, nodes *nodeSet, convs []string, hc *http.Client, opts ...connect.ClientOption) *feedSub {
@@ -69,7 +73,13 @@ func (s *feedSub) run(ctx context.Context) {
 		}
 		st, err := c.Subscribe(ctx, connect.NewRequest(req))
 		if err == nil {
+			s.mu.Lock()
+			s.at, s.atSince = addr, time.Now()
+			s.mu.Unlock()
 			for st.Receive() {
+				s.mu.Lock()
+				s.lastEv = time.Now()
+				s.mu.Unlock()
 				m := st.Msg().GetMessage()
 				if m == nil {
 					if tr := st.Msg().GetTruncated(); tr != nil {
@@ -95,6 +105,9 @@ func (s *feedSub) run(ctx context.Context) {
 			}
 			err = st.Err()
 			st.Close()
+			s.mu.Lock()
+			s.at = ""
+			s.mu.Unlock()
 		}
 		if ctx.Err() != nil {
 			return
@@ -218,14 +231,7 @@ func checkFeedStore(t *testing.T, st persist.Store, convs []string, subs []*feed
 			again = again || prev == nil || len(prev[c]) != len(stored[c])
 		}
 		for _, s := range subs {
-			waitFor(t, 90*time.Second, s.name+" to reach every head", func() bool {
-				for _, c := range convs {
-					if s.last(c) < uint64(len(stored[c])) {
-						return false
-					}
-				}
-				return true
-			})
+			waitSubAtHeads(t, s, convs, stored)
 		}
 	}
 	for _, c := range convs {
@@ -249,6 +255,34 @@ func checkFeedStore(t *testing.T, st persist.Store, convs []string, subs []*feed
 			t.Errorf("%s saw %d violations, e.g. %v", s.name, len(s.bad), s.bad[:min(5, len(s.bad))])
 		}
 		t.Logf("%s: %d resumes, ends by code %v", s.name, s.resumes.Load(), s.ends)
+	}
+}
+
+// waitSubAtHeads waits up to 90 s until s received every stored message of
+// convs; else it fails with where s stands: the conversations behind (its
+// last seq against the head), the node its stream is open on and since
+// when, its last event, and its ends by code.
+func waitSubAtHeads(t *testing.T, s *feedSub, convs []string, stored map[string][]sequencer.Message) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var behind []string
+		for _, c := range convs {
+			if l, h := s.last(c), uint64(len(stored[c])); l < h {
+				behind = append(behind, fmt.Sprintf("%s at %d of %d", c, l, h))
+			}
+		}
+		if len(behind) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.mu.Lock()
+			at, since, lastEv, ends := s.at, s.atSince, s.lastEv, fmt.Sprint(s.ends)
+			s.mu.Unlock()
+			t.Fatalf("timed out after 90s waiting for %s to reach every head: %d conversations behind (%s); its stream is open on %q since %s, last event %s ago; %d resumes, ends by code %s",
+				s.name, len(behind), strings.Join(behind, ", "), at, since.Format("15:04:05.000"), time.Since(lastEv).Round(time.Millisecond), s.resumes.Load(), ends)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -24,6 +24,12 @@ type Upstream interface {
 // their bounded queues. Publish never blocks: a stream whose queue is full
 // is marked behind and ends (resource_exhausted) at its next turn.
 type Hub struct {
+	// upMu orders the Upstream's Follow and Unfollow calls as the hub
+	// decided them (under mu): held from the decision through the call, so
+	// a conversation's last stream detaching and a new first one attaching
+	// cannot reach the Upstream as Follow then Unfollow, which would leave
+	// the new stream with no live messages from other nodes.
+	upMu     sync.Mutex
 	mu       sync.RWMutex
 	convs    map[string]map[*stream]struct{}
 	taps     map[string]map[*stream]struct{} // peers' Taps (tap.go)
@@ -208,6 +214,8 @@ func (h *Hub) Stats() (streams, follows int) {
 func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 	s := &stream{max: h.cfg.MaxQueue, wake: make(chan struct{}, 1), cut: cut}
 	var fresh []string
+	h.upMu.Lock()
+	defer h.upMu.Unlock()
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -240,6 +248,8 @@ func (h *Hub) attach(cursors []persist.Cursor, cut func()) (*stream, error) {
 
 func (h *Hub) detach(s *stream, cursors []persist.Cursor) {
 	var gone []string
+	h.upMu.Lock()
+	defer h.upMu.Unlock()
 	h.mu.Lock()
 	for _, c := range cursors {
 		set := h.convs[c.ConvID]

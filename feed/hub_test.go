@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -242,5 +243,71 @@ func TestServeStoreDown(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream did not end")
+	}
+}
+
+// upstreamLog records the Upstream's calls in order; Unfollow waits for
+// release once entered is closed (a slow Upstream).
+type upstreamLog struct {
+	mu      sync.Mutex
+	calls   []string // "+conv" / "-conv"
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (u *upstreamLog) Follow(convIDs []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range convIDs {
+		u.calls = append(u.calls, "+"+c)
+	}
+}
+
+func (u *upstreamLog) Unfollow(convIDs []string) {
+	close(u.entered)
+	<-u.release
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range convIDs {
+		u.calls = append(u.calls, "-"+c)
+	}
+}
+
+// TestHubInterestOrder: a conversation's last stream detaching while a
+// new first one attaches reaches the Upstream as Unfollow then Follow, in
+// the order the hub decided them, even when the Unfollow call is slow: the
+// Upstream's last word is Follow, so the new stream still gets the other
+// nodes' live messages. (Before the hub ordered its calls, the attach's
+// Follow overtook the detach's Unfollow and the peers stopped sending the
+// conversation to a node that still had a subscriber on it.)
+func TestHubInterestOrder(t *testing.T) {
+	up := &upstreamLog{entered: make(chan struct{}), release: make(chan struct{})}
+	h := NewHub(Config{}, up)
+	cur := []persist.Cursor{{ConvID: "x"}}
+	a, err := h.attach(cur, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	detached := make(chan struct{})
+	go func() { h.detach(a, cur); close(detached) }()
+	<-up.entered // the hub decided "x" is gone and is telling the Upstream
+	attached := make(chan error, 1)
+	go func() { _, err := h.attach(cur, nil); attached <- err }()
+	// Give the attach its chance to overtake (it must not: it waits for
+	// the Unfollow to be told).
+	select {
+	case err := <-attached:
+		attached <- err
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(up.release)
+	<-detached
+	if err := <-attached; err != nil {
+		t.Fatal(err)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if want := []string{"+x", "-x", "+x"}; !slices.Equal(up.calls, want) {
+		t.Fatalf("the Upstream was told %v, want %v: the hub follows x but its peers were told last to stop", up.calls, want)
 	}
 }
