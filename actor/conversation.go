@@ -78,6 +78,22 @@ type convActor struct {
 	commitDone func(err error)
 	// committing is the batch handed to the writer, for the feed.
 	committing []sequencer.Message
+	// resolving is the re-read in flight after an unknown outcome (nil
+	// when none): a stop kicks it once (kickResolve). retryNow: the kick
+	// cancelled an attempt, so the next one skips its backoff.
+	resolving *resolveRun
+	kicked    bool
+	retryNow  bool
+}
+
+// resolveRun is one re-read attempt after an unknown outcome, run beside the
+// actor: its backoff wait, then the store calls.
+type resolveRun struct {
+	kick   chan struct{} // closed: skip the rest of the backoff
+	cancel context.CancelFunc
+	// started: the backoff is over and the store calls began (set by the
+	// attempt's goroutine).
+	started atomic.Bool
 }
 
 // committedOK is the message of every successful commit (immutable).
@@ -128,6 +144,7 @@ func (a *convActor) Receive(ctx pa.Context) {
 		a.committing = nil
 		a.core.Committed(m.err)
 	case *resolved:
+		a.resolving = nil
 		// What the re-read found is stored: the feed may have it (a
 		// subscriber drops seqs it already has).
 		if m.err == nil && a.node.cfg.Feed != nil && len(m.rows) > 0 {
@@ -140,6 +157,7 @@ func (a *convActor) Receive(ctx pa.Context) {
 		a.core.TargetsLoaded(m.results)
 	case stopMsg:
 		a.stopping = true
+		a.kickResolve()
 	default:
 		return
 	}
@@ -157,6 +175,27 @@ func (a *convActor) recoverPanic() {
 	if r := recover(); r != nil {
 		a.node.log.Error("conversation actor panicked", "conv_id", a.core.ConvID(), "panic", r,
 			"stack", string(debug.Stack()))
+	}
+}
+
+// kickResolve makes a re-read in flight try again now, once: the rest of
+// its backoff is skipped, and an attempt already talking to the store is
+// cancelled (its error brings the next attempt at once, see execute). A
+// stop comes when the node hands off or steps down, and a step-down comes
+// right after the node reached the store again (its heartbeat learned it
+// was presumed dead): an attempt begun during the cut may be stuck on a
+// dial until the store's connect timeout, and the rejoin waits for this
+// conversation to leave.
+func (a *convActor) kickResolve() {
+	r := a.resolving
+	if r == nil || a.kicked {
+		return
+	}
+	a.kicked = true
+	close(r.kick)
+	if r.started.Load() {
+		r.cancel()
+		a.retryNow = true
 	}
 }
 
@@ -234,13 +273,25 @@ func (a *convActor) execute(ctx pa.Context) {
 		n.writer.Submit(b, a.commitDone)
 	case rd.Resolve != nil:
 		after, count, attempt := rd.Resolve.AfterSeq, rd.Resolve.Count, rd.Resolve.Attempt
+		// After a kick that cancelled an attempt, the next one goes at
+		// once; otherwise the backoff (which a kick ends early).
+		wait := attempt > 0 && !a.retryNow
+		a.retryNow = false
+		rctx, rcancel := context.WithCancel(context.Background())
+		run := &resolveRun{kick: make(chan struct{}), cancel: rcancel}
+		a.resolving = run
 		go func() {
-			if attempt > 0 {
-				t, wait := n.cfg.Clock.NewTimer(resolveBackoff(attempt))
-				<-wait
+			defer rcancel()
+			if wait {
+				t, fired := n.cfg.Clock.NewTimer(resolveBackoff(attempt))
+				select {
+				case <-fired:
+				case <-run.kick:
+				}
 				t.Stop()
 			}
-			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
+			run.started.Store(true)
+			sctx, cancel := context.WithTimeout(rctx, n.cfg.Commit.Timeout)
 			defer cancel()
 			// The old transaction must be finished before the re-read, or
 			// the answer could be a guess (persist.Store.Settle; only this

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/clock"
+	"github.com/sequencer-im/sequencer/commit"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
 )
@@ -66,5 +69,91 @@ func TestUnknownOutcomeSettlesOnlyItsConversation(t *testing.T) {
 	defer st.mu.Unlock()
 	if st.settles != 0 || len(st.convCalls) == 0 || !slices.Equal(st.convCalls[0], []string{"s:one"}) {
 		t.Fatalf("Settle called %d times, SettleConvs %v; want SettleConvs([s:one]) only", st.settles, st.convCalls)
+	}
+}
+
+// stuckSettleStore commits, reports the first commit's outcome as unknown,
+// and holds its first settle until the attempt is cancelled (a dial to a
+// store cut off, begun before the heal) or, with failFirst, fails it at
+// once; later settles succeed.
+type stuckSettleStore struct {
+	*memstore.Store
+	failFirst bool
+	entered   chan struct{} // closed when the first settle began
+	mu        sync.Mutex
+	lied      bool
+	settles   int
+}
+
+func (s *stuckSettleStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
+	if err := s.Store.Commit(ctx, batches); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.lied {
+		s.lied = true
+		return fmt.Errorf("test: %w", sequencer.ErrUnknownOutcome)
+	}
+	return nil
+}
+
+func (s *stuckSettleStore) SettleConvs(ctx context.Context, convIDs []string) error {
+	s.mu.Lock()
+	s.settles++
+	first := s.settles == 1
+	s.mu.Unlock()
+	if !first {
+		return nil
+	}
+	close(s.entered)
+	if s.failFirst {
+		return errors.New("test: connection refused")
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestStopKicksASettlingConversation: a conversation whose commit outcome
+// is unknown leaves at a stop (a handoff, a step-down) as soon as the store
+// answers again, not when its stuck attempt times out or its backoff ends:
+// the stop cancels the attempt under way (or skips the rest of the
+// backoff) and the next one goes at once. Here the attempt would wait an
+// hour (Commit.Timeout) and the backoff never ends (a clock that does not
+// move), so StopConversations returns only through the kick; the send is
+// answered with what the re-read found (stored at seq 1).
+func TestStopKicksASettlingConversation(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		failFirst bool
+	}{{"attempt under way", false}, {"in the backoff", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &stuckSettleStore{Store: memstore.New(), failFirst: tc.failFirst, entered: make(chan struct{})}
+			n := newNode(t, Config{Store: st, Clock: clock.NewFake(time.Unix(1_700_000_000, 0)),
+				Commit: commit.Config{Timeout: time.Hour}})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			ans := sendAsync(n, ctx, req("s:one", "k1"))
+			<-st.entered
+			if tc.failFirst {
+				// The failed attempt's answer reached the actor, and the
+				// next one waits out its backoff (which never ends here).
+				waitFor(t, "the second attempt's backoff", func() bool {
+					return n.cfg.Clock.(*clock.Fake).Pending() > 0
+				})
+			}
+			if err := n.StopConversations(ctx, func(string) bool { return true }); err != nil {
+				t.Fatalf("the settling conversation did not leave at the stop: %v", err)
+			}
+			a := <-ans
+			if a.err != nil || a.res.Seq != 1 {
+				t.Fatalf("send: %+v, %v; want stored at seq 1", a.res, a.err)
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			if st.settles != 2 {
+				t.Fatalf("%d settle attempts, want 2 (the stuck or failed one, then one at once)", st.settles)
+			}
+		})
 	}
 }
