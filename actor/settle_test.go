@@ -72,30 +72,15 @@ func TestUnknownOutcomeSettlesOnlyItsConversation(t *testing.T) {
 	}
 }
 
-// stuckSettleStore commits, reports the first commit's outcome as unknown,
-// and holds its first settle until the attempt is cancelled (a dial to a
-// store cut off, begun before the heal) or, with failFirst, fails it at
-// once; later settles succeed.
+// stuckSettleStore is a convSettlerStore (the first commit's outcome is
+// reported unknown) whose first settle is held until the attempt is
+// cancelled (a dial to a store cut off, begun before the heal) or, with
+// failFirst, fails at once; later settles succeed.
 type stuckSettleStore struct {
-	*memstore.Store
+	*convSettlerStore
 	failFirst bool
 	entered   chan struct{} // closed when the first settle began
-	mu        sync.Mutex
-	lied      bool
-	settles   int
-}
-
-func (s *stuckSettleStore) Commit(ctx context.Context, batches []persist.ConvBatch) error {
-	if err := s.Store.Commit(ctx, batches); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.lied {
-		s.lied = true
-		return fmt.Errorf("test: %w", sequencer.ErrUnknownOutcome)
-	}
-	return nil
+	settles   int           // under convSettlerStore.mu
 }
 
 func (s *stuckSettleStore) SettleConvs(ctx context.Context, convIDs []string) error {
@@ -128,7 +113,7 @@ func TestStopKicksASettlingConversation(t *testing.T) {
 		failFirst bool
 	}{{"attempt under way", false}, {"in the backoff", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &stuckSettleStore{Store: memstore.New(), failFirst: tc.failFirst, entered: make(chan struct{})}
+			st := &stuckSettleStore{convSettlerStore: &convSettlerStore{Store: memstore.New()}, failFirst: tc.failFirst, entered: make(chan struct{})}
 			n := newNode(t, Config{Store: st, Clock: clock.NewFake(time.Unix(1_700_000_000, 0)),
 				Commit: commit.Config{Timeout: time.Hour}})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
