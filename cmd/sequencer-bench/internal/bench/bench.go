@@ -627,8 +627,12 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 		}
 	}()
 
+	// Conversations are the engine's own: engines that share one server
+	// (--target) must not act on each other's (x-recall's recalls would
+	// refuse x-edit's edits of the same messages).
+	convPfx := r.runID + "-" + spec.Key + "-" + runName + "-"
 	if sd, ok := eng.(Seeder); ok {
-		if err := sd.Seed(ctx, r.runID+"-"+runName+"-", sc.Convs, sc.Senders); err != nil {
+		if err := sd.Seed(ctx, convPfx, sc.Convs, sc.Senders); err != nil {
 			return res, fmt.Errorf("seed: %w", err)
 		}
 	}
@@ -648,7 +652,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 
 	l := &load{
 		eng: eng, sc: sc, body: r.body,
-		convPfx: r.runID + "-" + runName + "-",
+		convPfx: convPfx,
 		cmidPfx: r.runID + "-" + spec.Key + "-" + runName + "-",
 		seed:    uint64(time.Now().UnixNano()),
 	}
