@@ -33,10 +33,10 @@ func (nopLocal) SendBatch(_ context.Context, _ []sequencer.SendRequest, out []se
 func (nopLocal) StopConversations(context.Context, func(string) bool) error { return nil }
 
 // TestRenewalWithANewViewReconcilesAtOnce: a renewal that brings a new
-// membership view (a member joined, left or expired) wakes the partition
-// reconciliation at once, so what moved is taken or handed off without
-// waiting for the next reconcile tick; a renewal with the same view does
-// not.
+// membership view (a member joined, left or expired), or leases that changed
+// hands (a peer released a partition), wakes the partition reconciliation
+// at once, so what moved is taken or handed off without waiting for the
+// next reconcile tick; a renewal with the same view and leases does not.
 func TestRenewalWithANewViewReconcilesAtOnce(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewFake(time.Now())
@@ -66,6 +66,34 @@ func TestRenewalWithANewViewReconcilesAtOnce(t *testing.T) {
 	n.beat(ctx)
 	if len(n.wakeRecon) != 1 {
 		t.Fatal("a renewal that brought a new member did not wake the reconciliation")
+	}
+	// b takes a partition, then releases it (a handback: its wake makes a
+	// beat read the released lease, which a must take now, not a tick
+	// later). Same member set, so the same view version throughout.
+	<-n.wakeRecon
+	v, err := mem.View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := mem.Acquire(ctx, "b/1", v.Version, []uint32{6})
+	if err != nil || len(taken) != 1 {
+		t.Fatalf("b acquires partition 6: %v, %v", taken, err)
+	}
+	n.beat(ctx)
+	if len(n.wakeRecon) != 1 {
+		t.Fatal("a renewal whose leases changed hands did not wake the reconciliation")
+	}
+	<-n.wakeRecon
+	n.beat(ctx)
+	if len(n.wakeRecon) != 0 {
+		t.Fatal("a renewal with the same view and leases woke the reconciliation")
+	}
+	if err := mem.Release(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	n.beat(ctx)
+	if len(n.wakeRecon) != 1 {
+		t.Fatal("a renewal that saw a lease released did not wake the reconciliation")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -465,13 +466,16 @@ func (n *member) beat(ctx context.Context) {
 		var drain bool
 		var moved bool
 		n.update(func(c *ownership.Core) {
-			before := c.View().Version
+			before := c.View()
 			drain = c.Renewed(self.Incarnation, v, sent)
-			moved = c.View().Version != before
+			after := c.View()
+			moved = after.Version != before.Version || !slices.Equal(after.Leases, before.Leases)
 		})
 		if moved {
-			// A new view (a member joined, left or expired): take or hand
-			// off what moved now, not at the next reconcile tick.
+			// A new view (a member joined, left or expired), or leases
+			// that changed hands (a peer released what the ring now gives
+			// this node, and woke it to read them): take or hand off what
+			// moved now, not at the next reconcile tick.
 			n.poke(n.wakeRecon)
 		}
 		n.viewed(v)
