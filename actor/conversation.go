@@ -310,7 +310,7 @@ func (a *convActor) execute(ctx pa.Context) {
 			if err == nil {
 				rows, err = n.cfg.Store.ReadRange(sctx, convID, after, count)
 			}
-			if err != nil {
+			if err != nil && rctx.Err() == nil { // a kicked attempt is tried again at once, not worth a WARN
 				n.logs.Warn("store", "a commit's outcome is still unknown; its senders wait", "conv_id", convID, "attempt", attempt+1, "err", err)
 			}
 			root.Send(self, &resolved{head: head, rows: rows, err: err})

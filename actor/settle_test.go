@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,8 +118,13 @@ func TestStopKicksASettlingConversation(t *testing.T) {
 	}{{"attempt under way", false}, {"in the backoff", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := &stuckSettleStore{convSettlerStore: &convSettlerStore{Store: memstore.New()}, failFirst: tc.failFirst, entered: make(chan struct{})}
+			logFile, err := os.Create(filepath.Join(t.TempDir(), "node.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer logFile.Close()
 			n := newNode(t, Config{Store: st, Clock: clock.NewFake(time.Unix(1_700_000_000, 0)),
-				Commit: commit.Config{Timeout: time.Hour}})
+				Commit: commit.Config{Timeout: time.Hour}, Logger: slog.New(slog.NewTextHandler(logFile, nil))})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			ans := sendAsync(n, ctx, req("s:one", "k1"))
@@ -138,6 +147,11 @@ func TestStopKicksASettlingConversation(t *testing.T) {
 			defer st.mu.Unlock()
 			if st.settles != 2 {
 				t.Fatalf("%d settle attempts, want 2 (the stuck or failed one, then one at once)", st.settles)
+			}
+			// Only a failure of the store warns, not the kick's cancel (a
+			// routine drain logs no WARN).
+			if logged, err := os.ReadFile(logFile.Name()); err != nil || strings.Contains(string(logged), "context canceled") {
+				t.Fatalf("the kicked attempt was logged as a failure (%v):\n%s", err, logged)
 			}
 		})
 	}
