@@ -653,7 +653,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	l := &load{
 		eng: eng, sc: sc, body: r.body,
 		convPfx: convPfx,
-		cmidPfx: r.runID + "-" + spec.Key + "-" + runName + "-",
+		cmidPfx: convPfx, // the same prefix: the engine's own
 		seed:    uint64(time.Now().UnixNano()),
 	}
 	if r.cfg.ProgressEvery > 0 {
