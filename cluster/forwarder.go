@@ -208,9 +208,37 @@ func newForwarder(d forwarderDeps) *forwarder {
 }
 
 // linkSlow reports whether the link to the peer at addr is slow by the
-// recent forwards (Config.SlowLink), and its average link time.
+// recent forwards (Config.SlowLink), and its average link time. A verdict
+// "slow" that aged out (linkFresh) is measured again by a probe in the
+// background while the sends are still kept off the link; without a prober,
+// this one send is let through to measure it.
 func (f *forwarder) linkSlow(addr string) (time.Duration, bool) {
-	return f.links.slow(addr, f.clk.Now(), f.slowLink)
+	avg, slow, remeasure := f.links.slow(addr, f.clk.Now(), f.slowLink)
+	if !remeasure {
+		return avg, slow
+	}
+	if f.probe == nil {
+		return avg, false
+	}
+	go f.measureLink(addr)
+	return avg, slow
+}
+
+// measureLink times one probe of the link to addr (the peer answers it at
+// once, so its round trip is the link's) and notes it. A probe without an
+// answer notes nothing: the verdict stays, and is measured again after
+// linkFresh.
+func (f *forwarder) measureLink(addr string) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	t := clock.AfterFunc(f.clk, f.probeTimeout, cancel)
+	defer t.Stop()
+	sent := f.clk.Now()
+	if err := f.probe(ctx, addr); err != nil {
+		return
+	}
+	now := f.clk.Now()
+	f.links.note(addr, now.Sub(sent), now, f.slowLink)
 }
 
 // close fails the batches in flight (their items get no answer).

@@ -535,8 +535,9 @@ func TestInProcessForwardIntoBlackhole(t *testing.T) {
 // (150 ms each way). A send from a client that follows redirects
 // (sequencer.WithRedirects, set by the API edge) is answered at once with
 // b's address once forwards measured the link, not sent; one from a client
-// that does not is still forwarded. After the link heals, the next send
-// after linkFresh measures it again and forwards resume.
+// that does not is still forwarded. When the verdict ages out, a probe
+// measures the link while the sends are still redirected; after the link
+// heals, the next probe finds it fast and forwards resume.
 func TestInProcessSlowLinkRedirects(t *testing.T) {
 	pc, a, slow, conv := proxiedOwner(t, "slow")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -570,9 +571,20 @@ func TestInProcessSlowLinkRedirects(t *testing.T) {
 	if err := send(ctx, "forwarded"); err != nil {
 		t.Fatalf("a send that cannot be redirected over the slow link: %v, want it forwarded", err)
 	}
+	// The verdict ages out (linkFresh): a probe measures the link again in
+	// the background, and the sends are still redirected meanwhile, none of
+	// them forwarded over the slow link to measure it.
+	time.Sleep(linkFresh + 50*time.Millisecond) // let the verdict age out
+	for i := range 5 {
+		err := send(redirects, fmt.Sprintf("stale-%d", i))
+		if !errors.As(err, &oe) {
+			t.Fatalf("redirectable send %d after the verdict aged out, the link still slow: %v, want redirected", i, err)
+		}
+		time.Sleep(100 * time.Millisecond) // across the probe's 300 ms round trip
+	}
 
 	slow.delay.Store(0)
-	// The verdict ages out (linkFresh): the next send measures the link.
+	// The verdict ages out again: a probe finds the link fast.
 	testwait.For(t, 10*time.Second, 50*time.Millisecond, "forwards resume after the link healed", func() bool {
 		err := send(redirects, "healed")
 		if err != nil && !errors.As(err, &oe) {

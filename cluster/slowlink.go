@@ -9,7 +9,7 @@ import (
 // forward's round trip is (the round trip less the time the owner spent,
 // ForwardBatchReply.served_us): a smoothed average that rises with the
 // samples and falls at once to a sample below the limit, so a healed link
-// is trusted again by its first fast forward.
+// is trusted again by its first fast sample.
 type linkTimes struct {
 	mu sync.Mutex
 	m  map[string]linkTime
@@ -18,14 +18,18 @@ type linkTimes struct {
 type linkTime struct {
 	avg time.Duration
 	at  time.Time // the last sample
+	// measuring: a re-measure of a stale "slow" verdict is under way
+	// (slow's remeasure), since this time.
+	measuring time.Time
 }
 
-// linkFresh: a verdict "slow" older than this lets the next send through
-// (forwarded, so it measures the link again): a link that healed while no
-// forward used it is not avoided for long.
+// linkFresh: a verdict "slow" older than this is measured again (slow's
+// remeasure): a link that healed while no forward used it is not avoided
+// for long.
 const linkFresh = time.Second
 
-// note records one forward's link time to addr.
+// note records one link time to addr (a forward's share, or a probe's round
+// trip); it ends a re-measure under way.
 func (l *linkTimes) note(addr string, d time.Duration, now time.Time, limit time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -40,17 +44,30 @@ func (l *linkTimes) note(addr string, d time.Duration, now time.Time, limit time
 		lt.avg += (d - lt.avg) * 3 / 10
 	}
 	lt.at = now
+	lt.measuring = time.Time{}
 	l.m[addr] = lt
 }
 
-// slow reports whether addr's link averaged above limit in a sample at most
-// linkFresh old, and that average.
-func (l *linkTimes) slow(addr string, now time.Time, limit time.Duration) (time.Duration, bool) {
+// slow reports whether addr's link averaged above limit, and that average.
+// A verdict "slow" older than linkFresh still holds, and remeasure asks the
+// caller to measure the link again (note): true for one caller until the
+// measure ends, or until linkFresh passed without one. So no send waits on a slow link to learn whether it healed:
+// before, the first sends after the verdict aged out were all forwarded
+// over the slow link, every second, until one came back.
+func (l *linkTimes) slow(addr string, now time.Time, limit time.Duration) (avg time.Duration, slow, remeasure bool) {
 	if limit <= 0 {
-		return 0, false
+		return 0, false, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lt, ok := l.m[addr]
-	return lt.avg, ok && lt.avg > limit && now.Sub(lt.at) < linkFresh
+	if !ok || lt.avg <= limit {
+		return lt.avg, false, false
+	}
+	if now.Sub(lt.at) >= linkFresh && (lt.measuring.IsZero() || now.Sub(lt.measuring) >= linkFresh) {
+		lt.measuring = now
+		l.m[addr] = lt
+		remeasure = true
+	}
+	return lt.avg, true, remeasure
 }
