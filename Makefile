@@ -71,7 +71,7 @@ bench-micro: ## Go micro-benchmarks (msg_id generator)
 
 AVAIL_HOLD ?= 5s
 AVAIL_FAULTS ?=
-availability: ## issue 30's availability runs: each network fault (or AVAIL_FAULTS) on n1 of 3 for AVAIL_HOLD (5s; 30s), raw JSON and SDK clients (docs/TESTING.md "Availability")
+availability: ## issue 30's availability runs: each network fault on n1 of 3, then a control row without one (or AVAIL_FAULTS; none is the control), for AVAIL_HOLD (5s; 30s), raw JSON and SDK clients (docs/TESTING.md "Availability")
 	SEQUENCER_AVAILABILITY=1 AVAIL_HOLD=$(AVAIL_HOLD) AVAIL_FAULTS=$(AVAIL_FAULTS) $(GO) test -count=1 -v -timeout 60m -run '^TestAvailability$$' ./e2e/
 
 SOAK_MINUTES ?= 10

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -259,17 +260,25 @@ func acksBetween(ops []history.Op, from, to time.Duration) int {
 	return n
 }
 
-// availFaults is the faults of a run: AVAIL_FAULTS (comma-separated names)
-// or every network fault of the nemesis.
+// availControl is the control row: no fault, measured like the others (the
+// same waits, the same columns). What it shows for "full rate after the
+// heal" is what the measure itself gives on this machine: the load's own
+// drift over the hold (the tables grow by the hold's sends) and its noise.
+var availControl = nemesisFault{"none", func(*nemesisCluster, int) {}}
+
+// availFaults is the faults of a run: AVAIL_FAULTS (comma-separated names;
+// "none" is the control row) or every network fault of the nemesis, then
+// the control row.
 func availFaults(t *testing.T) []nemesisFault {
 	names := os.Getenv("AVAIL_FAULTS")
+	all := append(slices.Clone(nemesisFaults), availControl)
 	if names == "" {
-		return nemesisFaults
+		return all
 	}
 	var out []nemesisFault
 	for _, n := range strings.Split(names, ",") {
 		found := false
-		for _, f := range nemesisFaults {
+		for _, f := range all {
 			if f.name == n {
 				out, found = append(out, f), true
 			}
