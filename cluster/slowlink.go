@@ -51,9 +51,10 @@ func (l *linkTimes) note(addr string, d time.Duration, now time.Time, limit time
 // slow reports whether addr's link averaged above limit, and that average.
 // A verdict "slow" older than linkFresh still holds, and remeasure asks the
 // caller to measure the link again (note): true for one caller until the
-// measure ends, or until linkFresh passed without one. So no send waits on a slow link to learn whether it healed:
-// before, the first sends after the verdict aged out were all forwarded
-// over the slow link, every second, until one came back.
+// measure ends, or until linkFresh passed without one. So no send waits on
+// a slow link to learn whether it healed: before, the first sends after the
+// verdict aged out were all forwarded over the slow link, every second,
+// until one came back.
 func (l *linkTimes) slow(addr string, now time.Time, limit time.Duration) (avg time.Duration, slow, remeasure bool) {
 	if limit <= 0 {
 		return 0, false, false
