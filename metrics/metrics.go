@@ -32,14 +32,16 @@ type Set struct {
 }
 
 // SetReadiness registers sequencer_ready, 1 while ready returns nil (what
-// /readyz answers), else 0; it is evaluated on every scrape. Alerts on
-// readiness flapping use it. Call it once, when ready can be called.
+// /readyz answers), else 0; it is evaluated on every scrape, so ready must
+// not wait on the store (the server passes its readiness with the store's
+// last ping). Alerts on readiness flapping use it. Call it once, when ready
+// can be called.
 func (s *Set) SetReadiness(ready func() error) {
 	if s == nil {
 		return
 	}
 	s.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "sequencer_ready", Help: "1 while the node accepts sends (/readyz answers 200), else 0; evaluated per scrape.",
+		Name: "sequencer_ready", Help: "1 while the node accepts sends (/readyz answers 200), else 0; evaluated per scrape, with the store's answer from the node's last store ping (every second).",
 	}, func() float64 {
 		if ready() != nil {
 			return 0

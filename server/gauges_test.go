@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/commit"
@@ -127,4 +128,33 @@ func TestTracerProviderWired(t *testing.T) {
 		}
 	}
 	t.Fatalf("no server span for Send among %d", len(rec.Ended()))
+}
+
+// sequencer_ready reads the store's answer from the watch's last ping, not
+// from a ping of its own: a scrape (and the console, which gathers the same
+// registry) must not wait on a store that does not answer. Before, each
+// scrape of a node whose store was blackholed took the ping's 2 s bound
+// (e2e availability: "n1: no scrape" through every db-blackhole cut). With
+// the watch stopped, a failed last ping reads 0 while /readyz (a live ping)
+// answers 200; an answered one reads 1.
+func TestReadyGaugeUsesTheWatchsLastPing(t *testing.T) {
+	s := start(t, Config{}, nil)
+	testwait.For(t, 10*time.Second, 20*time.Millisecond, "the watch's first ping", func() bool {
+		return s.lastPing.Load() != nil
+	})
+	s.stopWatch()
+	if v, ok := gauge(t, s, "sequencer_ready"); !ok || v != 1 {
+		t.Fatalf("sequencer_ready %v (registered %v) after an answered ping, want 1", v, ok)
+	}
+	s.lastPing.Store(&pingResult{err: sequencer.ErrStoreUnavailable})
+	if v, _ := gauge(t, s, "sequencer_ready"); v != 0 {
+		t.Fatalf("sequencer_ready %v after a failed ping, want 0 (the gauge pinged the store itself)", v)
+	}
+	if code, body := get(t, "http://"+s.Addr()+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz %d %s: it pings the store itself, which answers", code, body)
+	}
+	s.lastPing.Store(&pingResult{})
+	if v, _ := gauge(t, s, "sequencer_ready"); v != 1 {
+		t.Fatalf("sequencer_ready %v after the store answered again, want 1", v)
+	}
 }

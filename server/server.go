@@ -66,6 +66,9 @@ type Server struct {
 	adminLn   net.Listener
 	edge      *edge
 	stopWatch func()
+	// lastPing is the watch's last store ping (nil before the first): what
+	// sequencer_ready reads, so that a scrape never waits on the store.
+	lastPing  atomic.Pointer[pingResult]
 	stopClock func() // stops the test clock's file reader (testClock)
 	served    chan error
 	draining  atomic.Bool
@@ -247,7 +250,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 		s.fire.start(owned, s.metrics)
 	}
-	s.metrics.SetReadiness(s.readiness) // sequencer_ready: what /readyz answers
+	s.metrics.SetReadiness(s.readinessLastPing) // sequencer_ready: what /readyz answers, from the watch's last store ping
 	s.registerGauges()
 
 	scfg := cfg.apiConfig()
@@ -429,12 +432,37 @@ func startLease(ctx context.Context, l interface{ Start(context.Context) error }
 // store is asked first: when it is down (or full) the lease and the
 // membership fail too, and the store is what to fix.
 func (s *Server) readiness() error {
+	return s.readinessWith(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return s.store.Ping(ctx)
+	})
+}
+
+// pingResult is one store ping's outcome.
+type pingResult struct{ err error }
+
+// readinessLastPing is readiness with the store's answer taken from the
+// watch's last ping (every watchInterval) instead of a ping of its own: the
+// sequencer_ready gauge, evaluated on every scrape (and by the console),
+// must not wait on a store that does not answer (a blackholed store held
+// each scrape 2 s, the ping's bound). Before the watch's first ping the
+// store counts as reachable: the node opened it just before.
+func (s *Server) readinessLastPing() error {
+	return s.readinessWith(func() error {
+		if r := s.lastPing.Load(); r != nil {
+			return r.err
+		}
+		return nil
+	})
+}
+
+// readinessWith is readiness with ping as the store's answer.
+func (s *Server) readinessWith(ping func() error) error {
 	if s.draining.Load() {
 		return sequencer.ErrShuttingDown
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
+	if err := ping(); err != nil {
 		var se *sequencer.Error
 		if errors.As(err, &se) {
 			return err // the store's own reason, e.g. "store out of disk space"

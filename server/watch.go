@@ -40,7 +40,14 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	w := newWatch(s.store.Ping, s.lease.Issuable, s.draining.Load, interval, s.log)
+	ping := func(ctx context.Context) error {
+		err := s.store.Ping(ctx)
+		if !errors.Is(ctx.Err(), context.Canceled) { // not a ping the stop cut short (a timeout counts)
+			s.lastPing.Store(&pingResult{err: err})
+		}
+		return err
+	}
+	w := newWatch(ping, s.lease.Issuable, s.draining.Load, interval, s.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
