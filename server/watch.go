@@ -40,13 +40,7 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	ping := func(ctx context.Context) error {
-		err := s.store.Ping(ctx)
-		if !errors.Is(ctx.Err(), context.Canceled) { // not a ping the stop cut short (a timeout counts)
-			s.lastPing.Store(&pingResult{err: err})
-		}
-		return err
-	}
+	ping := keptPing(s.store.Ping, func(err error) { s.lastPing.Store(&pingResult{err: err}) })
 	w := newWatch(ping, s.lease.Issuable, s.draining.Load, interval, s.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -64,6 +58,19 @@ func (s *Server) startWatch(interval time.Duration) (stop func()) {
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// keptPing returns ping, which also hands each answer to keep: a ping that
+// timed out is kept (a store that does not answer is down), one that the
+// watch's stop cut short is not.
+func keptPing(ping func(context.Context) error, keep func(error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		err := ping(ctx)
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			keep(err)
+		}
+		return err
+	}
 }
 
 func newWatch(ping func(context.Context) error, issuable func() error, draining func() bool, interval time.Duration, log *slog.Logger) *watch {

@@ -95,3 +95,30 @@ func TestWatchLogsAClockBehindTheIssuedIDs(t *testing.T) {
 		t.Errorf("the clock's catching up is not logged with how long it took:\n%s", log)
 	}
 }
+
+// The watch keeps each ping's answer for sequencer_ready: a ping that timed
+// out (a blackholed store) is kept as a failure; one the watch's stop cut
+// short is not kept.
+func TestKeptPing(t *testing.T) {
+	var kept []error
+	blocked := keptPing(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+		func(err error) { kept = append(kept, err) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := blocked(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a ping that timed out: %v", err)
+	}
+	if len(kept) != 1 || !errors.Is(kept[0], context.DeadlineExceeded) {
+		t.Fatalf("kept %v after a timed-out ping, want its error", kept)
+	}
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	_ = blocked(stopped)
+	if len(kept) != 1 {
+		t.Fatalf("kept %v after a ping the stop cut short, want nothing more", kept)
+	}
+	answered := keptPing(func(context.Context) error { return nil }, func(err error) { kept = append(kept, err) })
+	if err := answered(context.Background()); err != nil || len(kept) != 2 || kept[1] != nil {
+		t.Fatalf("an answered ping: %v, kept %v", err, kept)
+	}
+}
