@@ -228,13 +228,12 @@ func (f *forwarder) linkSlow(addr string) (time.Duration, bool) {
 // once, so its round trip is the link's) and notes it. A probe without an
 // answer notes nothing: the verdict stays, and is measured again after
 // linkFresh.
+//
+// Not probeLink: a probe already under way, shared, would time only its
+// rest and could make a slow link look fast.
 func (f *forwarder) measureLink(addr string) {
-	ctx, cancel := context.WithCancel(f.ctx)
-	defer cancel()
-	t := clock.AfterFunc(f.clk, f.probeTimeout, cancel)
-	defer t.Stop()
 	sent := f.clk.Now()
-	if err := f.probe(ctx, addr); err != nil {
+	if err := f.probeOnce(addr); err != nil {
 		return
 	}
 	now := f.clk.Now()
@@ -626,11 +625,7 @@ func (f *forwarder) probeLink(addr string) bool {
 		pc = &probeCall{done: make(chan struct{})}
 		f.probes[addr] = pc
 		go func() {
-			ctx, cancel := context.WithCancel(f.ctx)
-			t := clock.AfterFunc(f.clk, f.probeTimeout, cancel)
-			err := f.probe(ctx, addr)
-			t.Stop()
-			cancel()
+			err := f.probeOnce(addr)
 			f.mu.Lock()
 			delete(f.probes, addr)
 			f.mu.Unlock()
@@ -641,6 +636,16 @@ func (f *forwarder) probeLink(addr string) bool {
 	f.mu.Unlock()
 	<-pc.done
 	return pc.alive
+}
+
+// probeOnce probes the link to addr once, bounded by probeTimeout on the
+// clock (and by close).
+func (f *forwarder) probeOnce(addr string) error {
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	t := clock.AfterFunc(f.clk, f.probeTimeout, cancel)
+	defer t.Stop()
+	return f.probe(ctx, addr)
 }
 
 // send forwards req to dst's owner and returns the outcome, after sending
