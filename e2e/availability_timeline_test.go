@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The availability run's timeline (issue 30, point 2: "full rate within 2 s
@@ -57,20 +59,13 @@ func startMetricSampler(c *nemesisCluster, now func() time.Duration) *metricSamp
 		s.done.Add(1)
 		go func(i int, addr string) {
 			defer s.done.Done()
-			tick := time.NewTicker(500 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-s.stop:
-					return
-				case <-tick.C:
-				}
+			every500ms(s.stop, func() {
 				at := now()
 				vals, err := scrapeSums(hc, addr)
 				s.mu.Lock()
 				s.samples[i] = append(s.samples[i], nodeSample{at: at, ok: err == nil, vals: vals})
 				s.mu.Unlock()
-			}
+			})
 		}(i, p.Addr)
 	}
 	return s
@@ -121,14 +116,159 @@ func scrapeSums(hc *http.Client, addr string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
+// pgSample is one look at the database server the cluster writes to:
+// what could slow every node's commits at once (issue 30: two runs whose
+// commits were slow on every node through and after a cut, cause unknown).
+type pgSample struct {
+	at          time.Duration
+	ok          bool
+	autovacuum  []string // the autovacuum workers' queries ("autovacuum: VACUUM public.im_message"), with their database
+	checkpoints int64    // pg_stat_bgwriter: timed + requested, since the server started
+	oldestXact  float64  // seconds: the oldest open transaction of any other backend
+	xminAge     int64    // transactions: the oldest backend_xmin's age
+	active      int      // backends running a statement (not idle)
+}
+
+// pgSampler looks at the database server every 500 ms through dsn.
+type pgSampler struct {
+	mu      sync.Mutex
+	samples []pgSample
+	stop    chan struct{}
+	done    sync.WaitGroup
+}
+
+func startPGSampler(dsn string, now func() time.Duration) *pgSampler {
+	s := &pgSampler{stop: make(chan struct{})}
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		var conn *pgx.Conn
+		defer func() {
+			if conn != nil {
+				conn.Close(context.Background())
+			}
+		}()
+		every500ms(s.stop, func() {
+			x := pgSample{at: now()}
+			ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+			if conn == nil {
+				conn, _ = pgx.Connect(ctx, dsn)
+			}
+			if conn != nil {
+				var av []string
+				err := conn.QueryRow(ctx, `SELECT
+					coalesce(array_agg(datname || ': ' || query) FILTER (WHERE backend_type = 'autovacuum worker'), '{}'),
+					coalesce(extract(epoch FROM max(now() - xact_start) FILTER (WHERE backend_type = 'client backend')), 0)::float8,
+					coalesce(max(age(backend_xmin)), 0)::bigint,
+					count(*) FILTER (WHERE state = 'active')::int,
+					(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)
+					FROM pg_stat_activity WHERE pid <> pg_backend_pid()`).Scan(&av, &x.oldestXact, &x.xminAge, &x.active, &x.checkpoints)
+				x.ok, x.autovacuum = err == nil, av
+				if err != nil {
+					conn.Close(context.Background())
+					conn = nil
+				}
+			}
+			cancel()
+			s.mu.Lock()
+			s.samples = append(s.samples, x)
+			s.mu.Unlock()
+		})
+	}()
+	return s
+}
+
+func (s *pgSampler) close() {
+	close(s.stop)
+	s.done.Wait()
+}
+
+// at returns the last sample taken at or before t (ok false if none).
+func (s *pgSampler) at(t time.Duration) (pgSample, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return lastAt(s.samples, t, func(x pgSample) time.Duration { return x.at })
+}
+
+// summary describes the samples taken in [from, to): how many saw an
+// autovacuum worker and on what, the longest open transaction, the oldest
+// xmin, the checkpoints begun.
+func (s *pgSampler) summary(from, to time.Duration) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, withAV := 0, 0
+	var oldest float64
+	var xmin int64
+	seen := map[string]bool{}
+	var what []string
+	var cp0, cp1 int64 = -1, -1
+	for _, x := range s.samples {
+		if x.at < from || x.at >= to || !x.ok {
+			continue
+		}
+		n++
+		if cp0 < 0 {
+			cp0 = x.checkpoints
+		}
+		cp1 = x.checkpoints
+		oldest, xmin = max(oldest, x.oldestXact), max(xmin, x.xminAge)
+		if len(x.autovacuum) > 0 {
+			withAV++
+		}
+		for _, a := range x.autovacuum {
+			if !seen[a] {
+				seen[a] = true
+				what = append(what, a)
+			}
+		}
+	}
+	if n == 0 {
+		return "no sample"
+	}
+	return fmt.Sprintf("%d samples, autovacuum in %d (%s), oldest xact %.1f s, xmin age up to %d, %d checkpoints begun",
+		n, withAV, strings.Join(what, "; "), oldest, xmin, cp1-cp0)
+}
+
+// String is the sample as the timeline's postgres column shows it.
+func (x pgSample) String() string {
+	if !x.ok {
+		return "no sample"
+	}
+	av := "none"
+	if len(x.autovacuum) > 0 {
+		av = strings.Join(x.autovacuum, ", ")
+	}
+	return fmt.Sprintf("%d active, oldest xact %.1f s, xmin age %d, checkpoints %d, autovacuum: %s",
+		x.active, x.oldestXact, x.xminAge, x.checkpoints, av)
+}
+
 // at returns node i's last sample taken at or before t (ok false if none).
 func (s *metricSampler) at(i int, t time.Duration) (nodeSample, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var best nodeSample
+	return lastAt(s.samples[i], t, func(x nodeSample) time.Duration { return x.at })
+}
+
+// every500ms calls f every 500 ms until stop is closed.
+func every500ms(stop <-chan struct{}, f func()) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		f()
+	}
+}
+
+// lastAt returns the last of xs (in time order) taken at or before t.
+func lastAt[T any](xs []T, t time.Duration, at func(T) time.Duration) (T, bool) {
+	var best T
 	found := false
-	for _, x := range s.samples[i] {
-		if x.at > t {
+	for _, x := range xs {
+		if at(x) > t {
 			break
 		}
 		best, found = x, true
@@ -138,7 +278,7 @@ func (s *metricSampler) at(i int, t time.Duration) (nodeSample, bool) {
 
 // timeline writes row's 500 ms buckets from 1 s before the heal t2 to 8 s
 // after it.
-func (l *availLoad) timeline(b *strings.Builder, s *metricSampler, name string, t1, t2 time.Duration) {
+func (l *availLoad) timeline(b *strings.Builder, s *metricSampler, pg *pgSampler, name string, t1, t2 time.Duration) {
 	ops := l.c.led.hist.Ops()
 	acks := func(from, to time.Duration) int { return acksBetween(ops, from, to) }
 	type nodeCount struct{ acked, failed int }
@@ -171,7 +311,8 @@ func (l *availLoad) timeline(b *strings.Builder, s *metricSampler, name string, 
 	}
 	fmt.Fprintf(b, "\n### %s (%s clients): acks per 500 ms in the 3 s before the cut: %s\n\n", name,
 		map[bool]string{true: "raw", false: "SDK"}[l.raw], strings.Join(before, " "))
-	b.WriteString("| from heal | acks | by node: acked/failed | per node: partitions held/moving, pending sends, pool conns in use, actors, commits in the 500 ms and their mean, forwards, commit retries |\n|---|---|---|---|\n")
+	fmt.Fprintf(b, "postgres from the cut to the heal: %s\n\n", pg.summary(t1, t2))
+	b.WriteString("| from heal | acks | by node: acked/failed | per node: partitions held/moving, pending sends, pool conns in use, actors, commits in the 500 ms and their mean, forwards, commit retries | postgres at the bucket's end |\n|---|---|---|---|---|\n")
 	for x := t2 - time.Second; x < t2+8*time.Second; x += 500 * time.Millisecond {
 		nc := byNode(x, x+500*time.Millisecond)
 		var parts []string
@@ -201,8 +342,12 @@ func (l *availLoad) timeline(b *strings.Builder, s *metricSampler, name string, 
 				v["sequencer_store_pool_acquired_conns"], v["sequencer_conversation_actors"], commits, mean*1000,
 				v["sequencer_cluster_forwards_total"], v["sequencer_store_commit_retries_total"]))
 		}
-		fmt.Fprintf(b, "| %+.1f s | %d | %s | %s |\n", (x - t2).Seconds(), acks(x, x+500*time.Millisecond),
-			strings.Join(parts, ", "), strings.Join(ms, "; "))
+		pgs := "no sample"
+		if p, ok := pg.at(x + 500*time.Millisecond); ok {
+			pgs = p.String()
+		}
+		fmt.Fprintf(b, "| %+.1f s | %d | %s | %s | %s |\n", (x - t2).Seconds(), acks(x, x+500*time.Millisecond),
+			strings.Join(parts, ", "), strings.Join(ms, "; "), pgs)
 	}
 }
 
