@@ -230,7 +230,8 @@ same PostgreSQL and the same im_message table, in one run:
   r-mark, r-state (and -sqlite): read positions through the Go SDK, one MarkRead or one
            GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
   x-edit, x-recall (and -sqlite): edits and recalls through the Go SDK, one Edit or one Recall of a
-           seeded message per operation (opt-in; compare with e, e-sqlite)
+           seeded message per operation (opt-in); x-send (and -sqlite): their baseline, the same
+           seeding (16 messages per conversation), then one Send per operation
   a-mysql, e-batch-mysql, b-mysql, c-mysql: a, e-batch, b and c on MySQL / MariaDB
            (--mysql; a fresh database per scenario; run only when named in --engines)
   e-sub, e-batch-sub: e and e-batch with a Subscribe stream on every conversation of the

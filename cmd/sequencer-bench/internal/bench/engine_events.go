@@ -17,31 +17,59 @@ import (
 // conversation's first message over and over (each edit is a new event
 // and a new seq); x-recall recalls the conversation's next message not yet
 // recalled, and fails when a conversation ran out of them (keep --messages
-// below about eventTargets/2 per conversation). --engines e,x-edit,x-recall
-// compares them with a Send (e-sqlite,x-edit-sqlite,x-recall-sqlite on the
-// embedded store).
+// below about eventTargets/2 per conversation). x-send is their baseline:
+// the same seeding, then one Send from uid 1 per operation, so that a Send
+// is measured on the same tables (160,000 seeded rows at many, and the
+// autovacuum they bring) as the events it is compared with.
+// --engines x-send,x-edit,x-recall compares them (x-send-sqlite,... on the
+// embedded store); engine e is a Send on an empty schema.
 func init() {
+	registerOpEngines("x-send", "Send after the events' seeding, SDK unary", "one Send from uid 1 to the picked conversation (every conversation seeded with 16 messages first, as for x-edit and x-recall: their baseline)",
+		func(c *client.Client, env Env) (Engine, error) {
+			// The client's batcher would gather these Sends into SendBatch
+			// calls: the operations go through a client without one, unary
+			// like the Edits and Recalls they are compared with.
+			u, err := client.New(sdkConfig(env, false))
+			if err != nil {
+				return nil, err
+			}
+			e := newEventClient(c, opSend)
+			e.unary = u
+			return e, nil
+		})
 	registerOpEngines("x-edit", "Edit, SDK unary", "one Edit of the picked conversation's first message (a new body, as its sender; every conversation seeded with 16 messages first)",
-		func(c *client.Client) Engine { return newEventClient(c, false) })
+		func(c *client.Client, _ Env) (Engine, error) { return newEventClient(c, opEdit), nil })
 	registerOpEngines("x-recall", "Recall, SDK unary", "one Recall of the picked conversation's next message not yet recalled (as its sender; every conversation seeded with 16 messages first)",
-		func(c *client.Client) Engine { return newEventClient(c, true) })
+		func(c *client.Client, _ Env) (Engine, error) { return newEventClient(c, opRecall), nil })
 }
+
+// eventOp is what an event engine's operation is.
+type eventOp int
+
+const (
+	opSend eventOp = iota
+	opEdit
+	opRecall
+)
+
+func (o eventOp) String() string { return [...]string{"x-send", "x-edit", "x-recall"}[o] }
 
 // eventTargets is how many messages the event engines seed per
 // conversation (the targets of x-recall).
 const eventTargets = 16
 
 type eventClient struct {
-	c      *client.Client
-	recall bool
+	c     *client.Client // seeds (SendMany, batched); Edits and Recalls
+	unary *client.Client // x-send's Sends: no batcher
+	op    eventOp
 
 	mu      sync.Mutex
 	targets map[string][]uint64       // conv -> seeded msg_ids, in seq order
 	next    map[string]*atomic.Uint32 // conv -> the next target x-recall takes
 }
 
-func newEventClient(c *client.Client, recall bool) *eventClient {
-	return &eventClient{c: c, recall: recall, targets: map[string][]uint64{}, next: map[string]*atomic.Uint32{}}
+func newEventClient(c *client.Client, op eventOp) *eventClient {
+	return &eventClient{c: c, op: op, targets: map[string][]uint64{}, next: map[string]*atomic.Uint32{}}
 }
 
 // Seed stores eventTargets messages from uid 1 in every conversation and
@@ -61,16 +89,21 @@ func (e *eventClient) Seed(ctx context.Context, convPfx string, convs, senders i
 	})
 }
 
-// Send is one operation: an Edit or a Recall of a seeded message of the
-// picked conversation, as its sender, with the operation's resend key.
+// Send is one operation: a Send from uid 1, or an Edit or a Recall of a
+// seeded message of the picked conversation as its sender, with the
+// operation's resend key.
 func (e *eventClient) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
 	e.mu.Lock()
 	targets, next := e.targets[req.ConvID], e.next[req.ConvID]
 	e.mu.Unlock()
 	if targets == nil {
-		return sequencer.SendResult{}, fmt.Errorf("%s: conversation %q was not seeded", map[bool]string{false: "x-edit", true: "x-recall"}[e.recall], req.ConvID)
+		return sequencer.SendResult{}, fmt.Errorf("%s: conversation %q was not seeded", e.op, req.ConvID)
 	}
-	if !e.recall {
+	switch e.op {
+	case opSend:
+		r, err := e.unary.Send(ctx, client.SendRequest{ConvID: req.ConvID, FromUID: 1, ClientMsgID: req.ClientMsgID, MsgType: req.MsgType, Body: req.Body})
+		return sequencer.SendResult{MsgID: r.MsgID, Seq: r.Seq, ServerAt: r.ServerAt, Duplicate: r.Duplicate}, err
+	case opEdit:
 		r, err := e.c.Edit(ctx, client.EditRequest{ConvID: req.ConvID, FromUID: 1, ClientMsgID: req.ClientMsgID, TargetMsgID: targets[0], Body: req.Body})
 		return sequencer.SendResult{MsgID: r.MsgID, Seq: r.Seq, ServerAt: r.ServerAt, Duplicate: r.Duplicate}, err
 	}
@@ -82,4 +115,9 @@ func (e *eventClient) Send(ctx context.Context, req sequencer.SendRequest) (sequ
 	return sequencer.SendResult{MsgID: r.MsgID, Seq: r.Seq, ServerAt: r.ServerAt, Duplicate: r.Duplicate}, err
 }
 
-func (e *eventClient) Close() error { return e.c.Close() }
+func (e *eventClient) Close() error {
+	if e.unary != nil {
+		e.unary.Close()
+	}
+	return e.c.Close()
+}

@@ -19,10 +19,10 @@ import (
 func init() {
 	registerOpEngines("r-mark", "MarkRead, SDK unary",
 		"one MarkRead per operation (the picked conversation, the sender's uid, an ever higher seq clamped to the head)",
-		func(c *client.Client) Engine { return &readPosClient{c: c} })
+		func(c *client.Client, _ Env) (Engine, error) { return &readPosClient{c: c}, nil })
 	registerOpEngines("r-state", "GetReadState of 1,000, SDK unary",
 		fmt.Sprintf("one GetReadState of %d conversations per operation (the picked one and the next %d)", readStateConvs, readStateConvs-1),
-		func(c *client.Client) Engine { return &readPosClient{c: c, state: true} })
+		func(c *client.Client, _ Env) (Engine, error) { return &readPosClient{c: c, state: true}, nil })
 }
 
 // readStateConvs is how many conversations one r-state operation asks for:

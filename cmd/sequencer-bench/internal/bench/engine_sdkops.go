@@ -32,8 +32,9 @@ func (e *remoteEngine) Seed(ctx context.Context, convPfx string, convs, senders 
 
 // registerOpEngines registers the opt-in engines key (PostgreSQL) and
 // key-sqlite (the embedded store): name and what say what one operation
-// is; open makes the engine around its SDK client (unary, one attempt).
-func registerOpEngines(key, name, what string, open func(c *client.Client) Engine) {
+// is; open makes the engine around its SDK client (one attempt; it batches
+// only SendMany, the seeding; env to open another).
+func registerOpEngines(key, name, what string, open func(c *client.Client, env Env) (Engine, error)) {
 	for _, sqlite := range []bool{false, true} {
 		k, n, store := key, name, "PostgreSQL"
 		if sqlite {
@@ -44,7 +45,12 @@ func registerOpEngines(key, name, what string, open func(c *client.Client) Engin
 			if err != nil {
 				return nil, err
 			}
-			return open(c), nil
+			e, err := open(c, env)
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			return e, nil
 		})
 		s.OptIn = true
 		registerEngine(s)

@@ -200,12 +200,13 @@ func TestReadPositionEngines(t *testing.T) {
 // The event engines seed their conversations and then answer every
 // operation without an error, on PostgreSQL and on the embedded store; the
 // PostgreSQL store holds exactly that many edit or recall events, and
-// recalled targets; they are not in the default list.
+// recalled targets, and x-send's schema the seeded messages and its sends
+// (no event); they are not in the default list.
 func TestEventEngines(t *testing.T) {
 	admin := pgtest.AdminDSN(t)
 	bin := buildSequencer(t)
 	report := filepath.Join(t.TempDir(), "x.md")
-	engines := []string{"x-edit", "x-recall", "x-edit-sqlite", "x-recall-sqlite"}
+	engines := []string{"x-send", "x-edit", "x-recall", "x-send-sqlite", "x-edit-sqlite", "x-recall-sqlite"}
 	const n, convs = 200, 100
 	var stdout, stderr bytes.Buffer
 	args := []string{"--engines", strings.Join(engines, ","), "--scenarios", "light", "--messages", fmt.Sprint(n), "--senders", "4", "--convs", fmt.Sprint(convs),
@@ -238,6 +239,14 @@ func TestEventEngines(t *testing.T) {
 	}
 	if edits < n || edited != edits || recalls < n || recalled != recalls {
 		t.Errorf("stored: %d edit events, %d edits applied, %d recall events, %d recalled; want at least %d each, applied = events", edits, edited, recalls, recalled, n)
+	}
+	var sent, events int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 0 AND from_uid = 1), count(*) FILTER (WHERE kind <> 0)
+		FROM x_send_light.im_message`).Scan(&sent, &events); err != nil {
+		t.Fatal(err)
+	}
+	if sent != convs*eventTargets+n || events != 0 {
+		t.Errorf("x-send stored %d messages from uid 1 and %d events; want %d seeded + %d sent, no event", sent, events, convs*eventTargets, n)
 	}
 	cfg := Config{ServeBin: bin}
 	cfg.setDefaults()
