@@ -311,3 +311,37 @@ func TestHubInterestOrder(t *testing.T) {
 		t.Fatalf("the Upstream was told %v, want %v: the hub follows x but its peers were told last to stop", up.calls, want)
 	}
 }
+
+// stuckStore's reads never answer until their context ends, as a store
+// read on a connection whose packets are dropped (a blackholed link).
+type stuckStore struct{}
+
+func (stuckStore) ReadMany(ctx context.Context, _ []persist.Cursor, _, _ int) ([]persist.Page, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A backlog read that the store does not answer ends the stream with
+// unavailable after ReadTimeout, instead of holding it open and silent (no
+// message, no heartbeat) for as long as the store's connection hangs: the
+// subscriber resumes at another node. (Seen in CI: a Subscribe served by a
+// node whose MySQL link had been blackholed stayed open and silent for
+// minutes.)
+func TestServeEndsAStreamWhoseBacklogReadHangs(t *testing.T) {
+	n := newNode(t, Config{ReadTimeout: 50 * time.Millisecond, Heartbeat: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- n.hub.Serve(ctx, Subscription{Cursors: []persist.Cursor{{ConvID: "a"}}, Store: stuckStore{},
+			Send: func(Event) error { return nil }})
+	}()
+	select {
+	case err := <-done:
+		if sequencer.ErrorCode(err) != sequencer.CodeUnavailable {
+			t.Fatalf("stream ended with %v (code %v); want unavailable", err, sequencer.ErrorCode(err))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream is still open 10 s after its backlog read hung (ReadTimeout 50 ms)")
+	}
+}

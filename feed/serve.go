@@ -24,6 +24,11 @@ type Config struct {
 	// Heartbeat is how long a stream may stay silent before it gets a
 	// Heartbeat event.
 	Heartbeat time.Duration
+	// ReadTimeout bounds one backlog read. A read past it ends the stream
+	// with unavailable (the subscriber resumes, at any node): a store link
+	// that stopped answering must not hold a stream open and silent, its
+	// heartbeats too, for as long as the connection lives.
+	ReadTimeout time.Duration
 	// Clock times heartbeats; default the real clock.
 	Clock clock.Clock
 	// KeepReadPositions: the server runs with the own-send rule off
@@ -39,7 +44,7 @@ type Config struct {
 
 // DefaultConfig returns every default.
 func DefaultConfig() Config {
-	return Config{MaxQueue: 4096, MaxSubscriptions: 1_000_000, Heartbeat: 15 * time.Second}
+	return Config{MaxQueue: 4096, MaxSubscriptions: 1_000_000, Heartbeat: 15 * time.Second, ReadTimeout: 10 * time.Second}
 }
 
 // Validate reports every field that makes no sense, as given.
@@ -48,6 +53,7 @@ func (c Config) Validate() error {
 	conf.Positive(&ch, "MaxQueue", c.MaxQueue)
 	conf.Positive(&ch, "MaxSubscriptions", c.MaxSubscriptions)
 	conf.PositiveDuration(&ch, "Heartbeat", c.Heartbeat)
+	conf.PositiveDuration(&ch, "ReadTimeout", c.ReadTimeout)
 	return ch.Err()
 }
 
@@ -61,6 +67,9 @@ func (c *Config) fill() {
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = d.Heartbeat
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = d.ReadTimeout
 	}
 	if c.readPage <= 0 {
 		c.readPage = 256
@@ -163,13 +172,20 @@ func (h *Hub) Serve(ctx context.Context, sub Subscription) (err error) {
 			return ErrBehind
 		}
 		if reads := t.Reads(maxReadCursors); len(reads) > 0 {
-			pages, err := store.ReadMany(ctx, reads, h.cfg.readPage, h.cfg.readBudget)
+			rctx, cancel := context.WithTimeout(ctx, h.cfg.ReadTimeout)
+			pages, err := store.ReadMany(rctx, reads, h.cfg.readPage, h.cfg.readBudget)
+			timedOut := rctx.Err() == context.DeadlineExceeded
+			cancel()
 			if err == nil && len(pages) != len(reads) {
 				err = fmt.Errorf("feed: the store answered %d pages for %d cursors", len(pages), len(reads))
 			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
+				}
+				if timedOut {
+					return sequencer.Errorf(sequencer.CodeUnavailable,
+						"the store did not answer this stream's backlog read within %v: subscribe again from the last seq received of each conversation (at any node)", h.cfg.ReadTimeout)
 				}
 				return fmt.Errorf("feed: read the backlog: %w", err)
 			}

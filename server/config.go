@@ -123,7 +123,8 @@ type Config struct {
 	Cluster cluster.Config
 	// Feed bounds the change feed (Subscribe): --max-subscriptions
 	// (MaxSubscriptions), --subscribe-queue (MaxQueue),
-	// --subscribe-heartbeat (Heartbeat).
+	// --subscribe-heartbeat (Heartbeat), --subscribe-read-timeout
+	// (ReadTimeout).
 	Feed feed.Config
 	// Firehose publishes every stored message to NATS JetStream when
 	// Firehose.URL is set (--feed-nats; docs/FEED.md).
@@ -217,6 +218,7 @@ var flagNames = map[string]string{
 	"Feed.MaxSubscriptions":     "max-subscriptions",
 	"Feed.MaxQueue":             "subscribe-queue",
 	"Feed.Heartbeat":            "subscribe-heartbeat",
+	"Feed.ReadTimeout":          "subscribe-read-timeout",
 }
 
 // clusterFlagNames adds what is reported only for a cluster node: its

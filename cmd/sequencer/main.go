@@ -121,6 +121,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.IntVar(&c.Feed.MaxSubscriptions, "max-subscriptions", d.Feed.MaxSubscriptions, "conversations followed by all Subscribe streams of the node (a stream of n conversations counts n); a Subscribe past it gets resource_exhausted")
 	fs.IntVar(&c.Feed.MaxQueue, "subscribe-queue", d.Feed.MaxQueue, "messages one Subscribe stream may have waiting; a subscriber that falls further behind is ended with resource_exhausted (it resumes from its last seqs)")
 	fs.DurationVar(&c.Feed.Heartbeat, "subscribe-heartbeat", d.Feed.Heartbeat, "a Subscribe stream silent this long gets a heartbeat event")
+	fs.DurationVar(&c.Feed.ReadTimeout, "subscribe-read-timeout", d.Feed.ReadTimeout, "a Subscribe stream whose backlog read the store has not answered after this long ends with unavailable (the subscriber resumes)")
 	fs.StringVar(&c.Firehose.URL, "feed-nats", d.Firehose.URL, "publish every stored message to NATS JetStream at this URL (nats://HOST:PORT; tls:// for TLS; docs/FEED.md); a bad URL, an unreachable server or a missing stream is exit 1 at start")
 	fs.StringVar(&c.Firehose.Subject, "feed-subject", d.Firehose.Subject, "firehose: subject prefix; each message goes to PREFIX.<partition>")
 	fs.StringVar(&c.Firehose.Format, "feed-format", d.Firehose.Format, "firehose: payload format, proto (the Message protobuf) or json (protojson)")
