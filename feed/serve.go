@@ -44,7 +44,7 @@ type Config struct {
 
 // DefaultConfig returns every default.
 func DefaultConfig() Config {
-	return Config{MaxQueue: 4096, MaxSubscriptions: 1_000_000, Heartbeat: 15 * time.Second, ReadTimeout: 10 * time.Second}
+	return Config{MaxQueue: 4096, MaxSubscriptions: 1_000_000, Heartbeat: 15 * time.Second, ReadTimeout: 30 * time.Second}
 }
 
 // Validate reports every field that makes no sense, as given.
