@@ -19,8 +19,8 @@ import (
 // recalled, and fails when a conversation ran out of them (keep --messages
 // below about eventTargets/2 per conversation). x-send is their baseline:
 // the same seeding, then one Send from uid 1 per operation, so that a Send
-// is measured on the same tables (160,000 seeded rows at many, and the
-// autovacuum they bring) as the events it is compared with.
+// is measured on the same tables (160,000 seeded rows at many) as the
+// events it is compared with.
 // --engines x-send,x-edit,x-recall compares them (x-send-sqlite,... on the
 // embedded store); engine e is a Send on an empty schema.
 func init() {
