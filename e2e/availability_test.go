@@ -335,8 +335,8 @@ func TestAvailability(t *testing.T) {
 	var timelines strings.Builder
 	for _, raw := range kinds {
 		// A subtest per kind of client: its cluster stops and its database
-		// (a million rows, still autovacuumed) is dropped before the next
-		// kind's cluster starts on the same machine.
+		// (about a million rows) is dropped before the next kind's cluster
+		// starts on the same machine.
 		kind := map[bool]string{true: "raw", false: "sdk"}[raw]
 		t.Run(kind, func(t *testing.T) {
 			c := startNemesisCluster(t, 3, false)
