@@ -43,6 +43,7 @@ type attemptTrace struct {
 	node       string // "" for the SDK (it picks)
 	call, ret  time.Duration
 	code       string // "" when acked
+	msg        string // the error's message (numbers masked) when it failed
 	clientKind string
 }
 
@@ -119,10 +120,14 @@ func (l *availLoad) sendUntilAcked(rng *rand.Rand, i int, conv string, from uint
 			kind = "raw"
 		}
 		ret := l.c.led.hist.Now()
-		l.c.led.hist.Add(history.Op{Kind: history.Send, Conv: conv, Client: i, Key: historyKey(from, cid),
-			Call: call, Return: ret, Outcome: outcome, Code: code, Seq: seq, MsgID: msgID, Duplicate: dup})
+		var msg string
+		if err != nil {
+			msg = err.Error()
+		}
+		l.c.led.hist.Add(history.Op{Kind: history.Send, Conv: conv, Node: node, Client: i, Key: historyKey(from, cid),
+			Call: call, Return: ret, Outcome: outcome, Code: code, Msg: msg, Seq: seq, MsgID: msgID, Duplicate: dup})
 		l.mu.Lock()
-		l.trace = append(l.trace, attemptTrace{node: node, call: call, ret: ret, code: code, clientKind: kind})
+		l.trace = append(l.trace, attemptTrace{node: node, call: call, ret: ret, code: code, msg: traceMsg(err), clientKind: kind})
 		l.mu.Unlock()
 		if err == nil {
 			l.c.led.record(ack{conv: conv, from: from, cid: cid, msgID: msgID, seq: seq})

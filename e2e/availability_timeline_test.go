@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -349,6 +351,64 @@ func (l *availLoad) timeline(b *strings.Builder, s *metricSampler, pg *pgSampler
 		fmt.Fprintf(b, "| %+.1f s | %d | %s | %s | %s |\n", (x - t2).Seconds(), acks(x, x+500*time.Millisecond),
 			strings.Join(parts, ", "), strings.Join(ms, "; "), pgs)
 	}
+	failedAfterHeal(b, trace, t2)
+}
+
+// failedAfterHeal writes the failed attempts of the 6 s after the heal t2
+// (until the next cut) by node and message (numbers masked), most frequent
+// first: what a client was told while the cluster came back.
+func failedAfterHeal(b *strings.Builder, trace []attemptTrace, t2 time.Duration) {
+	type key struct{ node, msg string }
+	n := map[key]int{}
+	for _, a := range trace {
+		if a.code == "" || a.ret < t2 || a.ret >= t2+6*time.Second {
+			continue
+		}
+		k := key{a.node, a.msg}
+		if k.node == "" {
+			k.node = "sdk"
+		}
+		n[k]++
+	}
+	if len(n) == 0 {
+		b.WriteString("\nno failed attempt in the 6 s after the heal\n")
+		return
+	}
+	keys := make([]key, 0, len(n))
+	for k := range n {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if n[keys[i]] != n[keys[j]] {
+			return n[keys[i]] > n[keys[j]]
+		}
+		return keys[i].node+keys[i].msg < keys[j].node+keys[j].msg
+	})
+	b.WriteString("\nfailed attempts in the 6 s after the heal, by answering node and message:\n\n")
+	for i, k := range keys {
+		if i == 12 {
+			fmt.Fprintf(b, "- and %d more kinds\n", len(keys)-i)
+			break
+		}
+		fmt.Fprintf(b, "- %d x %s: %s\n", n[k], k.node, k.msg)
+	}
+}
+
+// digits masks the numbers of an error message, so that messages that
+// differ only in a partition, a port or a duration count as one.
+var digits = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+
+// traceMsg is err's message with its numbers masked ("" for nil), cut to
+// 200 characters.
+func traceMsg(err error) string {
+	if err == nil {
+		return ""
+	}
+	m := digits.ReplaceAllString(err.Error(), "N")
+	if len(m) > 200 {
+		m = m[:200] + "..."
+	}
+	return m
 }
 
 // saveNodeLogs writes every node's output to the artifacts directory as

@@ -105,6 +105,7 @@ type Op struct {
 	Return   time.Duration // ignored for Unknown
 	Outcome  Outcome
 	Code     string // the error code, "" when OK
+	Msg      string // the error's message, for the record (never checked)
 	// Results, when OK.
 	Seq       uint64   // Send
 	MsgID     uint64   // Send
@@ -145,6 +146,9 @@ func (o Op) String() string {
 		case Head:
 			fmt.Fprintf(&b, " head=%d", o.Head)
 		}
+	}
+	if o.Msg != "" {
+		fmt.Fprintf(&b, ": %s", o.Msg)
 	}
 	return b.String()
 }
