@@ -89,6 +89,14 @@ type Config struct {
 	// after it (late commits are fenced).
 	StopTimeout time.Duration
 
+	// IDs, when set, is the node's msg_id issuer (the server's worker-id
+	// lease, idgen.Issuer). A node that stepped down rejoins only once it
+	// can issue msg_ids: a member that took its partitions back but could
+	// not issue ids would refuse their sends while its peers could serve
+	// them. It is kicked whenever the store answers the cluster again after
+	// a failure, so it renews at once. nil: msg_ids never hold a rejoin up.
+	IDs IDIssuer
+
 	// Clock is the local clock (heartbeat freshness). Default: real time.
 	Clock clock.Clock
 	// Logger receives membership changes and failures. Default: slog.Default().
@@ -99,6 +107,15 @@ type Config struct {
 	// TracerProvider, when set, traces forwards and wake-ups on the default
 	// transport (ConnectConfig.TracerProvider). nil: no tracing.
 	TracerProvider trace.TracerProvider
+}
+
+// IDIssuer is the node's msg_id issuer as the cluster sees it
+// (Config.IDs).
+type IDIssuer interface {
+	// Issuable is nil when msg_ids can be issued now, else why not.
+	Issuable() error
+	// Kick tells the issuer that the store answers again: renew now.
+	Kick()
 }
 
 // DefaultConfig returns every default (NodeID, Store and ClusterListen or

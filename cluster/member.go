@@ -55,6 +55,7 @@ type member struct {
 	// row's expiry (if it crashed) is seen at once.
 	suspectUntil atomic.Int64
 	viewLogged   atomic.Uint64 // the newest view version logged
+	beatFailed   atomic.Bool   // the last heartbeat failed
 	logMu        sync.Mutex
 	logged       membership.View // the view viewed logged last (who left or died)
 
@@ -462,6 +463,11 @@ func (n *member) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, n.cfg.MemberTTL/2)
 	v, err := n.store.Heartbeat(bctx, self.NodeID, self.Incarnation, n.cfg.MemberTTL)
 	cancel()
+	if err == nil && n.beatFailed.Swap(false) && n.cfg.IDs != nil {
+		// The store answers again: the msg_id issuer need not wait out
+		// its retry (or a call the outage left hanging).
+		n.cfg.IDs.Kick()
+	}
 	if err == nil {
 		var drain bool
 		var moved bool
@@ -487,6 +493,7 @@ func (n *member) beat(ctx context.Context) {
 		}
 		return
 	}
+	n.beatFailed.Store(true)
 	var trouble bool
 	n.update(func(c *ownership.Core) { trouble = c.RenewFailed(self.Incarnation, err) })
 	if !trouble {
@@ -505,6 +512,11 @@ func (n *member) reconcile(ctx context.Context) {
 	var rd ownership.Round
 	n.update(func(c *ownership.Core) { rd = c.Next() })
 	if rd.StepDown {
+		if !rd.Final {
+			// The rejoin below waits for msg_ids: let the issuer renew
+			// while the conversations stop.
+			_ = n.issuable()
+		}
 		n.stepDown(ctx, rd)
 		if rd.Final {
 			n.update((*ownership.Core).Superseded)
@@ -513,6 +525,12 @@ func (n *member) reconcile(ctx context.Context) {
 		}
 	}
 	if rd.Rejoin {
+		if err := n.issuable(); err != nil {
+			// Not yet: the peers keep serving this node's partitions
+			// until it can (the next round tries again).
+			n.log.Debug("rejoin waits for msg_ids", "err", err)
+			return
+		}
 		n.rejoin(ctx, rd.Old)
 		return
 	}
@@ -522,6 +540,20 @@ func (n *member) reconcile(ctx context.Context) {
 	if len(rd.Acquire) > 0 {
 		n.acquire(ctx, rd.Incarnation, rd.Version, rd.Acquire)
 	}
+}
+
+// issuable is nil when the node can issue msg_ids (Config.IDs), else why
+// not, after kicking the issuer: a rejoin is decided on an answer of the
+// store, so it answers again.
+func (n *member) issuable() error {
+	if n.cfg.IDs == nil {
+		return nil
+	}
+	err := n.cfg.IDs.Issuable()
+	if err != nil {
+		n.cfg.IDs.Kick()
+	}
+	return err
 }
 
 // stopConvs stops the local conversations of the partitions in set (nil:

@@ -271,6 +271,7 @@ type sim struct {
 	inLanded    int                                     // sends in flight at a freeze that landed after it
 	inRefused   int                                     // ... that were refused (stale fence, or not writable)
 	wrap        func(id string, tr Transport) Transport // optional: wraps each node's transport
+	issuers     map[string]IDIssuer                     // optional: a node's Config.IDs
 }
 
 type simNode struct {
@@ -307,6 +308,7 @@ func (s *sim) cfg(id string) Config {
 		Heartbeat:   time.Second,
 		HandoffWait: max(s.handoffWait, time.Millisecond),
 		StopTimeout: time.Second,
+		IDs:         s.issuers[id],
 		Clock:       s.clk,
 		Logger:      simLogger(),
 	}
@@ -836,20 +838,12 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 	}
 	s.settle(6)
 	b := s.nodes["b"]
-	var bp []uint32
-	for p, st := range b.node.parts() {
-		if st.Held {
-			bp = append(bp, uint32(p))
-		}
-	}
+	bp := heldParts(b)
 	oldInc := b.node.self().Incarnation
 	// b has a batch in flight (fence taken, commit not yet in the store)
 	// when it freezes.
 	zombie := s.startInflight(b, []string{simConvs[bp[0]], simConvs[bp[1]]})
-	s.freeze("b", true)
-	for range 7 { // past the 5 s TTL
-		s.round()
-	}
+	s.freezePastTTL("b")
 	a := s.nodes["a"]
 	if got := a.node.held(); got != simPartitions {
 		t.Fatalf("a holds %d partitions after b expired, want all %d\n%s", got, simPartitions, s.dump())
@@ -902,6 +896,93 @@ func TestSimZombieIsFencedAndStepsDown(t *testing.T) {
 		}
 		if h := s.head(simConvs[p]); h != before+1 || before > 2 {
 			t.Fatalf("partition %d head %d after %d, want one more (zombie's own write refused, the new owner's kept)", p, h, before)
+		}
+	}
+	s.checkAcked()
+}
+
+// heldParts is the partitions sn holds, ascending.
+func heldParts(sn *simNode) []uint32 {
+	var ps []uint32
+	for p, st := range sn.node.parts() {
+		if st.Held {
+			ps = append(ps, uint32(p))
+		}
+	}
+	return ps
+}
+
+// freezePastTTL freezes node id and runs rounds past its 5 s member TTL.
+func (s *sim) freezePastTTL(id string) {
+	s.freeze(id, true)
+	for range 7 {
+		s.round()
+	}
+}
+
+// simIssuer is a node's msg_id issuer (Config.IDs) that a test blocks.
+type simIssuer struct {
+	blocked atomic.Bool
+	kicks   atomic.Int32
+}
+
+func (i *simIssuer) Issuable() error {
+	if i.blocked.Load() {
+		return sequencer.ErrWorkerLeaseLost
+	}
+	return nil
+}
+
+func (i *simIssuer) Kick() { i.kicks.Add(1) }
+
+// A node presumed dead that cannot issue msg_ids yet (its worker-id
+// reservation ran out during the cut and is not renewed yet) steps down
+// but does not rejoin: its peer keeps serving its partitions, and its
+// sends go there, until it can issue ids. It kicks the issuer meanwhile.
+func TestSimRejoinWaitsForMsgIDs(t *testing.T) {
+	s := newSim(t)
+	ids := &simIssuer{}
+	s.issuers = map[string]IDIssuer{"b": ids}
+	for _, id := range []string{"a", "b"} {
+		s.start(id)
+	}
+	s.settle(6)
+	b := s.nodes["b"]
+	bp := heldParts(b)
+	oldInc := b.node.self().Incarnation
+	s.freezePastTTL("b")
+	a := s.nodes["a"]
+	if got := a.node.held(); got != simPartitions {
+		t.Fatalf("a holds %d partitions after b expired, want all %d\n%s", got, simPartitions, s.dump())
+	}
+	ids.blocked.Store(true)
+	s.freeze("b", false)
+	for range 4 {
+		s.round()
+		if inc := b.node.self().Incarnation; inc != oldInc {
+			t.Fatalf("b rejoined as %s while it could not issue msg_ids", inc)
+		}
+		if b.node.held() != 0 || a.node.held() != simPartitions {
+			t.Fatalf("partitions moved while b could not issue msg_ids:\n%s", s.dump())
+		}
+	}
+	if ids.kicks.Load() == 0 {
+		t.Fatal("b never kicked its issuer while its rejoin waited for it")
+	}
+	// Its conversations are served by a meanwhile, through b too.
+	for _, p := range bp[:2] {
+		if err := s.send("b", simConvs[p]); err != nil {
+			t.Fatalf("send through b while it waits to rejoin: %v", err)
+		}
+	}
+	ids.blocked.Store(false)
+	s.settle(6)
+	if b.node.self().Incarnation == oldInc || b.node.held() == 0 {
+		t.Fatalf("b did not rejoin and take its partitions back once it could issue msg_ids:\n%s", s.dump())
+	}
+	for _, p := range bp[:2] {
+		if err := s.send("b", simConvs[p]); err != nil {
+			t.Fatalf("send after b rejoined: %v", err)
 		}
 	}
 	s.checkAcked()

@@ -163,6 +163,17 @@ type Issuer struct {
 
 	stop     context.CancelFunc // background loop, if started
 	loopDone chan struct{}
+
+	kick   chan struct{} // Kick's wake-up of the loop (buffered 1)
+	callMu sync.Mutex    // guards call (l.mu is held through store calls)
+	call   *storeCall    // the store call in flight, nil when none
+}
+
+// storeCall is a store call in flight, for Kick.
+type storeCall struct {
+	started time.Time
+	cancel  context.CancelFunc
+	kicked  bool // made for a Kick: a later Kick leaves it alone
 }
 
 // NewIssuer returns an Issuer on store with its Generator. It acquires nothing
@@ -175,7 +186,7 @@ func NewIssuer(store persist.WorkerLeases, cfg IssuerConfig) (*Issuer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Issuer{store: store, cfg: cfg, clk: clock.Or(cfg.Clock)}
+	l := &Issuer{store: store, cfg: cfg, clk: clock.Or(cfg.Clock), kick: make(chan struct{}, 1)}
 	if cfg.Metrics != nil {
 		l.gauge = cfg.Metrics.WorkerLease
 		l.gauge.Set(0)
@@ -278,11 +289,15 @@ func (l *Issuer) loop(ctx context.Context, last error) {
 			d = l.cfg.RetryEvery
 		}
 		t, wait := l.clk.NewTimer(d)
+		kicked := false
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-wait:
+		case <-l.kick:
+			t.Stop()
+			kicked = true
 		}
 		l.mu.Lock()
 		closed := l.closed
@@ -290,7 +305,48 @@ func (l *Issuer) loop(ctx context.Context, last error) {
 		if closed {
 			return
 		}
-		last = l.RenewOnce(ctx)
+		last = l.renewOnce(ctx, kicked)
+	}
+}
+
+// Kick asks for a renewal now, when msg_ids cannot be issued: told that the
+// store answers again (the cluster's heartbeat reached it, a ping did), the
+// loop does not wait out RetryEvery, and a store call that has waited longer
+// than RetryEvery is given up and made again at once. Such a call was
+// likely sent on a connection the outage broke (a blackholed link drops the
+// request or its answer; the call would wait out its whole StoreTimeout).
+// A call made for a Kick is never given up for a later one, so kicks cannot
+// starve a slow store's renewal. No-op while ids can be issued.
+func (l *Issuer) Kick() {
+	if l.Issuable() == nil {
+		return
+	}
+	l.callMu.Lock()
+	if c := l.call; c != nil && !c.kicked && l.clk.Since(c.started) >= l.cfg.RetryEvery {
+		c.cancel()
+	}
+	l.callMu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// storeCtx bounds one store call (l.mu held) by StoreTimeout and registers
+// it for Kick; done ends it.
+func (l *Issuer) storeCtx(parent context.Context, kicked bool) (ctx context.Context, done func()) {
+	ctx, cancel := context.WithTimeout(parent, l.cfg.StoreTimeout)
+	c := &storeCall{started: l.clk.Now(), cancel: cancel, kicked: kicked}
+	l.callMu.Lock()
+	l.call = c
+	l.callMu.Unlock()
+	return ctx, func() {
+		l.callMu.Lock()
+		if l.call == c {
+			l.call = nil
+		}
+		l.callMu.Unlock()
+		cancel()
 	}
 }
 
@@ -298,11 +354,13 @@ func (l *Issuer) loop(ctx context.Context, last error) {
 // time: renew the held lease (recording a new reservation), or acquire one
 // when none is held (also right after a renew found the lease lost). The
 // background loop calls it; tests call it directly.
-func (l *Issuer) RenewOnce(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
-	defer cancel()
+func (l *Issuer) RenewOnce(ctx context.Context) error { return l.renewOnce(ctx, false) }
+
+func (l *Issuer) renewOnce(ctx context.Context, kicked bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	ctx, done := l.storeCtx(ctx, kicked)
+	defer done()
 	if l.closed {
 		return sequencer.Wrap(sequencer.CodeUnavailable, sequencer.ErrShuttingDown, "idgen: lease closed")
 	}
@@ -468,8 +526,8 @@ func (l *Issuer) reserve(nowMs int64) error {
 		return sequencer.Wrap(sequencer.CodeUnavailable, l.failErr,
 			fmt.Sprintf("idgen: msg_id reservation (through ms %d) used up and the store failed to renew it", v.capMs))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
-	defer cancel()
+	ctx, done := l.storeCtx(context.Background(), false)
+	defer done()
 	if err := l.renewLocked(ctx); err != nil {
 		if !l.held {
 			return l.gen.view.Load().err

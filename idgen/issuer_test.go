@@ -597,3 +597,111 @@ func TestLeaseStartClose(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// startHangLease starts an issuer renewing every 100 ms (reserving 300 ms
+// ahead, retrying every 50 ms) whose store calls time out after a minute.
+func startHangLease(t *testing.T) (*leaseStore, *Issuer) {
+	t.Helper()
+	store := newLeaseStore()
+	l, err := NewIssuer(store, IssuerConfig{Holder: "n1", TTL: 2 * time.Second, RenewEvery: 100 * time.Millisecond,
+		ReserveAhead: 300 * time.Millisecond, RetryEvery: 50 * time.Millisecond, StoreTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.setHang(false); _ = l.Close(context.Background()) })
+	return store, l
+}
+
+// TestKickGivesUpAHungRenewal: a renewal sent while the store's link
+// dropped everything waits out its StoreTimeout (here a minute) even after
+// the link is back. Kick (the cluster or the watch saw the store answer
+// again) gives it up and renews at once; a renewal made for a Kick is not
+// given up for a later Kick, so kicks cannot starve a slow store.
+func TestKickGivesUpAHungRenewal(t *testing.T) {
+	store, l := startHangLease(t)
+	waitFor := func(what string, d time.Duration, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(d); !ok(); {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within %v", what, d)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	l.Kick() // ids can be issued: nothing to hurry
+	if n := store.count("renew"); n > 3 {
+		t.Fatalf("renewals after a Kick while issuable: %d", n)
+	}
+
+	store.setHang(true)
+	waitFor("reservation used up", 10*time.Second, func() bool { return l.Issuable() != nil })
+	waitFor("a renewal in flight for RetryEvery", 10*time.Second, func() bool {
+		l.callMu.Lock()
+		defer l.callMu.Unlock()
+		return l.call != nil && time.Since(l.call.started) > 60*time.Millisecond
+	})
+	// Still hung: a Kick gives the call up and makes a kicked one, which
+	// hangs too; a second Kick leaves that one alone.
+	before := store.count("renew") + store.count("acquire")
+	l.Kick()
+	waitFor("the kicked call", 10*time.Second, func() bool {
+		l.callMu.Lock()
+		defer l.callMu.Unlock()
+		return l.call != nil && l.call.kicked
+	})
+	if n := store.count("renew") + store.count("acquire"); n != before+1 {
+		t.Fatalf("store calls after one Kick: %d, want %d", n, before+1)
+	}
+	time.Sleep(100 * time.Millisecond)
+	l.Kick()
+	time.Sleep(100 * time.Millisecond)
+	if n := store.count("renew") + store.count("acquire"); n != before+1 {
+		t.Fatalf("a second Kick gave up the kicked call: %d store calls, want %d", n, before+1)
+	}
+	l.callMu.Lock()
+	c := l.call
+	l.callMu.Unlock()
+	if c == nil || !c.kicked {
+		t.Fatal("the kicked call is no longer in flight")
+	}
+
+	// The link is back. The kicked call waits for its minute; give it up
+	// as the minute would (cancel), and the next Kick renews at once.
+	store.setHang(false)
+	c.cancel()
+	waitFor("no call in flight", 10*time.Second, func() bool {
+		l.callMu.Lock()
+		defer l.callMu.Unlock()
+		return l.call == nil || !l.call.kicked
+	})
+	l.Kick()
+	waitFor("issuable after the Kick", 10*time.Second, func() bool { return l.Issuable() == nil })
+}
+
+// TestKickAfterTheLinkHealed: the plain case. The renewal in flight when
+// the link comes back would wait out its minute; one Kick and ids can be
+// issued again.
+func TestKickAfterTheLinkHealed(t *testing.T) {
+	store, l := startHangLease(t)
+	store.setHang(true)
+	for end := time.Now().Add(10 * time.Second); l.Issuable() == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the reservation was never used up")
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the call in flight is older than RetryEvery
+	store.setHang(false)
+	time.Sleep(200 * time.Millisecond)
+	if l.Issuable() == nil {
+		t.Fatal("issuable again without a Kick: the hung call did not hang")
+	}
+	l.Kick()
+	for end := time.Now().Add(20 * time.Second); l.Issuable() != nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("not issuable 20 s after the Kick (the hung call's timeout is a minute): %v", l.Issuable())
+		}
+	}
+}

@@ -19,6 +19,7 @@ type leaseStore struct {
 
 	mu    sync.Mutex
 	down  bool // every lease call fails with ErrStoreUnavailable
+	hang  bool // every lease call waits for its context (a blackholed link)
 	calls map[string]int
 	// released lists the lastMs of every ReleaseWorker call.
 	released []int64
@@ -42,32 +43,43 @@ func (m *leaseStore) count(call string) int {
 	return m.calls[call]
 }
 
-func (m *leaseStore) enter(call string) error {
+func (m *leaseStore) setHang(hang bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.hang = hang
+}
+
+func (m *leaseStore) enter(ctx context.Context, call string) error {
+	m.mu.Lock()
 	m.calls[call]++
-	if m.down {
+	down, hang := m.down, m.hang
+	m.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return fmt.Errorf("leaseStore %s: %w (%w)", call, sequencer.ErrStoreUnavailable, ctx.Err())
+	}
+	if down {
 		return fmt.Errorf("leaseStore %s: %w", call, sequencer.ErrStoreUnavailable)
 	}
 	return nil
 }
 
 func (m *leaseStore) AcquireWorker(ctx context.Context, holder string, now time.Time, ttl time.Duration) (persist.WorkerLease, error) {
-	if err := m.enter("acquire"); err != nil {
+	if err := m.enter(ctx, "acquire"); err != nil {
 		return persist.WorkerLease{}, err
 	}
 	return m.Store.AcquireWorker(ctx, holder, now, ttl)
 }
 
 func (m *leaseStore) RenewWorker(ctx context.Context, l persist.WorkerLease, lastMs int64, now time.Time, ttl time.Duration) (persist.WorkerLease, error) {
-	if err := m.enter("renew"); err != nil {
+	if err := m.enter(ctx, "renew"); err != nil {
 		return persist.WorkerLease{}, err
 	}
 	return m.Store.RenewWorker(ctx, l, lastMs, now, ttl)
 }
 
 func (m *leaseStore) ReleaseWorker(ctx context.Context, l persist.WorkerLease, lastMs int64) error {
-	if err := m.enter("release"); err != nil {
+	if err := m.enter(ctx, "release"); err != nil {
 		return err
 	}
 	m.mu.Lock()

@@ -217,6 +217,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		ccfg := cfg.clusterConfig()
 		ccfg.Store, ccfg.APIAddr, ccfg.Logger, ccfg.Metrics, ccfg.Clock = table.Membership(), s.Addr(), log, s.metrics, clk
 		ccfg.Feed = s.feed
+		// A node that stepped down rejoins once it can issue msg_ids;
+		// the cluster kicks the issuer when the store answers again.
+		ccfg.IDs = s.lease
 		s.cluster, err = cluster.New(ccfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)

@@ -22,6 +22,7 @@ import (
 type watch struct {
 	ping     func(context.Context) error
 	issuable func() error // nil: msg_ids can be issued (idgen.Issuer.Issuable)
+	kick     func()       // the store is reachable again (idgen.Issuer.Kick); nil: none
 	draining func() bool
 	interval time.Duration
 	log      *slog.Logger
@@ -42,6 +43,7 @@ const (
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
 	ping := keptPing(s.store.Ping, func(err error) { s.lastPing.Store(&pingResult{err: err}) })
 	w := newWatch(ping, s.lease.Issuable, s.draining.Load, interval, s.log)
+	w.kick = s.lease.Kick
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -100,6 +102,9 @@ func (w *watch) probeAt(ctx context.Context, now time.Time) {
 	case !w.storeDownSince.IsZero():
 		w.log.Info("store reachable again", "was_down_for", now.Sub(w.storeDownSince).Round(time.Millisecond))
 		w.storeDownSince = time.Time{}
+		if w.kick != nil {
+			w.kick() // the issuer renews now, not at its next retry
+		}
 	}
 	err = w.issuable()
 	by := "lease"
