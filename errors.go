@@ -157,3 +157,21 @@ func FollowsRedirects(ctx context.Context) bool {
 	v, _ := ctx.Value(followsRedirectsKey{}).(bool)
 	return v
 }
+
+type outcomeUnknownKey struct{}
+
+// WithOutcomeUnknown marks ctx as the resend of a send whose earlier
+// attempt got no answer, so it may be stored already: the API edge sets it
+// on a send that another node redirected to the owner after its own attempt
+// there ended without an answer (deadline_exceeded). The node answering it
+// then never says "not stored" (a retryable error): only a result, a final
+// error, or deadline_exceeded again.
+func WithOutcomeUnknown(ctx context.Context) context.Context {
+	return context.WithValue(ctx, outcomeUnknownKey{}, true)
+}
+
+// EarlierOutcomeUnknown reports whether ctx was marked by WithOutcomeUnknown.
+func EarlierOutcomeUnknown(ctx context.Context) bool {
+	v, _ := ctx.Value(outcomeUnknownKey{}).(bool)
+	return v
+}

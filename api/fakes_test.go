@@ -18,6 +18,9 @@ type fakeSender struct {
 	// follows[i]: calls[i] came from a client that follows redirects
 	// (sequencer.FollowsRedirects).
 	follows []bool
+	// unknown[i]: calls[i] said an earlier attempt's outcome is unknown
+	// (sequencer.EarlierOutcomeUnknown).
+	unknown []bool
 	fn      func(req sequencer.SendRequest) (sequencer.SendResult, error)
 }
 
@@ -25,6 +28,7 @@ func (f *fakeSender) Send(ctx context.Context, req sequencer.SendRequest) (seque
 	f.mu.Lock()
 	f.calls = append(f.calls, req)
 	f.follows = append(f.follows, sequencer.FollowsRedirects(ctx))
+	f.unknown = append(f.unknown, sequencer.EarlierOutcomeUnknown(ctx))
 	fn := f.fn
 	f.mu.Unlock()
 	if fn == nil {

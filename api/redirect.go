@@ -23,6 +23,15 @@ const (
 // redirected again (no loops between nodes that each see the other as cut).
 const redirectedParam = "sequencer-redirected"
 
+// unknownParam marks a redirect whose first attempt's outcome is unknown
+// (the redirecting node's forward got no answer: 504): the owner may have
+// stored it, so its answer must not say "not stored"
+// (sequencer.WithOutcomeUnknown). Found by the availability run
+// (db-and-peers-blackhole on n1): n2's forward to n1 was stored but its
+// answer lost, n2 redirected the client to n1, and n1, cut from its store,
+// answered the followed request "unavailable" at once.
+const unknownParam = "sequencer-outcome-unknown"
+
 // redirectToOwner answers a unary Connect Send, Edit or Recall (POST application/json or
 // application/proto: plain HTTP clients, curl -L, fetch, requests, Go's
 // net/http) that this node could not place because the owner was out of
@@ -45,6 +54,9 @@ const redirectedParam = "sequencer-redirected"
 // retryable answer into unauthenticated).
 func redirectToOwner(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has(unknownParam) {
+			r = r.WithContext(sequencer.WithOutcomeUnknown(r.Context()))
+		}
 		if !redirectable(r) {
 			next.ServeHTTP(w, r)
 			return
@@ -86,6 +98,9 @@ func (w *redirectWriter) WriteHeader(code int) {
 	h := w.Header()
 	if addr := h.Get(HeaderOwnerAddr); addr != "" && (code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout) {
 		if loc, ok := ownerURL(w.r, addr); ok {
+			if code == http.StatusGatewayTimeout {
+				loc += "&" + unknownParam + "=1"
+			}
 			h.Set("Location", loc)
 			code = http.StatusTemporaryRedirect
 		}

@@ -68,6 +68,11 @@ func TestRedirectToOwner(t *testing.T) {
 				t.Fatalf("status %d, want 307 (%s)", resp.StatusCode, body)
 			}
 			want := owner + sendPath + "?" + redirectedParam + "=1"
+			if code == sequencer.CodeDeadlineExceeded {
+				// The cut node's attempt got no answer: the owner must
+				// not answer "not stored".
+				want += "&" + unknownParam + "=1"
+			}
 			if loc := resp.Header.Get("Location"); loc != want {
 				t.Fatalf("Location %q, want %q", loc, want)
 			}
@@ -89,6 +94,12 @@ func TestRedirectToOwner(t *testing.T) {
 			calls := ownerSender.Calls()
 			if last := calls[len(calls)-1]; last.ClientMsgID != "k1" || string(last.Body) != "hi" {
 				t.Fatalf("the owner got %+v, want the same send", last)
+			}
+			ownerSender.mu.Lock()
+			unknown := ownerSender.unknown[len(ownerSender.unknown)-1]
+			ownerSender.mu.Unlock()
+			if want := code == sequencer.CodeDeadlineExceeded; unknown != want {
+				t.Fatalf("the owner was told the earlier outcome is unknown: %v, want %v", unknown, want)
 			}
 
 			// connect-go clients are answered the error, not redirected

@@ -79,9 +79,12 @@ func (n *Node) Route(ctx context.Context, convID string) (sequencer.Route, error
 // conversation, here (the local writer) or forwarded to the owner by the
 // ring. While the partition is moving or not yet taken by its new owner, it
 // waits up to HandoffWait for the handoff, then fails with a retryable
-// error; the client resends with the same client_msg_id.
+// error; the client resends with the same client_msg_id. A send whose ctx
+// says an earlier attempt's outcome is unknown (sequencer.EarlierOutcomeUnknown: a
+// node redirected it here after its forward got no answer) is never
+// answered with a retryable error.
 func (n *Node) Send(ctx context.Context, req sequencer.SendRequest) (sequencer.SendResult, error) {
-	return n.send(ctx, req, false, false)
+	return n.send(ctx, req, false, sequencer.EarlierOutcomeUnknown(ctx))
 }
 
 // ownershipErr reports errors that mean "not written: the writer is

@@ -69,4 +69,14 @@ func TestCutNodeAnswersAtOnce(t *testing.T) {
 		t.Fatalf("a cut node asked its local writer (%d calls)", local.sends.Load())
 	}
 
+	// A send redirected here after another node's attempt got no answer
+	// (sequencer.WithOutcomeUnknown) may be stored already: the cut node
+	// must not answer it "not stored"; with nowhere to send it, it waits
+	// for a change until the caller's deadline.
+	uctx, ucancel := context.WithTimeout(sequencer.WithOutcomeUnknown(ctx), 200*time.Millisecond)
+	defer ucancel()
+	_, err = n.Send(uctx, req)
+	if !errors.Is(err, context.DeadlineExceeded) || sequencer.ErrorCode(err).Retryable() {
+		t.Fatalf("a send whose earlier outcome is unknown, on a cut node: %v, want the deadline (outcome unknown), never unavailable", err)
+	}
 }
