@@ -160,17 +160,17 @@ func FollowsRedirects(ctx context.Context) bool {
 
 type outcomeUnknownKey struct{}
 
-// WithOutcomeUnknown marks ctx as the resend of a send whose earlier
+// WithEarlierOutcomeUnknown marks ctx as the resend of a send whose earlier
 // attempt got no answer, so it may be stored already: the API edge sets it
 // on a send that another node redirected to the owner after its own attempt
 // there ended without an answer (deadline_exceeded). The node answering it
 // then never says "not stored" (a retryable error): only a result, a final
 // error, or deadline_exceeded again.
-func WithOutcomeUnknown(ctx context.Context) context.Context {
+func WithEarlierOutcomeUnknown(ctx context.Context) context.Context {
 	return context.WithValue(ctx, outcomeUnknownKey{}, true)
 }
 
-// EarlierOutcomeUnknown reports whether ctx was marked by WithOutcomeUnknown.
+// EarlierOutcomeUnknown reports whether ctx was marked by WithEarlierOutcomeUnknown.
 func EarlierOutcomeUnknown(ctx context.Context) bool {
 	v, _ := ctx.Value(outcomeUnknownKey{}).(bool)
 	return v

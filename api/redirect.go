@@ -26,7 +26,7 @@ const redirectedParam = "sequencer-redirected"
 // unknownParam marks a redirect whose first attempt's outcome is unknown
 // (the redirecting node's forward got no answer: 504): the owner may have
 // stored it, so its answer must not say "not stored"
-// (sequencer.WithOutcomeUnknown). Found by the availability run
+// (sequencer.WithEarlierOutcomeUnknown). Found by the availability run
 // (db-and-peers-blackhole on n1): n2's forward to n1 was stored but its
 // answer lost, n2 redirected the client to n1, and n1, cut from its store,
 // answered the followed request "unavailable" at once.
@@ -55,7 +55,7 @@ const unknownParam = "sequencer-outcome-unknown"
 func redirectToOwner(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Has(unknownParam) {
-			r = r.WithContext(sequencer.WithOutcomeUnknown(r.Context()))
+			r = r.WithContext(sequencer.WithEarlierOutcomeUnknown(r.Context()))
 		}
 		if !redirectable(r) {
 			next.ServeHTTP(w, r)

@@ -70,10 +70,10 @@ func TestCutNodeAnswersAtOnce(t *testing.T) {
 	}
 
 	// A send redirected here after another node's attempt got no answer
-	// (sequencer.WithOutcomeUnknown) may be stored already: the cut node
+	// (sequencer.WithEarlierOutcomeUnknown) may be stored already: the cut node
 	// must not answer it "not stored"; with nowhere to send it, it waits
 	// for a change until the caller's deadline.
-	uctx, ucancel := context.WithTimeout(sequencer.WithOutcomeUnknown(ctx), 200*time.Millisecond)
+	uctx, ucancel := context.WithTimeout(sequencer.WithEarlierOutcomeUnknown(ctx), 200*time.Millisecond)
 	defer ucancel()
 	_, err = n.Send(uctx, req)
 	if !errors.Is(err, context.DeadlineExceeded) || sequencer.ErrorCode(err).Retryable() {
