@@ -231,7 +231,9 @@ same PostgreSQL and the same im_message table, in one run:
            GetReadState of 1,000 conversations per operation (opt-in: name them in --engines)
   x-edit, x-recall (and -sqlite): edits and recalls through the Go SDK, one Edit or one Recall of a
            seeded message per operation (opt-in); x-send (and -sqlite): their baseline, the same
-           seeding (16 messages per conversation), then one Send per operation
+           seeding (32 messages per conversation), then one Send per operation; x-recall-old
+           (and -sqlite): Recall of the oldest seeded messages first, those the writer no longer
+           remembers (each read from the store before its batch forms)
   a-mysql, e-batch-mysql, b-mysql, c-mysql: a, e-batch, b and c on MySQL / MariaDB
            (--mysql; a fresh database per scenario; run only when named in --engines)
   e-sub, e-batch-sub: e and e-batch with a Subscribe stream on every conversation of the
@@ -294,7 +296,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.BodySize, "body", 128, "message body size in bytes")
 	fs.DurationVar(&cfg.Passivate, "passivate", 5*time.Second, "engines a and e (when the bench starts the server), and their -sqlite variants: idle time after which a conversation actor stops")
 	fs.DurationVar(&cfg.IdleWait, "idle-wait", 0, "memory scenario: how long to wait for passivation (default 3×passivate+10s)")
-	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved; report the median-throughput run")
+	fs.IntVar(&cfg.Repeat, "repeat", 1, "run every engine×scenario (but memory) this many times, interleaved, each round starting one engine later; report the median-throughput run")
 	render := fs.String("render", "", "do not measure: re-render the Markdown and SVG of a saved report from its JSON FILE (to --report, default beside it)")
 	fs.StringVar(&cfg.Report, "report", "", "write Markdown to FILE and FILE.json, FILE.svg beside it")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the run's database and Redis keys")
@@ -462,8 +464,10 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 
 	// Repeats are interleaved (every engine and scenario once, then again),
-	// so a burst of load from other processes hits all engines alike. The
-	// memory scenario runs once.
+	// so a burst of load from other processes hits all engines alike, and
+	// each round starts one engine later than the one before (a, b, c, then
+	// b, c, a, ...), so no engine always runs first on a fresh machine or
+	// right after the same neighbour. The memory scenario runs once.
 	runs := map[string][]Result{}
 	var failed []error
 	for rep := 0; rep < cfg.Repeat; rep++ {
@@ -471,7 +475,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 			if sc.TouchOnce && rep > 0 {
 				continue
 			}
-			for _, spec := range specs {
+			for _, spec := range roundOrder(specs, rep) {
 				if ctx.Err() != nil {
 					break
 				}
@@ -513,6 +517,16 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		failed = append(failed, fmt.Errorf("interrupted: %w", ctx.Err()))
 	}
 	return errors.Join(failed...)
+}
+
+// roundOrder is the order of the engines in round rep: specs rotated left
+// by rep.
+func roundOrder(specs []EngineSpec, rep int) []EngineSpec {
+	if len(specs) == 0 {
+		return nil
+	}
+	k := rep % len(specs)
+	return append(append([]EngineSpec(nil), specs[k:]...), specs[:k]...)
 }
 
 // runner holds what every (engine, scenario) run shares.

@@ -410,7 +410,7 @@ func (rep *Report) WriteMarkdown(w io.Writer, chart string) {
 	fmt.Fprintf(w, "| load average (1 min) at start | %.2f |\n", in.LoadAvg)
 	mode := fmt.Sprintf("%gs measured after %gs warmup", in.Duration, in.Warmup)
 	if in.Repeat > 1 {
-		mode += fmt.Sprintf(", %d runs interleaved (median shown)", in.Repeat)
+		mode += fmt.Sprintf(", %d runs interleaved, each round starting one engine later (median shown)", in.Repeat)
 	}
 	if in.Messages > 0 {
 		mode = fmt.Sprintf("%s messages per run", fmtInt(in.Messages))

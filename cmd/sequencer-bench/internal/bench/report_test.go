@@ -440,3 +440,25 @@ func TestStoreTargets(t *testing.T) {
 		}
 	}
 }
+
+func TestRoundOrderRotatesTheEngines(t *testing.T) {
+	specs := []EngineSpec{{Key: "a"}, {Key: "b"}, {Key: "c"}}
+	keys := func(ss []EngineSpec) string {
+		var k []string
+		for _, s := range ss {
+			k = append(k, s.Key)
+		}
+		return strings.Join(k, ",")
+	}
+	for rep, want := range []string{"a,b,c", "b,c,a", "c,a,b", "a,b,c"} {
+		if got := keys(roundOrder(specs, rep)); got != want {
+			t.Errorf("round %d: %s, want %s", rep, got, want)
+		}
+	}
+	if got := keys(specs); got != "a,b,c" {
+		t.Errorf("roundOrder changed its argument: %s", got)
+	}
+	if roundOrder(nil, 3) != nil {
+		t.Error("no engines: want none")
+	}
+}

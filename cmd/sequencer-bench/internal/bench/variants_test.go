@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "modernc.org/sqlite" // database/sql driver "sqlite", to read the -sqlite engines' files
 
+	"github.com/sequencer-im/sequencer/conv"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
 
@@ -252,5 +253,29 @@ func TestEventEngines(t *testing.T) {
 	cfg.setDefaults()
 	if strings.Contains(cfg.Engines, "x-") {
 		t.Errorf("default engines %q include the opt-in event engines", cfg.Engines)
+	}
+}
+
+func TestRecallOrderTakesTheRecentFirst(t *testing.T) {
+	for _, n := range []int{1, 8, 16, 32} {
+		var got []int
+		seen := map[int]bool{}
+		for i := range n {
+			k := recallOrder(i, n)
+			if k < 0 || k >= n || seen[k] {
+				t.Fatalf("n=%d: recall %d takes %d (taken so far %v)", n, i, k, got)
+			}
+			seen[k] = true
+			got = append(got, k)
+		}
+		recent := min(n, recentTargets)
+		for i := range recent {
+			if got[i] != n-recent+i {
+				t.Errorf("n=%d: recall %d takes %d, want the recent %d first, oldest of them first", n, i, got[i], n-recent+i)
+			}
+		}
+	}
+	if d := conv.DefaultConfig().TargetCache; d != recentTargets {
+		t.Errorf("the writer remembers %d targets, the bench assumes %d", d, recentTargets)
 	}
 }
