@@ -320,10 +320,15 @@ func (a *convActor) execute(ctx pa.Context) {
 		go func() {
 			sctx, cancel := context.WithTimeout(context.Background(), n.cfg.Commit.Timeout)
 			defer cancel()
-			results := make([]conv.TargetResult, len(ids))
-			for i, id := range ids {
-				results[i].MsgID = id
-				results[i].Msg, results[i].Err = n.cfg.Store.GetMessage(sctx, id)
+			var results []conv.TargetResult
+			if n.targets != nil {
+				results = n.targets.read(sctx, ids) // with the other writers' reads of the moment
+			} else {
+				results = make([]conv.TargetResult, len(ids))
+				for i, id := range ids {
+					results[i].MsgID = id
+					results[i].Msg, results[i].Err = n.cfg.Store.GetMessage(sctx, id)
+				}
 			}
 			root.Send(self, &targetsLoaded{results: results})
 		}()

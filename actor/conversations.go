@@ -165,8 +165,11 @@ type Conversations struct {
 	m      *metrics.Set
 	system *pa.ActorSystem
 	writer *commit.Writer
-	seed   maphash.Seed
-	shards [shardCount]shard
+	// targets groups the writers' reads of their events' targets (nil: the
+	// store reads one message at a time, and each writer does).
+	targets *targetReads
+	seed    maphash.Seed
+	shards  [shardCount]shard
 
 	floors       floors          // highest acked seq of passivated conversations (never backwards)
 	logs         *ratelog.Logger // rate-limited warnings
@@ -224,6 +227,9 @@ func NewConversations(cfg Config) (*Conversations, error) {
 	n := &Conversations{cfg: cfg, log: log, m: cfg.Metrics, writer: w, seed: maphash.MakeSeed(), started: cfg.Clock.Now(),
 		floors: newFloors(cfg.MaxFloors), logs: ratelog.New(log, 10*time.Second),
 		sweepEvery: sweepInterval(cfg.PassivateAfter), sweepStop: make(chan struct{}), sweepDone: make(chan struct{})}
+	if g, ok := cfg.Store.(persist.MessagesGetter); ok {
+		n.targets = &targetReads{store: g, timeout: cfg.Commit.Timeout}
+	}
 	// protoactor logs dead letters and supervision at info; keep warnings.
 	n.system = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
 		return slog.New(warnOnly{log.Handler()}).With("lib", "protoactor")

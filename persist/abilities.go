@@ -1,6 +1,10 @@
 package persist
 
-import "context"
+import (
+	"context"
+
+	"github.com/sequencer-im/sequencer"
+)
 
 // The optional abilities of a store, each its own small interface (the
 // hashicorp/raft way): persist/open returns a Store, and a caller that needs
@@ -14,6 +18,8 @@ import "context"
 //     MySQL, Citus);
 //   - RetryCounter: MySQL (transactions redone after a deadlock);
 //   - Sharded: Citus (its workers and shard groups);
+//   - MessagesGetter: the server stores (PostgreSQL, MySQL, Citus), where
+//     a read is a round trip;
 //   - membership.Provider (package membership): the stores a cluster can
 //     share.
 
@@ -26,6 +32,16 @@ type Migrator interface {
 	// AvailableMigrations are the migrations this binary holds for the
 	// store, in version order.
 	AvailableMigrations() ([]Migration, error)
+}
+
+// MessagesGetter is a store that reads many messages by msg_id in one
+// round trip: the actors read the targets of many conversations' edits and
+// recalls together (actor.targetReads) instead of one GetMessage each.
+type MessagesGetter interface {
+	// GetMessages returns the stored messages among ids, in any order; an
+	// id that names no stored message is left out (as is a repeated one's
+	// second copy).
+	GetMessages(ctx context.Context, ids []uint64) ([]sequencer.Message, error)
 }
 
 // Backuper is a store that copies itself online into a new file.

@@ -50,6 +50,7 @@ var (
 	_ persist.PageReader     = (*Store)(nil)
 	_ persist.Migrator       = (*Store)(nil)
 	_ persist.ConvSettler    = (*Store)(nil)
+	_ persist.MessagesGetter = (*Store)(nil)
 )
 
 // ErrNotDistributed: Open on a database without the citus extension.

@@ -323,8 +323,9 @@ func notFound(format string, args ...any) error {
 
 // The abilities a MySQL store has beyond persist.Store.
 var (
-	_ persist.Store        = (*Store)(nil)
-	_ persist.Migrator     = (*Store)(nil)
-	_ persist.PoolReporter = (*Store)(nil)
-	_ persist.RetryCounter = (*Store)(nil)
+	_ persist.Store          = (*Store)(nil)
+	_ persist.Migrator       = (*Store)(nil)
+	_ persist.PoolReporter   = (*Store)(nil)
+	_ persist.RetryCounter   = (*Store)(nil)
+	_ persist.MessagesGetter = (*Store)(nil)
 )

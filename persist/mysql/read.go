@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -50,6 +51,35 @@ func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message
 		return sequencer.Message{}, unavailable("get message", err)
 	}
 	return m, nil
+}
+
+// GetMessages returns the stored messages among ids, in any order, in one
+// statement (persist.MessagesGetter).
+func (s *Store) GetMessages(ctx context.Context, ids []uint64) ([]sequencer.Message, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var q strings.Builder
+	args := make([]any, len(ids))
+	q.WriteString(`SELECT ` + messageColumns + ` FROM im_message WHERE msg_id IN (`)
+	for i, id := range ids {
+		if i > 0 {
+			q.WriteString(`,`)
+		}
+		q.WriteString(`?`)
+		args[i] = id
+	}
+	q.WriteString(`)`)
+	rows, err := s.read.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, unavailable("get messages", err)
+	}
+	defer rows.Close()
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return scanMessage(r) })
+	if err != nil {
+		return nil, unavailable("get messages", err)
+	}
+	return out, nil
 }
 
 // ReadRange returns up to limit messages of conv with seq > afterSeq, in

@@ -450,6 +450,7 @@ func classify(op string, err error) error {
 
 // The abilities a PostgreSQL store has beyond persist.Store.
 var (
-	_ persist.Migrator     = (*Store)(nil)
-	_ persist.PoolReporter = (*Store)(nil)
+	_ persist.Migrator       = (*Store)(nil)
+	_ persist.PoolReporter   = (*Store)(nil)
+	_ persist.MessagesGetter = (*Store)(nil)
 )

@@ -68,6 +68,30 @@ func (s *Store) GetMessage(ctx context.Context, msgID uint64) (sequencer.Message
 	return m, nil
 }
 
+// GetMessages returns the stored messages among ids, in any order, in one
+// statement (persist.MessagesGetter).
+func (s *Store) GetMessages(ctx context.Context, ids []uint64) ([]sequencer.Message, error) {
+	keys := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		if id <= math.MaxInt64 {
+			keys = append(keys, int64(id))
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+MessageColumns+` FROM im_message WHERE msg_id = ANY($1)`, keys)
+	if err != nil {
+		return nil, unavailable("get messages", err)
+	}
+	defer rows.Close()
+	out, err := persist.Collect(rows, func(r persist.Rows) (sequencer.Message, error) { return ScanMessage(r) })
+	if err != nil {
+		return nil, unavailable("get messages", err)
+	}
+	return out, nil
+}
+
 // ReadRange returns up to limit messages of conv with seq > afterSeq, in
 // seq order. A limit <= 0 returns none.
 func (s *Store) ReadRange(ctx context.Context, convID string, afterSeq uint64, limit int) ([]sequencer.Message, error) {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"math"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
@@ -19,6 +20,7 @@ var eventCases = []struct {
 	{"EventAndTargetAllOrNothing", testEventAllOrNothing},
 	{"EventsTrimmedLikeMessages", testEventsTrimmed},
 	{"RecallOfUneditedTargets", testRecallOfUnedited},
+	{"GetMessagesReadsTargetsTogether", testGetMessages},
 }
 
 // event builds conv's event of kind at seq changing target.
@@ -188,4 +190,61 @@ func testRecallOfUnedited(x *suite) {
 	wantB.Body, wantB.Recalled, wantB.EditCount, wantB.EditedAt = []byte{}, true, 1, t1
 	eb.Body, eb.Recalled = []byte{}, true
 	x.expectStored(b, 3, []sequencer.Message{wantB, eb, rb})
+}
+
+// testGetMessages: a store with persist.MessagesGetter answers many msg_ids
+// of several conversations in one call exactly as GetMessage answers each
+// (an edited and a recalled target in their current state), leaving out the
+// ids it does not hold.
+func testGetMessages(x *suite) {
+	g, ok := x.s.(persist.MessagesGetter)
+	if !ok {
+		x.t.Skip("the store has no persist.MessagesGetter (it reads in process; the actors read one message at a time)")
+	}
+	a, b := x.conv(), x.conv()
+	ba, bb := batch(a, 0, 3), batch(b, 0, 2)
+	x.mustCommit(ba, bb)
+	at := serverAt.Add(time.Minute)
+	edit := event(a, 4, sequencer.KindEdit, ba.Messages[0], "edited", at)
+	recall := event(a, 5, sequencer.KindRecall, ba.Messages[1], "", at)
+	x.mustCommit(persist.ConvBatch{ConvID: a, PrevHead: 3, Messages: []sequencer.Message{edit, recall}})
+
+	ids := []uint64{bb.Messages[1].MsgID, ba.Messages[0].MsgID, 12345, ba.Messages[1].MsgID, math.MaxUint64,
+		edit.MsgID, ba.Messages[2].MsgID, bb.Messages[0].MsgID, recall.MsgID}
+	got, err := g.GetMessages(x.ctx, ids)
+	if err != nil {
+		x.t.Fatalf("GetMessages: %v", err)
+	}
+	byID := map[uint64]sequencer.Message{}
+	for _, m := range got {
+		if _, dup := byID[m.MsgID]; dup {
+			x.t.Fatalf("GetMessages answered msg_id %d twice", m.MsgID)
+		}
+		byID[m.MsgID] = m
+	}
+	if len(got) != 7 {
+		x.t.Fatalf("GetMessages of 7 stored and 2 unknown ids = %d messages, want 7", len(got))
+	}
+	for _, id := range ids {
+		m, ok := byID[id]
+		if id == 12345 || id == math.MaxUint64 {
+			if ok {
+				x.t.Fatalf("GetMessages answered the unknown msg_id %d", id)
+			}
+			continue
+		}
+		if !ok {
+			x.t.Fatalf("GetMessages left out the stored msg_id %d", id)
+		}
+		sameMessage(x.t, m, x.get(id))
+	}
+	if m := byID[ba.Messages[0].MsgID]; string(m.Body) != "edited" || m.EditCount != 1 {
+		x.t.Fatalf("the edited target read as body %q, edit_count %d", m.Body, m.EditCount)
+	}
+	if m := byID[ba.Messages[1].MsgID]; !m.Recalled || len(m.Body) != 0 {
+		x.t.Fatalf("the recalled target read as recalled=%v, body %q", m.Recalled, m.Body)
+	}
+	if got, err := g.GetMessages(x.ctx, nil); err != nil || len(got) != 0 {
+		x.t.Fatalf("GetMessages(none) = %d messages, %v", len(got), err)
+	}
 }
