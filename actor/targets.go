@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sequencer-im/sequencer/conv"
@@ -41,6 +42,7 @@ type targetAsk struct {
 	ids  []uint64
 	got  []conv.TargetResult
 	done chan struct{}
+	gone atomic.Bool // the asker stopped waiting: its ids are not read
 }
 
 // read returns the stored state of every id, read in a group with the other
@@ -65,6 +67,7 @@ func (r *targetReads) read(ctx context.Context, ids []uint64) []conv.TargetResul
 	case <-a.done:
 		return a.got
 	case <-ctx.Done():
+		a.gone.Store(true)
 		return failTargets(ids, ctx.Err())
 	}
 }
@@ -79,14 +82,26 @@ func (r *targetReads) run() {
 			r.mu.Unlock()
 			return
 		}
+		// The asks whose askers gave up while waiting (a store slower than
+		// their timeout) are dropped, not read.
+		var group []*targetAsk
 		n, ids := 0, 0
-		for n < len(r.queue) && (n == 0 || ids+len(r.queue[n].ids) <= maxTargetIDs) {
-			ids += len(r.queue[n].ids)
-			n++
+		for ; n < len(r.queue); n++ {
+			a := r.queue[n]
+			if a.gone.Load() {
+				continue
+			}
+			if len(group) > 0 && ids+len(a.ids) > maxTargetIDs {
+				break
+			}
+			group = append(group, a)
+			ids += len(a.ids)
 		}
-		group := r.queue[:n:n]
 		r.queue = r.queue[n:]
 		r.mu.Unlock()
+		if len(group) == 0 {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 		r.readGroup(ctx, group, ids)
 		cancel()

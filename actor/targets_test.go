@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/conv"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/memstore"
 )
@@ -51,18 +53,22 @@ func (g *gateGetter) GetMessages(ctx context.Context, ids []uint64) ([]sequencer
 	return out, nil
 }
 
+// storedConvs numbers storeMessages' conversations.
+var storedConvs atomic.Int64
+
 func (g *gateGetter) callIDs() [][]uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return append([][]uint64(nil), g.calls...)
 }
 
-// storeMessages commits n single-message conversations and returns their
-// msg_ids.
+// storeMessages commits n more single-message conversations and returns
+// their msg_ids.
 func storeMessages(t *testing.T, s *memstore.Store, n int) []uint64 {
 	t.Helper()
 	var ids []uint64
-	for i := range n {
+	for range n {
+		i := storedConvs.Add(1)
 		m := sequencer.Message{MsgID: uint64(1000 + i), ConvID: fmt.Sprintf("c:%d", i), Seq: 1, FromUID: 7,
 			ClientMsgID: fmt.Sprintf("k%d", i), ServerAt: time.Now(), Body: []byte("b")}
 		if err := s.Commit(context.Background(), []persist.ConvBatch{{ConvID: m.ConvID, Messages: []sequencer.Message{m}}}); err != nil {
@@ -165,7 +171,8 @@ func TestTargetReadsGroupWhileTheStoreIsBusy(t *testing.T) {
 }
 
 // A failed group read fails every target of every ask in it (the core
-// fails those events retryably); an asker whose context ends stops waiting.
+// fails those events retryably); an asker whose context ends stops waiting,
+// and its ids are not read when it gave up before its group formed.
 func TestTargetReadsFailures(t *testing.T) {
 	mem := memstore.New()
 	ids := storeMessages(t, mem, 2)
@@ -177,29 +184,47 @@ func TestTargetReadsFailures(t *testing.T) {
 		}
 	}
 
-	held := &gateGetter{Store: mem, release: make(chan struct{}), in: make(chan struct{}, 4)}
+	// Two reads hold the store; a third asker gives up while it waits, a
+	// fourth does not: the next call reads only the fourth's ids.
+	more := storeMessages(t, mem, 4)
+	held := &gateGetter{Store: mem, release: make(chan struct{}), in: make(chan struct{}, 8)}
 	r = &targetReads{store: held, timeout: 10 * time.Second}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan []uint64)
-	go func() {
-		var failed []uint64
-		for _, x := range r.read(ctx, ids) {
-			if errors.Is(x.Err, context.Canceled) {
-				failed = append(failed, x.MsgID)
-			}
-		}
-		done <- failed
-	}()
-	<-held.in
-	cancel()
-	if failed := <-done; len(failed) != 2 {
-		t.Fatalf("canceled while the store held the read: %v failed with canceled, want both", failed)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, id := range more[:2] {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.read(ctx, []uint64{id}) }()
+		<-held.in
 	}
-	close(held.release)
-	waitFor(t, "the held read to end", func() bool {
+	gaveUp, cancel := context.WithCancel(ctx)
+	done := make(chan []conv.TargetResult)
+	go func() { done <- r.read(gaveUp, []uint64{more[2]}) }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if res := r.read(ctx, []uint64{more[3]}); res[0].Err != nil || res[0].Msg.MsgID != more[3] {
+			t.Errorf("the fourth read: %+v", res[0])
+		}
+	}()
+	waitFor(t, "two reads queued", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.running == 0
+		return len(r.queue) == 2
+	})
+	cancel()
+	if res := <-done; !errors.Is(res[0].Err, context.Canceled) {
+		t.Fatalf("the read given up: %+v, want canceled", res[0])
+	}
+	close(held.release)
+	wg.Wait()
+	calls := held.callIDs()
+	if len(calls) != 3 || len(calls[2]) != 1 || calls[2][0] != more[3] {
+		t.Fatalf("calls %v: want the third to read only msg_id %d (the read given up dropped)", calls, more[3])
+	}
+	waitFor(t, "the reads to end", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.running == 0 && len(r.queue) == 0
 	})
 }
 
