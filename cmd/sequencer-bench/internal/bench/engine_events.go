@@ -58,7 +58,9 @@ const (
 	opRecallOld
 )
 
-func (o eventOp) String() string { return [...]string{"x-send", "x-edit", "x-recall", "x-recall-old"}[o] }
+func (o eventOp) String() string {
+	return [...]string{"x-send", "x-edit", "x-recall", "x-recall-old"}[o]
+}
 
 // eventTargets is how many messages the event engines seed per
 // conversation (the targets of x-recall). At many, 10,000 conversations
