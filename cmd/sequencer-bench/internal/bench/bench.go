@@ -241,6 +241,7 @@ same PostgreSQL and the same im_message table, in one run:
 The change feed's other benches, against a running server:
   sequencer-bench fanout --target URL [--subs 1000] [--pubs 8] [--duration 10s] [--json]
   sequencer-bench pullmany --target URL [--convs 1000] [--msgs 10] [--calls 50]
+  (both take --cpuprofile FILE: the subscribers' or callers' side of the run)
 The e engines start the sequencer binary beside this one (or --serve-bin) as
 'serve' on a fresh store per scenario, or use a running server (--target; not
 the -sqlite ones). Their "server CPU us/msg" is the server process's CPU time

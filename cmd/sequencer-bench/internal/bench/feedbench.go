@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +28,8 @@ import (
 //
 //	sequencer-bench fanout --target URL [--subs 1000] [--pubs 8] [--duration 10s] [--json]
 //	sequencer-bench pullmany --target URL [--convs 1000] [--msgs 10] [--calls 50]
+//
+// Both take --cpuprofile FILE (this process: the subscribers or the caller).
 //
 // fanout is the anchor's measurement (../shared/peers/centrifugo/main.go)
 // done on the feed: N Subscribe streams on one conversation, all in this
@@ -65,13 +68,31 @@ func h2c() *http.Client {
 // feedFlags is a feed bench's flag set, with --target.
 type feedFlags struct {
 	*flag.FlagSet
-	target *string
+	target     *string
+	cpuProfile *string
 }
 
 func newFeedFlags(name string, stderr io.Writer) feedFlags {
 	fs := flag.NewFlagSet("sequencer-bench "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	return feedFlags{fs, fs.String("target", "", "base URL of a running 'sequencer serve', e.g. http://127.0.0.1:7070 (required)")}
+	return feedFlags{fs, fs.String("target", "", "base URL of a running 'sequencer serve', e.g. http://127.0.0.1:7070 (required)"),
+		fs.String("cpuprofile", "", "write this process's CPU profile (the subscribers' or callers' side) to this file")}
+}
+
+// profile starts the CPU profile --cpuprofile asked for; stop ends it.
+func (f feedFlags) profile() (stop func(), err error) {
+	if *f.cpuProfile == "" {
+		return func() {}, nil
+	}
+	out, err := os.Create(*f.cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); out.Close() }, nil
 }
 
 // parse parses args and returns the target; help true: -h was asked.
@@ -98,6 +119,11 @@ func fanoutMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	} else if err != nil {
 		return err
 	}
+	stopProfile, err := fs.profile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	conv := "fanout-" + randomID()
 	opts := []connect.ClientOption{connect.WithGRPC()}
 	if *asJSON {
@@ -212,6 +238,11 @@ func pullManyMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	} else if err != nil {
 		return err
 	}
+	stopProfile, err := fs.profile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	c, err := client.New(client.Config{Addrs: []string{base}, DisableRouting: true})
 	if err != nil {
 		return err
