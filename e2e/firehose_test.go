@@ -69,13 +69,35 @@ func headsVia(t *testing.T, nodes *nodeSet, convs []string) (uint64, bool) {
 
 // waitStreamHoldsAll waits until the stream holds as many messages as the
 // conversations' heads add up to (the check that follows compares them one
-// by one).
+// by one). When it does not within 2 minutes the test fails with where the
+// stream and each node's publisher stand, and goes on to that check, so a
+// failure says whether messages were lost or only not yet published.
 func waitStreamHoldsAll(t *testing.T, url, stream string, nodes *nodeSet, convs []string) {
 	t.Helper()
-	waitFor(t, 120*time.Second, "the stream to hold every stored message", func() bool {
-		sum, ok := headsVia(t, nodes, convs)
-		return ok && streamCount(t, url, stream) >= sum
-	})
+	start := time.Now()
+	deadline := start.Add(120 * time.Second)
+	var sum, count uint64
+	var headsOK bool
+	for time.Now().Before(deadline) {
+		sum, headsOK = headsVia(t, nodes, convs)
+		count = streamCount(t, url, stream)
+		if headsOK && count >= sum {
+			t.Logf("the stream held every stored message (%d) %s after the writers stopped", sum, time.Since(start).Round(100*time.Millisecond))
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "after 2m0s the stream holds %d messages, the heads add up to %d (all heads read: %v)", count, sum, headsOK)
+	for _, a := range nodes.all() {
+		fmt.Fprintf(&b, "\n  %s:", a)
+		for _, m := range []string{"sequencer_feed_publishing", "sequencer_feed_lag_messages", "sequencer_feed_lag_seconds",
+			"sequencer_feed_published_total", "sequencer_feed_publish_errors_total", "sequencer_feed_store_errors_total",
+			"sequencer_feed_skipped_total"} {
+			fmt.Fprintf(&b, " %s=%g", strings.TrimPrefix(m, "sequencer_feed_"), metricValue(t, a, m))
+		}
+	}
+	t.Error(b.String())
 }
 
 // checkStream reads the stream back in full and compares it with the
