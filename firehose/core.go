@@ -91,9 +91,11 @@ type Core struct {
 	queued   int
 	token    uint64
 	skipped  uint64 // seqs retention removed before they were published
+	gen      uint64 // the last ownership generation given out (Gen)
 }
 
 type partState struct {
+	gen    uint64 // this ownership of the partition (Own gives each its own)
 	synced bool
 	convs  map[string]*convState
 }
@@ -149,7 +151,8 @@ func (c *Core) Own(parts []uint32) (added []uint32) {
 	for _, p := range parts {
 		now[p] = true
 		if c.parts[p] == nil {
-			c.parts[p] = &partState{convs: map[string]*convState{}}
+			c.gen++
+			c.parts[p] = &partState{gen: c.gen, convs: map[string]*convState{}}
 			added = append(added, p)
 		}
 	}
@@ -174,6 +177,18 @@ func (c *Core) Own(parts []uint32) (added []uint32) {
 
 // Owned reports whether partition p is owned.
 func (c *Core) Owned(p uint32) bool { return c.parts[p] != nil }
+
+// Gen is the generation of partition p's ownership (0: not owned): every
+// time Own adds p it gets a new one. A scan of p's outbox is of the
+// generation it began in (ScannedGen): a partition dropped and owned again
+// while a scan was reading must be scanned again, since the old scan's
+// rows may predate what another owner committed meanwhile.
+func (c *Core) Gen(p uint32) uint64 {
+	if ps := c.parts[p]; ps != nil {
+		return ps.gen
+	}
+	return 0
+}
 
 // Live takes a committed batch of one conversation (ascending seqs), as the
 // conversation's writer hands it to the change feed.
@@ -212,12 +227,23 @@ func (c *Core) Live(convID string, msgs []sequencer.Message) {
 	c.touch(cv)
 }
 
-// Scanned merges a page of partition p's outbox rows; done says the scan
-// reached its end, after which the partition publishes. A row published in
-// full is to be swept, unless its conversation is being published.
+// Scanned merges a page of partition p's outbox rows, of a scan begun in
+// p's current ownership (ScannedGen says which).
 func (c *Core) Scanned(p uint32, rows []persist.OutboxRow, done bool, now time.Time) {
+	c.ScannedGen(p, c.Gen(p), rows, done, now)
+}
+
+// ScannedGen merges a page of partition p's outbox rows read by a scan begun
+// in ownership generation gen (Gen); done says the scan reached its end,
+// after which the partition publishes. A page of an earlier generation is
+// ignored: had it marked the partition scanned, a conversation it did not
+// list (a row written by another owner after the page was read) would
+// start at its next live batch and its unpublished backlog before that
+// would never be published. A row published in full is to be swept,
+// unless its conversation is being published.
+func (c *Core) ScannedGen(p uint32, gen uint64, rows []persist.OutboxRow, done bool, now time.Time) {
 	ps := c.parts[p]
-	if ps == nil {
+	if ps == nil || ps.gen != gen {
 		return
 	}
 	for _, r := range rows {

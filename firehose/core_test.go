@@ -131,6 +131,46 @@ func TestNothingPublishedBeforeTheScanEnds(t *testing.T) {
 	}
 }
 
+// A scan that began before its partition was dropped and owned again must
+// not count as the new ownership's scan: its rows may predate what another
+// owner committed meanwhile. Here conversation a got its first messages
+// (1..5, unpublished) from another owner after the old scan read an empty
+// outbox; had the old scan's end marked the partition scanned, a's next
+// live batch (6) would have started a at 6 and 1..5 would never be
+// published.
+func TestAScanOfAnEarlierOwnershipIsIgnored(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 1})
+	c.Own([]uint32{0})
+	g1 := c.Gen(0)
+	c.Own(nil)
+	if c.Gen(0) != 0 {
+		t.Fatalf("Gen of a dropped partition = %d, want 0", c.Gen(0))
+	}
+	c.Own([]uint32{0})
+	g2 := c.Gen(0)
+	if g1 == 0 || g2 == g1 {
+		t.Fatalf("generations %d then %d, want two different, non-zero", g1, g2)
+	}
+	c.ScannedGen(0, g1, nil, true, t0) // the old scan ends: ignored
+	c.Live("a", msgs("a", 6, 6))
+	none(t, c)
+	if l, _ := c.Lag(); l.Syncing != 1 {
+		t.Fatalf("lag %+v, want the partition still syncing", l)
+	}
+	c.ScannedGen(0, g2, []persist.OutboxRow{{Partition: 0, ConvID: "a", Published: 0, Head: 6}}, true, t0)
+	rd := next(t, c)
+	if rd.Kind != Read || rd.ConvID != "a" || rd.After != 0 || rd.Limit != 5 {
+		t.Fatalf("action %+v, want a read of a after 0, 5 messages", rd)
+	}
+	c.Filled(rd, msgs("a", 1, 5), nil)
+	for s := uint64(1); s <= 6; s++ {
+		a := next(t, c)
+		wantPublish(t, a, "a", s)
+		c.Published(a, nil)
+	}
+	none(t, c)
+}
+
 func TestLiveOverflowIsReadBack(t *testing.T) {
 	c := ownedCore(CoreConfig{MaxQueued: 2})
 	c.Live("a", msgs("a", 1, 5)) // only 1..2 kept in memory

@@ -110,7 +110,7 @@ type Publisher struct {
 	publishing bool
 	pauseUntil time.Time
 	backoff    time.Duration
-	rescans    map[uint32]bool // partitions being scanned
+	rescans    map[uint32]uint64 // partitions being scanned: the ownership generation of the scan
 }
 
 // New returns a Publisher; Run starts it.
@@ -120,7 +120,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Publisher{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1), core: NewCore(cfg.Core),
-		publishing: true, rescans: map[uint32]bool{}}, nil
+		publishing: true, rescans: map[uint32]uint64{}}, nil
 }
 
 // SetOwned sets Config.Owned before Run (the cluster exists only after the
@@ -235,36 +235,51 @@ func (p *Publisher) refreshOwnership(ctx context.Context, sem chan struct{}, sca
 	if again {
 		added = parts
 	}
-	var start []uint32
+	type job struct {
+		part uint32
+		gen  uint64
+	}
+	var start []job
 	for _, part := range added {
-		if !p.rescans[part] {
-			p.rescans[part] = true
-			start = append(start, part)
+		// A scan of an earlier ownership still reading does not count:
+		// its pages are ignored (Core.ScannedGen) and it stops.
+		if gen := p.core.Gen(part); gen != 0 && p.rescans[part] != gen {
+			p.rescans[part] = gen
+			start = append(start, job{part, gen})
 		}
 	}
 	p.mu.Unlock()
-	for _, part := range start {
+	for _, j := range start {
 		scans.Add(1)
 		go func() {
 			defer scans.Done()
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
+				p.scanEnded(j.part, j.gen)
 				return
 			}
 			defer func() { <-sem }()
-			p.scan(ctx, part)
+			p.scan(ctx, j.part, j.gen)
 		}()
 	}
 }
 
-// scan reads partition part's outbox into the core, page by page, retrying
-// a failed page while the partition is owned.
-func (p *Publisher) scan(ctx context.Context, part uint32) {
-	defer func() {
-		p.mu.Lock()
+// scanEnded forgets partition part's scan of generation gen (unless a newer
+// one has started).
+func (p *Publisher) scanEnded(part uint32, gen uint64) {
+	p.mu.Lock()
+	if p.rescans[part] == gen {
 		delete(p.rescans, part)
-		p.mu.Unlock()
+	}
+	p.mu.Unlock()
+}
+
+// scan reads partition part's outbox into the core, page by page, retrying
+// a failed page while the partition's ownership of generation gen lasts.
+func (p *Publisher) scan(ctx context.Context, part uint32, gen uint64) {
+	defer func() {
+		p.scanEnded(part, gen)
 		p.poke()
 	}()
 	after, wait := "", 50*time.Millisecond
@@ -273,7 +288,7 @@ func (p *Publisher) scan(ctx context.Context, part uint32) {
 		rows, err := p.cfg.Store.OutboxPending(sctx, part, after, p.cfg.ScanPage)
 		cancel()
 		p.mu.Lock()
-		if !p.core.Owned(part) {
+		if p.core.Gen(part) != gen { // dropped (and maybe owned again: a new scan runs)
 			p.mu.Unlock()
 			return
 		}
@@ -289,7 +304,7 @@ func (p *Publisher) scan(ctx context.Context, part uint32) {
 			continue
 		}
 		done := len(rows) < p.cfg.ScanPage
-		p.core.Scanned(part, rows, done, time.Now())
+		p.core.ScannedGen(part, gen, rows, done, time.Now())
 		p.mu.Unlock()
 		if done {
 			return
