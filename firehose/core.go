@@ -96,8 +96,17 @@ type Core struct {
 
 type partState struct {
 	gen    uint64 // this ownership of the partition (Own gives each its own)
+	epoch  uint64 // the holding's epoch (Holding)
 	synced bool
 	convs  map[string]*convState
+}
+
+// Holding is a partition this node holds and the epoch of that holding: a
+// number that changes whenever the partition is taken again (the lease's
+// epoch; 0 without a cluster, where partitions never move).
+type Holding struct {
+	Partition uint32
+	Epoch     uint64
 }
 
 type moveKey struct {
@@ -141,33 +150,46 @@ func NewCore(cfg CoreConfig) *Core {
 		idle: map[moveKey]time.Time{}}
 }
 
-// Own sets the partitions this node owns. It returns the partitions newly
-// owned: the runner scans their outbox (Scanned). Partitions no longer
-// owned are dropped at once (their acknowledged cursors are still owed:
-// Moves returns them; their rows to sweep are left to the new owner's
-// scan); answers to their actions in flight are ignored.
+// Own sets the partitions this node owns (each of epoch 0: OwnHoldings).
 func (c *Core) Own(parts []uint32) (added []uint32) {
-	now := make(map[uint32]bool, len(parts))
-	for _, p := range parts {
+	hs := make([]Holding, len(parts))
+	for i, p := range parts {
+		hs[i] = Holding{Partition: p}
+	}
+	return c.OwnHoldings(hs)
+}
+
+// OwnHoldings sets the partitions this node holds. It returns the
+// partitions newly owned, a partition held with another epoch than before
+// included (it was taken again: another node may have held it meanwhile):
+// the runner scans their outbox (ScannedGen). Partitions no longer owned,
+// and the earlier holding of one taken again, are dropped at once (their
+// acknowledged cursors are still owed: Moves returns them; their rows to
+// sweep are left to the new holding's scan); answers to their actions in
+// flight are ignored.
+func (c *Core) OwnHoldings(hs []Holding) (added []uint32) {
+	now := make(map[uint32]bool, len(hs))
+	retaken := map[uint32]bool{}
+	for _, h := range hs {
+		p := h.Partition
 		now[p] = true
+		if ps := c.parts[p]; ps != nil && ps.epoch != h.Epoch {
+			c.drop(p)
+			retaken[p] = true
+		}
 		if c.parts[p] == nil {
 			c.gen++
-			c.parts[p] = &partState{gen: c.gen, convs: map[string]*convState{}}
+			c.parts[p] = &partState{gen: c.gen, epoch: h.Epoch, convs: map[string]*convState{}}
 			added = append(added, p)
 		}
 	}
-	for p, ps := range c.parts {
-		if now[p] {
-			continue
+	for p := range c.parts {
+		if !now[p] {
+			c.drop(p)
 		}
-		for id, cv := range ps.convs {
-			c.queued -= len(cv.queue)
-			delete(c.convs, id)
-		}
-		delete(c.parts, p)
 	}
 	for k := range c.idle {
-		if !now[k.part] {
+		if !now[k.part] || retaken[k.part] {
 			delete(c.idle, k)
 		}
 	}
@@ -175,11 +197,21 @@ func (c *Core) Own(parts []uint32) (added []uint32) {
 	return added
 }
 
+// drop forgets partition p's holding.
+func (c *Core) drop(p uint32) {
+	for id, cv := range c.parts[p].convs {
+		c.queued -= len(cv.queue)
+		delete(c.convs, id)
+	}
+	delete(c.parts, p)
+}
+
 // Owned reports whether partition p is owned.
 func (c *Core) Owned(p uint32) bool { return c.parts[p] != nil }
 
 // Gen is the generation of partition p's ownership (0: not owned): every
-// time Own adds p it gets a new one. A scan of p's outbox is of the
+// time OwnHoldings adds p, or sees it held with a new epoch, it gets a new
+// one. A scan of p's outbox is of the
 // generation it began in (ScannedGen): a partition dropped and owned again
 // while a scan was reading must be scanned again, since the old scan's
 // rows may predate what another owner committed meanwhile.

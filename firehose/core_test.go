@@ -171,6 +171,37 @@ func TestAScanOfAnEarlierOwnershipIsIgnored(t *testing.T) {
 	none(t, c)
 }
 
+// A partition held with a new epoch was taken again (another node may
+// have held it between two polls): it is a new holding, dropped and added,
+// with a new generation, to be scanned before it publishes; the same epoch
+// again changes nothing.
+func TestANewEpochIsANewHolding(t *testing.T) {
+	c := NewCore(CoreConfig{Partitions: 2})
+	if added := c.OwnHoldings([]Holding{{0, 1}, {1, 1}}); len(added) != 2 {
+		t.Fatalf("added %v, want both", added)
+	}
+	c.Scanned(0, nil, true, t0)
+	c.Scanned(1, nil, true, t0)
+	p0 := ring.PartitionOf("a", 2)
+	c.Live("a", msgs("a", 1, 1))
+	g := c.Gen(p0)
+	if added := c.OwnHoldings([]Holding{{0, 1}, {1, 1}}); len(added) != 0 {
+		t.Fatalf("the same epochs again: added %v, want none", added)
+	}
+	hs := []Holding{{0, 1}, {1, 1}}
+	hs[p0].Epoch = 2
+	if added := c.OwnHoldings(hs); len(added) != 1 || added[0] != p0 {
+		t.Fatalf("a new epoch of partition %d: added %v", p0, added)
+	}
+	if c.Gen(p0) == g {
+		t.Fatalf("partition %d kept its generation %d under a new epoch", p0, g)
+	}
+	none(t, c) // a's live batch went with the old holding; nothing before the new scan
+	if l, _ := c.Lag(); l.Syncing != 1 || l.Convs != 0 {
+		t.Fatalf("lag %+v, want one partition syncing and no conversation", l)
+	}
+}
+
 func TestLiveOverflowIsReadBack(t *testing.T) {
 	c := ownedCore(CoreConfig{MaxQueued: 2})
 	c.Live("a", msgs("a", 1, 5)) // only 1..2 kept in memory

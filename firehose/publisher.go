@@ -35,9 +35,10 @@ type Config struct {
 	Store Store
 	Sink  Sink
 	Core  CoreConfig
-	// Owned returns the partitions this node owns now (cluster.Node's
-	// HeldPartitions); nil: every partition (a node without a cluster).
-	Owned  func() []uint32
+	// Owned returns the partitions this node holds now, with their
+	// holdings' epochs (cluster.Node's HeldLeases); nil: every partition,
+	// for good (a node without a cluster).
+	Owned  func() []Holding
 	Logger *slog.Logger
 	// ObserveLag, when set, is told each acknowledged message's time from
 	// its server_at to the ack, in seconds (sequencer_feed_publish_lag_seconds).
@@ -125,7 +126,7 @@ func New(cfg Config) (*Publisher, error) {
 
 // SetOwned sets Config.Owned before Run (the cluster exists only after the
 // publisher was wired into the conversation actors).
-func (p *Publisher) SetOwned(owned func() []uint32) { p.cfg.Owned = owned }
+func (p *Publisher) SetOwned(owned func() []Holding) { p.cfg.Owned = owned }
 
 // Publish takes a committed batch (actor.Publisher). It never blocks on
 // the broker or the store.
@@ -221,19 +222,22 @@ func (p *Publisher) Run(ctx context.Context) {
 // refreshOwnership hands the owned partitions to the core and scans the
 // new ones (all of them with again).
 func (p *Publisher) refreshOwnership(ctx context.Context, sem chan struct{}, scans *sync.WaitGroup, again bool) {
-	var parts []uint32
+	var held []Holding
 	if p.cfg.Owned != nil {
-		parts = p.cfg.Owned()
+		held = p.cfg.Owned()
 	} else {
-		parts = make([]uint32, p.cfg.Core.Partitions)
-		for i := range parts {
-			parts[i] = uint32(i)
+		held = make([]Holding, p.cfg.Core.Partitions)
+		for i := range held {
+			held[i] = Holding{Partition: uint32(i)}
 		}
 	}
 	p.mu.Lock()
-	added := p.core.Own(parts)
+	added := p.core.OwnHoldings(held)
 	if again {
-		added = parts
+		added = added[:0]
+		for _, h := range held {
+			added = append(added, h.Partition)
+		}
 	}
 	type job struct {
 		part uint32

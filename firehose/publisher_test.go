@@ -58,23 +58,33 @@ func (s *ackSink) seqs(conv string) []uint64 {
 // next live batch (6) must not start it at 6. Before the scans had
 // generations, the old scan ended the new ownership's sync and 1..5 were
 // never published (the rescan, every 30 s by default, found a's cursor
-// already at 6).
+// already at 6). The same when the publisher never sees the partition go,
+// only its lease's new epoch (taken again between two of its polls).
 func TestPublisherScansAPartitionOwnedAgainDuringItsScan(t *testing.T) {
+	t.Run("dropped then owned again", func(t *testing.T) { testRetakenDuringScan(t, true) })
+	t.Run("a new epoch between two polls", func(t *testing.T) { testRetakenDuringScan(t, false) })
+}
+
+// testRetakenDuringScan: the publisher holds partition 0 (epoch 1) and its
+// first scan is held; the partition goes (seen by the publisher when
+// gapSeen), another node writes a 1..5, and the publisher holds it again
+// (epoch 2); then the old scan ends and a's 6 comes live.
+func testRetakenDuringScan(t *testing.T, gapSeen bool) {
 	st := &heldScanStore{Store: memstore.New(), reading: make(chan struct{}), release: make(chan struct{})}
 	sink := &ackSink{got: map[string][]uint64{}}
-	var owned atomic.Pointer[[]uint32]
+	var owned atomic.Pointer[[]Holding]
 	var asked atomic.Int64 // Owned calls since the last change
-	set := func(parts []uint32) {
-		owned.Store(&parts)
+	set := func(hs []Holding) {
+		owned.Store(&hs)
 		asked.Store(0)
 	}
-	set([]uint32{0})
+	set([]Holding{{Partition: 0, Epoch: 1}})
 	p, err := New(Config{Store: st, Sink: sink, Core: CoreConfig{Partitions: 1}, OwnEvery: 5 * time.Millisecond,
 		FlushEvery: 5 * time.Millisecond, RescanEvery: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.SetOwned(func() []uint32 { asked.Add(1); return *owned.Load() })
+	p.SetOwned(func() []Holding { asked.Add(1); return *owned.Load() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.Run(ctx) }()
@@ -91,8 +101,10 @@ func TestPublisherScansAPartitionOwnedAgainDuringItsScan(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	set(nil)
-	waitAsked()
+	if gapSeen {
+		set(nil)
+		waitAsked()
+	}
 	commit := func(from, to uint64) []sequencer.Message {
 		b := persist.ConvBatch{ConvID: "a", PrevHead: from - 1, Outbox: persist.OutboxMark{On: true, Partition: 0}}
 		for s := from; s <= to; s++ {
@@ -105,7 +117,7 @@ func TestPublisherScansAPartitionOwnedAgainDuringItsScan(t *testing.T) {
 		return b.Messages
 	}
 	commit(1, 5) // by another owner: never handed to this publisher live
-	set([]uint32{0})
+	set([]Holding{{Partition: 0, Epoch: 2}})
 	waitAsked()
 	close(st.release) // the old scan ends now, with its empty page
 	p.Publish("a", commit(6, 6))

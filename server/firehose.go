@@ -11,6 +11,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/actor"
+	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/console"
 	"github.com/sequencer-im/sequencer/firehose"
 	"github.com/sequencer-im/sequencer/firehose/natssink"
@@ -92,10 +93,18 @@ type storeOf struct {
 	persist.Outbox
 }
 
-// start runs the publisher; owned is nil without a cluster.
-func (f *firehoseRun) start(owned func() []uint32, m *metrics.Set) {
-	if owned != nil {
-		f.pub.SetOwned(owned)
+// start runs the publisher on the partitions c holds (every partition when
+// c is nil: no cluster).
+func (f *firehoseRun) start(c *cluster.Node, m *metrics.Set) {
+	if c != nil {
+		f.pub.SetOwned(func() []firehose.Holding {
+			ls := c.HeldLeases()
+			out := make([]firehose.Holding, len(ls))
+			for i, l := range ls {
+				out[i] = firehose.Holding{Partition: l.Partition, Epoch: l.Epoch}
+			}
+			return out
+		})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -247,11 +247,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		}
 	}
 	if s.fire != nil {
-		var owned func() []uint32 // every partition without a cluster
-		if s.cluster != nil {
-			owned = s.cluster.HeldPartitions
-		}
-		s.fire.start(owned, s.metrics)
+		s.fire.start(s.cluster, s.metrics) // every partition without a cluster
 	}
 	s.metrics.SetReadiness(s.readinessLastPing) // sequencer_ready: what /readyz answers, from the watch's last store ping
 	s.registerGauges()
