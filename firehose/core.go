@@ -95,7 +95,7 @@ type Core struct {
 }
 
 type partState struct {
-	gen    uint64 // this ownership of the partition (Own gives each its own)
+	gen    uint64 // this holding of the partition (OwnHoldings gives each its own)
 	epoch  uint64 // the holding's epoch (Holding)
 	synced bool
 	convs  map[string]*convState
@@ -211,10 +211,10 @@ func (c *Core) Owned(p uint32) bool { return c.parts[p] != nil }
 
 // Gen is the generation of partition p's ownership (0: not owned): every
 // time OwnHoldings adds p, or sees it held with a new epoch, it gets a new
-// one. A scan of p's outbox is of the
-// generation it began in (ScannedGen): a partition dropped and owned again
-// while a scan was reading must be scanned again, since the old scan's
-// rows may predate what another owner committed meanwhile.
+// one. A scan of p's outbox is of the generation it began in (ScannedGen):
+// a partition dropped and owned again while a scan was reading must be
+// scanned again, since the old scan's rows may predate what another owner
+// committed meanwhile.
 func (c *Core) Gen(p uint32) uint64 {
 	if ps := c.parts[p]; ps != nil {
 		return ps.gen
