@@ -150,15 +150,6 @@ func NewCore(cfg CoreConfig) *Core {
 		idle: map[moveKey]time.Time{}}
 }
 
-// Own sets the partitions this node owns (each of epoch 0: OwnHoldings).
-func (c *Core) Own(parts []uint32) (added []uint32) {
-	hs := make([]Holding, len(parts))
-	for i, p := range parts {
-		hs[i] = Holding{Partition: p}
-	}
-	return c.OwnHoldings(hs)
-}
-
 // OwnHoldings sets the partitions this node holds. It returns the
 // partitions newly owned, a partition held with another epoch than before
 // included (it was taken again: another node may have held it meanwhile):

@@ -22,6 +22,16 @@ func msgs(conv string, from, to uint64) []sequencer.Message {
 	return out
 }
 
+// Own is OwnHoldings of parts, each of epoch 0 (the publisher always
+// passes its holdings' epochs; only these tests own bare partitions).
+func (c *Core) Own(parts []uint32) (added []uint32) {
+	hs := make([]Holding, len(parts))
+	for i, p := range parts {
+		hs[i] = Holding{Partition: p}
+	}
+	return c.OwnHoldings(hs)
+}
+
 // ownedCore returns a core of 1 partition, owned and scanned empty.
 func ownedCore(cfg CoreConfig) *Core {
 	cfg.Partitions = 1
