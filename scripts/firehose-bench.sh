@@ -7,6 +7,7 @@
 # 0 is the drain time. The publish lag comes from the node's
 # sequencer_feed_publish_lag_seconds histogram (metrics.txt).
 # usage: scripts/firehose-bench.sh NAME on|off SENDERS(0: the scenario's) [outage]
+# It also prints the CPU the node, nats-server and PostgreSQL used during the load.
 # env: B (dir of sequencer and sequencer-bench, default ./bin), DUR (default 15s),
 #      MSGS (if set: the load sends exactly this many messages instead of running DUR),
 #      PROF=1 (a CPU profile of the node), OUT (default /tmp/firehose-bench)
@@ -30,8 +31,15 @@ if [ "$OUTAGE" = outage ]; then kill -9 $(cat $D/nats.pid); fi
 ( [ -n "$PROF" ] && sleep 6 && curl -s -o $D/cpu.pprof "http://127.0.0.1:$APORT/debug/pprof/profile?seconds=8" ) &
 SF=""; [ "$SENDERS" != 0 ] && SF="--senders $SENDERS"
 LOAD="--duration ${DUR:-15s} --warmup 3s"; [ -n "$MSGS" ] && LOAD="--messages $MSGS"
+cpu() { [ -f $D/$1.pid ] && awk '{print $14+$15}' /proc/$(cat $D/$1.pid)/stat 2>/dev/null || echo 0; }
+pgcpu() { ps -u postgres -o times= | awk '{s+=$1} END {print s}'; }
+C0="$(cpu serve) $(cpu nats) $(pgcpu)"; T0=$(date +%s.%N)
 $B/sequencer-bench --target http://127.0.0.1:$APORT --engines e-batch --scenarios many $LOAD $SF --progress -1s > $D/bench.txt 2>&1 || true
+C1="$(cpu serve) $(cpu nats) $(pgcpu)"; T1=$(date +%s.%N)
 grep -E 'e-batch|msgs/s|many' $D/bench.txt | head -5
+# the CPU the node, nats-server and PostgreSQL's processes used during the load, in cores
+# (clock ticks of 10 ms; PostgreSQL's in whole seconds: ps's times)
+echo "$C0 $C1 $T0 $T1" | awk '{w=$8-$7; printf "CPU during the load (%.1f s): node %.2f cores, nats-server %.2f, postgres %.2f\n", w, ($4-$1)/100/w, ($5-$2)/100/w, ($6-$3)/w}'
 if [ "$OUTAGE" = outage ]; then
   LAG=$(curl -s http://127.0.0.1:$APORT/metrics | awk '/^sequencer_feed_lag_messages /{print $2}')
   echo "backlog before NATS returns: $LAG"

@@ -57,6 +57,16 @@ WHERE o.part = m.part AND o.conv_id = m.conv_id AND l.conv_id = o.conv_id AND o.
   AND o.conv_id = ANY($2::text[])`
 )
 
+// customPlansSQL makes the transaction's statements plan with their
+// arguments (plan_cache_mode). The advance's and the sweep's conv_id =
+// ANY($2) over thousands of conversations is a hashed lookup in a plan
+// made for the array at hand, but a linear scan of the array for every
+// outbox row in PostgreSQL's generic plan of a prepared statement, which
+// it takes after five executions on a connection: with 7,000 rows, 0.5 s
+// instead of 15 ms for the raise, 1.3 s for the lock, and commits waiting
+// on the locked rows meanwhile (docs/BENCHMARKS.md, "The firehose").
+const customPlansSQL = "SET LOCAL plan_cache_mode = force_custom_plan"
+
 // OutboxInsertInto is OutboxInsertSQL on table (feed_outbox, or one of its
 // shard tables on a Citus worker: persist/citus's direct writes), its
 // three arrays from parameter $first on.
@@ -120,6 +130,7 @@ func (s *Store) OutboxAdvance(ctx context.Context, moves []persist.OutboxMove) e
 		// those messages again (JetStream drops them by Nats-Msg-Id): it
 		// need not wait for the WAL's flush.
 		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(customPlansSQL)
 		b.Queue(OutboxLockSQL, parts, convs)
 		b.Queue(OutboxRaiseSQL, parts, convs, tos)
 		return tx.SendBatch(ctx, b).Close()
@@ -143,6 +154,7 @@ func (s *Store) OutboxSweep(ctx context.Context, keys []persist.OutboxKey) error
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(customPlansSQL)
 		b.Queue(OutboxSweepSQL, parts, convs)
 		return tx.SendBatch(ctx, b).Close()
 	})
