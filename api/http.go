@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/cors"
+	"golang.org/x/net/http2"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
@@ -327,13 +328,24 @@ const (
 // HTTP/2 cleartext (h2c with prior knowledge, as gRPC clients speak it) and,
 // when served with TLS (ServeTLS, or TLSConfig with certificates), HTTP/2
 // negotiated by ALPN and HTTP/1.1. Timeouts are the constants above; the
-// caller may change the returned server's fields before serving.
+// caller may change the returned server's fields before serving, TLSConfig
+// included.
+//
+// HTTP/2 is golang.org/x/net/http2's server (the upstream of the copy
+// net/http bundles) for one setting net/http does not expose: its write scheduler.
+// net/http's round-robin scheduler walks every open stream of a connection
+// for each frame it writes; with the change feed's many streams per
+// connection (a subscriber's SDK multiplexes up to 250), most of them idle,
+// that walk was 10-13% of the server's CPU (docs/BENCHMARKS.md). The random
+// scheduler keeps only the streams that have frames queued. Neither
+// scheduler orders one stream's frames differently: each stream's frames
+// go out in the order written.
 func NewServer(addr string, h http.Handler) *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
-	return &http.Server{
+	srv := &http.Server{
 		Addr:              addr,
 		Handler:           h,
 		Protocols:         &protocols,
@@ -343,4 +355,14 @@ func NewServer(addr string, h http.Handler) *http.Server {
 		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    MaxHeaderBytes,
 	}
+	// ConfigureServer registers x/net's server for "h2" (TLS, by ALPN) and
+	// for net/http's "unencrypted_http2" hand-off (h2c with prior
+	// knowledge). It fails only on a TLSConfig whose cipher suites lack
+	// HTTP/2's; srv has none yet.
+	if err := http2.ConfigureServer(srv, &http2.Server{NewWriteScheduler: newWriteScheduler}); err != nil {
+		panic("api: " + err.Error())
+	}
+	return srv
 }
+
+func newWriteScheduler() http2.WriteScheduler { return http2.NewRandomWriteScheduler() }
