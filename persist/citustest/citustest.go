@@ -304,7 +304,54 @@ func NewDatabase(t testing.TB) *Database {
 			t.Fatalf("citustest: %s: %v", s, err)
 		}
 	}
+	if err := syncMetadata(ctx, cl.coordinator.DSN(name)); err != nil {
+		t.Fatalf("citustest: %v", err)
+	}
 	return &Database{Name: name, Coordinator: cl.coordinator, Workers: append([]Node(nil), cl.workers...)}
+}
+
+// syncMetadata waits until every metadata worker of the database is
+// synced, syncing the ones that are not. When propagating a node's
+// metadata to a worker fails (a connection refused under load, during
+// citus_add_node of the next worker), Citus only warns and marks that
+// worker out of sync; its maintenance daemon syncs it again later, and
+// until then every DDL fails with "... is a metadata node, but is out of
+// sync" (SQLSTATE 55000): a test's migration at once, as seen in CI.
+func syncMetadata(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var last error
+	for {
+		rows, err := conn.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+			WHERE hasmetadata AND NOT metadatasynced AND noderole = 'primary' ORDER BY nodeid`)
+		if err != nil {
+			return fmt.Errorf("metadata sync: %w", err)
+		}
+		type hostPort struct {
+			Host string
+			Port int32
+		}
+		stale, err := pgx.CollectRows(rows, pgx.RowToStructByPos[hostPort])
+		if err != nil {
+			return fmt.Errorf("metadata sync: %w", err)
+		}
+		if len(stale) == 0 {
+			return nil
+		}
+		for _, n := range stale {
+			if _, err := conn.Exec(ctx, `SELECT start_metadata_sync_to_node($1, $2)`, n.Host, n.Port); err != nil {
+				last = fmt.Errorf("start_metadata_sync_to_node(%s, %d): %w", n.Host, n.Port, err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("metadata of %d worker(s) still out of sync: %v (last error: %v)", len(stale), ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func execOn(ctx context.Context, dsn, sql string) error {
