@@ -332,14 +332,13 @@ const (
 // included.
 //
 // HTTP/2 is golang.org/x/net/http2's server (the upstream of the copy
-// net/http bundles) for one setting net/http does not expose: its write scheduler.
-// net/http's round-robin scheduler walks every open stream of a connection
-// for each frame it writes; with the change feed's many streams per
-// connection (a subscriber's SDK multiplexes up to 250), most of them idle,
-// that walk was 10-13% of the server's CPU (docs/BENCHMARKS.md). The random
-// scheduler keeps only the streams that have frames queued. Neither
-// scheduler orders one stream's frames differently: each stream's frames
-// go out in the order written.
+// net/http bundles) for one setting net/http does not expose: the write
+// scheduler. net/http's round robin walks every open stream of a
+// connection for each frame it writes; with the change feed's many streams
+// per connection (a subscriber's SDK multiplexes up to 250), most of them
+// idle, that walk was 13% of the server's CPU (docs/BENCHMARKS.md). The
+// random scheduler holds only the streams that have frames queued. Under
+// either, each stream's frames go out in the order they were written.
 func NewServer(addr string, h http.Handler) *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
