@@ -250,12 +250,6 @@ func (c *Core) Live(convID string, msgs []sequencer.Message) {
 	c.touch(cv)
 }
 
-// Scanned merges a page of partition p's outbox rows, of a scan begun in
-// p's current ownership (ScannedGen says which).
-func (c *Core) Scanned(p uint32, rows []persist.OutboxRow, done bool, now time.Time) {
-	c.ScannedGen(p, c.Gen(p), rows, done, now)
-}
-
 // ScannedGen merges a page of partition p's outbox rows read by a scan begun
 // in ownership generation gen (Gen); done says the scan reached its end,
 // after which the partition publishes. A page of an earlier generation is

@@ -32,6 +32,12 @@ func (c *Core) Own(parts []uint32) (added []uint32) {
 	return c.OwnHoldings(hs)
 }
 
+// Scanned is ScannedGen of a scan begun in p's current holding (the
+// publisher always passes its scan's generation).
+func (c *Core) Scanned(p uint32, rows []persist.OutboxRow, done bool, now time.Time) {
+	c.ScannedGen(p, c.Gen(p), rows, done, now)
+}
+
 // ownedCore returns a core of 1 partition, owned and scanned empty.
 func ownedCore(cfg CoreConfig) *Core {
 	cfg.Partitions = 1
@@ -61,6 +67,17 @@ func wantPublish(t *testing.T, a Action, conv string, seq uint64) {
 	t.Helper()
 	if a.Kind != Publish || a.ConvID != conv || a.Msg.Seq != seq {
 		t.Fatalf("action %v %s seq %d (read after %d), want publish %s seq %d", a.Kind, a.ConvID, a.Msg.Seq, a.After, conv, seq)
+	}
+}
+
+// publishThrough takes the next actions, which must publish conv's seqs
+// from..to one at a time, and acknowledges each.
+func publishThrough(t *testing.T, c *Core, conv string, from, to uint64) {
+	t.Helper()
+	for s := from; s <= to; s++ {
+		a := next(t, c)
+		wantPublish(t, a, conv, s)
+		c.Published(a, nil)
 	}
 }
 
@@ -130,11 +147,7 @@ func TestNothingPublishedBeforeTheScanEnds(t *testing.T) {
 	}
 	none(t, c)
 	c.Filled(rd, msgs("a", 3, 5), nil)
-	for s := uint64(3); s <= 7; s++ {
-		a := next(t, c)
-		wantPublish(t, a, "a", s)
-		c.Published(a, nil)
-	}
+	publishThrough(t, c, "a", 3, 7)
 	none(t, c)
 	if l, _ := c.Lag(); l.Messages != 0 {
 		t.Fatalf("lag %+v after publishing everything", l)
@@ -173,11 +186,7 @@ func TestAScanOfAnEarlierOwnershipIsIgnored(t *testing.T) {
 		t.Fatalf("action %+v, want a read of a after 0, 5 messages", rd)
 	}
 	c.Filled(rd, msgs("a", 1, 5), nil)
-	for s := uint64(1); s <= 6; s++ {
-		a := next(t, c)
-		wantPublish(t, a, "a", s)
-		c.Published(a, nil)
-	}
+	publishThrough(t, c, "a", 1, 6)
 	none(t, c)
 }
 
@@ -224,11 +233,7 @@ func TestLiveOverflowIsReadBack(t *testing.T) {
 		t.Fatalf("action %+v, want a read after 2", rd)
 	}
 	c.Filled(rd, msgs("a", 3, 5), nil)
-	for s := uint64(3); s <= 5; s++ {
-		a := next(t, c)
-		wantPublish(t, a, "a", s)
-		c.Published(a, nil)
-	}
+	publishThrough(t, c, "a", 3, 5)
 }
 
 func TestRetentionGapIsSkippedAndCounted(t *testing.T) {
