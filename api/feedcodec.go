@@ -86,6 +86,9 @@ func (protoCodec) Unmarshal(data []byte, message any) error {
 // sendEvent sends one feed event on a Subscribe stream: a live message as
 // its shared encoding (in shared, which the stream reuses: Send encodes it
 // before it returns), anything else as a SubscribeResponse built in out.
+// Neither keeps the event once sent: a stream idle after a backlog message
+// must not hold that message's body, nor the store read's block it was cut
+// from, for the life of the stream.
 func sendEvent(st *connect.ServerStream[sequencerv1.SubscribeResponse], out *sequencerv1.SubscribeResponse, shared *sharedEvent, e feed.Event) error {
 	switch e.Kind {
 	case feed.KindMessage:
@@ -103,5 +106,7 @@ func sendEvent(st *connect.ServerStream[sequencerv1.SubscribeResponse], out *seq
 	case feed.KindReadPosition:
 		out.Event = &sequencerv1.SubscribeResponse_ReadPosition{ReadPosition: &sequencerv1.ReadPositionChanged{ConvId: e.ConvID, Uid: e.UID, ReadSeq: e.ReadSeq}}
 	}
-	return st.Send(out)
+	err := st.Send(out)
+	out.Event = nil
+	return err
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -9,14 +10,19 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"connectrpc.com/connect"
 
 	"github.com/sequencer-im/sequencer/feed"
+	"github.com/sequencer-im/sequencer/persist"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
@@ -347,4 +353,67 @@ func TestSubscribeFlushesPerTurnNotPerMessage(t *testing.T) {
 		t.Fatalf("200 messages of one backlog page took %d flushes, want a few (one per turn)", n)
 	}
 	t.Logf("200 messages, %d flushes", flushes.Load())
+}
+
+// freshBodies hands out every page's messages with new 128-byte bodies and keeps
+// a weak pointer to each, to see whether anything still holds them.
+type freshBodies struct {
+	Reader
+	mu   sync.Mutex
+	weak []weak.Pointer[byte]
+}
+
+func (f *freshBodies) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
+	pages, err := f.Reader.ReadMany(ctx, cursors, limit, total)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range pages {
+		ms := slices.Clone(pages[i].Messages)
+		for j := range ms {
+			ms[j].Body = bytes.Repeat([]byte{'b'}, 128) // a body of its own
+			f.weak = append(f.weak, weak.Make(&ms[j].Body[0]))
+		}
+		pages[i].Messages = ms
+	}
+	return pages, err
+}
+
+// A stream keeps no message it has sent: one that goes quiet after the
+// message of its backlog read holds neither its body nor the memory of
+// the read it came from (issue 33: each of 10,000 streams held the 64 KiB
+// block of its one backlog message, 625 MB on the node).
+func TestSubscribeKeepsNoSentMessage(t *testing.T) {
+	hub := feed.NewHub(feed.Config{}, nil)
+	var fresh *freshBodies
+	h := newHarness(t, func(c *Config) {
+		c.Feed = hub
+		fresh = &freshBodies{Reader: c.Reader}
+		c.Reader = fresh
+	})
+	h.write(hub, "a", 0, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if got := recvUntil(t, st, lenIs(1)); got[0] != "a:1" {
+		t.Fatalf("got %v, want a:1", got)
+	}
+	fresh.mu.Lock()
+	ws := slices.Clone(fresh.weak)
+	fresh.mu.Unlock()
+	if len(ws) != 1 {
+		t.Fatalf("%d backlog bodies read, want 1", len(ws))
+	}
+	// The stream is open and idle; its handler is parked on its next event.
+	deadline := time.Now().Add(5 * time.Second)
+	for ws[0].Value() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("an open stream still holds the body of the backlog message it sent")
+		}
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -125,8 +125,15 @@ func rawDecodable(fds []pgconn.FieldDescription) bool {
 	return true
 }
 
-// bodyBlock is how many bytes of bodies one allocation holds.
-const bodyBlock = 64 << 10
+// Bodies are copied into blocks: the first of a read holds firstBlock
+// bytes, each next one twice the last, up to bodyBlock. A message keeps
+// its whole block alive, so a read of a few messages must not allocate
+// a large block: a Subscribe stream that holds the one message of its
+// backlog read held 64 KiB, and 10,000 streams 625 MB (issue 33).
+const (
+	firstBlock = 1 << 10
+	bodyBlock  = 64 << 10
+)
 
 // manyDecoder decodes ReadManySQL rows from their binary form.
 type manyDecoder struct {
@@ -177,9 +184,10 @@ func (d *manyDecoder) decode(v [][]byte, m *sequencer.Message) (int64, error) {
 	return ord, nil
 }
 
-// body copies b into the current block (a new one when it is full; a body
-// larger than a quarter block gets its own allocation). The result's
-// capacity is its length: an append to it never reaches a neighbour.
+// body copies b into the current block (a new one when it is full, see
+// firstBlock; a body larger than a quarter of the largest block gets its
+// own allocation). The result's capacity is its length: an append to it
+// never reaches a neighbour.
 func (d *manyDecoder) body(b []byte) []byte {
 	if len(b) == 0 {
 		return []byte{}
@@ -188,7 +196,11 @@ func (d *manyDecoder) body(b []byte) []byte {
 		return append(make([]byte, 0, len(b)), b...)
 	}
 	if cap(d.bodies)-len(d.bodies) < len(b) {
-		d.bodies = make([]byte, 0, bodyBlock)
+		size := firstBlock
+		if d.bodies != nil {
+			size = min(2*cap(d.bodies), bodyBlock)
+		}
+		d.bodies = make([]byte, 0, max(size, len(b)))
 	}
 	n := len(d.bodies)
 	d.bodies = append(d.bodies, b...)

@@ -29,3 +29,54 @@ func TestPgTimeDecodesBinaryTimestamps(t *testing.T) {
 		}
 	}
 }
+
+// A read's bodies share blocks that start small and double up to
+// bodyBlock: a message kept from a read of a few keeps a small block alive,
+// not 64 KiB (issue 33: 10,000 Subscribe streams each holding the one
+// message of its backlog read held 625 MB). Each body is its own bytes,
+// with no room to append into a neighbour.
+func TestManyDecoderBlocksGrowFromSmall(t *testing.T) {
+	body := func(i, n int) []byte {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(i + j)
+		}
+		return b
+	}
+	var d manyDecoder
+	first := d.body(body(0, 128))
+	if c := cap(d.bodies); c > firstBlock {
+		t.Fatalf("one 128-byte body took a %d-byte block, want at most %d", c, firstBlock)
+	}
+	got := [][]byte{first}
+	blocks := []int{cap(d.bodies)}
+	for i := 1; i < 3000; i++ {
+		got = append(got, d.body(body(i, 128)))
+		if c := cap(d.bodies); c != blocks[len(blocks)-1] || len(d.bodies) == 128 {
+			blocks = append(blocks, c)
+		}
+	}
+	want := []int{1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10}
+	for i, w := range want {
+		if i >= len(blocks) || blocks[i] != w {
+			t.Fatalf("blocks %v, want them to start %v", blocks, want)
+		}
+	}
+	for _, c := range blocks[len(want):] {
+		if c != bodyBlock {
+			t.Fatalf("blocks %v: a block after the largest is not %d bytes", blocks, bodyBlock)
+		}
+	}
+	for i, b := range got {
+		if string(b) != string(body(i, 128)) || cap(b) != len(b) {
+			t.Fatalf("body %d: %d bytes (cap %d), not its own", i, len(b), cap(b))
+		}
+	}
+	big := d.body(body(7, bodyBlock/4+1))
+	if cap(big) != len(big) || string(big) != string(body(7, bodyBlock/4+1)) {
+		t.Fatal("a body above a quarter block is not copied into its own allocation")
+	}
+	if e := d.body(nil); e == nil || len(e) != 0 {
+		t.Fatal("an empty body must decode as empty, not nil")
+	}
+}
