@@ -288,7 +288,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 	s.http.RegisterOnShutdown(s.feed.Close) // Subscribe streams end (unavailable) so the drain can finish
 	if tlsConf != nil {
 		s.http.TLSConfig = tlsConf
-		go func() { s.served <- s.http.ServeTLS(s.listener, "", "") }()
+		go func() { s.served <- s.http.ServeTLS(netbuf.Yielding(s.listener), "", "") }()
 	} else {
 		go func() { s.served <- s.http.Serve(netbuf.Listener(s.listener)) }()
 	}

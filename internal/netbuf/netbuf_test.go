@@ -2,6 +2,8 @@ package netbuf
 
 import (
 	"net"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -69,5 +71,76 @@ func TestListenerReadsInOrder(t *testing.T) {
 	}
 	if string(got) != string(want) {
 		t.Fatalf("read %d bytes, not the %d written in order", len(got), len(want))
+	}
+}
+
+// orderConn records its writes in a shared log.
+type orderConn struct {
+	net.Conn
+	mu  *sync.Mutex
+	log *[]string
+}
+
+func (c orderConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	*c.log = append(*c.log, "write")
+	c.mu.Unlock()
+	return len(p), nil
+}
+
+// A small write in a burst (the connection's previous write ended less than
+// burstGap ago) lets a goroutine that is ready to run go first (so that, in an
+// HTTP/2 server, the frames it is about to queue join the write); a full
+// buffer, or the first write after a pause, goes out at once. One P, so that
+// "ready" means waiting for this one. Gosched now and then takes the yielding
+// goroutine itself back first (the scheduler's turn on its global queue),
+// hence counts, not every trial.
+func TestSmallWritesInABurstYieldToReadyGoroutines(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const trials = 50
+	for _, tc := range []struct {
+		size      int
+		pause     bool // the previous write ended more than burstGap ago
+		wantFirst string
+	}{
+		{100, false, "ready"},
+		{yieldBelow - 1, false, "ready"},
+		{yieldBelow, false, "write"},
+		{64 << 10, false, "write"},
+		{100, true, "write"},
+	} {
+		first := 0
+		for range trials {
+			var mu sync.Mutex
+			var log []string
+			c := &conn{Conn: orderConn{mu: &mu, log: &log}}
+			if _, err := c.Write([]byte("previous")); err != nil {
+				t.Fatal(err)
+			}
+			if tc.pause {
+				time.Sleep(burstGap + time.Millisecond)
+			}
+			mu.Lock()
+			log = log[:0]
+			mu.Unlock()
+			done := make(chan struct{})
+			go func() {
+				mu.Lock()
+				log = append(log, "ready")
+				mu.Unlock()
+				close(done)
+			}()
+			if _, err := c.Write(make([]byte, tc.size)); err != nil {
+				t.Fatal(err)
+			}
+			<-done
+			if log[0] == tc.wantFirst {
+				first++
+			}
+		}
+		if first < trials*4/5 {
+			t.Errorf("a write of %d bytes (after a pause: %v): %q came first in %d of %d trials, want most",
+				tc.size, tc.pause, tc.wantFirst, first, trials)
+		}
 	}
 }
