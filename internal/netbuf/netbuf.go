@@ -35,7 +35,7 @@ func Listener(ln net.Listener) net.Listener { return listener{ln, true} }
 // frame costs a write system call of its own (on loopback about 7 µs, a
 // quarter of the server's CPU in `sequencer-bench fanout`). The yield lets
 // the goroutines that are ready run first, so their frames join this write
-// or the next one: the same run made about 0.03 writes per delivery instead
+// or the next one: the same run made about 0.035 writes per delivery instead
 // of 0.25 (docs/BENCHMARKS.md). When nothing else is ready, Gosched returns
 // at once and the write is not delayed. A full buffer (4 KiB: x/net's and
 // net/http's write buffers) is written without yielding.
