@@ -137,6 +137,20 @@ func sequencerv1connectClient(t *testing.T, h *harness, opts ...connect.ClientOp
 	return newClientOn(h2cClient(t), h.url, opts...)
 }
 
+// subscribeFrom0 opens a Subscribe to conv from seq 0 on h, over gRPC, for at
+// most timeout; the stream is closed when the test ends.
+func subscribeFrom0(t *testing.T, h *harness, conv string, timeout time.Duration) *connect.ServerStreamForClient[sequencerv1.SubscribeResponse] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors(conv, 0)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 // Bad requests are invalid_argument before any event.
 func TestSubscribeInvalid(t *testing.T) {
 	h, _ := feedHarness(t, feed.Config{})
@@ -174,13 +188,7 @@ func TestSubscribeInvalid(t *testing.T) {
 // its transport blocks; the writer never waits.
 func TestSubscribeSlowConsumerCut(t *testing.T) {
 	h, hub := feedHarness(t, feed.Config{MaxQueue: 16})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 0)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := subscribeFrom0(t, h, "a", 30*time.Second)
 	h.write(hub, "a", 0, 1)
 	recvUntil(t, st, lenIs(1))
 	// 64 KiB bodies fill the transport's windows long before 2,000 are
@@ -237,13 +245,7 @@ func TestSubscribeConnectJSON(t *testing.T) {
 // A quiet stream gets heartbeats.
 func TestSubscribeHeartbeat(t *testing.T) {
 	h, _ := feedHarness(t, feed.Config{Heartbeat: 20 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("quiet", 0)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := subscribeFrom0(t, h, "quiet", 10*time.Second)
 	if got := recvUntil(t, st, lenIs(2)); strings.Join(got, " ") != "♥ ♥" {
 		t.Fatalf("got %v, want two heartbeats", got)
 	}
@@ -391,13 +393,7 @@ func TestSubscribeKeepsNoSentMessage(t *testing.T) {
 		c.Reader = fresh
 	})
 	h.write(hub, "a", 0, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := sequencerv1connectClient(t, h).Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("a", 0)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := subscribeFrom0(t, h, "a", 10*time.Second)
 	if got := recvUntil(t, st, lenIs(1)); got[0] != "a:1" {
 		t.Fatalf("got %v, want a:1", got)
 	}
