@@ -362,7 +362,7 @@ func TestAvailability(t *testing.T) {
 				time.Sleep(6 * time.Second)
 				s.t1 = c.led.hist.Now()
 				t.Logf("fault %s on n1 for %v (%s clients)", f.name, hold, map[bool]string{true: "raw", false: "SDK"}[raw])
-				f.apply(c, 0)
+				c.inject(f, 0)
 				time.Sleep(hold) // the fault lasts this long
 				s.t2 = c.led.hist.Now()
 				c.heal()

@@ -21,15 +21,22 @@ import (
 // diskFullAnswer is the class of the answer to a send on a full disk.
 const diskFullAnswer = "unavailable: store out of disk space"
 
-// readyz returns /readyz's status and body.
+// readyz returns /readyz's status and body (status 0 and the error when
+// no answer came within 2 s).
 func readyz(addr string) (int, string) {
-	resp, err := http.Get("http://" + addr + "/readyz")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, strings.TrimSpace(string(b))
 }
 
 // TestEmbeddedStoreDiskFull: one node on the embedded store in a 32 MiB

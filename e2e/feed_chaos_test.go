@@ -77,7 +77,7 @@ func feedNemesis(t *testing.T, st nemesisStore) {
 		observer := c.nodes[(f.v+1)%len(c.nodes)]
 		version := metricValue(t, observer.Addr, "sequencer_cluster_membership_version")
 		t.Logf("fault %s on %s", f.name, c.nodes[f.v].name)
-		faults[i].apply(c, f.v)
+		c.inject(faults[i], f.v)
 		time.Sleep(hold) // the fault lasts this long
 		c.heal()
 		c.healProcesses()

@@ -29,6 +29,7 @@ import (
 	"github.com/sequencer-im/sequencer/clock"
 	"github.com/sequencer-im/sequencer/cluster"
 	"github.com/sequencer-im/sequencer/internal/history"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
@@ -69,6 +70,9 @@ type nemesisCluster struct {
 	// nil when the nodes run on the real clock; offsets what each holds.
 	clockFiles []string
 	offsets    []time.Duration
+	// faultAt is when the last fault began (runFault): a failed heal logs
+	// what the nodes logged since.
+	faultAt time.Time
 	// onError, when set before startLoad, sees every error a load client
 	// got.
 	onError func(err error)
@@ -328,13 +332,21 @@ func (c *nemesisCluster) heal() {
 }
 
 // waitHealed waits until every node is ready and all agree on the owner of
-// every sampled conversation; it fails the test after healBound.
+// every sampled conversation; it fails the test after healBound, naming
+// what was still not healed (a node's /readyz answer, or a conversation
+// the nodes route differently) and logging each node's lines since the
+// fault.
 func (c *nemesisCluster) waitHealed(what string) time.Duration {
 	start := time.Now()
-	waitFor(c.t, healBound, "every node ready and agreeing on owners "+what, func() bool {
+	defer func() {
+		if c.t.Failed() {
+			c.logSinceFault()
+		}
+	}()
+	testwait.Until(c.t, healBound, 10*time.Millisecond, "every node ready and agreeing on owners "+what, func() error {
 		for _, p := range c.nodes {
-			if code, err := httpGet("http://" + p.Addr + "/readyz"); err != nil || code != 200 {
-				return false
+			if code, body := readyz(p.Addr); code != 200 {
+				return fmt.Errorf("%s /readyz: %d %q", p.name, code, body)
 			}
 		}
 		return c.ownersAgree()
@@ -342,26 +354,66 @@ func (c *nemesisCluster) waitHealed(what string) time.Duration {
 	return time.Since(start)
 }
 
-func (c *nemesisCluster) ownersAgree() bool {
+// ownersAgree is nil when every node routes each of the first 40
+// conversations to the same owner at the same membership version, else the
+// first disagreement with every node's answer.
+func (c *nemesisCluster) ownersAgree() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var first []string
-	for i, p := range c.nodes {
-		cl := p.jsonClient()
-		for j, conv := range c.convs[:40] {
-			r, err := cl.Route(ctx, connect.NewRequest(&sequencerv1.RouteRequest{ConvId: conv}))
-			if err != nil || r.Msg.NodeId == "" {
-				return false
+	for _, conv := range c.convs[:40] {
+		var answers []string
+		var first string
+		agree := true
+		for i, p := range c.nodes {
+			r, err := p.jsonClient().Route(ctx, connect.NewRequest(&sequencerv1.RouteRequest{ConvId: conv}))
+			who := ""
+			switch {
+			case err != nil:
+				who, agree = "error "+err.Error(), false
+			case r.Msg.NodeId == "":
+				who, agree = "no owner", false
+			default:
+				who = r.Msg.NodeId + "@" + strconv.FormatUint(r.Msg.MembershipVersion, 10)
 			}
-			who := r.Msg.NodeId + "@" + strconv.FormatUint(r.Msg.MembershipVersion, 10)
 			if i == 0 {
-				first = append(first, who)
-			} else if first[j] != who {
-				return false
+				first = who
+			} else if who != first {
+				agree = false
 			}
+			answers = append(answers, p.name+": "+who)
+		}
+		if !agree {
+			return fmt.Errorf("%s routed as %s", conv, strings.Join(answers, ", "))
 		}
 	}
-	return true
+	return nil
+}
+
+// logSinceFault logs, one line per node, what the node logged at WARN or
+// about the membership and its partitions since the last fault began (the
+// lines a failed heal is read from; the nodes' whole output follows at the
+// cleanup, but a CI report keeps only the first lines of a failure).
+func (c *nemesisCluster) logSinceFault() {
+	for _, p := range c.nodes {
+		var keep []string
+		for _, l := range strings.Split(p.Output(), "\n") {
+			ts, rest, ok := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+			at, err := time.Parse(time.RFC3339Nano, ts)
+			if !ok || err != nil || at.Before(c.faultAt) {
+				continue
+			}
+			if strings.Contains(rest, "level=WARN") || strings.Contains(rest, "level=ERROR") ||
+				strings.Contains(rest, "membership") || strings.Contains(rest, "partitions") ||
+				strings.Contains(rest, "presumed dead") || strings.Contains(rest, "joined") {
+				keep = append(keep, at.UTC().Format("15:04:05.000")+" "+rest)
+			}
+		}
+		n := len(keep)
+		if n > 24 { // the first 8 and the last 16
+			keep = append(append(keep[:8:8], fmt.Sprintf("[%d lines]", n-24)), keep[n-16:]...)
+		}
+		c.t.Logf("%s since the fault (%d lines): %s", p.name, n, strings.Join(keep, " | "))
+	}
 }
 
 // nemesisFault is one fault of node v (0-based), undone by heal.
@@ -415,6 +467,12 @@ var nemesisFaults = []nemesisFault{
 		c.dbLinks(v, func(l *link) { l.set(blackhole, blackhole) })
 		c.peerLinks(v, true, true, func(l *link) { l.set(blackhole, blackhole) })
 	}},
+}
+
+// inject applies fault f to node v and notes when (faultAt).
+func (c *nemesisCluster) inject(f nemesisFault, v int) {
+	c.faultAt = time.Now()
+	f.apply(c, v)
 }
 
 // processFaults join the network's in the random schedules: the existing
@@ -501,7 +559,7 @@ func (c *nemesisCluster) runFault(f nemesisFault, v int, healthy, hold time.Dura
 	time.Sleep(healthy) // a healthy stretch to compare with (measured, not settling)
 	s.t1 = c.led.hist.Now()
 	c.t.Logf("fault %s on %s", f.name, c.nodes[v].name)
-	f.apply(c, v)
+	c.inject(f, v)
 	time.Sleep(hold) // the fault lasts this long
 	s.t2 = c.led.hist.Now()
 	c.heal()
@@ -623,7 +681,7 @@ func TestNemesisSchedule(t *testing.T) {
 		gap := time.Duration(500+rng.Intn(2500)) * time.Millisecond
 		t.Logf("fault %d: %s on n%d for %v at %.1fs (%s UTC)", i, f.name, v+1, hold, c.led.hist.Now().Seconds(), time.Now().UTC().Format("15:04:05.000"))
 		span := faultSpan{name: f.name, node: v + 1, t1: c.led.hist.Now()}
-		f.apply(c, v)
+		c.inject(f, v)
 		injected[f.name]++
 		time.Sleep(hold)
 		span.t2 = c.led.hist.Now()

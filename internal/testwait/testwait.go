@@ -19,3 +19,21 @@ func For(t testing.TB, d, poll time.Duration, what string, cond func() bool) {
 		time.Sleep(poll)
 	}
 }
+
+// Until polls cond every poll until it returns nil, or fails the test after
+// d naming what it waited for and the last reason cond gave, so that a
+// failure says what was still wrong, not only that time ran out.
+func Until(t testing.TB, d, poll time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; still: %v", d, what, err)
+		}
+		time.Sleep(poll)
+	}
+}
