@@ -356,16 +356,17 @@ func (c *nemesisCluster) waitHealed(what string) time.Duration {
 
 // ownersAgree is nil when every node routes each of the first 40
 // conversations to the same owner at the same membership version, else the
-// first disagreement with every node's answer.
+// first disagreement with every node's answer. Each Route call has 2 s of
+// its own (120 calls sharing 2 s could all time out on a loaded machine).
 func (c *nemesisCluster) ownersAgree() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	for _, conv := range c.convs[:40] {
 		var answers []string
 		var first string
 		agree := true
 		for i, p := range c.nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			r, err := p.jsonClient().Route(ctx, connect.NewRequest(&sequencerv1.RouteRequest{ConvId: conv}))
+			cancel()
 			who := ""
 			switch {
 			case err != nil:
