@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand"
 	"net"
 	"net/http"
@@ -415,6 +416,40 @@ func (c *nemesisCluster) logSinceFault() {
 		}
 		c.t.Logf("%s since the fault (%d lines): %s", p.name, n, strings.Join(keep, " | "))
 	}
+	for _, p := range c.nodes {
+		c.t.Logf("%s now: %s", p.name, healMetrics(p.Addr))
+	}
+}
+
+// healGauges are the metrics a failed heal logs of each node: whether it
+// is ready, its view, what it holds, and its store pools' connections in
+// use (a pool held by something stuck starves the heartbeat).
+var healGauges = []string{"sequencer_ready", "sequencer_worker_lease_held", "sequencer_cluster_membership_version",
+	"sequencer_cluster_members", "sequencer_cluster_heartbeat_age_seconds", "sequencer_cluster_step_downs_total",
+	"sequencer_cluster_partitions_held", "sequencer_cluster_partitions_moving", "sequencer_cluster_peers_unreachable",
+	"sequencer_store_pool_acquired_conns", "sequencer_pending_sends", "sequencer_commit_queue_batches",
+	"sequencer_conversation_actors"}
+
+// healMetrics is healGauges as node addr's /metrics answers them now.
+func healMetrics(addr string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "no /metrics: " + err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, n := range healGauges {
+			if strings.HasPrefix(l, n+" ") || strings.HasPrefix(l, n+"{") {
+				out = append(out, strings.TrimPrefix(l, "sequencer_"))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // nemesisFault is one fault of node v (0-based), undone by heal.
