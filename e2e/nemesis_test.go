@@ -71,9 +71,12 @@ type nemesisCluster struct {
 	// nil when the nodes run on the real clock; offsets what each holds.
 	clockFiles []string
 	offsets    []time.Duration
-	// faultAt is when the last fault began (runFault): a failed heal logs
+	// faultAt is when the last fault began (inject): a failed heal logs
 	// what the nodes logged since.
 	faultAt time.Time
+	// stalls watches how late the test process wakes: its proxies carry
+	// every node's links, so a stall of the process is a fault of them all.
+	stalls *stallWatch
 	// onError, when set before startLoad, sees every error a load client
 	// got.
 	onError func(err error)
@@ -180,6 +183,7 @@ func startNemesisClusterOn(t *testing.T, st nemesisStore, n int, steppedClocks b
 	}
 	t.Cleanup(func() { sdk.Close() })
 	c.sdk = sdk
+	c.stalls = watchStalls(t)
 	c.waitHealed("at start")
 	return c
 }
@@ -419,6 +423,7 @@ func (c *nemesisCluster) logSinceFault() {
 	for _, p := range c.nodes {
 		c.t.Logf("%s now: %s", p.name, healMetrics(p.Addr))
 	}
+	c.stalls.report()
 }
 
 // healGauges are the metrics a failed heal logs of each node: whether it
@@ -703,7 +708,6 @@ func TestNemesisSchedule(t *testing.T) {
 	t.Logf("SOAK_SEED=%d (length %v): rerun with SOAK_SEED=%d SOAK_MINUTES=%g make soak", seed, length, seed, length.Minutes())
 	rng := rand.New(rand.NewSource(seed))
 	c := startNemesisCluster(t, 3, true)
-	stalls := watchStalls(t)
 	c.startLoad()
 	waitFor(t, 60*time.Second, "200 acks before the first fault", func() bool { return c.led.count() >= 200 })
 	all := append(append(append([]nemesisFault(nil), nemesisFaults...), processFaults...), clockFaults...)
@@ -732,7 +736,7 @@ func TestNemesisSchedule(t *testing.T) {
 	// history: what the slowest attempts waited through, and the logs to
 	// read it in, are kept whatever the check says.
 	c.beforeVerify = func() {
-		stalls.report()
+		c.stalls.report()
 		c.logSlowest(c.led.hist.Ops(), 3)
 		c.keepNodeLogs()
 	}
