@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"database/sql"
-	"io"
 	"math/rand"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -20,24 +18,6 @@ import (
 
 // diskFullAnswer is the class of the answer to a send on a full disk.
 const diskFullAnswer = "unavailable: store out of disk space"
-
-// readyz returns /readyz's status and body (status 0 and the error when
-// no answer came within 2 s).
-func readyz(addr string) (int, string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
-	if err != nil {
-		return 0, err.Error()
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(b))
-}
 
 // TestEmbeddedStoreDiskFull: one node on the embedded store in a 32 MiB
 // tmpfs of its own, under load (16 JSON clients resending until acked, 2

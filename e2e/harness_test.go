@@ -257,6 +257,24 @@ func send(ctx context.Context, c sequencerv1connect.SequencerServiceClient, conv
 	return resp.Msg, nil
 }
 
+// readyz returns /readyz's status and body (status 0 and the error when
+// no answer came within 2 s).
+func readyz(addr string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
 func httpGet(url string) (int, error) {
 	resp, err := http.Get(url)
 	if err != nil {

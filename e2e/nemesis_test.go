@@ -343,8 +343,9 @@ func (c *nemesisCluster) heal() {
 // fault.
 func (c *nemesisCluster) waitHealed(what string) time.Duration {
 	start := time.Now()
+	healed := false
 	defer func() {
-		if c.t.Failed() {
+		if !healed { // Until failed the test
 			c.logSinceFault()
 		}
 	}()
@@ -356,6 +357,7 @@ func (c *nemesisCluster) waitHealed(what string) time.Duration {
 		}
 		return c.ownersAgree()
 	})
+	healed = true
 	return time.Since(start)
 }
 

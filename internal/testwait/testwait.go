@@ -3,6 +3,7 @@
 package testwait
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -11,12 +12,14 @@ import (
 // naming what it waited for.
 func For(t testing.TB, d, poll time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+	err := wait(d, poll, func() error {
+		if cond() {
+			return nil
 		}
-		time.Sleep(poll)
+		return errNotYet
+	})
+	if err != nil {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
 	}
 }
 
@@ -25,14 +28,21 @@ func For(t testing.TB, d, poll time.Duration, what string, cond func() bool) {
 // failure says what was still wrong, not only that time ran out.
 func Until(t testing.TB, d, poll time.Duration, what string, cond func() error) {
 	t.Helper()
+	if err := wait(d, poll, cond); err != nil {
+		t.Fatalf("timed out after %v waiting for %s; still: %v", d, what, err)
+	}
+}
+
+var errNotYet = errors.New("not yet")
+
+// wait calls cond every poll until it returns nil, or until d has passed:
+// then it returns cond's last error.
+func wait(d, poll time.Duration, cond func() error) error {
 	deadline := time.Now().Add(d)
 	for {
 		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; still: %v", d, what, err)
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(poll)
 	}

@@ -53,3 +53,16 @@ func TestUntilFailsWithTheLastReason(t *testing.T) {
 		t.Fatalf("Fatalf said %q, want it to contain %q", f.msg, want)
 	}
 }
+
+func TestForFailsNamingWhatItWaitedFor(t *testing.T) {
+	f := &fatalTB{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		For(f, 20*time.Millisecond, time.Millisecond, "the impossible", func() bool { return false })
+	}()
+	<-done
+	if want := "timed out after 20ms waiting for the impossible"; f.msg != want {
+		t.Fatalf("Fatalf said %q, want %q", f.msg, want)
+	}
+}
