@@ -52,6 +52,7 @@ type Server struct {
 	log       *slog.Logger
 	metrics   *metrics.Set
 	store     persist.Store
+	ping      func(context.Context) error // store.Ping, one at a time (sharedPing)
 	lease     *idgen.Issuer
 	node      *actor.Conversations
 	cluster   *cluster.Node     // nil on a single node
@@ -162,6 +163,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	s.store = st
+	s.ping = sharedPing(st.Ping)
 	if err := checkNotACluster(octx, cfg, st); err != nil {
 		return nil, err
 	}
@@ -434,7 +436,7 @@ func (s *Server) readiness() error {
 	return s.readinessWith(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return s.store.Ping(ctx)
+		return s.ping(ctx)
 	})
 }
 

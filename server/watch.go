@@ -3,8 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/internal/ratelog"
@@ -41,7 +44,7 @@ const (
 )
 
 func (s *Server) startWatch(interval time.Duration) (stop func()) {
-	ping := keptPing(s.store.Ping, func(err error) { s.lastPing.Store(&pingResult{err: err}) })
+	ping := keptPing(s.ping, func(err error) { s.lastPing.Store(&pingResult{err: err}) })
 	w := newWatch(ping, s.lease.Issuable, s.draining.Load, interval, s.log)
 	w.kick = s.lease.Kick
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,6 +75,25 @@ func keptPing(ping func(context.Context) error, keep func(error)) func(context.C
 			keep(err)
 		}
 		return err
+	}
+}
+
+// sharedPing returns ping made one at a time: a call while one is in
+// flight shares its answer (or ends with its own ctx) instead of starting
+// another. PostgreSQL and MySQL ping on their control pool, beside the
+// membership heartbeats and the worker-id lease: however often /readyz is
+// probed while the store does not answer, the probes and the watch then
+// hold at most one of its connections.
+func sharedPing(ping func(context.Context) error) func(context.Context) error {
+	var g singleflight.Group
+	return func(ctx context.Context) error {
+		ch := g.DoChan("", func() (any, error) { return nil, ping(ctx) })
+		select {
+		case r := <-ch:
+			return r.Err
+		case <-ctx.Done():
+			return fmt.Errorf("ping: %w (%w)", sequencer.ErrStoreUnavailable, ctx.Err())
+		}
 	}
 }
 

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 )
 
 // A 17 s store outage that also costs the worker-id lease, probed once per
@@ -120,5 +122,64 @@ func TestKeptPing(t *testing.T) {
 	answered := keptPing(func(context.Context) error { return nil }, func(err error) { kept = append(kept, err) })
 	if err := answered(context.Background()); err != nil || len(kept) != 2 || kept[1] != nil {
 		t.Fatalf("an answered ping: %v, kept %v", err, kept)
+	}
+}
+
+// Pings are one at a time: while one is in flight (a store that does not
+// answer), calls share it or end with their own deadline, so that /readyz
+// probes hold at most one store connection; its answer reaches them all,
+// and the next call pings afresh.
+func TestSharedPingRunsOneAtATime(t *testing.T) {
+	var (
+		mu            sync.Mutex
+		running, most int
+		calls         int
+		release       = make(chan struct{})
+		answer        error
+	)
+	ping := sharedPing(func(ctx context.Context) error {
+		mu.Lock()
+		calls++
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return answer
+	})
+	// A caller whose deadline comes first ends with it, unavailable.
+	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	errs := make(chan error, 8)
+	go func() { errs <- ping(context.Background()) }()
+	testwait.For(t, 5*time.Second, time.Millisecond, "the first ping running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return running == 1
+	})
+	if err := ping(short); !errors.Is(err, sequencer.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call that timed out behind a ping in flight: %v, want unavailable (deadline exceeded)", err)
+	}
+	for range 6 {
+		go func() { errs <- ping(context.Background()) }()
+	}
+	time.Sleep(20 * time.Millisecond) // the six wait on the first (a ping each would run beside it)
+	answer = errors.New("the answer")
+	close(release)
+	for range 7 {
+		if err := <-errs; err == nil || err.Error() != "the answer" {
+			t.Fatalf("a call sharing the ping got %v, want its answer", err)
+		}
+	}
+	if most != 1 {
+		t.Fatalf("%d pings at once for 7 callers, want one at a time", most)
+	}
+	t.Logf("7 callers, %d pings", calls) // 1 unless a caller came after the answer
+	before := calls
+	answer = nil
+	if err := ping(context.Background()); err != nil || calls != before+1 {
+		t.Fatalf("the next call: %v, %d pings after %d, want a fresh answered ping", err, calls, before)
 	}
 }

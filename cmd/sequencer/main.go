@@ -132,7 +132,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, logLevel *string) {
 	fs.StringVar(&c.Firehose.KeyFile, "feed-nats-key", d.Firehose.KeyFile, "firehose: PEM private key of --feed-nats-cert")
 	fs.IntVar(&c.StoreConns, "store-conns", d.StoreConns, "PostgreSQL read pool: connections for pulls, lookups and head loads")
 	fs.IntVar(&c.StoreCommitConns, "store-commit-conns", d.StoreCommitConns, "PostgreSQL commit pool: connections only commits use (0: --commit-workers)")
-	fs.IntVar(&c.StoreControlConns, "store-control-conns", d.StoreControlConns, "PostgreSQL control pool: connections for membership heartbeats, partition leases and the worker-id lease")
+	fs.IntVar(&c.StoreControlConns, "store-control-conns", d.StoreControlConns, "PostgreSQL control pool: connections for membership heartbeats, partition leases, the worker-id lease and the store ping behind /readyz")
 	fs.DurationVar(&c.Actors.Commit.Timeout, "commit-timeout", d.Actors.Commit.Timeout, "bound on one store commit; past it the outcome is re-read from the store")
 	fs.DurationVar(&c.IDs.TTL, "worker-lease-ttl", d.IDs.TTL, "lifetime of the snowflake worker-id lease without renewal")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", d.DrainTimeout, "bound on the graceful stop after SIGTERM")

@@ -249,9 +249,11 @@ func (s *Store) StorePool(name string) persist.PoolStat {
 	return persist.PoolStat{Acquired: int32(st.InUse), Idle: int32(st.Idle), Total: int32(st.OpenConnections), Max: int32(st.MaxOpenConnections)}
 }
 
-// Ping checks the database answers (on the read pool).
+// Ping checks the database answers, on the control pool: a burst of reads
+// queues on the read pool while the database answers at once (see
+// persist/postgres's Ping).
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.read.PingContext(ctx); err != nil {
+	if err := s.control.PingContext(ctx); err != nil {
 		return unavailable("ping", err)
 	}
 	return nil

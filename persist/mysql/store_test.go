@@ -15,6 +15,7 @@ import (
 	"github.com/sequencer-im/sequencer/membership"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/mysqltest"
+	"github.com/sequencer-im/sequencer/persist/storetest"
 )
 
 func msg(conv string, seq, id uint64, client string) sequencer.Message {
@@ -757,4 +758,12 @@ func TestHeadCheckHoldsWithLaxSQLMode(t *testing.T) {
 			t.Fatalf("head of %s = %d (%v), want %d", conv, h, err, want)
 		}
 	}
+}
+
+// The store's ping answers while every read connection is taken
+// (storetest.PingWithReadsHeld).
+func TestPingWithEveryReadConnectionTaken(t *testing.T) {
+	url := mysqltest.NewDatabase(t)
+	s := openStore(t, url, Options{MaxConns: 1})
+	storetest.PingWithReadsHeld(t, s, s.read)
 }

@@ -41,8 +41,9 @@ func holdAll(t *testing.T, pool *pgxpool.Pool) {
 }
 
 // TestReadsCannotStarveCommitsOrHeartbeats: with every read connection
-// taken, reads wait, but commits, membership heartbeats, partition leases
-// and the worker-id lease go through on their own pools.
+// taken, reads wait, but the store's ping (readiness), commits, membership
+// heartbeats, partition leases and the worker-id lease go through on their
+// own pools.
 func TestReadsCannotStarveCommitsOrHeartbeats(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
@@ -76,6 +77,15 @@ func TestReadsCannotStarveCommitsOrHeartbeats(t *testing.T) {
 
 	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	// The ping behind /readyz and the node's store watch: the database
+	// answers, so the store is reachable (it queued behind the reads and
+	// failed at its deadline before).
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	err = s.Ping(pctx)
+	pcancel()
+	if err != nil {
+		t.Fatalf("ping with every read connection taken: %v", err)
+	}
 	if _, err := cs.Heartbeat(octx, m.NodeID, m.Incarnation, 10*time.Second); err != nil {
 		t.Fatalf("heartbeat with every read connection taken: %v", err)
 	}

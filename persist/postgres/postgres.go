@@ -55,7 +55,7 @@ import (
 // The store keeps three connection pools, so that one kind of work cannot
 // take the connections of another: reads (MaxConns), commits
 // (CommitConns) and control (ControlConns: cluster membership heartbeats,
-// partition leases, the worker-id lease, settling unknown commits). All
+// partition leases, the worker-id lease, settling unknown commits, Ping). All
 // three follow the same server after a primary switch (primary.go).
 type Options struct {
 	// MaxConns is the read pool's size: Pull (ReadRange), lookups, head
@@ -66,9 +66,9 @@ type Options struct {
 	// connections as commits run in parallel (the group-commit workers).
 	CommitConns int32
 	// ControlConns is the control pool's size: cluster membership
-	// (heartbeats, joins, partition leases), the worker-id lease and
-	// Settle, so that neither reads nor commits can starve a heartbeat and
-	// make a healthy node look dead.
+	// (heartbeats, joins, partition leases), the worker-id lease, Settle
+	// and Ping, so that neither reads nor commits can starve a heartbeat
+	// or the readiness ping and make a healthy node look dead.
 	ControlConns int32
 	// ConnectTimeout bounds one connection attempt to one host of the DSN
 	// (dial, TLS, authentication, the target_session_attrs check). With a
@@ -143,7 +143,7 @@ const copyMinRows = 1000
 type Store struct {
 	pool    *pgxpool.Pool // reads (Options.MaxConns)
 	commits *pgxpool.Pool // Commit (Options.CommitConns)
-	control *pgxpool.Pool // membership, worker-id lease, Settle (Options.ControlConns)
+	control *pgxpool.Pool // membership, worker-id lease, Settle, Ping (Options.ControlConns)
 	primary *primaryTracker
 	mode    insertMode
 
@@ -401,9 +401,13 @@ func (s *Store) StorePool(name string) persist.PoolStat {
 	return persist.PoolStat{Acquired: st.AcquiredConns(), Idle: st.IdleConns(), Total: st.TotalConns(), Max: st.MaxConns()}
 }
 
-// Ping checks the database answers (on the read pool).
+// Ping checks the database answers, on the control pool: a burst of reads
+// (10,000 Subscribe streams each reading its backlog at once) queues on the
+// read pool for seconds while the database answers at once, and a ping
+// queued behind them made /readyz answer 503 "store unavailable" and the
+// node log the store unreachable.
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.pool.Ping(ctx); err != nil {
+	if err := s.control.Ping(ctx); err != nil {
 		return unavailable("ping", err)
 	}
 	return nil

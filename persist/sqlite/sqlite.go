@@ -77,6 +77,7 @@ type Store struct {
 	path string
 	w    *sql.DB // the one writer connection
 	r    *sql.DB // readers
+	ping *sql.DB // one reader for Ping only
 	lock *dirLock
 
 	insMu sync.Mutex
@@ -185,8 +186,19 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	r.SetMaxOpenConns(opts.ReadConns)
 	r.SetMaxIdleConns(opts.ReadConns)
+	// Ping's own connection: a burst of reads (10,000 Subscribe streams
+	// each reading its backlog) queues on the readers for seconds, and a
+	// ping queued behind them made /readyz answer 503 "store unavailable".
+	ping, err := sql.Open("sqlite", file+"?"+rq.Encode())
+	if err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
+	}
+	ping.SetMaxOpenConns(1)
+	ping.SetMaxIdleConns(1)
 	ok = true
-	s := &Store{path: abs, w: w, r: r, lock: lock,
+	s := &Store{path: abs, w: w, r: r, ping: ping, lock: lock,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{})}
 	go s.writeLoop()
 	return s, nil
@@ -203,13 +215,13 @@ func (s *Store) Ping(ctx context.Context) error {
 		return fmt.Errorf("sqlite: ping: the last write found %s's file system full: %w (%w)", s.path, errDiskFull, sequencer.ErrStoreUnavailable)
 	}
 	var one int
-	if err := s.r.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+	if err := s.ping.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
 		return unavailable("ping", err)
 	}
 	return nil
 }
 
-// Close closes both pools (the WAL is checkpointed by SQLite on the last
+// Close closes the pools (the WAL is checkpointed by SQLite on the last
 // close).
 func (s *Store) Close() error {
 	s.qmu.Lock()
@@ -226,7 +238,7 @@ func (s *Store) Close() error {
 	}
 	s.ins = nil
 	s.insMu.Unlock()
-	return errors.Join(append(errs, s.r.Close(), s.w.Close(), s.lock.release())...)
+	return errors.Join(append(errs, s.ping.Close(), s.r.Close(), s.w.Close(), s.lock.release())...)
 }
 
 // unavailable is the error of a write or read that changed nothing; a full

@@ -279,3 +279,15 @@ func TestCommitRowCountsAcrossInsertStatements(t *testing.T) {
 		t.Fatalf("%d prepared INSERTs, want 9: the commits above did not use them", len(s.ins))
 	}
 }
+
+// The store's ping answers while every read connection is taken
+// (storetest.PingWithReadsHeld).
+func TestPingWithEveryReadConnectionTaken(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "sequencer.db"), Options{ReadConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	storetest.PingWithReadsHeld(t, s, s.r)
+}
