@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sequencer-im/sequencer"
+	"github.com/sequencer-im/sequencer/internal/testwait"
 	"github.com/sequencer-im/sequencer/persist"
 	"github.com/sequencer-im/sequencer/persist/pgtest"
 )
@@ -166,7 +167,7 @@ func TestSilentOldPrimaryReleasesPoolSlots(t *testing.T) {
 	// connection to the second host long before that.
 	pctx, cancel := context.WithTimeout(ctx, 8*time.Second)
 	defer cancel()
-	if err := st.Ping(pctx); err != nil {
+	if err := st.pool.Ping(pctx); err != nil {
 		t.Fatalf("no connection to the second host while the first is silent: %v (pool: %d total, %d acquired, %d constructing)",
 			err, st.pool.Stat().TotalConns(), st.pool.Stat().AcquiredConns(), st.pool.Stat().ConstructingConns())
 	}
@@ -175,7 +176,7 @@ func TestSilentOldPrimaryReleasesPoolSlots(t *testing.T) {
 	before := proxy.accepted.Load()
 	st.pool.Reset()
 	for i := 0; i < 3; i++ {
-		if err := st.Ping(ctx); err != nil {
+		if err := st.pool.Ping(ctx); err != nil {
 			t.Fatal(err)
 		}
 		st.pool.Reset()
@@ -183,6 +184,16 @@ func TestSilentOldPrimaryReleasesPoolSlots(t *testing.T) {
 	if got := proxy.accepted.Load(); got != before {
 		t.Fatalf("%d new connections tried the silent first host after the second one answered", got-before)
 	}
+
+	// The store's own ping (the control pool, whose connection still goes
+	// to the silent host) fails at its deadline, as the node's watch and
+	// /readyz ask it (1 s, 2 s), which breaks that connection; a later one
+	// reaches the second host.
+	testwait.Until(t, 8*time.Second, 10*time.Millisecond, "the store's ping through the second host", func() error {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return st.Ping(pctx)
+	})
 }
 
 func TestHostPreferenceOrder(t *testing.T) {
