@@ -142,7 +142,7 @@ func (routedPlan) Pieces(batches []persist.ConvBatch) []postgres.CommitPiece {
 
 func (routedPlan) QueueChecks(b *pgx.Batch, batches []persist.ConvBatch, pieces []postgres.CommitPiece) {
 	h := &pieces[0].Heads
-	b.Queue(casHeadsSQL, h.Convs, h.Prevs, h.Heads, h.Epochs)
+	b.Queue(casHeadsSQL, h.Args(true)...)
 	postgres.QueueOutbox(b, batches)
 }
 
@@ -188,13 +188,13 @@ func (p *directPlan) QueueChecks(b *pgx.Batch, _ []persist.ConvBatch, pieces []p
 		args := make([]any, 0, 4*len(pieces))
 		for i := range pieces {
 			h := &pieces[i].Heads
-			args = append(args, h.Convs, h.Prevs, h.Heads, h.Epochs)
+			args = append(args, h.Args(true)...)
 		}
 		b.Queue(p.all.cas, args...)
 	} else {
 		for i := range pieces {
 			h := &pieces[i].Heads
-			b.Queue(casShardSQL(p.shards[i].headTable), h.Convs, h.Prevs, h.Heads, h.Epochs)
+			b.Queue(casShardSQL(p.shards[i].headTable), h.Args(true)...)
 		}
 	}
 	// The outbox rows in the co-located shards of feed_outbox, in this

@@ -162,9 +162,24 @@ type RowArrays struct {
 	events   int // rows of kind edit or recall
 }
 
-// Args returns the arrays in the order of InsertColumns.
+// Args returns the arrays in the order of InsertColumns; the first carries
+// the size of all ten encoded (presize.go).
 func (r *RowArrays) Args() []any {
-	return []any{r.msgID, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt, r.kind, r.target}
+	return []any{presized[[]int64]{r.msgID, r.encodedSize()}, r.convID, r.seq, r.fromUID, r.msgType, r.body, r.clientID, r.serverAt, r.kind, r.target}
+}
+
+// encodedSize is the bytes the arrays take in PostgreSQL's binary array
+// format: per array a 20-byte header (one dimension), per element a 4-byte
+// length and the value (8 bytes for an int8 or a timestamptz, 2 for an
+// int2, a text's or bytea's own length).
+func (r *RowArrays) encodedSize() int {
+	const header, fixed = 20, 4*8 + 8 + 2*2 // msg_id, seq, from_uid, target_msg_id; server_at; msg_type, kind
+	n := len(r.msgID)
+	size := RowCols*header + n*(RowCols*4+fixed)
+	for i := 0; i < n; i++ {
+		size += len(r.convID[i]) + len(r.body[i]) + len(r.clientID[i])
+	}
+	return size
 }
 
 // Len is the number of rows.
@@ -336,7 +351,7 @@ func (plainPlan) QueueChecks(b *pgx.Batch, batches []persist.ConvBatch, pieces [
 		b.Queue(unfencedCheckSQL)
 	}
 	h := &pieces[0].Heads
-	b.Queue(headCheckSQL, h.Convs, h.Prevs, h.Heads)
+	b.Queue(headCheckSQL, h.Args(false)...)
 	QueueOutbox(b, batches)
 }
 
@@ -409,6 +424,9 @@ func (s *Store) CommitOn(ctx context.Context, conn *pgxpool.Conn, batches []pers
 			all = concatRows(pieces)
 		}
 		return s.conflicts(ctx, conn, plan, all, err)
+	}
+	if !useCopy {
+		growWriteBuffer(conn.Conn().PgConn(), pipelineSize(batches, pieces))
 	}
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
@@ -508,6 +526,16 @@ type CommitPiece struct {
 type HeadArrays struct {
 	Convs                []string
 	Prevs, Heads, Epochs []int64
+}
+
+// Args returns the arrays for a head check (Convs, Prevs, Heads) or, with
+// epochs, a compare-and-set (and Epochs); the first carries the size of
+// them all encoded (presize.go).
+func (h *HeadArrays) Args(epochs bool) []any {
+	if !epochs {
+		return []any{presized[[]string]{h.Convs, textIntArraysSize(h.Convs, 2)}, h.Prevs, h.Heads}
+	}
+	return []any{presized[[]string]{h.Convs, textIntArraysSize(h.Convs, 3)}, h.Prevs, h.Heads, h.Epochs}
 }
 
 // prepare builds the piece's head arrays (in conv_id order) and rows.

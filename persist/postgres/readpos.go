@@ -166,7 +166,7 @@ func SenderMarksArrays(marks []persist.Mark) []any {
 	for i, m := range marks {
 		convs[i], uids[i], seqs[i] = m.ConvID, int64(m.UID), int64(m.Seq)
 	}
-	return []any{convs, uids, seqs}
+	return []any{presized[[]string]{convs, textIntArraysSize(convs, 2)}, uids, seqs}
 }
 
 // QueueSenderMarks adds senderMarksSQL to a commit's pipelined batch

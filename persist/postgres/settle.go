@@ -36,7 +36,9 @@ type backendKey struct {
 const backendStartKey = "sequencer.backend_start"
 
 // afterConnect records the new session's backend_start on the connection.
+// It also registers the presizing of a commit's arguments (presize.go).
 func afterConnect(ctx context.Context, c *pgx.Conn) error {
+	registerPresize(c.TypeMap())
 	var start time.Time
 	if err := c.QueryRow(ctx, `SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&start); err != nil {
 		return fmt.Errorf("read backend_start: %w", err)
