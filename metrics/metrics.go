@@ -155,20 +155,40 @@ type PoolStat struct {
 }
 
 // StorePool reports sequencer_store_pool_{acquired,idle,total,max}_conns
-// {pool=name} for one PostgreSQL connection pool ("read", "commit" or "control").
+// {pool=name} for one PostgreSQL connection pool ("read", "commit" or
+// "control"), all four from one reading of stat per scrape: a scrape's
+// acquired and idle connections never add up to more than its total.
 func (s *Set) StorePool(name string, stat func() PoolStat) {
 	if s == nil {
 		return
 	}
 	l := prometheus.Labels{"pool": name}
-	s.gaugeFunc("sequencer_store_pool_acquired_conns", "PostgreSQL connections in use, by pool.", l,
-		func() float64 { return float64(stat().Acquired) })
-	s.gaugeFunc("sequencer_store_pool_idle_conns", "PostgreSQL connections idle in the pool, by pool.", l,
-		func() float64 { return float64(stat().Idle) })
-	s.gaugeFunc("sequencer_store_pool_total_conns", "PostgreSQL connections open (acquired, idle and being opened), by pool.", l,
-		func() float64 { return float64(stat().Total) })
-	s.gaugeFunc("sequencer_store_pool_max_conns", "PostgreSQL pool size, by pool (--store-conns for read, --store-commit-conns, --store-control-conns).", l,
-		func() float64 { return float64(stat().Max) })
+	desc := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, l) }
+	s.Registry.MustRegister(&poolCollector{stat: stat, descs: [4]*prometheus.Desc{
+		desc("sequencer_store_pool_acquired_conns", "PostgreSQL connections in use, by pool."),
+		desc("sequencer_store_pool_idle_conns", "PostgreSQL connections idle in the pool, by pool."),
+		desc("sequencer_store_pool_total_conns", "PostgreSQL connections open (acquired, idle and being opened), by pool."),
+		desc("sequencer_store_pool_max_conns", "PostgreSQL pool size, by pool (--store-conns for read, --store-commit-conns, --store-control-conns)."),
+	}})
+}
+
+// poolCollector is one pool's four gauges (acquired, idle, total, max).
+type poolCollector struct {
+	stat  func() PoolStat
+	descs [4]*prometheus.Desc
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stat()
+	for i, v := range [4]int32{st.Acquired, st.Idle, st.Total, st.Max} {
+		ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.GaugeValue, float64(v))
+	}
 }
 
 // StoreRetries reports sequencer_store_commit_retries_total: commit

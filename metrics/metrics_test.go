@@ -70,3 +70,42 @@ func TestReadinessGauge(t *testing.T) {
 	var nilSet *Set
 	nilSet.SetReadiness(func() error { return nil }) // a nil Set records nothing
 }
+
+// A pool's four gauges come from one reading of its state per scrape, so a
+// scrape never shows more connections acquired and idle than open (the
+// state below changes at every reading, as a busy pool's does).
+func TestStorePoolGaugesReadThePoolOnce(t *testing.T) {
+	s := New()
+	for _, name := range []string{"read", "control"} {
+		readings := 0
+		s.StorePool(name, func() PoolStat {
+			readings++
+			if readings%2 == 1 {
+				return PoolStat{Acquired: 1, Idle: 0, Total: 1, Max: 1}
+			}
+			return PoolStat{Acquired: 0, Idle: 1, Total: 1, Max: 1}
+		})
+	}
+	for range 3 {
+		mfs, err := s.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]float64{} // pool/metric -> value
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "pool" {
+						got[l.GetValue()+"/"+mf.GetName()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		for _, pool := range []string{"read", "control"} {
+			acq, idle, total := got[pool+"/sequencer_store_pool_acquired_conns"], got[pool+"/sequencer_store_pool_idle_conns"], got[pool+"/sequencer_store_pool_total_conns"]
+			if total != 1 || acq+idle != 1 || got[pool+"/sequencer_store_pool_max_conns"] != 1 {
+				t.Fatalf("pool %s in one scrape: acquired %v, idle %v, total %v: not one reading", pool, acq, idle, total)
+			}
+		}
+	}
+}

@@ -23,10 +23,21 @@ import (
 // labels (name=value pairs), and whether there is one.
 func gauge(t *testing.T, s *Server, name string, labels ...string) (float64, bool) {
 	t.Helper()
+	return gaugeIn(scrape(t, s), name, labels...)
+}
+
+// scrape gathers the node's metrics once.
+func scrape(t *testing.T, s *Server) []*dto.MetricFamily {
+	t.Helper()
 	mfs, err := s.Metrics().Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mfs
+}
+
+// gaugeIn is gauge on one scrape.
+func gaugeIn(mfs []*dto.MetricFamily, name string, labels ...string) (float64, bool) {
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -78,9 +89,10 @@ func TestGaugesOfAClusteredNode(t *testing.T) {
 		}
 	}
 	for _, pool := range []string{"read", "commit", "control"} {
-		total, ok := gauge(t, s, "sequencer_store_pool_total_conns", "pool", pool)
-		acq, _ := gauge(t, s, "sequencer_store_pool_acquired_conns", "pool", pool)
-		idle, _ := gauge(t, s, "sequencer_store_pool_idle_conns", "pool", pool)
+		mfs := scrape(t, s) // one scrape: the three from one reading of the pool
+		total, ok := gaugeIn(mfs, "sequencer_store_pool_total_conns", "pool", pool)
+		acq, _ := gaugeIn(mfs, "sequencer_store_pool_acquired_conns", "pool", pool)
+		idle, _ := gaugeIn(mfs, "sequencer_store_pool_idle_conns", "pool", pool)
 		if !ok || total < 1 || acq+idle > total {
 			t.Errorf("pool %s: total %v, acquired %v, idle %v", pool, total, acq, idle)
 		}
