@@ -169,13 +169,12 @@ func (r *RowArrays) Args() []any {
 }
 
 // encodedSize is the bytes the arrays take in PostgreSQL's binary array
-// format: per array a 20-byte header (one dimension), per element a 4-byte
-// length and the value (8 bytes for an int8 or a timestamptz, 2 for an
-// int2, a text's or bytea's own length).
+// format (presize.go): per element its length and its value (8 bytes for
+// an int8 or a timestamptz, 2 for an int2, a text's or bytea's own length).
 func (r *RowArrays) encodedSize() int {
-	const header, fixed = 20, 4*8 + 8 + 2*2 // msg_id, seq, from_uid, target_msg_id; server_at; msg_type, kind
+	const fixed = 4*8 + 8 + 2*2 // msg_id, seq, from_uid, target_msg_id; server_at; msg_type, kind
 	n := len(r.msgID)
-	size := RowCols*header + n*(RowCols*4+fixed)
+	size := RowCols*arrayHeaderBytes + n*(RowCols*elemLenBytes+fixed)
 	for i := 0; i < n; i++ {
 		size += len(r.convID[i]) + len(r.body[i]) + len(r.clientID[i])
 	}

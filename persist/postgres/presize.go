@@ -74,11 +74,17 @@ func (p *presizePlan) Encode(value any, buf []byte) ([]byte, error) {
 	return p.next.Encode(v, slices.Grow(buf, n))
 }
 
+// PostgreSQL's binary array format (one dimension): a header per array,
+// and per element its length before its value.
+const (
+	arrayHeaderBytes = 20 // dimensions, null flag, element type, length, lower bound
+	elemLenBytes     = 4
+)
+
 // textIntArraysSize is the bytes a text array and ints int8 arrays of the
-// same length take in PostgreSQL's binary array format (see
-// RowArrays.encodedSize).
+// same length take in PostgreSQL's binary array format.
 func textIntArraysSize(texts []string, ints int) int {
-	size := (1+ints)*20 + len(texts)*(4+ints*12)
+	size := (1+ints)*arrayHeaderBytes + len(texts)*(elemLenBytes+ints*(elemLenBytes+8))
 	for _, t := range texts {
 		size += len(t)
 	}
