@@ -322,6 +322,17 @@ const (
 	WriteTimeout      = 60 * time.Second  // whole RPC, handler included
 	IdleTimeout       = 120 * time.Second // keep-alive connections
 	MaxHeaderBytes    = 64 << 10
+
+	// MaxConcurrentStreams is how many streams a client may have open
+	// at once on one HTTP/2 connection (SETTINGS_MAX_CONCURRENT_STREAMS;
+	// net/http's default is 250). A push gateway's SDK puts up to this
+	// many Subscribe streams on one connection, so the deliveries of one
+	// commit to many of them share the connection's writes and the
+	// client's reads, instead of a write and a read per delivery on up
+	// to 40 connections (docs/BENCHMARKS.md). It bounds nothing a client
+	// could not get with more connections: --max-subscriptions bounds
+	// the node's streams.
+	MaxConcurrentStreams = 10_000
 )
 
 // NewServer returns an http.Server for addr serving h over HTTP/1.1 and
@@ -335,10 +346,11 @@ const (
 // net/http bundles) for one setting net/http does not expose: the write
 // scheduler. net/http's round robin walks every open stream of a
 // connection for each frame it writes; with the change feed's many streams
-// per connection (a subscriber's SDK multiplexes up to 250), most of them
-// idle, that walk was 13% of the server's CPU (docs/BENCHMARKS.md). The
-// random scheduler holds only the streams that have frames queued. Under
-// either, each stream's frames go out in the order they were written.
+// per connection (a subscriber's SDK multiplexes up to
+// MaxConcurrentStreams), most of them idle, that walk was 13% of the
+// server's CPU (docs/BENCHMARKS.md). The random scheduler holds only the
+// streams that have frames queued. Under either, each stream's frames go
+// out in the order they were written.
 func NewServer(addr string, h http.Handler) *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -358,7 +370,7 @@ func NewServer(addr string, h http.Handler) *http.Server {
 	// for net/http's "unencrypted_http2" hand-off (h2c with prior
 	// knowledge). It fails only on a TLSConfig whose cipher suites lack
 	// HTTP/2's; srv has none yet.
-	if err := http2.ConfigureServer(srv, &http2.Server{NewWriteScheduler: newWriteScheduler}); err != nil {
+	if err := http2.ConfigureServer(srv, &http2.Server{NewWriteScheduler: newWriteScheduler, MaxConcurrentStreams: MaxConcurrentStreams}); err != nil {
 		panic("api: " + err.Error())
 	}
 	return srv

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +38,8 @@ type harness struct {
 	metrics *metrics.Set
 
 	logs *syncBuffer // what the Service logged
+
+	conns atomic.Int64 // connections the server accepted
 
 	mu     sync.Mutex
 	notRdy error
@@ -78,6 +82,11 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	})
 	ts := httptest.NewUnstartedServer(recording)
 	ts.Config = NewServer("127.0.0.1:0", recording)
+	ts.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			h.conns.Add(1)
+		}
+	}
 	ts.Start()
 	t.Cleanup(ts.Close)
 	h.url = ts.URL

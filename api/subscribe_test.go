@@ -413,3 +413,41 @@ func TestSubscribeKeepsNoSentMessage(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// One connection for a gateway's streams: 600 Subscribe streams of one
+// HTTP/2 client (more than net/http's default of 250 per connection) all
+// open on one connection, so a commit's deliveries to many of them can
+// share its writes (MaxConcurrentStreams).
+func TestSubscribeStreamsShareOneConnection(t *testing.T) {
+	h, hub := feedHarness(t, feed.Config{})
+	const n = 600
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true) // as the Go SDK's transport: h2c only
+	tr := &http.Transport{Protocols: &p}
+	defer tr.CloseIdleConnections()
+	c := newClientOn(&http.Client{Transport: tr}, h.url, connect.WithGRPC())
+	streams := make([]*connect.ServerStreamForClient[sequencerv1.SubscribeResponse], n)
+	for i := range streams {
+		st, err := c.Subscribe(ctx, connect.NewRequest(&sequencerv1.SubscribeRequest{Cursors: cursors("c"+itoa(uint64(i)), 0)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		streams[i] = st
+	}
+	// Every stream is open at once: each gets the live message written
+	// after all of them were opened.
+	for i := range streams {
+		h.write(hub, "c"+itoa(uint64(i)), uint64(i)*10, 1) // distinct msg_ids
+	}
+	for i, st := range streams {
+		if got := recvUntil(t, st, lenIs(1)); got[0] != "c"+itoa(uint64(i))+":1" {
+			t.Fatalf("stream %d: %v", i, got)
+		}
+	}
+	if got := h.conns.Load(); got != 1 {
+		t.Fatalf("%d streams of one client took %d connections, want 1 (MaxConcurrentStreams %d)", n, got, MaxConcurrentStreams)
+	}
+}

@@ -93,7 +93,7 @@ type Client struct {
 	cfg       Config
 	log       *slog.Logger
 	httpc     connect.HTTPClient
-	transport *http.Transport // ours to close; nil when the caller supplied HTTPClient
+	transport *pooledTransport // ours to close; nil when the caller supplied HTTPClient
 	opts      []connect.ClientOption
 	entries   []*node
 	routes    *routeCache
@@ -135,7 +135,7 @@ func New(cfg Config) (*Client, error) {
 		checks:  map[string]*routeCheck{},
 	}
 	if c.httpc == nil {
-		c.transport = defaultTransport(cfg.TLSConfig)
+		c.transport = newPooledTransport(cfg.TLSConfig, cfg.Connections)
 		c.httpc = &http.Client{Transport: c.transport}
 	}
 	seen := map[string]bool{}

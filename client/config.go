@@ -10,9 +10,12 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
 // Protocol is the wire protocol the client speaks; every sequencer node serves
@@ -94,6 +97,7 @@ const (
 	DefaultMaxBackoff     = time.Second
 	DefaultRouteCheck     = 250 * time.Millisecond
 	DefaultRouteCacheSize = 65536
+	DefaultConnections    = 4
 
 	DefaultBatchMaxItems       = 1000
 	DefaultBatchMaxBytes       = 3 << 20
@@ -123,6 +127,14 @@ type Config struct {
 	// Default nil: cleartext, unless an address says https:// (then the
 	// system's roots).
 	TLSConfig *tls.Config
+	// Connections is how many HTTP/2 connections the default transport
+	// spreads its unary calls over, per node (round robin; each is dialed
+	// on first use). Subscribe streams are kept apart, on one more
+	// connection per node, which carries up to the node's limit of
+	// concurrent streams (10,000): the deliveries to many of them then
+	// share its writes. Ignored with a caller-supplied HTTPClient.
+	// Default 4.
+	Connections int
 	// Token is the bearer token sent on every call ("Authorization: Bearer
 	// <Token>"), for nodes started with --auth-token-file. A call refused for
 	// a missing or wrong token fails with unauthenticated and is not retried.
@@ -215,6 +227,9 @@ func (c Config) withDefaults() Config {
 	if c.RouteCacheSize == 0 {
 		c.RouteCacheSize = DefaultRouteCacheSize
 	}
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -252,6 +267,9 @@ func (c Config) validate() error {
 	}
 	if r.BaseBackoff > r.MaxBackoff {
 		errs = append(errs, fmt.Errorf("retry.base_backoff %v: must not exceed retry.max_backoff %v", r.BaseBackoff, r.MaxBackoff))
+	}
+	if c.Connections < 0 || c.Connections > 64 {
+		errs = append(errs, fmt.Errorf("connections %d: must be 1..64", c.Connections))
 	}
 	if c.RouteCacheSize < 0 {
 		errs = append(errs, fmt.Errorf("route_cache_size %d: must be >= 0", c.RouteCacheSize))
@@ -345,6 +363,42 @@ func ownerURL(addr, answeredBy string) string {
 		host = via.Hostname()
 	}
 	return via.Scheme + "://" + net.JoinHostPort(host, port)
+}
+
+// pooledTransport is the default HTTPClient's transport: unary calls go
+// round robin over calls (each a connection per node), Subscribe streams
+// over streams. A connection's frames are read and written by one
+// goroutine on each side, so a thousand concurrent unary calls run faster
+// on a few connections than on one (docs/BENCHMARKS.md); long-lived
+// streams, most of them idle, gain from sharing one: the node writes the
+// deliveries of one commit to many of them together.
+type pooledTransport struct {
+	streams *http.Transport
+	calls   []*http.Transport
+	next    atomic.Uint32
+}
+
+func newPooledTransport(tlsConf *tls.Config, connections int) *pooledTransport {
+	p := &pooledTransport{streams: defaultTransport(tlsConf)}
+	for range connections {
+		p.calls = append(p.calls, defaultTransport(tlsConf))
+	}
+	return p
+}
+
+func (p *pooledTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, sequencerv1connect.SequencerServiceSubscribeProcedure) {
+		return p.streams.RoundTrip(r)
+	}
+	return p.calls[p.next.Add(1)%uint32(len(p.calls))].RoundTrip(r)
+}
+
+// CloseIdleConnections closes every idle connection of the pool.
+func (p *pooledTransport) CloseIdleConnections() {
+	p.streams.CloseIdleConnections()
+	for _, t := range p.calls {
+		t.CloseIdleConnections()
+	}
 }
 
 // defaultTransport speaks HTTP/2 only: h2c with prior knowledge on http://

@@ -1,0 +1,125 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sequencer-im/sequencer/client"
+)
+
+// countingProxy forwards each TCP connection it accepts to addr and counts
+// them; it stops when the test ends.
+func countingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, in, out)
+			mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(out, in); out.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return l.Addr().String(), &n
+}
+
+// The default transport spreads unary calls round robin over
+// Config.Connections connections per node and puts Subscribe streams on one
+// more: 300 streams (more than net/http's default limit of 250 a
+// connection) share that one.
+func TestDefaultTransportSpreadsCallsAndPacksStreams(t *testing.T) {
+	s := startNode(t, t.TempDir(), "127.0.0.1:0")
+	addr, conns := countingProxy(t, s.Addr())
+	c := newClient(t, client.Config{Addrs: []string{addr}, DisableRouting: true, Connections: 3, Batching: client.BatchPolicy{Disabled: true}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const streams = 300
+	for i := range streams { // sequential: call i takes connection i mod 3
+		if _, err := c.Send(ctx, client.SendRequest{ConvID: fmt.Sprint("t", i), FromUID: 1, Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := conns.Load(); got != 3 {
+		t.Fatalf("%d sequential Sends took %d connections, want 3 (Connections)", streams, got)
+	}
+	first := func(conv string) error { // a stream's first event: it is open
+		for ev, err := range c.Subscribe(ctx, []client.Cursor{{ConvID: conv}}) {
+			if err != nil {
+				return err
+			}
+			if ev.Message.Seq != 1 {
+				return fmt.Errorf("%s: first event seq %d", conv, ev.Message.Seq)
+			}
+			break
+		}
+		return nil
+	}
+	// One stream first, so that the node's settings (its stream limit)
+	// are known before the others open at once.
+	if err := first("t0"); err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	opened := make(chan error, streams)
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: fmt.Sprint("t", i)}}) {
+				if err != nil {
+					opened <- err
+					return
+				}
+				if ev.Message.Seq == 1 {
+					opened <- nil
+				}
+			}
+		}()
+	}
+	for range streams {
+		if err := <-opened; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := conns.Load(); got != 4 {
+		t.Fatalf("3 connections for calls and %d open Subscribe streams took %d connections in all, want 4", streams, got)
+	}
+	stop()
+	wg.Wait()
+}
