@@ -96,6 +96,8 @@ type Config struct {
 	BatchesInFlight int
 	// SubsProcess: the feed engines' streams in a child process.
 	SubsProcess bool
+	// SubsCPUProfile: that child process writes its CPU profile here.
+	SubsCPUProfile string
 	// SQLiteDir is where the SQLite engines' files go: a directory
 	// seqbench-<run id> inside it, removed at the end unless Keep. Default
 	// the system's temporary directory.
@@ -290,6 +292,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
 	fs.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the e-batch engines: most SendBatch requests in flight to the node (0: the Go SDK's default, client.DefaultBatchMaxInFlight)")
 	fs.BoolVar(&cfg.SubsProcess, "subs-process", false, "the feed engines (e-sub, e-batch-sub): open the Subscribe streams in a child process of the bench instead of beside the senders (the feed's latency is then not measured)")
+	fs.StringVar(&cfg.SubsCPUProfile, "subs-cpuprofile", "", "with --subs-process: the streams' child process writes its CPU profile (the whole run) to this file")
 	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
 	fs.IntVar(&cfg.Pool, "pool", 32, "database connections of engines b and c (PostgreSQL) and b-mysql and c-mysql (a and e run with the server's own store settings)")
 	fs.IntVar(&cfg.CopyBatch, "copy-batch", 4000, "engine d: most rows per COPY")
@@ -565,7 +568,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
-		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, SubsProcess: r.cfg.SubsProcess, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, SubsProcess: r.cfg.SubsProcess, SubsCPUProfile: r.cfg.SubsCPUProfile, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, KeepReadPositions: r.cfg.KeepReadPositions, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,

@@ -79,6 +79,8 @@ type Env struct {
 	// SubsProcess: the feed engines open their Subscribe streams in a
 	// child process (--subs-process; subs_child.go).
 	SubsProcess bool
+	// SubsCPUProfile: the child's CPU profile file (--subs-cpuprofile).
+	SubsCPUProfile string
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
 	CopyWriters int

@@ -50,10 +50,6 @@ type FeedMeter interface {
 	FeedStats(seconds float64) FeedResult
 }
 
-// streamsPerFeedClient is how many Subscribe streams share one SDK client
-// (one HTTP/2 connection): below the server's concurrent stream limit.
-const streamsPerFeedClient = 100
-
 type feedClient struct {
 	sdkClient
 	env      Env
@@ -92,7 +88,7 @@ func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) err
 		}
 	}
 	if f.env.SubsProcess {
-		c, err := startSubsChild(ctx, f.env.Target, convPfx, convs)
+		c, err := startSubsChild(ctx, f.env.Target, convPfx, convs, f.env.SubsCPUProfile)
 		f.child = c
 		return err
 	}
@@ -102,9 +98,11 @@ func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) err
 }
 
 // feedStreams is one Subscribe stream (Go SDK, gRPC) on each conversation,
-// streamsPerFeedClient to an SDK client.
+// all of one SDK client, as a push gateway would hold them: the SDK's
+// transport puts up to the server's concurrent stream limit on one HTTP/2
+// connection (api.MaxConcurrentStreams).
 type feedStreams struct {
-	subs   []*client.Client
+	sub    *client.Client
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	n      int
@@ -113,39 +111,35 @@ type feedStreams struct {
 // openFeedStreams opens the streams and returns once each received its
 // conversation's first message (the seed); received gets every later one.
 func openFeedStreams(ctx context.Context, target, convPfx string, convs int, received func(k int, msgID uint64)) (*feedStreams, error) {
+	c, err := client.New(client.Config{Addrs: []string{target}, DisableRouting: true})
+	if err != nil {
+		return nil, err
+	}
 	sctx, cancel := context.WithCancel(context.Background())
-	s := &feedStreams{cancel: cancel}
+	s := &feedStreams{sub: c, cancel: cancel}
 	var ready sync.WaitGroup
-	for k0 := 0; k0 < convs; k0 += streamsPerFeedClient {
-		c, err := client.New(client.Config{Addrs: []string{target}, DisableRouting: true})
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		s.subs = append(s.subs, c)
-		for k := k0; k < min(convs, k0+streamsPerFeedClient); k++ {
-			ready.Add(1)
-			s.wg.Add(1)
-			s.n++
-			go func() {
-				defer s.wg.Done()
-				first := true
-				for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: convID(convPfx, k)}}) {
-					if err != nil {
-						break
-					}
-					if first {
-						first = false
-						ready.Done()
-						continue
-					}
-					received(k, ev.Message.MsgID)
+	for k := 0; k < convs; k++ {
+		ready.Add(1)
+		s.wg.Add(1)
+		s.n++
+		go func() {
+			defer s.wg.Done()
+			first := true
+			for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: convID(convPfx, k)}}) {
+				if err != nil {
+					break
 				}
 				if first {
+					first = false
 					ready.Done()
+					continue
 				}
-			}()
-		}
+				received(k, ev.Message.MsgID)
+			}
+			if first {
+				ready.Done()
+			}
+		}()
 	}
 	done := make(chan struct{})
 	go func() { ready.Wait(); close(done) }()
@@ -161,9 +155,7 @@ func openFeedStreams(ctx context.Context, target, convPfx string, convs int, rec
 // Close ends the streams.
 func (s *feedStreams) Close() {
 	s.cancel()
-	for _, c := range s.subs {
-		c.Close()
-	}
+	s.sub.Close()
 	s.wg.Wait()
 }
 

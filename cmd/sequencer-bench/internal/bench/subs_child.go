@@ -34,12 +34,15 @@ type subsChild struct {
 	n   int
 }
 
-func startSubsChild(ctx context.Context, target, convPfx string, convs int) (*subsChild, error) {
+func startSubsChild(ctx context.Context, target, convPfx string, convs int, cpuProfile string) (*subsChild, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe, "subscribers", "--target", target, "--prefix", convPfx, "--convs", fmt.Sprint(convs))
+	if cpuProfile != "" {
+		cmd.Args = append(cmd.Args, "--cpuprofile", cpuProfile)
+	}
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -108,6 +111,11 @@ func subscribersMain(ctx context.Context, args []string, stdin io.Reader, stdout
 	if *convs <= 0 {
 		return errors.New("--convs must be > 0")
 	}
+	stopProfile, err := fs.profile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	var counting atomic.Bool
 	var got atomic.Int64
 	streams, err := openFeedStreams(ctx, base, *pfx, *convs, func(int, uint64) {
