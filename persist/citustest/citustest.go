@@ -230,6 +230,16 @@ type Database struct {
 // DSN is the coordinator's DSN of the database (what --store names).
 func (d *Database) DSN() string { return d.Coordinator.DSN(d.Name) }
 
+// SyncMetadata waits until every metadata worker of the database is
+// synced again, syncing the ones that are not, or ctx ends. Call it after
+// changing pg_dist_node: citus_update_node marks every metadata worker
+// not synced and leaves the resync to Citus's maintenance daemon, and
+// until it ran DDL fails with "... is a metadata node, but is out of
+// sync" (SQLSTATE 55000).
+func (d *Database) SyncMetadata(ctx context.Context) error {
+	return syncMetadata(ctx, d.DSN())
+}
+
 // Available reports whether a Citus cluster can be had, and if not why.
 func Available() error {
 	_, err := resolve()
