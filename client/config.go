@@ -114,11 +114,12 @@ type Config struct {
 	// serves any request (it forwards to the owner), so these are only the
 	// entry points; the owners of conversations are learned with Route.
 	Addrs []string
-	// HTTPClient carries the RPCs. Default: an http.Client over an
-	// http.Transport speaking HTTP/2 only (cleartext h2c with prior knowledge
-	// for http://, TLS for https://), with HTTP/2 pings to detect dead
-	// connections. Close closes its idle connections; a caller-supplied
-	// client is left alone.
+	// HTTPClient carries the RPCs. Default: an http.Client over
+	// http.Transports speaking HTTP/2 only (cleartext h2c with prior
+	// knowledge for http://, TLS for https://), with HTTP/2 pings to detect
+	// dead connections: Connections of them for unary calls and one for
+	// Subscribe streams. Close closes their idle connections; a
+	// caller-supplied client is left alone.
 	HTTPClient connect.HTTPClient
 	// TLSConfig is the TLS configuration of the default transport (server
 	// CAs in RootCAs, a client certificate in Certificates for nodes started
