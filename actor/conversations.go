@@ -164,7 +164,9 @@ type Conversations struct {
 	log    *slog.Logger
 	m      *metrics.Set
 	system *pa.ActorSystem
-	writer *commit.Writer
+	// dispatcher runs the mailboxes on kept goroutines (dispatcher.go).
+	dispatcher *poolDispatcher
+	writer     *commit.Writer
 	// targets groups the writers' reads of their events' targets (nil: the
 	// store reads one message at a time, and each writer does).
 	targets *targetReads
@@ -237,6 +239,8 @@ func NewConversations(cfg Config) (*Conversations, error) {
 	// The lock-free mailbox allocates a few small words per actor and a node
 	// per queued message, instead of a ring of 10 slots per actor.
 	mailbox := pa.WithMailbox(pa.UnboundedLockfree())
+	n.dispatcher = newPoolDispatcher(mailboxWorkers, mailboxQueue, mailboxThroughput, mailboxStall)
+	dispatcher := pa.WithDispatcher(n.dispatcher)
 	for i := range n.shards {
 		sh := &n.shards[i]
 		sh.convs = make(map[string]*convActor)
@@ -249,11 +253,23 @@ func NewConversations(cfg Config) (*Conversations, error) {
 				return orphanActor{}
 			}
 			return a
-		}, mailbox)
+		}, mailbox, dispatcher)
 	}
 	go n.sweep()
 	return n, nil
 }
+
+// The actors' dispatcher (dispatcher.go): at most mailboxWorkers
+// goroutines run mailboxes (their kept stacks are a few hundred KB), over a
+// queue of mailboxQueue runs; a run takes up to mailboxThroughput messages
+// before it yields (protoactor's default); queued runs that saw no run end
+// for mailboxStall get a rescuer.
+const (
+	mailboxWorkers    = 32
+	mailboxQueue      = 1 << 16
+	mailboxThroughput = 300
+	mailboxStall      = 10 * time.Millisecond
+)
 
 // sweepInterval is how often the sweeper looks for idle actors: an eighth of
 // PassivateAfter (an actor passivates at most 12.5% late), between 1 ms and
@@ -419,6 +435,7 @@ func (n *Conversations) Close(ctx context.Context) error {
 		err = werr
 	}
 	n.system.Shutdown()
+	n.dispatcher.close()
 	return err
 }
 
