@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sequencer-im/sequencer/api"
 	"github.com/sequencer-im/sequencer/internal/conf"
 )
 
@@ -98,6 +99,8 @@ type Config struct {
 	SubsProcess bool
 	// SubsCPUProfile: that child process writes its CPU profile here.
 	SubsCPUProfile string
+	// ConvsPerStream: the feed engines' conversations per Subscribe stream.
+	ConvsPerStream int
 	// SQLiteDir is where the SQLite engines' files go: a directory
 	// seqbench-<run id> inside it, removed at the end unless Keep. Default
 	// the system's temporary directory.
@@ -292,6 +295,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Protocol, "protocol", "grpc", "the SDK engines' (e, e-batch) protocol over HTTP/2 cleartext: grpc or connect")
 	fs.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the e-batch engines: most SendBatch requests in flight to the node (0: the Go SDK's default, client.DefaultBatchMaxInFlight)")
 	fs.BoolVar(&cfg.SubsProcess, "subs-process", false, "the feed engines (e-sub, e-batch-sub): open the Subscribe streams in a child process of the bench instead of beside the senders (the feed's latency is then not measured)")
+	fs.IntVar(&cfg.ConvsPerStream, "convs-per-stream", 1, "the feed engines (e-sub, e-batch-sub): conversations per Subscribe stream (1: a stream on each conversation; 1,000: ten streams for many's 10,000, as a push gateway holding many conversations would)")
 	fs.StringVar(&cfg.SubsCPUProfile, "subs-cpuprofile", "", "with --subs-process: the streams' child process writes its CPU profile (the whole run) to this file")
 	fs.StringVar(&cfg.SQLiteDir, "sqlite-dir", "", "where the -sqlite engines' files go (a seqbench-<run id> directory inside, removed at the end unless --keep; default: the system's temporary directory; use a disk, not tmpfs)")
 	fs.IntVar(&cfg.Pool, "pool", 32, "database connections of engines b and c (PostgreSQL) and b-mysql and c-mysql (a and e run with the server's own store settings)")
@@ -347,6 +351,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	}
 	if cfg.BatchesInFlight < 0 || cfg.BatchesInFlight > 64 {
 		return fmt.Errorf("--batches-in-flight must be 0..64, got %d", cfg.BatchesInFlight)
+	}
+	if cfg.ConvsPerStream < 1 || cfg.ConvsPerStream > api.MaxSubscribeCursors {
+		return fmt.Errorf("--convs-per-stream must be 1..%d, got %d", api.MaxSubscribeCursors, cfg.ConvsPerStream)
 	}
 	needRedis, needPG, needSQLite, needMySQL := false, false, false, false
 	for i, s := range specs {
@@ -568,7 +575,7 @@ func (r *runner) runOne(ctx context.Context, spec EngineSpec, sc Scenario, rep i
 	}
 	env := Env{
 		Pool: r.cfg.Pool, Redis: r.redis, RedisPrefix: r.redisPrefix + spec.Key + ":" + runName + ":",
-		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, SubsProcess: r.cfg.SubsProcess, SubsCPUProfile: r.cfg.SubsCPUProfile, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
+		Target: r.cfg.Target, ServeBin: r.cfg.ServeBin, Protocol: r.cfg.Protocol, BatchesInFlight: r.cfg.BatchesInFlight, SubsProcess: r.cfg.SubsProcess, SubsCPUProfile: r.cfg.SubsCPUProfile, ConvsPerStream: r.cfg.ConvsPerStream, CopyBatch: r.cfg.CopyBatch, CopyWriters: r.cfg.CopyWriters,
 		Passivate: r.cfg.Passivate, CommitWorkers: r.cfg.CommitWorkers, KeepReadPositions: r.cfg.KeepReadPositions, Logf: r.logf,
 	}
 	// One store per engine, scenario and repeat: a schema (e-json, many,

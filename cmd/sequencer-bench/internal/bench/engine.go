@@ -81,6 +81,8 @@ type Env struct {
 	SubsProcess bool
 	// SubsCPUProfile: the child's CPU profile file (--subs-cpuprofile).
 	SubsCPUProfile string
+	// ConvsPerStream: conversations per Subscribe stream (--convs-per-stream).
+	ConvsPerStream int
 	// CopyBatch and CopyWriters shape engine d.
 	CopyBatch   int
 	CopyWriters int

@@ -88,19 +88,20 @@ func (f *feedClient) Seed(ctx context.Context, convPfx string, convs, _ int) err
 		}
 	}
 	if f.env.SubsProcess {
-		c, err := startSubsChild(ctx, f.env.Target, convPfx, convs, f.env.SubsCPUProfile)
+		c, err := startSubsChild(ctx, f.env.Target, convPfx, convs, f.env.ConvsPerStream, f.env.SubsCPUProfile)
 		f.child = c
 		return err
 	}
 	var err error
-	f.streams, err = openFeedStreams(ctx, f.env.Target, convPfx, convs, f.received)
+	f.streams, err = openFeedStreams(ctx, f.env.Target, convPfx, convs, f.env.ConvsPerStream, f.received)
 	return err
 }
 
 // feedStreams is one Subscribe stream (Go SDK, gRPC) on each conversation,
-// all of one SDK client, as a push gateway would hold them: the SDK's
-// transport puts up to the server's concurrent stream limit on one HTTP/2
-// connection (api.MaxConcurrentStreams).
+// or on each run of perStream conversations (--convs-per-stream), all of
+// one SDK client, as a push gateway would hold them: the SDK's transport
+// puts up to the server's concurrent stream limit on one HTTP/2 connection
+// (api.MaxConcurrentStreams).
 type feedStreams struct {
 	sub    *client.Client
 	cancel context.CancelFunc
@@ -108,37 +109,48 @@ type feedStreams struct {
 	n      int
 }
 
-// openFeedStreams opens the streams and returns once each received its
-// conversation's first message (the seed); received gets every later one.
-func openFeedStreams(ctx context.Context, target, convPfx string, convs int, received func(k int, msgID uint64)) (*feedStreams, error) {
+// openFeedStreams opens the streams and returns once each conversation
+// received its first message (the seed); received gets every later one.
+// perStream < 1 counts as 1.
+func openFeedStreams(ctx context.Context, target, convPfx string, convs, perStream int, received func(k int, msgID uint64)) (*feedStreams, error) {
 	c, err := client.New(client.Config{Addrs: []string{target}, DisableRouting: true})
 	if err != nil {
 		return nil, err
 	}
+	perStream = max(perStream, 1)
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &feedStreams{sub: c, cancel: cancel}
 	var ready sync.WaitGroup
-	for k := 0; k < convs; k++ {
-		ready.Add(1)
+	ready.Add(convs)
+	for k0 := 0; k0 < convs; k0 += perStream {
+		k1 := min(convs, k0+perStream)
+		cursors := make([]client.Cursor, 0, k1-k0)
+		index := make(map[string]int, k1-k0)
+		for k := k0; k < k1; k++ {
+			cursors = append(cursors, client.Cursor{ConvID: convID(convPfx, k)})
+			index[convID(convPfx, k)] = k
+		}
 		s.wg.Add(1)
 		s.n++
 		go func() {
 			defer s.wg.Done()
-			first := true
-			for ev, err := range c.Subscribe(sctx, []client.Cursor{{ConvID: convID(convPfx, k)}}) {
+			seeded := make(map[int]bool, len(cursors))
+			for ev, err := range c.Subscribe(sctx, cursors) {
 				if err != nil {
 					break
 				}
-				if first {
-					first = false
+				if ev.Message == nil {
+					continue
+				}
+				k := index[ev.Message.ConvID]
+				if !seeded[k] {
+					seeded[k] = true
 					ready.Done()
 					continue
 				}
 				received(k, ev.Message.MsgID)
 			}
-			if first {
-				ready.Done()
-			}
+			ready.Add(len(seeded) - len(cursors)) // the conversations never seeded
 		}()
 	}
 	done := make(chan struct{})

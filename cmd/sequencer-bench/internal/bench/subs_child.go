@@ -34,12 +34,12 @@ type subsChild struct {
 	n   int
 }
 
-func startSubsChild(ctx context.Context, target, convPfx string, convs int, cpuProfile string) (*subsChild, error) {
+func startSubsChild(ctx context.Context, target, convPfx string, convs, perStream int, cpuProfile string) (*subsChild, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "subscribers", "--target", target, "--prefix", convPfx, "--convs", fmt.Sprint(convs))
+	cmd := exec.Command(exe, "subscribers", "--target", target, "--prefix", convPfx, "--convs", fmt.Sprint(convs), "--convs-per-stream", fmt.Sprint(max(perStream, 1)))
 	if cpuProfile != "" {
 		cmd.Args = append(cmd.Args, "--cpuprofile", cpuProfile)
 	}
@@ -96,12 +96,13 @@ func (c *subsChild) close() {
 	_ = c.cmd.Wait()
 }
 
-// subscribersMain is the child: one stream per conversation PREFIX0 ..
-// PREFIX<convs-1>, counting what they receive between start and stats.
+// subscribersMain is the child: a stream per conversation PREFIX0 ..
+// PREFIX<convs-1> (or per --convs-per-stream of them), counting what they receive between start and stats.
 func subscribersMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFeedFlags("subscribers", stderr)
 	pfx := fs.String("prefix", "", "conversation id prefix (the bench's run and scenario)")
-	convs := fs.Int("convs", 0, "conversations: one stream each")
+	convs := fs.Int("convs", 0, "conversations")
+	perStream := fs.Int("convs-per-stream", 1, "conversations per Subscribe stream")
 	base, help, err := fs.parse(args)
 	if help {
 		return nil
@@ -118,7 +119,7 @@ func subscribersMain(ctx context.Context, args []string, stdin io.Reader, stdout
 	defer stopProfile()
 	var counting atomic.Bool
 	var got atomic.Int64
-	streams, err := openFeedStreams(ctx, base, *pfx, *convs, func(int, uint64) {
+	streams, err := openFeedStreams(ctx, base, *pfx, *convs, *perStream, func(int, uint64) {
 		if counting.Load() {
 			got.Add(1)
 		}
