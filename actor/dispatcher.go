@@ -13,8 +13,8 @@ import (
 // where protoactor's default dispatcher starts a new goroutine for every
 // mailbox run. A new goroutine starts with a small stack, and a
 // conversation's Receive (the core's Send, a batch's forming) is deep
-// enough to grow it two or three times: at many, 11% of the server's CPU
-// was copying stacks (runtime.copystack under conv.(*Core).Send and
+// enough to grow it two or three times: at many, 11-14% of the server's
+// CPU was copying stacks (runtime.copystack under conv.(*Core).Send and
 // Formed) and 4-9% starting goroutines. A kept goroutine keeps its grown
 // stack.
 //

@@ -97,7 +97,8 @@ func (c *subsChild) close() {
 }
 
 // subscribersMain is the child: a stream per conversation PREFIX0 ..
-// PREFIX<convs-1> (or per --convs-per-stream of them), counting what they receive between start and stats.
+// PREFIX<convs-1> (or per --convs-per-stream of them), counting what they
+// receive between start and stats.
 func subscribersMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFeedFlags("subscribers", stderr)
 	pfx := fs.String("prefix", "", "conversation id prefix (the bench's run and scenario)")
