@@ -127,8 +127,9 @@ func openFeedStreams(ctx context.Context, target, convPfx string, convs, perStre
 		cursors := make([]client.Cursor, 0, k1-k0)
 		index := make(map[string]int, k1-k0)
 		for k := k0; k < k1; k++ {
-			cursors = append(cursors, client.Cursor{ConvID: convID(convPfx, k)})
-			index[convID(convPfx, k)] = k
+			id := convID(convPfx, k)
+			cursors = append(cursors, client.Cursor{ConvID: id})
+			index[id] = k
 		}
 		s.wg.Add(1)
 		s.n++
