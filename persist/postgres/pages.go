@@ -43,6 +43,15 @@ func ReadBeforeOn(ctx context.Context, pool *pgxpool.Pool, convID string, afterS
 // ORDINALITY numbers them, and each cursor's range is a LATERAL index scan
 // of uk_conv_seq. persist/citus sends them on a worker's shard tables
 // (ReplaceTable).
+//
+// ReadManySQL orders by the ordinal alone: PostgreSQL knows the ordinality
+// is ascending and runs no sort, and each cursor's rows come in its
+// subquery's seq order. Ordering by (ord, seq) made it sort every
+// cursor's rows again (an incremental sort; EXPLAIN ANALYZE of 1,000
+// cursors x 10 rows: 12.4 ms with it, 7.2-8.6 without). SQL does not
+// promise the subquery's order through the join, so ScanMessages checks
+// it: rows out of seq order fail the read instead of answering a page with
+// a hole (LIMIT $4 may cut the last cursor's rows).
 const (
 	ReadManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
 FROM unnest($1::text[]) WITH ORDINALITY AS c(conv_id, ord)
@@ -51,7 +60,7 @@ LEFT JOIN conv_head h ON h.conv_id = c.conv_id`
 FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(conv_id, after_seq, ord)
 CROSS JOIN LATERAL (SELECT ` + MessageColumns + ` FROM im_message
 	WHERE conv_id = c.conv_id AND seq > c.after_seq ORDER BY seq LIMIT $3) m
-ORDER BY c.ord, m.seq LIMIT $4`
+ORDER BY c.ord LIMIT $4`
 )
 
 // ReadMany implements persist.PageReader: two statements in one round trip.

@@ -33,7 +33,8 @@ func ScanHeads(br pgx.BatchResults, pages []persist.Page, idx []int) error {
 }
 
 // ScanMessages reads a ReadManySQL answer (the ordinal, then
-// MessageColumns) into pages[idx[ord-1]], whose heads ScanHeads set. limit
+// MessageColumns) into pages[idx[ord-1]], whose heads ScanHeads set; a
+// conversation's rows must come in ascending seq order, else it fails. limit
 // is the read's per-conversation limit: a page's slice is made once, for
 // min(limit, head-seq+1) messages.
 //
@@ -69,6 +70,9 @@ func ScanMessages(br pgx.BatchResults, pages []persist.Page, idx []int, limit in
 			return fmt.Errorf("postgres: read many: row for ordinal %d of %d", ord, len(idx))
 		}
 		p := &pages[idx[ord-1]]
+		if n := len(p.Messages); n > 0 && p.Messages[n-1].Seq >= m.Seq {
+			return fmt.Errorf("postgres: read many: conversation %q: seq %d came after seq %d (rows out of order)", m.ConvID, m.Seq, p.Messages[n-1].Seq)
+		}
 		if p.Messages == nil {
 			n := uint64(1) // this message, and those up to the head
 			if p.Head > m.Seq {

@@ -1,9 +1,15 @@
 package postgres
 
 import (
+	"context"
 	"encoding/binary"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sequencer-im/sequencer/persist"
 )
 
 // pgTime decodes binary timestamptz values as pgx does, on both sides of
@@ -78,5 +84,36 @@ func TestManyDecoderBlocksGrowFromSmall(t *testing.T) {
 	}
 	if e := d.body(nil); e == nil || len(e) != 0 {
 		t.Fatal("an empty body must decode as empty, not nil")
+	}
+}
+
+// ReadManySQL leaves each cursor's seq order to its LATERAL subquery
+// (ORDER BY ord alone, no sort); ScanMessages checks it. The same columns
+// in descending seq order must fail the read, not fill a page out of
+// order (with LIMIT cutting the last page, that page could have a hole).
+func TestScanMessagesRefusesRowsOutOfSeqOrder(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	if err := s.Commit(ctx, []persist.ConvBatch{msgs("c", 0, 3, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(order string) ([]persist.Page, error) {
+		b := &pgx.Batch{}
+		b.Queue(ReadManyHeadsSQL, []string{"c"})
+		b.Queue(`SELECT 1::bigint AS ord, ` + MessageColumns + ` FROM im_message WHERE conv_id = 'c' ORDER BY seq ` + order)
+		br := s.pool.SendBatch(ctx, b)
+		defer br.Close()
+		pages := make([]persist.Page, 1)
+		if err := ScanHeads(br, pages, []int{0}); err != nil {
+			return nil, err
+		}
+		return pages, ScanMessages(br, pages, []int{0}, 10)
+	}
+	pages, err := read("ASC")
+	if err != nil || len(pages[0].Messages) != 3 || pages[0].Messages[2].Seq != 3 {
+		t.Fatalf("rows in order: %+v, %v", pages, err)
+	}
+	if _, err := read("DESC"); err == nil || !strings.Contains(err.Error(), "out of order") {
+		t.Fatalf("rows out of seq order: err %v, want out of order", err)
 	}
 }
