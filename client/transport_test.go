@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,15 +14,31 @@ import (
 	"github.com/sequencer-im/sequencer/client"
 )
 
+// proxyCounts are what a countingProxy saw: connections accepted, and
+// bytes forwarded from addr to the clients.
+type proxyCounts struct{ conns, down atomic.Int64 }
+
+// countingWriter adds what it writes to n.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	k, err := c.w.Write(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
 // countingProxy forwards each TCP connection it accepts to addr and counts
-// them; it stops when the test ends.
-func countingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
+// them and their bytes; it stops when the test ends.
+func countingProxy(t *testing.T, addr string) (string, *proxyCounts) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n atomic.Int64
+	var n proxyCounts
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var open []net.Conn
@@ -31,7 +48,7 @@ func countingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
 			if err != nil {
 				return
 			}
-			n.Add(1)
+			n.conns.Add(1)
 			out, err := net.Dial("tcp", addr)
 			if err != nil {
 				in.Close()
@@ -42,7 +59,7 @@ func countingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
 			mu.Unlock()
 			wg.Add(2)
 			go func() { defer wg.Done(); _, _ = io.Copy(out, in); out.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(in, out); in.Close() }()
+			go func() { defer wg.Done(); _, _ = io.Copy(countingWriter{in, &n.down}, out); in.Close() }()
 		}
 	}()
 	t.Cleanup(func() {
@@ -63,7 +80,8 @@ func countingProxy(t *testing.T, addr string) (string, *atomic.Int64) {
 // connection) share that one.
 func TestDefaultTransportSpreadsCallsAndPacksStreams(t *testing.T) {
 	s := startNode(t, t.TempDir(), "127.0.0.1:0")
-	addr, conns := countingProxy(t, s.Addr())
+	addr, counts := countingProxy(t, s.Addr())
+	conns := &counts.conns
 	c := newClient(t, client.Config{Addrs: []string{addr}, DisableRouting: true, Connections: 3, Batching: client.BatchPolicy{Disabled: true}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -122,4 +140,41 @@ func TestDefaultTransportSpreadsCallsAndPacksStreams(t *testing.T) {
 	}
 	stop()
 	wg.Wait()
+}
+
+// Answers come uncompressed unless Config.Gzip asks for gzip, in every
+// protocol: 20 Pulls of 50 messages with 1,000 zero bytes of body each
+// (about 1 MB as they are, a few KB gzipped).
+func TestGzipOnlyWhenAsked(t *testing.T) {
+	s := startNode(t, t.TempDir(), "127.0.0.1:0")
+	ctx := ctxT(t)
+	seed := newClient(t, client.Config{Addrs: []string{s.Addr()}})
+	reqs := make([]client.SendRequest, 50)
+	for i := range reqs {
+		reqs[i] = client.SendRequest{ConvID: "g:zip", FromUID: 1, Body: make([]byte, 1000)}
+	}
+	if _, errs := seed.SendMany(ctx, reqs); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	const pulls, raw = 20, 20 * 50 * 1000
+	for _, p := range []client.Protocol{client.ProtocolGRPC, client.ProtocolConnect, client.ProtocolGRPCWeb} {
+		for _, gz := range []bool{false, true} {
+			addr, counts := countingProxy(t, s.Addr())
+			c := newClient(t, client.Config{Addrs: []string{addr}, DisableRouting: true, Protocol: p, Gzip: gz})
+			for range pulls {
+				page, err := c.PullPage(ctx, client.PullRequest{ConvID: "g:zip", Limit: 50})
+				if err != nil || len(page.Messages) != 50 || len(page.Messages[49].Body) != 1000 {
+					t.Fatalf("%v gzip %v: pull: %d messages, %v", p, gz, len(page.Messages), err)
+				}
+			}
+			c.Close()
+			got := int(counts.down.Load())
+			if !gz && got < raw {
+				t.Errorf("%v, Gzip false: %d bytes came down for %d bytes of bodies: compressed", p, got, raw)
+			}
+			if gz && got > raw/10 {
+				t.Errorf("%v, Gzip true: %d bytes came down for %d bytes of bodies: not compressed", p, got, raw)
+			}
+		}
+	}
 }

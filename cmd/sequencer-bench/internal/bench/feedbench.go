@@ -27,7 +27,7 @@ import (
 // against a running `sequencer serve` (--target):
 //
 //	sequencer-bench fanout --target URL [--subs 1000] [--pubs 8] [--duration 10s] [--json]
-//	sequencer-bench pullmany --target URL [--convs 1000] [--msgs 10] [--calls 50]
+//	sequencer-bench pullmany --target URL [--convs 1000] [--msgs 10] [--calls 50] [--gzip]
 //
 // Both take --cpuprofile FILE (this process: the subscribers or the caller).
 //
@@ -232,6 +232,7 @@ func pullManyMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	msgs := fs.Int("msgs", 10, "messages stored in each conversation, all returned by each call")
 	calls := fs.Int("calls", 50, "PullMany calls measured (after 5 unmeasured)")
 	bodySize := fs.Int("body", 128, "message body size in bytes")
+	gz := fs.Bool("gzip", false, "ask for gzipped answers (the SDK's Config.Gzip)")
 	base, help, err := fs.parse(args)
 	if help {
 		return nil
@@ -243,7 +244,7 @@ func pullManyMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer stopProfile()
-	c, err := client.New(client.Config{Addrs: []string{base}, DisableRouting: true})
+	c, err := client.New(client.Config{Addrs: []string{base}, DisableRouting: true, Gzip: *gz})
 	if err != nil {
 		return err
 	}
