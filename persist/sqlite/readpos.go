@@ -134,15 +134,15 @@ func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) e
 	return nil
 }
 
-// ReadCounts implements persist.ReadPositions: one range of the index
-// read_position_by_seq from the lowest bound, counted per bucket
-// (persist.BucketSQL; bounds ?2..?n+1).
+// ReadCounts implements persist.ReadPositions: one range of the primary
+// key (conv_id, uid), the conversation's positions at or above the lowest
+// bound counted per bucket (persist.BucketSQL; bounds ?2..?n+1).
 func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
 	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
 		args := persist.ReadCountsArgs(convID, bounds)
 		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string { return "?" + strconv.Itoa(i+2) })
 		return queryAll(ctx, s.r, "read counts", persist.ScanBucketCount, `SELECT `+bucket+`, count(*)
-			FROM read_position INDEXED BY read_position_by_seq WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`, args...)
+			FROM read_position WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`, args...)
 	})
 }
 
