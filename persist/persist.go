@@ -249,9 +249,10 @@ type ReadPositions interface {
 	// ReadCounts returns, for 1..100 ascending distinct bounds, how many
 	// users' positions in convID fall in each bucket: counts[i] for
 	// bounds[i] <= read_seq < bounds[i+1] (the last: >= it), in one read
-	// of an index on (conv_id, read_seq) from bounds[0] (never a scan of
-	// other conversations); the counting is done by the store (BucketSQL),
-	// so at most 100 rows come back. ReadReceipts sums them.
+	// of the conversation's positions (the range conv_id of the primary
+	// key (conv_id, uid): never a scan of other conversations); the
+	// counting is done by the store (BucketSQL), so at most 100 rows come
+	// back. ReadReceipts sums them.
 	ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error)
 	// ReadPositionsPage returns up to limit (>= 1) positions of convID with
 	// uid > afterUID, ascending by uid, and whether more follow.

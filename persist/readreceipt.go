@@ -33,10 +33,11 @@ type ReadPosition struct {
 // position >= it (the sender included). ONE store read: the seqs, sorted
 // and distinct, are the bounds of ReadCounts, which counts the positions
 // at or above the lowest one per bucket between two bounds, in one range
-// of the (conv_id, read_seq) index; the answer is the suffix sums. Its
-// cost grows with the positions at or above the lowest seq asked (at most
-// the conversation's readers, log2(100) comparisons each), never with a
-// scan of the readers per seq, and its answer is at most 100 rows.
+// of the conversation's positions (the primary key's conv_id range: no
+// index on read_seq, so that marks update rows in place); the answer is
+// the suffix sums. Its cost grows with the conversation's readers
+// (log2(100) comparisons each), never with a scan of the readers per seq,
+// and its answer is at most 100 rows.
 func ReadReceipts(ctx context.Context, s ReadPositions, convID string, seqs []uint64) ([]uint64, error) {
 	if err := sequencer.CheckReadReceipts(convID, seqs); err != nil {
 		return nil, err

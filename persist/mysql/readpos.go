@@ -94,10 +94,11 @@ func senderMarks(b *strings.Builder, args []any, marks []persist.Mark) []any {
 	return args
 }
 
-// ReadCounts implements persist.ReadPositions: one range of the index
-// read_position_by_seq (conv_id, read_seq) from the lowest bound, counted
-// per bucket (persist.BucketSQL; the bounds are bound twice: ? is
-// positional).
+// ReadCounts implements persist.ReadPositions: the conversation's range of
+// the primary key (conv_id, uid), whose leaves hold read_seq (migration
+// 0008), counted per bucket (persist.BucketSQL; the bounds are bound twice:
+// ? is positional). Its cost is the conversation's readers, as on
+// PostgreSQL (docs/API.md).
 func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
 	return persist.ReadCountsOf(convID, bounds, func() (out []persist.BucketCount, err error) {
 		var args []any
@@ -106,7 +107,7 @@ func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) 
 			return "?"
 		})
 		args = append(args, convID, bounds[0])
-		err = s.readRows(ctx, `SELECT `+bucket+`, COUNT(*) FROM read_position FORCE INDEX (read_position_by_seq)
+		err = s.readRows(ctx, `SELECT `+bucket+`, COUNT(*) FROM read_position FORCE INDEX (PRIMARY)
 			WHERE conv_id = ? AND read_seq >= ? GROUP BY 1`, args, func(r *sql.Rows) error {
 			c, err := persist.ScanBucketCount(r)
 			out = append(out, c)
@@ -119,11 +120,11 @@ func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) 
 	})
 }
 
-// ReadPositionsPage implements persist.ReadPositions: one range of the index
-// read_position_by_conv (conv_id, uid).
+// ReadPositionsPage implements persist.ReadPositions: one range of the
+// primary key (conv_id, uid).
 func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
 	return persist.ReadPage(convID, afterUID, limit, func(n int) (out []persist.ReadPosition, err error) {
-		err = s.readRows(ctx, `SELECT uid, read_seq FROM read_position FORCE INDEX (read_position_by_conv)
+		err = s.readRows(ctx, `SELECT uid, read_seq FROM read_position FORCE INDEX (PRIMARY)
 			WHERE conv_id = ? AND uid > ? ORDER BY uid LIMIT ?`, []any{convID, afterUID, n}, func(r *sql.Rows) error {
 			p, err := persist.ScanReadPosition(r)
 			out = append(out, p)

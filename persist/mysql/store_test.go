@@ -661,6 +661,71 @@ func TestReadPositions(t *testing.T) {
 	}
 }
 
+// Migration 0008 re-keys read_position by (conv_id, uid) with no other
+// index (the own-send rule's every commit writes one B-tree, not three);
+// positions written before it read the same after it.
+func TestReadPositionRekeyed(t *testing.T) {
+	url := newDatabaseURL(t)
+	ctx := context.Background()
+	old := openStore(t, url, Options{})
+	if err := old.MigrateTo(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	const conv = "g:rk"
+	var ms []sequencer.Message
+	for i := uint64(1); i <= 6; i++ {
+		ms = append(ms, msg(conv, i, i, fmt.Sprint("k", i)))
+	}
+	if err := old.Commit(ctx, []persist.ConvBatch{{ConvID: conv, Messages: ms}}); err != nil {
+		t.Fatal(err)
+	}
+	for uid := uint64(1); uid <= 6; uid++ {
+		if _, err := old.MarkRead(ctx, conv, uid*10, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := old.MarkRead(ctx, "g:other", 10, 1); err != nil { // no head: position 0
+		t.Fatal(err)
+	}
+	bounds := []uint64{1, 3, 6}
+	before, err := old.ReadCounts(ctx, conv, bounds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, url, Options{})
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX)
+		FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'read_position' GROUP BY INDEX_NAME`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx []string
+	for rows.Next() {
+		var name, cols string
+		if err := rows.Scan(&name, &cols); err != nil {
+			t.Fatal(err)
+		}
+		idx = append(idx, name+"("+cols+")")
+	}
+	rows.Close()
+	if len(idx) != 1 || idx[0] != "PRIMARY(conv_id,uid)" {
+		t.Fatalf("read_position's indexes %v, want PRIMARY(conv_id,uid) alone", idx)
+	}
+	after, err := s.ReadCounts(ctx, conv, bounds)
+	if err != nil || fmt.Sprint(after) != fmt.Sprint(before) || fmt.Sprint(after) != "[2 3 1]" {
+		t.Fatalf("read counts %v %v, before the migration %v, want [2 3 1] (per bucket)", after, err, before)
+	}
+	page, more, err := s.ReadPositionsPage(ctx, conv, 20, 2)
+	if err != nil || !more || len(page) != 2 || page[0] != (persist.ReadPosition{UID: 30, ReadSeq: 3}) || page[1] != (persist.ReadPosition{UID: 40, ReadSeq: 4}) {
+		t.Fatalf("page after uid 20: %+v more=%v %v", page, more, err)
+	}
+	if st, err := s.MarkRead(ctx, conv, 10, 5); err != nil || st.ReadSeq != 5 {
+		t.Fatalf("mark after the migration: %+v %v", st, err)
+	}
+}
+
 // A commit of several round trips (rows beyond half of max_allowed_packet)
 // whose process stalls between them (a frozen node) holds the head and
 // lease rows only until the server's wait_timeout (Options.IdleTimeout)

@@ -2,4 +2,6 @@
 -- conversation with a row writes nothing to the outbox) and reads the head
 -- from conv_head, so its own head column goes; the publisher deletes rows
 -- published in full some seconds later (persist.Outbox, OutboxSweep).
-ALTER TABLE feed_outbox DROP COLUMN IF EXISTS head;
+-- Plain DROP COLUMN: MySQL 8 has no IF EXISTS here (MariaDB has); one
+-- statement, so a failure leaves nothing half done.
+ALTER TABLE feed_outbox DROP COLUMN head;
