@@ -225,7 +225,9 @@ type ReadState = sequencer.ReadState
 // Positions live in their own table: retention (Trim, TrimBefore) never
 // touches them. MarkRead writes them, and so does a Commit of batches with
 // MarkSendersRead (the own-send rule: each sender's position is raised to
-// their last seq in the commit, in the same transaction; SenderMarks).
+// their last seq in the commit, in the same transaction; SenderMarks; the
+// embedded store logs the marks there and applies them later, its reads
+// adding the ones not yet applied).
 //
 // Both methods first check their arguments with sequencer.CheckMarkRead /
 // sequencer.CheckReadStates (the API's rules) and refuse bad ones with an

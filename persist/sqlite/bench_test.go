@@ -45,18 +45,7 @@ func BenchmarkCommit4000(b *testing.B) {
 	if err := s.Commit(ctx, build()); err != nil {
 		b.Fatal(err)
 	}
-	work := make([][]persist.ConvBatch, b.N)
-	for i := range work {
-		work[i] = build()
-	}
-	b.ResetTimer()
-	start := time.Now()
-	for _, bs := range work {
-		if err := s.Commit(ctx, bs); err != nil {
-			b.Fatal(err)
-		}
-	}
-	el := time.Since(start)
+	el := commitAll(b, s, build)
 	b.ReportMetric(float64(b.N*convs*perConv)/el.Seconds(), "rows/s")
 	b.ReportMetric(float64(el.Milliseconds())/float64(b.N), "ms/commit")
 }
@@ -166,4 +155,58 @@ func procIO(b *testing.B) map[string]int64 {
 func BenchmarkReadReceipts10k(b *testing.B) {
 	s := newStore(b)
 	storetest.BenchReadReceipts(b, s)
+}
+
+// BenchmarkOwnSendMarks commits 110 one-message conversations at a time,
+// each picked at random among 10,000 and sent by one of 1,024 users (the
+// bench's `many`), with the own-send rule off and on, and reports rows/s:
+// what the rule's marks cost the store (marklog.go).
+//
+//	go test -run '^$' -bench OwnSendMarks -benchtime 3000x ./persist/sqlite/
+func BenchmarkOwnSendMarks(b *testing.B) {
+	for _, mark := range []bool{false, true} {
+		b.Run(fmt.Sprint("rule=", mark), func(b *testing.B) {
+			const convs, per = 10_000, 110
+			s := newStore(b)
+			body := make([]byte, 100)
+			heads := make([]uint64, convs)
+			var id uint64
+			r := rand.New(rand.NewPCG(1, 2))
+			build := func() []persist.ConvBatch {
+				seen := map[int]bool{}
+				var bs []persist.ConvBatch
+				for len(bs) < per {
+					c := r.IntN(convs)
+					if seen[c] {
+						continue
+					}
+					seen[c] = true
+					conv := fmt.Sprintf("g:%d", c)
+					id++
+					heads[c]++
+					bs = append(bs, persist.ConvBatch{ConvID: conv, PrevHead: heads[c] - 1, MarkSendersRead: mark, Messages: []sequencer.Message{{
+						MsgID: id, ConvID: conv, Seq: heads[c], FromUID: 1 + uint64(r.IntN(1024)), MsgType: 1, Body: body,
+						ClientMsgID: fmt.Sprintf("bench-%d", id), ServerAt: time.Now()}}})
+				}
+				return bs
+			}
+			b.ReportMetric(float64(b.N*per)/commitAll(b, s, build).Seconds(), "rows/s")
+		})
+	}
+}
+
+// commitAll builds b.N commits, then times committing them in turn.
+func commitAll(b *testing.B, s *Store, build func() []persist.ConvBatch) time.Duration {
+	work := make([][]persist.ConvBatch, b.N)
+	for i := range work {
+		work[i] = build()
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for _, bs := range work {
+		if err := s.Commit(context.Background(), bs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
 }

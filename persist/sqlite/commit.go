@@ -29,13 +29,18 @@ func insertSQL(rows int) string {
 	}
 	var b strings.Builder
 	b.WriteString("INSERT INTO im_message (msg_id, conv_id, seq, from_uid, msg_type, body, client_msg_id, server_at, kind, target_msg_id) VALUES ")
-	for i := 0; i < rows; i++ {
+	writeList(&b, rows, "(?,?,?,?,?,?,?,?,?,?)")
+	return b.String()
+}
+
+// writeList writes n copies of item, comma-separated.
+func writeList(b *strings.Builder, n int, item string) {
+	for i := 0; i < n; i++ {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString("(?,?,?,?,?,?,?,?,?,?)")
+		b.WriteString(item)
 	}
-	return b.String()
 }
 
 func init() {
@@ -154,13 +159,27 @@ func (s *Store) Commit(ctx context.Context, batches []persist.ConvBatch) error {
 }
 
 // writeLoop is the writer goroutine: it commits the queued calls, several
-// at a time, until Close.
+// at a time, until Close. Between commits, and on a timer when idle, it
+// applies the own-send marks' log when due (marklog.go): first at start
+// (what a crash left there; not for a shared opener), last at Close.
 func (s *Store) writeLoop() {
 	defer close(s.loopDone)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	arm := func(wait time.Duration) {
+		timer.Stop()
+		if wait > 0 {
+			timer.Reset(wait)
+		}
+	}
+	if !s.shared {
+		arm(s.flushMarks(true))
+	}
 	for {
 		select {
 		case <-s.wake:
 		case <-s.stop:
+		case <-timer.C:
 		}
 		for {
 			group := s.take()
@@ -168,10 +187,16 @@ func (s *Store) writeLoop() {
 				break
 			}
 			s.commitGroup(group)
+			arm(s.flushMarks(false))
 		}
+		arm(s.flushMarks(false))
 		select {
 		case <-s.stop:
 			if s.drained() {
+				timer.Stop()
+				if !s.shared {
+					s.flushMarks(true)
+				}
 				return
 			}
 		default:
@@ -294,9 +319,10 @@ func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, looku
 		tx.Rollback()
 		return unavailable("commit", ctx.Err())
 	}
+	var marks []persist.Mark
 	err = s.stage(ctx, tx, batches, ins)
 	if err == nil {
-		err = markSenders(ctx, tx, batches)
+		marks, err = logMarks(ctx, tx, batches)
 	}
 	if err != nil {
 		tx.Rollback()
@@ -320,9 +346,13 @@ func (s *Store) commitTx(ctx context.Context, batches []persist.ConvBatch, looku
 			return unavailable("commit: COMMIT", err)
 		}
 		s.settle.commitFailed() // while holding the connection
+		if marks != nil {
+			s.pend.unknown() // the log may hold them now (marklog.go)
+		}
 		return unknownOutcome("commit: COMMIT", err)
 	}
 	s.settle.committed(gen)
+	s.pend.committed(marks) // before the answer (marklog.go)
 	return nil
 }
 

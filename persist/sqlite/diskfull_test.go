@@ -153,11 +153,21 @@ func TestPhantomCommitIsSettled(t *testing.T) {
 		}
 		return st.Size() / (4096 + 24)
 	}
+	// Grow the -wal file to a few frames short of 4,062: commits of four
+	// rows (about ten frames each), then of one row (a few each).
 	seq := uint64(1)
 	for ; walFrames() < 4052; seq++ {
-		if err := s.Commit(ctx, manyRows("grow", 4, seq, seq<<20)); err != nil {
+		rows := 4
+		if walFrames() >= 4036 {
+			rows = 1
+		}
+		if err := s.Commit(ctx, manyRows("grow", rows, seq, seq<<20)); err != nil {
 			t.Fatal(err)
 		}
+	}
+	t.Logf("the -wal file holds %d frames", walFrames())
+	if n := walFrames(); n >= 4062 {
+		t.Fatalf("the -wal file grew to %d frames, past 4,062, before the test's commit", n)
 	}
 	// Fill the file system, then give the commit one more page per try:
 	// the first that fits its frames but not the -shm page fails after

@@ -33,8 +33,17 @@ func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (p
 }
 
 // writeMarks is the MarkBatcher's Write: every mark's upsert and read-back
-// in one transaction.
+// in one transaction; the answer adds the own-send marks not yet applied
+// (marklog.go), taken before the transaction.
 func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist.ReadState, error) {
+	logged := make([]uint64, len(marks))
+	for i, m := range marks {
+		p, err := s.pend.user(ctx, s.r, m.UID, []string{m.ConvID})
+		if err != nil {
+			return nil, err
+		}
+		logged[i] = p[0]
+	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, unavailable("mark read: begin", err)
@@ -53,7 +62,7 @@ func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist
 			coalesce((SELECT head FROM conv_head WHERE conv_id = ?1), 0)`, m.ConvID, int64(m.UID)).Scan(&read, &head); err != nil {
 			return nil, unavailable("mark read: read back", err)
 		}
-		out[i] = persist.ReadState{ConvID: m.ConvID, ReadSeq: uint64(read), Head: uint64(head)}
+		out[i] = persist.ReadState{ConvID: m.ConvID, ReadSeq: max(uint64(read), logged[i]), Head: uint64(head)}
 	}
 	if err := tx.Commit(); err != nil {
 		// The positions may or may not be stored; marking again is harmless.
@@ -64,9 +73,14 @@ func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist
 
 // ReadStates implements persist.ReadPositions with one query: the
 // conversations go in as one JSON array (json_each keeps their order and
-// duplicates) joined with conv_head and read_position.
+// duplicates) joined with conv_head and read_position; the own-send marks
+// not yet applied (marklog.go) are taken first and added.
 func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([]persist.ReadState, error) {
 	if err := sequencer.CheckReadStates(uid, convIDs); err != nil {
+		return nil, err
+	}
+	logged, err := s.pend.user(ctx, s.r, uid, convIDs)
+	if err != nil {
 		return nil, err
 	}
 	list, err := json.Marshal(convIDs)
@@ -93,7 +107,7 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 		if i < 0 || i >= len(out) {
 			return nil, fmt.Errorf("sqlite: read states: row for index %d of %d", i, len(out))
 		}
-		out[i] = persist.ReadState{ConvID: convIDs[i], ReadSeq: uint64(read), Head: uint64(head)}
+		out[i] = persist.ReadState{ConvID: convIDs[i], ReadSeq: max(uint64(read), logged[i]), Head: uint64(head)}
 		n++
 	}
 	if err := rows.Err(); err != nil {
@@ -105,58 +119,76 @@ func (s *Store) ReadStates(ctx context.Context, uid uint64, convIDs []string) ([
 	return out, nil
 }
 
-// markSendersSQL is the own-send rule's upsert: the marks go in as one
-// JSON array of [conv_id, uid, seq], so the statement text never changes
-// (a commit does not prepare a statement the size of its marks).
-const markSendersSQL = `INSERT INTO read_position (conv_id, uid, read_seq)
-	SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?1) WHERE true
-	ON CONFLICT (conv_id, uid) DO UPDATE SET read_seq = max(read_seq, excluded.read_seq)`
-
-// markSenders is the own-send rule inside a commit's transaction
-// (persist.SenderMarks): each sender's position raised to their last seq,
-// never lowered.
-func markSenders(ctx context.Context, tx *sql.Tx, batches []persist.ConvBatch) error {
-	marks := persist.SenderMarks(batches)
-	if len(marks) == 0 {
-		return nil
-	}
-	rows := make([][3]any, len(marks))
-	for i, m := range marks {
-		rows[i] = [3]any{m.ConvID, int64(m.UID), int64(m.Seq)}
-	}
-	list, err := json.Marshal(rows)
-	if err != nil {
-		return fmt.Errorf("sqlite: commit: senders' read positions: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, markSendersSQL, string(list)); err != nil {
-		return classify("commit: senders' read positions", err)
-	}
-	return nil
-}
-
 // ReadCounts implements persist.ReadPositions: one range of the primary
 // key (conv_id, uid), the conversation's positions at or above the lowest
-// bound counted per bucket (persist.BucketSQL; bounds ?2..?n+1).
+// bound counted per bucket (persist.BucketSQL; bounds ?2..?n+1). With
+// own-send marks of the conversation not yet applied (marklog.go, taken
+// first), the stored positions of their users are read in the same
+// snapshot and the buckets moved (pendingCounts).
 func (s *Store) ReadCounts(ctx context.Context, convID string, bounds []uint64) ([]uint64, error) {
 	return persist.ReadCountsOf(convID, bounds, func() ([]persist.BucketCount, error) {
+		pending, err := s.pend.conv(ctx, s.r, convID)
+		if err != nil {
+			return nil, err
+		}
 		args := persist.ReadCountsArgs(convID, bounds)
 		bucket := persist.BucketSQL("read_seq", len(bounds), func(i int) string { return "?" + strconv.Itoa(i+2) })
-		return queryAll(ctx, s.r, "read counts", persist.ScanBucketCount, `SELECT `+bucket+`, count(*)
-			FROM read_position WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`, args...)
+		q := `SELECT ` + bucket + `, count(*) FROM read_position WHERE conv_id = ?1 AND read_seq >= ?2 GROUP BY 1`
+		if pending == nil {
+			return queryAll(ctx, s.r, "read counts", persist.ScanBucketCount, q, args...)
+		}
+		tx, err := s.r.BeginTx(ctx, nil) // one snapshot for both statements
+		if err != nil {
+			return nil, unavailable("read counts", err)
+		}
+		defer tx.Rollback()
+		counts, err := queryAll(ctx, tx, "read counts", persist.ScanBucketCount, q, args...)
+		if err != nil {
+			return nil, err
+		}
+		uids := make([]uint64, 0, len(pending))
+		for u := range pending {
+			uids = append(uids, u)
+		}
+		list, err := json.Marshal(uids)
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: read counts: %w", err)
+		}
+		have, err := queryAll(ctx, tx, "read counts", persist.ScanReadPosition, `SELECT uid, read_seq FROM read_position
+			WHERE conv_id = ?1 AND uid IN (SELECT value FROM json_each(?2))`, convID, string(list))
+		if err != nil {
+			return nil, err
+		}
+		stored := make(map[uint64]uint64, len(have))
+		for _, p := range have {
+			stored[p.UID] = p.ReadSeq
+		}
+		return pendingCounts(counts, bounds, pending, stored)
 	})
 }
 
 // ReadPositionsPage implements persist.ReadPositions: one range of the
-// primary key (conv_id, uid).
+// primary key (conv_id, uid), merged with the conversation's own-send
+// marks not yet applied (marklog.go, taken first; pendingPage).
 func (s *Store) ReadPositionsPage(ctx context.Context, convID string, afterUID uint64, limit int) ([]persist.ReadPosition, bool, error) {
 	return persist.ReadPage(convID, afterUID, limit, func(n int) ([]persist.ReadPosition, error) {
-		return queryAll(ctx, s.r, "read positions", persist.ScanReadPosition, `SELECT uid, read_seq FROM read_position
+		pending, err := s.pend.conv(ctx, s.r, convID)
+		if err != nil {
+			return nil, err
+		}
+		page, err := queryAll(ctx, s.r, "read positions", persist.ScanReadPosition, `SELECT uid, read_seq FROM read_position
 			WHERE conv_id = ?1 AND uid > ?2 ORDER BY uid LIMIT ?3`, convID, int64(afterUID), n)
+		if err != nil || pending == nil {
+			return page, err
+		}
+		return pendingPage(page, pending, afterUID, n), nil
 	})
 }
 
-// queryAll runs q on db and reads every row with scan.
-func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(persist.Rows) (T, error), q string, args ...any) ([]T, error) {
+// queryAll runs q on db (a pool or a transaction) and reads every row with scan.
+func queryAll[T any](ctx context.Context, db interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, op string, scan func(persist.Rows) (T, error), q string, args ...any) ([]T, error) {
 	rows, err := db.QueryContext(ctx, q, args...)
 	out, err := persist.CollectQuery(rows, err, func(r *sql.Rows) { r.Close() }, scan)
 	if err != nil {

@@ -97,6 +97,9 @@ type Store struct {
 	markOnce sync.Once
 	marks    *persist.MarkBatcher // MarkRead's group commit (readpos.go)
 
+	pend   *pendingMarks // the own-send marks logged, not yet applied (marklog.go)
+	shared bool          // Options.Shared: the writer never applies the log on its own
+
 	full   atomic.Bool // the last write found the file system full (settle.go)
 	settle settleState // COMMITs of unknown outcome, and what settled them
 }
@@ -198,7 +201,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	ping.SetMaxOpenConns(1)
 	ping.SetMaxIdleConns(1)
 	ok = true
-	s := &Store{path: abs, w: w, r: r, ping: ping, lock: lock,
+	s := &Store{path: abs, w: w, r: r, ping: ping, lock: lock, pend: newPendingMarks(), shared: opts.Shared,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{})}
 	go s.writeLoop()
 	return s, nil
