@@ -253,6 +253,18 @@ func (p *pendingMarks) user(ctx context.Context, db *sql.DB, uid uint64, convIDs
 	return out, err
 }
 
+// of returns each mark's pending seq for its (conv, uid) (0 if none);
+// the marks' own seqs are not used.
+func (p *pendingMarks) of(ctx context.Context, db *sql.DB, marks []persist.Mark) ([]uint64, error) {
+	out := make([]uint64, len(marks))
+	err := p.view(ctx, db, func() {
+		for i, m := range marks {
+			out[i] = p.convs[m.ConvID][m.UID]
+		}
+	})
+	return out, err
+}
+
 // conv returns a copy of convID's pending marks (nil if none).
 func (p *pendingMarks) conv(ctx context.Context, db *sql.DB, convID string) (map[uint64]uint64, error) {
 	var out map[uint64]uint64

@@ -36,13 +36,9 @@ func (s *Store) MarkRead(ctx context.Context, convID string, uid, seq uint64) (p
 // in one transaction; the answer adds the own-send marks not yet applied
 // (marklog.go), taken before the transaction.
 func (s *Store) writeMarks(ctx context.Context, marks []persist.Mark) ([]persist.ReadState, error) {
-	logged := make([]uint64, len(marks))
-	for i, m := range marks {
-		p, err := s.pend.user(ctx, s.r, m.UID, []string{m.ConvID})
-		if err != nil {
-			return nil, err
-		}
-		logged[i] = p[0]
+	logged, err := s.pend.of(ctx, s.r, marks)
+	if err != nil {
+		return nil, err
 	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
