@@ -149,7 +149,7 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 		if err := postgres.ScanHeads(br, pages, r.idx); err != nil {
 			return err
 		}
-		if err := postgres.ScanMessages(br, pages, r.idx, limit); err != nil {
+		if err := postgres.ScanMessages(br, cursors, pages, r.idx, limit); err != nil {
 			return err
 		}
 	}

@@ -52,13 +52,15 @@ func ReadBeforeOn(ctx context.Context, pool *pgxpool.Pool, convID string, afterS
 // promise the subquery's order through the join, so ScanMessages checks
 // it: rows out of seq order fail the read instead of answering a page with
 // a hole (LIMIT $4 may cut the last cursor's rows).
+//
+// Its rows are PageColumns, not MessageColumns: see there.
 const (
 	ReadManyHeadsSQL = `SELECT c.ord, COALESCE(h.head, 0)
 FROM unnest($1::text[]) WITH ORDINALITY AS c(conv_id, ord)
 LEFT JOIN conv_head h ON h.conv_id = c.conv_id`
 	ReadManySQL = `SELECT c.ord, m.*
 FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(conv_id, after_seq, ord)
-CROSS JOIN LATERAL (SELECT ` + MessageColumns + ` FROM im_message
+CROSS JOIN LATERAL (SELECT ` + PageColumns + ` FROM im_message
 	WHERE conv_id = c.conv_id AND seq > c.after_seq ORDER BY seq LIMIT $3) m
 ORDER BY c.ord LIMIT $4`
 )
@@ -80,7 +82,7 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 	if err := ScanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}
-	if err := ScanMessages(br, pages, idx, limit); err != nil {
+	if err := ScanMessages(br, cursors, pages, idx, limit); err != nil {
 		return nil, unavailable("read many", err)
 	}
 	return pages, nil

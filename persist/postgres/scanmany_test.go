@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/persist"
 )
 
@@ -100,14 +101,14 @@ func TestScanMessagesRefusesRowsOutOfSeqOrder(t *testing.T) {
 	read := func(order string) ([]persist.Page, error) {
 		b := &pgx.Batch{}
 		b.Queue(ReadManyHeadsSQL, []string{"c"})
-		b.Queue(`SELECT 1::bigint AS ord, ` + MessageColumns + ` FROM im_message WHERE conv_id = 'c' ORDER BY seq ` + order)
+		b.Queue(`SELECT 1::bigint AS ord, ` + PageColumns + ` FROM im_message WHERE conv_id = 'c' ORDER BY seq ` + order)
 		br := s.pool.SendBatch(ctx, b)
 		defer br.Close()
 		pages := make([]persist.Page, 1)
 		if err := ScanHeads(br, pages, []int{0}); err != nil {
 			return nil, err
 		}
-		return pages, ScanMessages(br, pages, []int{0}, 10)
+		return pages, ScanMessages(br, []persist.Cursor{{ConvID: "c"}}, pages, []int{0}, 10)
 	}
 	pages, err := read("ASC")
 	if err != nil || len(pages[0].Messages) != 3 || pages[0].Messages[2].Seq != 3 {
@@ -115,5 +116,79 @@ func TestScanMessagesRefusesRowsOutOfSeqOrder(t *testing.T) {
 	}
 	if _, err := read("DESC"); err == nil || !strings.Contains(err.Error(), "out of order") {
 		t.Fatalf("rows out of seq order: err %v, want out of order", err)
+	}
+}
+
+// ScanMessages decodes PageColumns' rows from their binary form, or through
+// Scan when a column comes otherwise; both read the same messages, with
+// the NULLs of PageColumns as the defaults they stand for, and an edit, a
+// recall and their targets as they are stored.
+func TestScanMessagesBinaryAndScanAgree(t *testing.T) {
+	s, dsn := newStore(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // every column in text
+	textConn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer textConn.Close(ctx)
+	b := msgs("c", 0, 3, 1)
+	m1, m2 := b.Messages[0], b.Messages[1]
+	if err := s.Commit(ctx, []persist.ConvBatch{b}); err != nil {
+		t.Fatal(err)
+	}
+	events := msgs("c", 3, 2, 10)
+	edit, recall := &events.Messages[0], &events.Messages[1]
+	edit.Kind, edit.TargetMsgID, edit.Body = sequencer.KindEdit, m1.MsgID, []byte("edited")
+	recall.Kind, recall.TargetMsgID, recall.Body = sequencer.KindRecall, m2.MsgID, []byte{}
+	edit.ServerAt = m1.ServerAt.Add(time.Minute)
+	recall.ServerAt = edit.ServerAt
+	if err := s.Commit(ctx, []persist.ConvBatch{events}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(q interface {
+		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	}) []persist.Page {
+		b := &pgx.Batch{}
+		b.Queue(ReadManyHeadsSQL, []string{"c"})
+		b.Queue(ReadManySQL, []string{"c"}, []int64{0}, 100, 100)
+		br := q.SendBatch(ctx, b)
+		defer br.Close()
+		pages := make([]persist.Page, 1)
+		if err := ScanHeads(br, pages, []int{0}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ScanMessages(br, []persist.Cursor{{ConvID: "c"}}, pages, []int{0}, 100); err != nil {
+			t.Fatal(err)
+		}
+		return pages
+	}
+	bin, text := read(s.pool), read(textConn)
+	if len(bin[0].Messages) != 5 || len(text[0].Messages) != 5 || bin[0].Head != 5 || text[0].Head != 5 {
+		t.Fatalf("pages %+v and %+v, want 5 messages and head 5 each", bin, text)
+	}
+	for i, m := range bin[0].Messages {
+		want, err := s.GetMessage(ctx, m.MsgID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, got := range []sequencer.Message{m, text[0].Messages[i]} {
+			if got.MsgID != want.MsgID || got.ConvID != "c" || got.Seq != want.Seq || got.FromUID != want.FromUID ||
+				got.MsgType != want.MsgType || string(got.Body) != string(want.Body) || got.Body == nil ||
+				got.ClientMsgID != want.ClientMsgID || !got.ServerAt.Equal(want.ServerAt) || got.Kind != want.Kind ||
+				got.TargetMsgID != want.TargetMsgID || got.Recalled != want.Recalled || got.EditCount != want.EditCount ||
+				!got.EditedAt.Equal(want.EditedAt) || got.ServerAt.Location() != time.UTC {
+				t.Fatalf("message %d read as\n%+v, stored\n%+v", i, got, want)
+			}
+		}
+	}
+	got := bin[0].Messages
+	if got[0].EditCount != 1 || got[0].EditedAt.IsZero() || string(got[0].Body) != "edited" || !got[1].Recalled ||
+		got[3].Kind != sequencer.KindEdit || got[3].TargetMsgID != m1.MsgID || got[4].Kind != sequencer.KindRecall {
+		t.Fatalf("the edit, the recall and their targets read as %+v", got)
 	}
 }
