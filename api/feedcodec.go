@@ -1,7 +1,6 @@
 package api
 
 import (
-	"fmt"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/feed"
+	"github.com/sequencer-im/sequencer/internal/protocodec"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
@@ -44,43 +44,17 @@ func (e *sharedEvent) appendTo(dst []byte, name string, marshal func(dst []byte,
 	return append(dst, b...), nil
 }
 
-// protoCodec is connect's binary protobuf codec (the same options) that
-// also writes shared events.
-type protoCodec struct{}
-
-func (protoCodec) Name() string   { return "proto" }
-func (protoCodec) IsBinary() bool { return true }
+// protoCodec is the binary protobuf codec of internal/protocodec (connect's,
+// with large PullMany answers on two cores) that also writes shared events.
+type protoCodec struct{ protocodec.Codec }
 
 func (c protoCodec) Marshal(message any) ([]byte, error) { return c.MarshalAppend(nil, message) }
 
-func (protoCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
+func (c protoCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
 	if e, ok := message.(*sharedEvent); ok {
 		return e.appendTo(dst, "proto", proto.MarshalOptions{}.MarshalAppend)
 	}
-	pm, ok := message.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T doesn't implement proto.Message", message)
-	}
-	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
-}
-
-func (protoCodec) MarshalStable(message any) ([]byte, error) {
-	pm, ok := message.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("%T doesn't implement proto.Message", message)
-	}
-	return proto.MarshalOptions{Deterministic: true}.Marshal(pm)
-}
-
-func (protoCodec) Unmarshal(data []byte, message any) error {
-	pm, ok := message.(proto.Message)
-	if !ok {
-		return fmt.Errorf("%T doesn't implement proto.Message", message)
-	}
-	if err := proto.Unmarshal(data, pm); err != nil {
-		return fmt.Errorf("unmarshal into %T: %w", message, err)
-	}
-	return nil
+	return c.Codec.MarshalAppend(dst, message)
 }
 
 // sendEvent sends one feed event on a Subscribe stream: a live message as

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sequencer-im/sequencer/internal/protocodec"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
@@ -329,9 +330,11 @@ func (c Config) nodeURL(addr string) (string, error) {
 }
 
 // clientOptions are the connect options of every node client: the
-// protocol, gzip only with Gzip, and with a Token the Authorization header.
+// protocol, the binary codec of internal/protocodec (large PullMany
+// answers decoded on two cores), gzip only with Gzip, and with a Token the
+// Authorization header.
 func (c Config) clientOptions() []connect.ClientOption {
-	opts := c.Protocol.clientOptions()
+	opts := append(c.Protocol.clientOptions(), connect.WithCodec(protocodec.Codec{}))
 	if !c.Gzip {
 		opts = append(opts, connect.WithAcceptCompression("gzip", nil, nil))
 	}

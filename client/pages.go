@@ -63,9 +63,22 @@ func (c *Client) PullMany(ctx context.Context, cursors []Cursor, limit, maxBytes
 			if len(pages) != len(cursors) {
 				return target, sequencer.Errorf(sequencer.CodeInternal, "pull many: the server answered %d pages for %d cursors", len(pages), len(cursors))
 			}
+			// Every page's messages in one allocation (up to 1,000 x
+			// limit of them); a page's slice has no room to append into
+			// the next.
+			n := 0
+			for _, p := range pages {
+				n += len(p.GetMessages())
+			}
+			all := make([]Message, n)
 			out = make([]PullResult, len(pages))
 			for i, p := range pages {
-				out[i] = pullResult(p)
+				ms := all[:len(p.GetMessages()):len(p.GetMessages())]
+				all = all[len(ms):]
+				for j, m := range p.GetMessages() {
+					ms[j] = messageFromProto(m)
+				}
+				out[i] = PullResult{HeadSeq: p.GetHeadSeq(), HasMore: p.GetHasMore(), Messages: ms}
 			}
 			return target, nil
 		})
