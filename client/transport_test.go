@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"github.com/sequencer-im/sequencer/client"
 )
 
@@ -176,5 +178,52 @@ func TestGzipOnlyWhenAsked(t *testing.T) {
 				t.Errorf("%v, Gzip true: %d bytes came down for %d bytes of bodies: not compressed", p, got, raw)
 			}
 		}
+	}
+}
+
+// The SDK's connections ask for DATA frames of up to 1 MiB (HTTP/2's
+// default is 16 KiB): a node's large answer (a PullMany of 1,000
+// conversations is about 2 MB) then takes a few frames instead of about 130,
+// each one a write, a read and a hand-over on the two sides
+// (docs/BENCHMARKS.md). Read from the client's first SETTINGS frame.
+func TestConnectionsAskForLargeFrames(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan uint32, 1)
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(conn, preface); err != nil || string(preface) != http2.ClientPreface {
+			got <- 0
+			return
+		}
+		f, err := http2.NewFramer(conn, conn).ReadFrame()
+		s, ok := f.(*http2.SettingsFrame)
+		if err != nil || !ok {
+			got <- 0
+			return
+		}
+		v, _ := s.Value(http2.SettingMaxFrameSize)
+		got <- v
+	}()
+	c := newClient(t, client.Config{Addrs: []string{l.Addr().String()}, DisableRouting: true, Batching: client.BatchPolicy{Disabled: true},
+		Retry: client.RetryPolicy{MaxAttempts: 1}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go func() { _, _ = c.Send(ctx, client.SendRequest{ConvID: "frames", FromUID: 1}) }()
+	select {
+	case v := <-got:
+		if v != 1<<20 {
+			t.Fatalf("the client's SETTINGS_MAX_FRAME_SIZE is %d, want %d", v, 1<<20)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client sent no SETTINGS")
 	}
 }
