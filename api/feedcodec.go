@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -8,7 +9,6 @@ import (
 
 	"github.com/sequencer-im/sequencer"
 	"github.com/sequencer-im/sequencer/feed"
-	"github.com/sequencer-im/sequencer/internal/protocodec"
 	sequencerv1 "github.com/sequencer-im/sequencer/proto/sequencer/v1"
 )
 
@@ -44,17 +44,47 @@ func (e *sharedEvent) appendTo(dst []byte, name string, marshal func(dst []byte,
 	return append(dst, b...), nil
 }
 
-// protoCodec is the binary protobuf codec of internal/protocodec (connect's,
-// with large PullMany answers on two cores) that also writes shared events.
-type protoCodec struct{ protocodec.Codec }
+// protoCodec is connect's binary protobuf codec (the same options) that
+// also writes shared events, and encodes a large PullMany answer in two
+// halves at once (pagecodec.go).
+type protoCodec struct{}
+
+func (protoCodec) Name() string   { return "proto" }
+func (protoCodec) IsBinary() bool { return true }
 
 func (c protoCodec) Marshal(message any) ([]byte, error) { return c.MarshalAppend(nil, message) }
 
-func (c protoCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
+func (protoCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
 	if e, ok := message.(*sharedEvent); ok {
 		return e.appendTo(dst, "proto", proto.MarshalOptions{}.MarshalAppend)
 	}
-	return c.Codec.MarshalAppend(dst, message)
+	if r, ok := message.(*sequencerv1.PullManyResponse); ok {
+		return appendPullMany(dst, r) // a large answer on two cores (pagecodec.go)
+	}
+	pm, ok := message.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T doesn't implement proto.Message", message)
+	}
+	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
+}
+
+func (protoCodec) MarshalStable(message any) ([]byte, error) {
+	pm, ok := message.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T doesn't implement proto.Message", message)
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(pm)
+}
+
+func (protoCodec) Unmarshal(data []byte, message any) error {
+	pm, ok := message.(proto.Message)
+	if !ok {
+		return fmt.Errorf("%T doesn't implement proto.Message", message)
+	}
+	if err := proto.Unmarshal(data, pm); err != nil {
+		return fmt.Errorf("unmarshal into %T: %w", message, err)
+	}
+	return nil
 }
 
 // sendEvent sends one feed event on a Subscribe stream: a live message as

@@ -19,7 +19,8 @@ import (
 // `sequencer-bench pullmany` stores them: zeros, or random bytes as an
 // encrypted body would be): building the protobuf answer, marshalling it,
 // and gzipping it at connect's default level and at the level the handler
-// uses (gzipLevel). Run:
+// uses (gzipLevel); marshal-halves is the handler's own encoding, two
+// halves at once (pagecodec.go). Run:
 //
 //	go test ./api/ -run '^$' -bench PullManyAnswer -benchmem
 func BenchmarkPullManyAnswer(b *testing.B) {
@@ -64,6 +65,15 @@ func BenchmarkPullManyAnswer(b *testing.B) {
 			var buf []byte
 			for range b.N {
 				buf, _ = proto.MarshalOptions{}.MarshalAppend(buf[:0], resp)
+			}
+			b.SetBytes(int64(len(buf)))
+		})
+		b.Run(name+"/marshal-halves", func(b *testing.B) { // the handler's codec (pagecodec.go)
+			b.ReportAllocs()
+			resp := build()
+			var buf []byte
+			for range b.N {
+				buf, _ = appendPullMany(buf[:0], resp)
 			}
 			b.SetBytes(int64(len(buf)))
 		})

@@ -15,7 +15,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sequencer-im/sequencer/internal/protocodec"
 	"github.com/sequencer-im/sequencer/proto/sequencer/v1/sequencerv1connect"
 )
 
@@ -330,11 +329,11 @@ func (c Config) nodeURL(addr string) (string, error) {
 }
 
 // clientOptions are the connect options of every node client: the
-// protocol, the binary codec of internal/protocodec (large PullMany
-// answers decoded on two cores), gzip only with Gzip, and with a Token the
-// Authorization header.
+// protocol, the binary codec of codec.go (large PullMany answers decoded
+// on two cores), gzip only with Gzip, and with a Token the Authorization
+// header.
 func (c Config) clientOptions() []connect.ClientOption {
-	opts := append(c.Protocol.clientOptions(), connect.WithCodec(protocodec.Codec{}))
+	opts := append(c.Protocol.clientOptions(), connect.WithCodec(protoCodec{}))
 	if !c.Gzip {
 		opts = append(opts, connect.WithAcceptCompression("gzip", nil, nil))
 	}

@@ -64,7 +64,7 @@ func TestErrorCodeOfNil(t *testing.T) {
 }
 
 // A PullMany answer large enough to be encoded and decoded in halves
-// (internal/protocodec: 700 messages, about 200 KB) answers each cursor as
+// (client/codec.go, api/pagecodec.go: 700 messages, about 200 KB) answers each cursor as
 // its own Pull does, over gRPC and over Connect.
 func TestPullManyLargeAnswer(t *testing.T) {
 	node := startNode(t, t.TempDir(), "127.0.0.1:0")
