@@ -16,6 +16,8 @@ let addr: string;
 let routeAnswer: "unimplemented" | string; // an owner address, or no Route at all
 let routes = 0;
 let batches = 0;
+let clientMaxFrameSize: number | undefined; // from the last client connection's SETTINGS
+let acceptEncoding: string | null = null; // of the last SendBatch
 
 before(async () => {
   let seq = 0n;
@@ -29,12 +31,14 @@ before(async () => {
           }
           return { nodeId: "owner", address: routeAnswer, partition: 7, epoch: 1n, membershipVersion: 1n };
         },
-        sendBatch(req) {
+        sendBatch(req, ctx) {
           batches++;
+          acceptEncoding = ctx.requestHeader.get("grpc-accept-encoding");
           return { results: req.items.map(() => ({ outcome: { case: "ok" as const, value: create(SendResponseSchema, { msgId: 1n, seq: ++seq }) } })) };
         },
       }),
   }));
+  server.on("session", (session) => session.on("remoteSettings", (s) => (clientMaxFrameSize = s.maxFrameSize)));
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   addr = `127.0.0.1:${(server.address() as AddressInfo).port}`;
 });
@@ -56,6 +60,32 @@ describe("fake nodes", () => {
       assert.equal(batches, 2);
     } finally {
       c.close();
+    }
+  });
+
+  test("connections ask for DATA frames up to 1 MiB (a 2 MB PullMany answer in a few frames, not about 130)", async () => {
+    routeAnswer = "unimplemented";
+    clientMaxFrameSize = undefined;
+    const c = new SequencerClient({ addrs: [addr] });
+    try {
+      await c.send({ convId: "g:frames", fromUid: 1n, body: "x" });
+      assert.equal(clientMaxFrameSize, 1 << 20);
+    } finally {
+      c.close();
+    }
+  });
+
+  test("answers are gzipped only when the client asks (gzip option)", async () => {
+    routeAnswer = "unimplemented";
+    for (const gzip of [false, true]) {
+      acceptEncoding = null;
+      const c = new SequencerClient({ addrs: [addr], gzip });
+      try {
+        await c.send({ convId: "g:gzip", fromUid: 1n, body: "x" });
+        assert.equal(/\bgzip\b/.test(acceptEncoding ?? ""), gzip, `gzip ${gzip}: grpc-accept-encoding ${acceptEncoding}`);
+      } finally {
+        c.close();
+      }
     }
   });
 
