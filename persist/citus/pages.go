@@ -122,6 +122,7 @@ func (s *Store) readManyEach(ctx context.Context, cursors []persist.Cursor, limi
 func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cursors []persist.Cursor, pages []persist.Page, limit, total int) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+	b.Queue(postgres.PageReadSettingsSQL)
 	for _, r := range reads {
 		convs := make([]string, len(r.idx))
 		afters := make([]int64, len(r.idx))
@@ -135,8 +136,10 @@ func readManyOn(ctx context.Context, pool *pgxpool.Pool, reads []*shardRead, cur
 	b.Queue("COMMIT")
 	br := pool.SendBatch(ctx, b)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return err
+	for range 2 { // BEGIN, the settings
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
 	for _, r := range reads {
 		var here bool

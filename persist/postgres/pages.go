@@ -65,7 +65,18 @@ CROSS JOIN LATERAL (SELECT ` + PageColumns + ` FROM im_message
 ORDER BY c.ord LIMIT $4`
 )
 
-// ReadMany implements persist.PageReader: two statements in one round trip.
+// PageReadSettingsSQL comes first in a ReadMany's batch (one implicit
+// transaction, so the settings end with it): ReadManySQL's generic plan
+// (a nested loop of index scans in seq order) from the first execution on
+// a connection, and no JIT. PostgreSQL plans a prepared statement's first
+// five executions with their arguments; with 1,000 cursors and a limit of
+// 100 that custom plan was a bitmap scan and a sort per cursor, costed
+// above jit_above_cost: the first PullMany on each new pool connection
+// took 84-170 ms against about 25 (docs/BENCHMARKS.md).
+const PageReadSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('jit', 'off', true)`
+
+// ReadMany implements persist.PageReader: two statements (after the
+// settings) in one round trip.
 func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, total int) ([]persist.Page, error) {
 	pages := make([]persist.Page, len(cursors))
 	convs := make([]string, len(cursors))
@@ -75,10 +86,14 @@ func (s *Store) ReadMany(ctx context.Context, cursors []persist.Cursor, limit, t
 		convs[i], afters[i], idx[i] = c.ConvID, int64(min(c.AfterSeq, math.MaxInt64)), i
 	}
 	b := &pgx.Batch{}
+	b.Queue(PageReadSettingsSQL)
 	b.Queue(ReadManyHeadsSQL, convs)
 	b.Queue(ReadManySQL, convs, afters, max(limit, 0), max(total, 0))
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, unavailable("read many", err)
+	}
 	if err := ScanHeads(br, pages, idx); err != nil {
 		return nil, unavailable("read many", err)
 	}

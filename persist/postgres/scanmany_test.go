@@ -192,3 +192,52 @@ func TestScanMessagesBinaryAndScanAgree(t *testing.T) {
 		t.Fatalf("the edit, the recall and their targets read as %+v", got)
 	}
 }
+
+// PageReadSettingsSQL holds for the rest of its batch (ReadMany's
+// statements plan generically, without JIT) and ends with it: the pool's
+// connection is back to the server's settings for the next user.
+func TestPageReadSettingsLastTheirBatch(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	settings := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) (mode, jit string) {
+		if err := q.QueryRow(ctx, `SELECT current_setting('plan_cache_mode'), current_setting('jit')`).Scan(&mode, &jit); err != nil {
+			t.Fatal(err)
+		}
+		return mode, jit
+	}
+	mode0, jit0 := settings(conn)
+	if mode0 == "force_generic_plan" {
+		t.Fatalf("the server's plan_cache_mode is already %s: the test shows nothing", mode0)
+	}
+	b := &pgx.Batch{}
+	b.Queue(PageReadSettingsSQL)
+	b.Queue(`SELECT current_setting('plan_cache_mode'), current_setting('jit')`)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		t.Fatal(err)
+	}
+	var mode, jit string
+	if err := br.QueryRow().Scan(&mode, &jit); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "force_generic_plan" || jit != "off" {
+		t.Fatalf("inside the batch: plan_cache_mode %s, jit %s", mode, jit)
+	}
+	if m, j := settings(conn); m != mode0 || j != jit0 {
+		t.Fatalf("after the batch: plan_cache_mode %s, jit %s; before it %s, %s", m, j, mode0, jit0)
+	}
+	// ReadMany still answers with them (its conformance cases run in TestConformance).
+	if _, err := s.ReadMany(ctx, []persist.Cursor{{ConvID: "nobody"}}, 10, 10); err != nil {
+		t.Fatal(err)
+	}
+}
