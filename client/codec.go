@@ -25,12 +25,16 @@ var _ connect.Codec = protoCodec{}
 
 func (protoCodec) Name() string { return "proto" }
 
-func (protoCodec) Marshal(message any) ([]byte, error) {
+func (c protoCodec) Marshal(message any) ([]byte, error) { return c.MarshalAppend(nil, message) }
+
+// MarshalAppend lets connect encode requests into its pooled buffers, as
+// with its own codec (a SendBatch of 1,000 items is about 150 KB).
+func (protoCodec) MarshalAppend(dst []byte, message any) ([]byte, error) {
 	pm, ok := message.(proto.Message)
 	if !ok {
 		return nil, fmt.Errorf("%T doesn't implement proto.Message", message)
 	}
-	return proto.Marshal(pm)
+	return proto.MarshalOptions{}.MarshalAppend(dst, pm)
 }
 
 func (protoCodec) Unmarshal(data []byte, message any) error {

@@ -73,12 +73,9 @@ func (c *Client) PullMany(ctx context.Context, cursors []Cursor, limit, maxBytes
 			all := make([]Message, n)
 			out = make([]PullResult, len(pages))
 			for i, p := range pages {
-				ms := all[:len(p.GetMessages()):len(p.GetMessages())]
-				all = all[len(ms):]
-				for j, m := range p.GetMessages() {
-					ms[j] = messageFromProto(m)
-				}
-				out[i] = PullResult{HeadSeq: p.GetHeadSeq(), HasMore: p.GetHasMore(), Messages: ms}
+				k := len(p.GetMessages())
+				out[i] = pullResultInto(p, all[:k:k])
+				all = all[k:]
 			}
 			return target, nil
 		})
@@ -86,9 +83,14 @@ func (c *Client) PullMany(ctx context.Context, cursors []Cursor, limit, maxBytes
 }
 
 func pullResult(p *sequencerv1.PullResponse) PullResult {
-	out := PullResult{HeadSeq: p.GetHeadSeq(), HasMore: p.GetHasMore(), Messages: make([]Message, len(p.GetMessages()))}
+	return pullResultInto(p, make([]Message, len(p.GetMessages())))
+}
+
+// pullResultInto is pullResult with its messages in ms (len(p.Messages)
+// of them).
+func pullResultInto(p *sequencerv1.PullResponse, ms []Message) PullResult {
 	for i, m := range p.GetMessages() {
-		out.Messages[i] = messageFromProto(m)
+		ms[i] = messageFromProto(m)
 	}
-	return out
+	return PullResult{HeadSeq: p.GetHeadSeq(), HasMore: p.GetHasMore(), Messages: ms}
 }
