@@ -71,8 +71,8 @@ ORDER BY c.ord LIMIT $4`
 // a connection, and no JIT. PostgreSQL plans a prepared statement's first
 // five executions with their arguments; with 1,000 cursors and a limit of
 // 100 that custom plan was a bitmap scan and a sort per cursor, costed
-// above jit_above_cost: the first PullMany on each new pool connection
-// took 84-170 ms against about 25 (docs/BENCHMARKS.md).
+// above jit_above_cost: the first PullMany on a new pool connection took
+// 50-206 ms, with these 35-42 ms (docs/BENCHMARKS.md).
 const PageReadSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('jit', 'off', true)`
 
 // ReadMany implements persist.PageReader: two statements (after the
